@@ -1,0 +1,133 @@
+"""The `mtplab` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import COMMITS, DRAFTERS, SCHEDULES, RunConfig
+from .policy import POLICIES
+
+
+def _model_build(args) -> int:
+    from .model import build_model, preset
+
+    cfg = preset(args.preset, weight_format="int4" if args.int4 else "fp32", dtype=args.dtype)
+    art = build_model(cfg, out=args.out, force=args.force)
+    print(art.path)
+    print(art.summary())
+    return 0
+
+
+def _doctor(args) -> int:
+    from .doctor import format_report, report
+
+    r = report()
+    print(json.dumps(r, indent=1) if args.json else format_report(r))
+    return 0
+
+
+def _run(args) -> int:
+    try:
+        run = RunConfig(
+            preset=args.preset, k=args.k, alpha=args.alpha, drafter=args.drafter, policy=args.policy,
+            commit=args.commit, schedule=args.schedule, tokens=args.tokens, backend=args.backend, seed=args.seed,
+            oracle_free_drafts=args.oracle_free_drafts, validate=not args.no_validate,
+            retain_decode_graph_across_spec=not args.no_retain, int4=args.int4,
+        )
+    except ValueError as err:
+        print(f"mtplab run: {err}", file=sys.stderr)
+        return 2
+    if run.backend == "cuda":
+        print("mtplab run: --backend cuda needs the gpu extra and a CUDA device; see README (CUDA backend)", file=sys.stderr)
+        return 2
+    from .experiment import run_point, summary
+
+    result = run_point(run)
+    if args.out:
+        result.save(args.out)
+    print(result.to_json() if args.json else summary(result))
+    if not result.lossless and not args.allow_mismatch:
+        return 1
+    return 0
+
+
+def _sweep(args) -> int:
+    from .sweep import main as sweep_main
+
+    return sweep_main(args)
+
+
+def _report(args) -> int:
+    from .report import make_report
+
+    try:
+        path = make_report(args.sweep_dir)
+    except ValueError as err:
+        print(f"mtplab report: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="build and inspect models").add_subparsers(dest="model_command", required=True)
+    b = model.add_parser("build", help="build the built-in model (cached by config hash)")
+    b.add_argument("--preset", default="small")
+    b.add_argument("--int4", action="store_true", help="int4 weights through MatMulNBits (block 32)")
+    b.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
+    b.add_argument("--out", help="artifact directory (default: the cache)")
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    b.set_defaults(func=_model_build)
+
+    d = sub.add_parser("doctor", help="report runtime, ops, CUDA and kernel status")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=_doctor)
+
+    r = sub.add_parser("run", help="greedy baseline vs speculative decoding, one point")
+    r.add_argument("--preset", default="small")
+    r.add_argument("--k", type=int, default=3)
+    r.add_argument("--drafter", default="mtp", help=f"one of {list(DRAFTERS)}")
+    r.add_argument("--alpha", type=float, default=0.8, help="oracle drafter acceptance per position")
+    r.add_argument("--policy", default="sibling-pinned", help=f"one of {list(POLICIES)}")
+    r.add_argument("--commit", default="select", help=f"one of {list(COMMITS)}")
+    r.add_argument("--schedule", default="decode-verify", help=f"one of {list(SCHEDULES)}")
+    r.add_argument("--tokens", type=int, default=128)
+    r.add_argument("--backend", default="cpu")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--int4", action="store_true")
+    r.add_argument("--oracle-free-drafts", action="store_true", help="oracle drafter skips the MTP head")
+    r.add_argument("--no-validate", action="store_true", help="negative control: replay without the signature check")
+    r.add_argument("--no-retain", action="store_true", help="retain_decode_graph_across_spec off (the seed before its fix)")
+    r.add_argument("--allow-mismatch", action="store_true", help="exit 0 even if the lossless check fails")
+    r.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    r.add_argument("--out", help="also save the RunResult JSON here")
+    r.set_defaults(func=_run)
+
+    s = sub.add_parser("sweep", help="run a grid of points through papermill")
+    s.add_argument("spec", nargs="?", help="grid spec YAML (or use --preset)")
+    s.add_argument("--preset", help="named grid: smoke or default")
+    s.add_argument("--name", help="sweep name (folder under results/)")
+    s.add_argument("--results", default="results", help="results root")
+    s.add_argument("--workers", type=int, default=0, help="processes (default: the core count)")
+    s.add_argument("--timeout", type=int, default=600, help="seconds per point")
+    s.add_argument("--resume", action="store_true", help="skip points already finished")
+    s.set_defaults(func=_sweep)
+
+    rep = sub.add_parser("report", help="render a sweep into report.html")
+    rep.add_argument("sweep_dir")
+    rep.set_defaults(func=_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

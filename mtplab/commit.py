@@ -1,0 +1,41 @@
+"""Rebuilding the recurrent state for an accepted prefix (approach B, `commit="select"`).
+
+GatedDeltaNet emits, per token, compact transition factors (decay, key, delta) laid out
+struct-of-arrays over the capacity C: [C x Hv decays | C x Hk*Dk keys | C x Hv*Dv deltas].
+Replaying the first n gives the state after n tokens: S = decay*S + outer(delta, key).
+The conv carry is the last (kernel-1) rows of [carry, conv inputs of the accepted tokens].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .model import ModelConfig
+
+
+def split_transitions(cfg: ModelConfig, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(decay [C, Hv], key [C, Hk, Dk], delta [C, Hv, Dv]) views of one layer's transitions row."""
+    C, Hv, Hk = cfg.transition_capacity, cfg.gdn_value_heads, cfg.gdn_key_heads
+    Dk, Dv = cfg.gdn_head_dim_k, cfg.gdn_head_dim_v
+    flat = flat.reshape(-1)
+    decay = flat[: C * Hv].reshape(C, Hv)
+    key = flat[C * Hv : C * (Hv + Hk * Dk)].reshape(C, Hk, Dk)
+    delta = flat[C * (Hv + Hk * Dk) : C * (Hv + Hk * Dk + Hv * Dv)].reshape(C, Hv, Dv)
+    return decay, key, delta
+
+
+def replay_transitions(cfg: ModelConfig, state: np.ndarray, flat: np.ndarray, n: int) -> None:
+    """Advance a GatedDeltaNet state [1, Hv, Dv, Dk] (V-major) in place by the first n transitions."""
+    decay, key, delta = split_transitions(cfg, flat)
+    rep = cfg.gdn_value_heads // cfg.gdn_key_heads
+    S = state[0]
+    for t in range(n):
+        S *= decay[t][:, None, None]
+        S += delta[t][:, :, None] * np.repeat(key[t], rep, axis=0)[:, None, :]
+
+
+def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int) -> None:
+    """Set a conv carry [1, k-1, C] in place to its value after the first n of conv_input [1, M, C]."""
+    width = conv_state.shape[1]
+    rows = np.concatenate([conv_state[0], conv_input[0, :n]], axis=0)
+    conv_state[0] = rows[-width:]

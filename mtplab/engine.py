@@ -1,0 +1,246 @@
+"""The speculative engine: greedy baseline and MTP speculative decoding on the two-slot executor.
+
+Each speculative step: (1) decode the pending token at M=1 on Slot.PRIMARY -> guaranteed token g;
+(2) draft k tokens from (g, hidden); (3) verify [g, d1..dk] at M=k+1 on Slot.VERIFY; (4) accept
+the longest exact greedy-match prefix plus one bonus token; (5) commit the recurrent state for
+the accepted prefix. KV rollback is contents-only: the logical length shrinks, buffers stay.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import commit as commit_ops
+from . import oracle, theory
+from .arena import Arena
+from .config import RunConfig
+from .drafters import MtpDrafter, OracleDrafter
+from .env import environment
+from .executor import Executor, Slot, SlotMemory
+from .model import Artifact, build_model, preset
+from .policy import policy
+from .result import RunResult
+from .runtime import MtpState, TargetState, make_session, mtp_io, shared_initializers, target_io
+
+
+@dataclass
+class Greedy:
+    tokens: list[int]
+    margins: list[float]
+    seconds: float
+    decodes: int
+    states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.decodes / self.seconds if self.seconds > 0 else float("nan")
+
+
+def accept_length(drafts: list[int], targets: np.ndarray) -> int:
+    """Longest prefix where each draft equals the target's argmax at the previous position."""
+    n = 0
+    while n < len(drafts) and drafts[n] == int(targets[n]):
+        n += 1
+    return n
+
+
+def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
+    """A deterministic prompt for a seed."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, length)]
+
+
+def _presize(arena: Arena, feeds, outputs, skip=frozenset()) -> None:
+    for name, value in feeds.items():
+        arena.reserve(f"feed.{name}", value.shape, value.dtype)
+    for name, (shape, dtype) in outputs.items():
+        if name not in skip:
+            arena.reserve(name, shape, dtype)
+
+
+class Engine:
+    """Sessions, arenas, executors and state for one RunConfig on one model artifact."""
+
+    def __init__(self, run: RunConfig, artifact: Artifact | None = None):
+        self.run_cfg = run
+        self.art = artifact or build_model(preset(run.preset, weight_format="int4" if run.int4 else "fp32"))
+        cfg = self.cfg = self.art.config
+        cfg.check_k(run.k)
+        pol = self.policy = policy(run.policy)
+        self.main = Arena("main")
+        self.state = TargetState.allocate(cfg, self.main)
+        shared = shared_initializers(self.art.target) if pol.sibling_session else None
+        primary_session = make_session(self.art.target, shared)
+        verify_session = make_session(self.art.target, shared) if pol.sibling_session else primary_session
+        self._shared_weights = shared
+        # Largest I/O any slot binds: verify at M=k+1, both recurrent modes.
+        big = np.zeros(run.k + 1, dtype=np.int64)
+        specs = [target_io(cfg, self.state, big, in_place) for in_place in (True, False)]
+        if pol.shared_arena:
+            arena = Arena("shared")
+            if pol.presize:
+                for feeds, outputs, _ in specs:
+                    _presize(arena, feeds, outputs)
+            memory = {Slot.PRIMARY: SlotMemory(arena), Slot.VERIFY: SlotMemory(arena)}
+            self.arenas = {"main": self.main, "shared": arena}
+        else:
+            primary, private = Arena("primary"), Arena("verify")
+            scoped = frozenset({"logits", "hidden"})
+            for feeds, outputs, _ in specs:
+                _presize(primary, feeds, outputs)
+                _presize(private, feeds, outputs, skip=scoped)
+            memory = {
+                Slot.PRIMARY: SlotMemory(primary),
+                Slot.VERIFY: SlotMemory(private, pool=self.main, step_scoped=scoped, pinned=pol.pin_workspace, owner="verify"),
+            }
+            self.arenas = {"main": self.main, "primary": primary, "verify": private}
+        self.target = Executor(
+            {Slot.PRIMARY: primary_session, Slot.VERIFY: verify_session}, memory,
+            max_recaptures=run.max_recaptures, validate=run.validate,
+            retain_decode_graph_across_spec=run.retain_decode_graph_across_spec,
+        )
+        self.mtp_state = MtpState.allocate(cfg, self.main)
+        mtp_arena = Arena("mtp")
+        feeds, outputs, _ = mtp_io(cfg, self.mtp_state, 0, np.zeros(cfg.hidden_size), 0)
+        _presize(mtp_arena, feeds, outputs)
+        self.arenas["mtp"] = mtp_arena
+        self.mtp = Executor({Slot.PRIMARY: make_session(self.art.mtp)}, {Slot.PRIMARY: SlotMemory(mtp_arena)},
+                            labels={Slot.PRIMARY: "mtp"}, max_recaptures=run.max_recaptures, validate=run.validate)
+        self.forwards: dict[str, int] = {}
+        self.head = MtpDrafter(cfg, self.mtp, self.mtp_state, self.forwards)
+        self.snapshot = [self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())]
+        self.handoff_bytes = cfg.hidden_size * 4
+        self.last_hidden = self.main.reserve("last_hidden", (cfg.hidden_size,), np.float32)
+
+    # -- forwards ------------------------------------------------------------------------------
+    def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False) -> dict:
+        """One target forward of `tokens` at the current length; the caller advances the length."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        feeds, outputs, bound = target_io(self.cfg, self.state, tokens, in_place)
+        run = self.target.run_eager if eager else self.target.run
+        out = run(slot, feeds, outputs, bound)
+        key = f"{self.target.labels[slot]}/M={tokens.size}"
+        self.forwards[key] = self.forwards.get(key, 0) + 1
+        return out
+
+    def _start(self, prompt: list[int]) -> dict:
+        self.state.reset()
+        self.mtp_state.kv[0][...] = 0
+        self.mtp_state.kv[1][...] = 0
+        self.target.new_generation()
+        self.mtp.new_generation()
+        out = self.forward(Slot.PRIMARY, prompt, eager=True)  # prefill
+        self.state.length = len(prompt)
+        return out
+
+    def _recurrent_copy(self) -> dict[str, np.ndarray]:
+        return {n: a.copy() for n, a in self.state.recurrent().items()}
+
+    # -- greedy --------------------------------------------------------------------------------
+    def greedy(self, prompt: list[int], n: int, keep_states: set[int] = frozenset()) -> Greedy:
+        """Greedy decoding of n tokens at M=1 on Slot.PRIMARY; keeps the recurrent state at the given lengths."""
+        out = self._start(prompt)
+        row = out["logits"][0, -1]
+        tokens, margins, states = [int(np.argmax(row))], [oracle.top2_margin(row)], {}
+        t0 = time.perf_counter()
+        while len(tokens) < n:
+            out = self.forward(Slot.PRIMARY, [tokens[-1]])
+            self.state.length += 1
+            if self.state.length in keep_states:
+                states[self.state.length] = self._recurrent_copy()
+            row = out["logits"][0, 0]
+            tokens.append(int(np.argmax(row)))
+            margins.append(oracle.top2_margin(row))
+        return Greedy(tokens, margins, time.perf_counter() - t0, n - 1, states)
+
+    # -- speculative ---------------------------------------------------------------------------
+    def speculative(self, prompt: list[int], n: int, reference: list[int] | None = None) -> dict:
+        """Speculative decoding until at least n tokens; returns tokens and per-step statistics.
+
+        schedule="decode-verify" (the seed's): each step decodes the pending token at M=1 on
+        Primary, drafts from that decode, then verifies [g, d1..dk]. schedule="fused" (vLLM,
+        SGLang): no decode; drafts start from the pending token and the hidden state of the last
+        committed position, and the verify [pending, d1..dk] yields the next step's hidden state.
+        """
+        run, cfg, k = self.run_cfg, self.cfg, self.run_cfg.k
+        out = self._start(prompt)
+        emitted = [int(np.argmax(out["logits"][0, -1]))]
+        if run.drafter == "oracle":
+            if reference is None:
+                raise ValueError("the oracle drafter needs the greedy reference tokens")
+            drafter = OracleDrafter(reference, run.alpha, run.seed, cfg.vocab_size,
+                                    None if run.oracle_free_drafts else self.head)
+        else:
+            drafter = self.head
+        if run.drafter == "mtp" or not run.oracle_free_drafts:
+            drafter.prefill(prompt[1:] + emitted, out["hidden"][0])
+        fused = run.schedule == "fused"
+        self.last_hidden[...] = out["hidden"][0, -1]
+        split = {"decode": 0.0, "draft": 0.0, "verify": 0.0, "commit": 0.0}
+        accepted_counts: list[int] = []
+        select = run.commit == "select"
+        t_start = time.perf_counter()
+        while len(emitted) < n:
+            t0 = time.perf_counter()
+            handoff = self.main.acquire("decode-handoff", self.handoff_bytes)
+            view = handoff.carve({"hidden": ((cfg.hidden_size,), np.float32)})
+            if fused:
+                first, position = emitted[-1], self.state.length - 1
+                view["hidden"][...] = self.last_hidden
+            else:
+                L = self.state.length
+                dec = self.forward(Slot.PRIMARY, [emitted[-1]])
+                self.state.length = L + 1
+                view["hidden"][...] = dec["hidden"][0, 0]
+                first, position = int(np.argmax(dec["logits"][0, 0])), L
+                emitted.append(first)
+            t1 = time.perf_counter()
+            if run.drafter == "oracle":
+                drafts = drafter.draft_at(len(emitted) - 1, first, view["hidden"], position, k)
+            else:
+                drafts = drafter.draft(first, view["hidden"], position, k)
+            t2 = time.perf_counter()
+            if not select:
+                for snap, live in zip(self.snapshot, self.state.recurrent_arrays()):
+                    snap[...] = live
+            start = self.state.length
+            ver = self.forward(Slot.VERIFY, [first] + drafts, in_place=not select)
+            targets = np.argmax(ver["logits"][0], axis=-1)
+            n_acc = accept_length(drafts, targets)
+            emitted += drafts[:n_acc] + [int(targets[n_acc])]
+            accepted_counts.append(n_acc)
+            self.last_hidden[...] = ver["hidden"][0, n_acc]
+            t3 = time.perf_counter()
+            self.commit(ver, [first] + drafts[:n_acc], start)
+            self.main.release(handoff)
+            self.target.end_step()
+            t4 = time.perf_counter()
+            for name, a, b in (("decode", t0, t1), ("draft", t1, t2), ("verify", t2, t3), ("commit", t3, t4)):
+                split[name] += b - a
+        return {"tokens": emitted, "seconds": time.perf_counter() - t_start, "accepted": accepted_counts, "split": split}
+
+    def restore(self) -> None:
+        """Put back the recurrent state snapshotted before the verify."""
+        for snap, live in zip(self.snapshot, self.state.recurrent_arrays()):
+            live[...] = snap
+
+    def commit(self, ver: dict, consumed: list[int], start: int) -> None:
+        """Make the state hold exactly `consumed` after position `start` (KV rollback is contents-only)."""
+        strategy, n1 = self.run_cfg.commit, len(consumed)
+        self.state.length = start
+        self.target.rollback(Slot.PRIMARY)
+        if strategy == "select":
+            for i in self.cfg.gdn_layer_ids:
+                commit_ops.replay_transitions(self.cfg, self.state.gdn[i], ver[f"gdn_transitions.{i}"], n1)
+                commit_ops.rebuild_conv(self.state.conv[i], ver[f"conv_input.{i}"], n1)
+        else:
+            self.restore()
+            if strategy == "readvance-batched":
+                self.forward(Slot.PRIMARY, consumed)
+            else:
+                for j, tok in enumerate(consumed):
+                    self.forward(Slot.PRIMARY, [tok])
+                    self.state.length = start + j + 1
+        self.state.length = start + n1

@@ -1,0 +1,52 @@
+"""The environment a result was measured in."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_revision() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def environment(backend: str = "cpu") -> dict:
+    """onnxruntime version and provider, device, threads, Python and the git revision if any."""
+    import onnxruntime
+
+    device = _cpu_name()
+    if backend == "cuda":
+        try:
+            import cupy
+
+            device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        except Exception:  # noqa: BLE001 - report what we can
+            device = "cuda (unknown)"
+    return {
+        "onnxruntime": onnxruntime.__version__,
+        "provider": "CUDAExecutionProvider" if backend == "cuda" else "CPUExecutionProvider",
+        "device": device,
+        "cpu_count": os.cpu_count(),
+        "threads": int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "git_revision": git_revision(),
+    }

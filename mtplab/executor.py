@@ -1,0 +1,333 @@
+"""The two-slot executor: per-slot capture state, pure retarget, and per-slot counters.
+
+Slot.PRIMARY holds the M=1 decode plan and Slot.VERIFY the M=k+1 verify plan, on ONE executor.
+Each slot runs: eager warm-up -> capture -> replay while the binding signature matches. A
+mismatch invalidates and recaptures (bounded by max_recaptures per generation, then eager); a
+binding that cannot be made (buffer too small) declines into an eager run. The backend is the
+narrow seam where a plan is captured and replayed: IOBinding on CPU, CUDA graphs on GPU.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .arena import Arena, Block, BufferTooSmall, address, layout_bytes
+
+
+class Slot(enum.IntEnum):
+    PRIMARY = 0  # the M=1 decode graph
+    VERIFY = 1  # the M=k+1 speculative-verify graph
+
+    @property
+    def index(self) -> int:
+        return int(self)
+
+
+Slot.COUNT = 2  # type: ignore[attr-defined]
+
+
+class Status(enum.Enum):
+    NEEDS_WARMUP = "needs-warmup"
+    ARMED = "armed"
+    READY = "ready"
+    UNSUPPORTED = "unsupported"
+
+
+COUNTER_KEYS = ("captures", "replays", "fallbacks", "invalidations", "hazards")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One bound value: graph name, the array bound by address, direction, and its pool block if any."""
+
+    name: str
+    array: Any
+    output: bool
+    block: Block | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.name, "out" if self.output else "in", str(self.array.dtype), tuple(self.array.shape), address(self.array))
+
+
+def signature(binds: list[Binding]) -> tuple:
+    """Name, direction, dtype, shape and address of every bound value: what a plan bakes in."""
+    return tuple(b.key for b in binds)
+
+
+def describe_mismatch(old: tuple, new: tuple) -> str:
+    """Human-readable first difference between two signatures."""
+    old_d, new_d = {k[:2]: k for k in old}, {k[:2]: k for k in new}
+    for key in list(new_d) + [k for k in old_d if k not in new_d]:  # binding order: inputs first
+        a, b = old_d.get(key), new_d.get(key)
+        if a == b:
+            continue
+        if a is None or b is None:
+            return f"{key[0]}: {'added' if a is None else 'removed'}"
+        if a[3] != b[3]:
+            return f"{key[0]}: shape {list(a[3])} -> {list(b[3])}"
+        if a[4] != b[4]:
+            return f"{key[0]}: address moved {a[4]:#x} -> {b[4]:#x}"
+        return f"{key[0]}: dtype {a[2]} -> {b[2]}"
+    return "no difference"
+
+
+@dataclass
+class SlotCaptureState:
+    """Host-side capture bookkeeping of one slot. Never reset by a switch to another slot."""
+
+    status: Status = Status.NEEDS_WARMUP
+    signature: tuple | None = None
+    warm_signature: tuple | None = None
+    warm_shapes: dict[str, tuple] | None = None
+    seeded: bool = False
+    plan: Any = None
+    plan_blocks: list[tuple[Block, str | None]] = field(default_factory=list)
+    reason: str = ""
+    generation_invalidations: int = 0
+    captures: int = 0
+    replays: int = 0
+    fallbacks: int = 0
+    invalidations: int = 0
+    hazards: int = 0
+
+    def counters(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in COUNTER_KEYS}
+
+
+class PlanBackend(Protocol):
+    """The capture/replay seam. CPU: IOBinding plans. CUDA: graphs by gpu_graph_id."""
+
+    def eager(self, session: Any, binds: list[Binding]) -> None: ...
+    def capture(self, session: Any, binds: list[Binding]) -> Any: ...
+    def replay(self, session: Any, plan: Any) -> None: ...
+    def drop(self, plan: Any) -> None: ...
+
+
+class CpuPlanBackend:
+    """A plan is an IOBinding with every input and output bound by raw pointer."""
+
+    @staticmethod
+    def _binding(session, binds: list[Binding]):
+        io = session.io_binding()
+        for b in binds:
+            bind = io.bind_output if b.output else io.bind_input
+            bind(b.name, "cpu", 0, b.array.dtype, list(b.array.shape), address(b.array))
+        return io
+
+    def eager(self, session, binds: list[Binding]) -> None:
+        session.run_with_iobinding(self._binding(session, binds))
+
+    def capture(self, session, binds: list[Binding]):
+        plan = self._binding(session, binds)
+        session.run_with_iobinding(plan)
+        return plan
+
+    def replay(self, session, plan) -> None:
+        session.run_with_iobinding(plan)
+
+    def drop(self, plan) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class SlotMemory:
+    """Where a slot's staged inputs and outputs live.
+
+    Named buffers come from `arena`. Outputs listed in `step_scoped` instead come from a block of
+    `pool`, acquired per step; unpinned, the block goes back to the pool at end_step().
+    """
+
+    arena: Arena
+    pool: Arena | None = None
+    step_scoped: frozenset[str] = frozenset()
+    pinned: bool = True
+    owner: str = ""
+    block: Block | None = None
+
+    def stage(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+        views = {}
+        for name, value in feeds.items():
+            view = self.arena.view(f"feed.{name}", value.shape, value.dtype)
+            view[...] = value
+            views[name] = view
+        return views
+
+    def outputs(self, spec: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, tuple[Any, Block | None]]:
+        scoped = {n: s for n, s in spec.items() if n in self.step_scoped and self.pool is not None}
+        out: dict[str, tuple[Any, Block | None]] = {}
+        if scoped:
+            need = layout_bytes(scoped)
+            if self.block is None:
+                self.block = self.pool.acquire(self.owner, need)
+            if self.block.nbytes < need:
+                raise BufferTooSmall(f"{self.owner} workspace: needs {need} bytes, block holds {self.block.nbytes}")
+            for name, view in self.block.carve(scoped).items():
+                out[name] = (view, self.block)
+        for name, (shape, dtype) in spec.items():
+            if name not in out:
+                out[name] = (self.arena.view(name, shape, dtype), None)
+        return out
+
+    def end_step(self) -> None:
+        if self.block is not None and not self.pinned:
+            self.pool.release(self.block)
+            self.block = None
+
+
+class Executor:
+    """One executor, up to two slots, each with its own session, memory and SlotCaptureState."""
+
+    def __init__(
+        self,
+        sessions: dict[Slot, Any],
+        memory: dict[Slot, SlotMemory],
+        labels: dict[Slot, str] | None = None,
+        backend: PlanBackend | None = None,
+        max_recaptures: int = 3,
+        validate: bool = True,
+        retain_decode_graph_across_spec: bool = True,
+    ):
+        if max_recaptures < 0:
+            raise ValueError(f"max_recaptures={max_recaptures}: must be >= 0")
+        self.sessions = sessions
+        self.memory = memory
+        self.labels = labels or {s: s.name.lower() for s in sessions}
+        self.backend = backend or CpuPlanBackend()
+        self.max_recaptures = max_recaptures
+        self.validate = validate
+        self.retain = retain_decode_graph_across_spec
+        self.state = {s: SlotCaptureState() for s in sessions}
+        self.slot = Slot.PRIMARY
+
+    # -- retarget and lifecycle -------------------------------------------------------------
+    def set_slot(self, slot: Slot) -> None:
+        """Pure retarget: the other slot's capture state is untouched."""
+        if slot not in self.sessions:
+            raise ValueError(f"slot {slot!r} is not configured on this executor: it has {list(self.sessions)}")
+        self.slot = slot
+
+    def new_generation(self) -> None:
+        """Start a generation: per-generation recapture budgets reset; counters and plans stay."""
+        for st in self.state.values():
+            st.generation_invalidations = 0
+            if st.status is Status.UNSUPPORTED:
+                st.status = Status.NEEDS_WARMUP
+                st.plan = None
+
+    def end_step(self) -> None:
+        """End of a speculative step: unpinned step-scoped workspaces go back to the pool."""
+        for mem in self.memory.values():
+            mem.end_step()
+
+    def invalidate(self, slot: Slot, reason: str) -> None:
+        """Throw the slot's plan away (counted); the next run recaptures, or runs eager at the cap."""
+        st = self.state[slot]
+        if st.plan is None:
+            return
+        self.backend.drop(st.plan)
+        st.plan, st.signature, st.plan_blocks = None, None, []
+        st.invalidations += 1
+        st.generation_invalidations += 1
+        st.reason = f"invalidated: {reason}"
+        if st.generation_invalidations > self.max_recaptures:
+            st.status = Status.UNSUPPORTED
+            st.reason += f" (max_recaptures={self.max_recaptures} reached: eager for the rest of the generation)"
+        else:
+            st.status = Status.ARMED
+
+    def rollback(self, slot: Slot) -> None:
+        """A contents-only KV rollback happened. Without retain it throws the plan away, as the seed did."""
+        if not self.retain:
+            self.invalidate(slot, "KV rollback (retain_decode_graph_across_spec off)")
+
+    # -- running ---------------------------------------------------------------------------
+    def _binds(self, staged, outs, bound) -> list[Binding]:
+        binds = [Binding(n, a, False) for n, a in staged.items()]
+        binds += [Binding(n, a, out) for n, a, out in bound]
+        binds += [Binding(n, a, True, blk) for n, (a, blk) in outs.items()]
+        return binds
+
+    def run_eager(self, slot: Slot, feeds, outputs, bound) -> dict[str, Any]:
+        """An eager forward on the slot's session, outside its plan, into temporaries.
+
+        Without retain_decode_graph_across_spec it invalidates the slot's plan (the seed's Blocker B).
+        """
+        if not self.retain:
+            self.invalidate(slot, "eager forward on the slot's session")
+        return self._eager_temporaries(slot, feeds, outputs, bound)
+
+    def _eager_temporaries(self, slot, feeds, outputs, bound) -> dict[str, Any]:
+        outs = {n: (np.empty(shape, dtype), None) for n, (shape, dtype) in outputs.items()}
+        staged = {n: np.ascontiguousarray(v) for n, v in feeds.items()}
+        self.backend.eager(self.sessions[slot], self._binds(staged, outs, bound))
+        return {n: a for n, (a, _) in outs.items()}
+
+    def run(
+        self,
+        slot: Slot,
+        feeds: dict[str, np.ndarray],
+        outputs: dict[str, tuple[tuple[int, ...], Any]],
+        bound: list[tuple[str, Any, bool]],
+    ) -> dict[str, Any]:
+        """Run one forward on `slot`: warm-up, capture or replay as its state allows.
+
+        feeds: small host inputs, staged into the slot's buffers. outputs: name -> (shape, dtype),
+        placed by the slot's memory. bound: caller-owned persistent buffers (KV, recurrent state),
+        as (name, array, is_output). Returns the output arrays of this run.
+        """
+        self.set_slot(slot)
+        st, mem, session = self.state[slot], self.memory[slot], self.sessions[slot]
+        try:
+            staged, outs = mem.stage(feeds), mem.outputs(outputs)
+        except BufferTooSmall as err:
+            st.fallbacks += 1
+            st.reason = f"capture declined: {err}"
+            return self._eager_temporaries(slot, feeds, outputs, bound)
+        binds = self._binds(staged, outs, bound)
+        result = {n: a for n, (a, _) in outs.items()}
+        sig = signature(binds)
+
+        if st.status is Status.UNSUPPORTED:
+            self.backend.eager(session, binds)
+            st.fallbacks += 1
+            return result
+        if st.status is Status.READY:
+            if self.validate and sig != st.signature:
+                self.invalidate(slot, describe_mismatch(st.signature, sig))
+                if st.status is Status.UNSUPPORTED:
+                    self.backend.eager(session, binds)
+                    st.fallbacks += 1
+                    return result
+            else:
+                st.hazards += sum(1 for blk, owner in st.plan_blocks if blk.owner != owner)
+                self.backend.replay(session, st.plan)
+                st.replays += 1
+                return result
+        if st.status is Status.NEEDS_WARMUP:
+            self.backend.eager(session, binds)
+            st.warm_signature, st.warm_shapes = sig, {b.name: tuple(b.array.shape) for b in binds}
+            st.status = Status.ARMED
+            return result
+        # ARMED: capture now; this run is the step's forward.
+        st.plan = self.backend.capture(session, binds)
+        st.signature, st.seeded = sig, sig == st.warm_signature
+        st.plan_blocks = [(b.block, b.block.owner) for b in binds if b.block is not None]
+        st.captures += 1
+        st.status = Status.READY
+        return result
+
+    # -- reporting -------------------------------------------------------------------------
+    def counters(self) -> dict[str, dict[str, int]]:
+        """{slot label: {captures, replays, fallbacks, invalidations, hazards}}."""
+        return {self.labels[s]: st.counters() for s, st in self.state.items()}
+
+    def format_counters(self) -> str:
+        """The seed's form: `primary: captures=1 replays=127 fallbacks=0 invalidations=0 hazards=0`."""
+        return "\n".join(
+            f"{label}: " + " ".join(f"{k}={v}" for k, v in c.items()) for label, c in self.counters().items()
+        )

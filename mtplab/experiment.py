@@ -1,0 +1,119 @@
+"""One experiment point: the greedy baseline and a speculative run in one process, checked and measured."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import oracle, theory
+from .config import RunConfig
+from .engine import Engine, prompt_tokens
+from .env import environment
+from .model import Artifact
+from .result import RunResult
+
+
+def _diff(after: dict, before: dict) -> dict:
+    return {slot: {k: v - before.get(slot, {}).get(k, 0) for k, v in c.items()} for slot, c in after.items()}
+
+
+def _counters(engine: Engine) -> dict:
+    return engine.target.counters() | engine.mtp.counters()
+
+
+def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None) -> RunResult:
+    """Greedy baseline, then speculative decoding, then the lossless check; everything in one RunResult."""
+    engine = engine or Engine(run, artifact)
+    cfg, k, n = engine.cfg, run.k, run.tokens
+    prompt = prompt_tokens(cfg.vocab_size, run.prompt_len, run.seed)
+    P = len(prompt)
+    greedy = engine.greedy(prompt, n + k + 1, keep_states=set(range(P + n - 1, P + n + k + 1)))
+    greedy_slots = _counters(engine)
+    forwards_before = dict(engine.forwards)
+    spec = engine.speculative(prompt, n, reference=greedy.tokens)
+    slots = _diff(_counters(engine), greedy_slots)
+    forwards = {key: v - forwards_before.get(key, 0) for key, v in engine.forwards.items() if v - forwards_before.get(key, 0)}
+
+    tokens = spec["tokens"][:n]
+    identity = oracle.token_identity(tokens, greedy.tokens[:n], greedy.margins)
+    reference_state = greedy.states.get(engine.state.length)
+    if reference_state is not None:
+        identity |= oracle.state_identity(engine.state.recurrent(), reference_state)
+    else:
+        identity |= {"state_max_abs_diff": None, "state_bitwise": None}
+    ok, verdict = oracle.verdict(identity, run.commit)
+    if not ok:
+        oracle.shout(verdict)
+
+    steps = len(spec["accepted"])
+    acc = np.asarray(spec["accepted"], dtype=float)
+    accepted = int(acc.sum())
+    generated = len(spec["tokens"]) - 1  # after the prefill's token, as for greedy
+    tokens_per_s = generated / spec["seconds"]
+    per_position = [float((acc >= i).mean()) if steps else 0.0 for i in range(1, k + 1)]
+    alpha = run.alpha if run.drafter == "oracle" else theory.fit_alpha(per_position)
+    split = spec["split"]
+    per_step = {name: (t / steps if steps else 0.0) for name, t in split.items()}
+    t_draft = per_step["draft"] / k
+    t_greedy = greedy.seconds / greedy.decodes
+    predicted = theory.predicted_speedup(alpha, k, t_greedy, per_step["decode"], t_draft, per_step["verify"], per_step["commit"], run.schedule)
+    return RunResult(
+        config=run.to_dict(),
+        model={"name": cfg.name, "hash": cfg.config_hash(), "summary": engine.art.summary(),
+               "parameters": engine.art.manifest["parameters"]},
+        prompt=prompt,
+        tokens=tokens,
+        seconds=spec["seconds"],
+        tokens_per_s=tokens_per_s,
+        greedy_seconds=greedy.seconds,
+        greedy_tokens_per_s=greedy.tokens_per_s,
+        speedup=tokens_per_s / greedy.tokens_per_s,
+        steps=steps,
+        tokens_per_step=(generated / steps) if steps else float("nan"),
+        acceptance_length=1.0 + (accepted / steps if steps else 0.0),
+        draft_acceptance=accepted / (steps * k) if steps else 0.0,
+        acceptance_per_position=per_position,
+        drafted=steps * k,
+        accepted=accepted,
+        forwards=forwards,
+        time_split=split,
+        slots=slots,
+        greedy_slots=greedy_slots,
+        slot_reasons={engine.target.labels[s]: st.reason for s, st in engine.target.state.items()},
+        arena={name: a.stats() for name, a in engine.arenas.items()},
+        identity=identity,
+        theory={
+            "alpha": alpha,
+            "tokens_per_step": theory.tokens_per_step(alpha, k, run.schedule),
+            "acceptance_length": theory.acceptance_length(alpha, k),
+            "acceptance_per_position": theory.per_position(alpha, k),
+            "speedup": predicted,
+            "verify_cost_ratio": per_step["verify"] / t_greedy,
+            "draft_cost_ratio": t_draft / t_greedy,
+            "commit_cost_ratio": per_step["commit"] / t_greedy,
+            "decode_cost_ratio": per_step["decode"] / t_greedy,
+        },
+        env=environment(run.backend),
+        lossless=ok,
+        verdict=verdict,
+    )
+
+
+def summary(r: RunResult) -> str:
+    """A human summary: throughput, acceptance, per-slot counters in the seed's form, identity."""
+    c = r.config
+    lines = [
+        f"mtplab run  preset={c['preset']} k={c['k']} drafter={c['drafter']}"
+        + (f" alpha={c['alpha']}" if c["drafter"] == "oracle" else "")
+        + f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']} tokens={c['tokens']} backend={c['backend']}",
+        f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s",
+        f"  speculative {r.tokens_per_s:8.1f} tok/s   speedup {r.speedup:.2f}x   (theory {r.theory['speedup']:.2f}x)",
+        f"  tokens/step {r.tokens_per_step:.2f} (theory {r.theory['tokens_per_step']:.2f})   acceptance length "
+        f"{r.acceptance_length:.2f}   draft acceptance {r.draft_acceptance:.1%}",
+        "  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position),
+        "  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()),
+    ]
+    for slot, counters in r.slots.items():
+        lines.append(f"  {slot}: " + " ".join(f"{k}={v}" for k, v in counters.items())
+                     + (f"   [{r.slot_reasons[slot]}]" if r.slot_reasons.get(slot) else ""))
+    lines.append(("  OK: " if r.lossless else "  FAIL: ") + r.verdict)
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""Model artifacts: build (cached by config hash), manifest, and validation of external models.
+
+An artifact directory holds three files: target.onnx, mtp.onnx and manifest.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .config import ModelConfig
+from .graph import build_mtp, build_target, mtp_io, target_io
+from .weights import mtp_weights, target_weights
+
+REQUIRED_OPS = {
+    "GroupQueryAttention": "1.18",
+    "GatedDeltaNet": "1.30",
+    "CausalConvWithState": "1.30",
+    "MatMulNBits": "1.17",
+    "RMSNormalization": "1.22",
+}
+ONNX_ELEM_NAMES = {1: "float32", 10: "float16", 6: "int32", 7: "int64"}
+
+
+def cache_dir() -> Path:
+    """Where built models live: $MTPLAB_CACHE, else ~/.cache/mtplab/models."""
+    return Path(os.environ.get("MTPLAB_CACHE", Path.home() / ".cache" / "mtplab")) / "models"
+
+
+def available_ops() -> set[str]:
+    """com.microsoft and default-domain op names that the installed onnxruntime knows."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    return {s.name for s in C.get_all_operator_schema() if s.domain in ("", "com.microsoft")}
+
+
+def check_ops(ops: set[str] | None = None) -> None:
+    """Fail with the op name and the onnxruntime version it needs if the installed runtime lacks one."""
+    import onnxruntime
+
+    have = available_ops()
+    for op, version in REQUIRED_OPS.items():
+        if ops is not None and not any(o.endswith(op) for o in ops):
+            continue
+        if op not in have:
+            raise RuntimeError(
+                f"onnxruntime {onnxruntime.__version__} lacks the op {op}: it needs onnxruntime >= {version} "
+                f"(pip install 'onnxruntime>={max(REQUIRED_OPS.values())}')"
+            )
+
+
+def _io_table(values) -> list[dict]:
+    out = []
+    for v in values:
+        t = v.type.tensor_type
+        shape = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+        out.append({"name": v.name, "dtype": ONNX_ELEM_NAMES.get(t.elem_type, str(t.elem_type)), "shape": shape})
+    return out
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A built (or external) model: paths plus the parsed manifest."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def target(self) -> Path:
+        return self.path / self.manifest["files"]["target"]
+
+    @property
+    def mtp(self) -> Path:
+        return self.path / self.manifest["files"]["mtp"]
+
+    @property
+    def config(self) -> ModelConfig:
+        d = dict(self.manifest["config"])
+        d["attention_layers"] = tuple(d["attention_layers"])
+        return ModelConfig(**d)
+
+    def summary(self) -> str:
+        m = self.manifest
+        cfg = self.config
+        return (
+            f"{cfg.name}: {m['parameters']['target'] / 1e6:.1f}M params (MTP head {m['parameters']['mtp'] / 1e6:.1f}M), "
+            f"{cfg.num_layers} layers = {len(cfg.gdn_layer_ids)} GatedDeltaNet + {len(cfg.attention_layer_ids)} attention, "
+            f"{cfg.dtype}/{cfg.weight_format}, ops: {', '.join(sorted(o.split('::')[-1] for o in m['ops']))}"
+        )
+
+
+def _write_atomic_dir(final: Path, files: dict[str, bytes]) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    for name, blob in files.items():
+        (tmp / name).write_bytes(blob)
+    try:
+        os.rename(tmp, final)
+    except OSError:  # built concurrently by another process: keep theirs
+        for p in tmp.iterdir():
+            p.unlink()
+        tmp.rmdir()
+
+
+def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = False) -> Artifact:
+    """Build target.onnx + mtp.onnx + manifest.json for cfg, cached under cache_dir() by config hash."""
+    import onnxruntime
+
+    final = Path(out) if out else cache_dir() / f"{cfg.name}-{cfg.config_hash()}"
+    if (final / "manifest.json").exists() and not force:
+        return load_artifact(final)
+    check_ops()
+    tw = target_weights(cfg)
+    target, ops_t, _ = build_target(cfg, tw)
+    mtp, ops_m, _ = build_mtp(cfg, mtp_weights(cfg, tw))
+    blobs = {"target.onnx": target.SerializeToString(), "mtp.onnx": mtp.SerializeToString()}
+    t_in, t_out = target_io(cfg)
+    m_in, m_out = mtp_io(cfg)
+    n_params = lambda model: int(sum(np.prod(t.dims) for t in model.graph.initializer))  # noqa: E731
+    manifest = {
+        "format": "mtplab-artifact/1",
+        "builtin": True,
+        "config": cfg.to_dict(),
+        "config_hash": cfg.config_hash(),
+        "files": {"target": "target.onnx", "mtp": "mtp.onnx"},
+        "io": {
+            "target": {"inputs": _io_table(t_in), "outputs": _io_table(t_out)},
+            "mtp": {"inputs": _io_table(m_in), "outputs": _io_table(m_out)},
+        },
+        "names": builtin_names(),
+        "ops": sorted(ops_t | ops_m),
+        "parameters": {"target": n_params(target), "mtp": n_params(mtp)},
+        "onnxruntime_version": onnxruntime.__version__,
+        "content_hash": hashlib.sha256(blobs["target.onnx"] + blobs["mtp.onnx"]).hexdigest()[:16],
+    }
+    blobs["manifest.json"] = json.dumps(manifest, indent=1).encode()
+    if final.exists() and force:
+        for p in final.iterdir():
+            p.unlink()
+        final.rmdir()
+    _write_atomic_dir(final, blobs)
+    return load_artifact(final)
+
+
+def builtin_names() -> dict:
+    """The I/O name mapping: role -> graph name ({i} is the layer index)."""
+    return {
+        "target": {
+            "input_ids": "input_ids", "seqlens_k": "seqlens_k", "total_sequence_length": "total_sequence_length",
+            "capture_count": "capture_count", "logits": "logits", "hidden": "hidden",
+            "past_key": "past_key.{i}", "past_value": "past_value.{i}",
+            "present_key": "present_key.{i}", "present_value": "present_value.{i}",
+            "conv_state": "conv_state.{i}", "present_conv_state": "present_conv_state.{i}",
+            "gdn_state": "gdn_state.{i}", "present_gdn_state": "present_gdn_state.{i}",
+            "gdn_transitions": "gdn_transitions.{i}", "conv_input": "conv_input.{i}",
+        },
+        "mtp": {
+            "input_ids": "input_ids", "hidden_states": "hidden_states", "seqlens_k": "seqlens_k",
+            "total_sequence_length": "total_sequence_length", "logits": "logits", "mtp_hidden": "mtp_hidden",
+            "past_key": "past_key.0", "past_value": "past_value.0",
+            "present_key": "present_key.0", "present_value": "present_value.0",
+        },
+    }
+
+
+def load_artifact(path: str | Path) -> Artifact:
+    """Load an artifact directory and validate its manifest against the models' real inputs and outputs."""
+    path = Path(path)
+    mf = path / "manifest.json"
+    if not mf.exists():
+        raise ValueError(f"{path}: no manifest.json (build one with `mtplab model build` or write one for your model)")
+    manifest = json.loads(mf.read_text())
+    art = Artifact(path, manifest)
+    validate_manifest(art)
+    return art
+
+
+def validate_manifest(art: Artifact) -> None:
+    """Check every name, rank and dtype the manifest declares against the ONNX files; ValueError on mismatch."""
+    for key in ("config", "files", "io"):
+        if key not in art.manifest:
+            raise ValueError(f"{art.path}/manifest.json: missing key {key!r}")
+    for part in ("target", "mtp"):
+        file = art.path / art.manifest["files"][part]
+        if not file.exists():
+            raise ValueError(f"{art.path}/manifest.json: files.{part} names {file.name}, which does not exist")
+        model = onnx.load(str(file), load_external_data=False)
+        real = {
+            "inputs": {v["name"]: v for v in _io_table(model.graph.input)},
+            "outputs": {v["name"]: v for v in _io_table(model.graph.output)},
+        }
+        for kind in ("inputs", "outputs"):
+            for want in art.manifest["io"][part][kind]:
+                have = real[kind].get(want["name"])
+                where = f"{art.path.name}/manifest.json io.{part}.{kind}"
+                if have is None:
+                    raise ValueError(
+                        f"{where}: {part} model has no {kind[:-1]} named {want['name']!r} "
+                        f"(it has: {sorted(real[kind])})"
+                    )
+                if len(have["shape"]) != len(want["shape"]):
+                    raise ValueError(
+                        f"{where}: {want['name']!r} has rank {len(have['shape'])} in the model, "
+                        f"manifest says {len(want['shape'])}"
+                    )
+                if have["dtype"] != want["dtype"]:
+                    raise ValueError(
+                        f"{where}: {want['name']!r} is {have['dtype']} in the model, manifest says {want['dtype']}"
+                    )

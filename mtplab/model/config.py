@@ -1,0 +1,184 @@
+"""Model configuration: one frozen dataclass, validated in one place, plus named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+DTYPES = ("fp32", "fp16")
+WEIGHT_FORMATS = ("fp32", "int4")
+CONV_KERNEL = 4
+INT4_BLOCK = 32
+MAX_TRANSITION_CAPACITY = 8
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the built-in hybrid model: Gated DeltaNet layers, GQA layers every few, and an MTP head."""
+
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 4
+    attention_layers: tuple[int, ...] | None = None  # None: every 4th layer (3, 7, ...)
+    gdn_key_heads: int = 2
+    gdn_value_heads: int = 4
+    gdn_head_dim_k: int = 16
+    gdn_head_dim_v: int = 16
+    attn_heads: int = 4
+    attn_kv_heads: int = 2
+    attn_head_dim: int = 16
+    mlp_size: int = 128
+    max_seq_len: int = 256
+    transition_capacity: int = MAX_TRANSITION_CAPACITY
+    dtype: str = "fp32"
+    weight_format: str = "fp32"
+    seed: int = 0
+    name: str = "custom"
+    # Scales that shape the untrained weights (see README: "the built-in model").
+    layer_scale: float = 0.45
+    logit_scale: float = 3.0
+    bigram_peak: float = 16.0
+    conv_kernel: int = field(default=CONV_KERNEL)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def attention_layer_ids(self) -> tuple[int, ...]:
+        if self.attention_layers is None:
+            return tuple(i for i in range(self.num_layers) if i % 4 == 3)
+        return tuple(sorted(self.attention_layers))
+
+    @property
+    def gdn_layer_ids(self) -> tuple[int, ...]:
+        attn = set(self.attention_layer_ids)
+        return tuple(i for i in range(self.num_layers) if i not in attn)
+
+    @property
+    def gdn_conv_channels(self) -> int:
+        return 2 * self.gdn_key_heads * self.gdn_head_dim_k + self.gdn_value_heads * self.gdn_head_dim_v
+
+    @property
+    def transition_width(self) -> int:
+        """Floats per token in GatedDeltaNet's compact state update (scalar decay)."""
+        return (
+            self.gdn_value_heads
+            + self.gdn_key_heads * self.gdn_head_dim_k
+            + self.gdn_value_heads * self.gdn_head_dim_v
+        )
+
+    def replace(self, **changes) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["attention_layers"] = list(self.attention_layer_ids)
+        return d
+
+    def config_hash(self) -> str:
+        d = self.to_dict()
+        d.pop("name")
+        blob = json.dumps(d, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def check_k(self, k: int) -> None:
+        """Raise ValueError unless k drafts (a verify of k+1 tokens) fit the transition capacity."""
+        if not isinstance(k, int) or k < 1 or k + 1 > self.transition_capacity:
+            raise ValueError(
+                f"k={k}: k+1 must be within the transition capacity {self.transition_capacity} "
+                f"(allowed: k in 1..{self.transition_capacity - 1})"
+            )
+
+
+def _positive(cfg: ModelConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive integer")
+
+
+def validate(cfg: ModelConfig) -> None:
+    """All ModelConfig checks live here; each error names the field and what is allowed."""
+    for name in (
+        "vocab_size", "hidden_size", "num_layers", "gdn_key_heads", "gdn_value_heads",
+        "gdn_head_dim_k", "gdn_head_dim_v", "attn_heads", "attn_kv_heads", "attn_head_dim",
+        "mlp_size", "max_seq_len", "transition_capacity",
+    ):
+        _positive(cfg, name)
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"ModelConfig.dtype={cfg.dtype!r}: allowed values are {list(DTYPES)}")
+    if cfg.weight_format not in WEIGHT_FORMATS:
+        raise ValueError(
+            f"ModelConfig.weight_format={cfg.weight_format!r}: allowed values are {list(WEIGHT_FORMATS)}"
+        )
+    if cfg.conv_kernel != CONV_KERNEL:
+        raise ValueError(f"ModelConfig.conv_kernel={cfg.conv_kernel}: only {CONV_KERNEL} is allowed")
+    if cfg.transition_capacity > MAX_TRANSITION_CAPACITY:
+        raise ValueError(
+            f"ModelConfig.transition_capacity={cfg.transition_capacity}: allowed values are "
+            f"1..{MAX_TRANSITION_CAPACITY} (GatedDeltaNet state_update_capacity)"
+        )
+    if cfg.attn_heads * cfg.attn_head_dim != cfg.hidden_size:
+        raise ValueError(
+            f"ModelConfig.hidden_size={cfg.hidden_size} is not divisible into attn_heads={cfg.attn_heads} "
+            f"of attn_head_dim={cfg.attn_head_dim}: hidden_size must equal attn_heads * attn_head_dim"
+        )
+    if cfg.attn_heads % cfg.attn_kv_heads:
+        raise ValueError(
+            f"ModelConfig.attn_kv_heads={cfg.attn_kv_heads}: must divide attn_heads={cfg.attn_heads}"
+        )
+    if cfg.attn_head_dim % 2:
+        raise ValueError(f"ModelConfig.attn_head_dim={cfg.attn_head_dim}: must be even (rotary)")
+    if cfg.gdn_value_heads % cfg.gdn_key_heads:
+        raise ValueError(
+            f"ModelConfig.gdn_value_heads={cfg.gdn_value_heads}: must be a multiple of "
+            f"gdn_key_heads={cfg.gdn_key_heads}"
+        )
+    if cfg.attention_layers is not None:
+        bad = [i for i in cfg.attention_layers if not isinstance(i, int) or not 0 <= i < cfg.num_layers]
+        if bad:
+            raise ValueError(
+                f"ModelConfig.attention_layers has {bad} out of range: allowed indices are "
+                f"0..{cfg.num_layers - 1}"
+            )
+        if len(set(cfg.attention_layers)) != len(cfg.attention_layers):
+            raise ValueError(f"ModelConfig.attention_layers={cfg.attention_layers}: duplicate index")
+    if not cfg.attention_layer_ids:
+        raise ValueError("ModelConfig.attention_layers: the layout needs at least one attention layer")
+    if not cfg.gdn_layer_ids:
+        raise ValueError("ModelConfig.attention_layers: the layout needs at least one GatedDeltaNet layer")
+    if cfg.weight_format == "int4":
+        for name in ("hidden_size", "mlp_size"):
+            if getattr(cfg, name) % INT4_BLOCK:
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(cfg, name)}: int4 weights need a multiple of {INT4_BLOCK}"
+                )
+        if (cfg.gdn_value_heads * cfg.gdn_head_dim_v) % INT4_BLOCK:
+            raise ValueError("ModelConfig.gdn_value_heads*gdn_head_dim_v: int4 weights need a multiple of 32")
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Tests: builds and runs in well under a second.
+    "tiny": ModelConfig(name="tiny"),
+    # CPU default: 16 layers (4 attention), weight-dominated decode, MTP layer a few % of a forward.
+    "small": ModelConfig(
+        name="small", vocab_size=2048, hidden_size=512, num_layers=16,
+        gdn_key_heads=4, gdn_value_heads=8, gdn_head_dim_k=64, gdn_head_dim_v=64,
+        attn_heads=8, attn_kv_heads=2, attn_head_dim=64, mlp_size=1536, max_seq_len=512,
+    ),
+    # GPU-sized; still builds on CPU (about 1.2 GB at fp32).
+    "base": ModelConfig(
+        name="base", vocab_size=32768, hidden_size=1024, num_layers=24,
+        gdn_key_heads=8, gdn_value_heads=16, gdn_head_dim_k=64, gdn_head_dim_v=64,
+        attn_heads=16, attn_kv_heads=4, attn_head_dim=64, mlp_size=2816, max_seq_len=2048,
+    ),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """Return a named preset, optionally with fields replaced (e.g. dtype='fp16')."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: allowed presets are {sorted(PRESETS)}")
+    cfg = PRESETS[name]
+    return cfg.replace(**overrides) if overrides else cfg

@@ -1,0 +1,218 @@
+"""ONNX graphs of the built-in model: the hybrid target decoder and its MTP head.
+
+Real com.microsoft ops throughout: GroupQueryAttention (KV cache shared past/present, updated in
+place), GatedDeltaNet (recurrent state plus compact per-token transitions), CausalConvWithState,
+RMSNormalization (opset 23) and, for int4 weights, MatMulNBits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .config import INT4_BLOCK, ModelConfig
+from .weights import Weights, quantize_int4, rotary_cache
+
+MS = "com.microsoft"
+OPSET = 23
+ELEM = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
+NP = {"fp32": np.float32, "fp16": np.float16}
+EPS = 1e-6
+
+
+class _Graph:
+    """Accumulates nodes and initializers; names are made unique by a counter."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.ops: set[str] = set()
+        self.n = 0
+        self.dequantized: Weights = {}
+
+    def tmp(self, hint: str) -> str:
+        self.n += 1
+        return f"{hint}_{self.n}"
+
+    def node(self, op: str, inputs: list[str], outputs: list[str] | None = None, domain: str = "", **attrs) -> list[str]:
+        outputs = outputs or [self.tmp(op.lower())]
+        self.nodes.append(helper.make_node(op, inputs, outputs, domain=domain or None, **attrs))
+        self.ops.add(f"{domain + '::' if domain else ''}{op}")
+        return outputs
+
+    def init(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    def act(self, name: str, array: np.ndarray) -> str:
+        """An initializer in the activation dtype."""
+        return self.init(name, array.astype(NP[self.cfg.dtype]))
+
+    def const_i64(self, values: list[int]) -> str:
+        return self.init(self.tmp("shape"), np.array(values, dtype=np.int64))
+
+    def rmsnorm(self, x: str, gamma: np.ndarray, name: str) -> str:
+        return self.node("RMSNormalization", [x, self.act(name, gamma)], axis=-1, epsilon=EPS)[0]
+
+    def linear(self, x: str, w: np.ndarray, name: str) -> str:
+        """x @ w, with w [K, N]: MatMul at fp32/fp16 or MatMulNBits for int4 weights."""
+        if self.cfg.weight_format == "int4":
+            K, N = w.shape
+            packed, scales, deq = quantize_int4(w, INT4_BLOCK)
+            self.dequantized[name] = deq
+            return self.node(
+                "MatMulNBits", [x, self.init(name + ".q", packed), self.act(name + ".scales", scales)],
+                domain=MS, K=K, N=N, bits=4, block_size=INT4_BLOCK,
+            )[0]
+        self.dequantized[name] = w
+        return self.node("MatMul", [x, self.act(name, w)])[0]
+
+
+def _value(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def target_io(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    """Inputs and outputs of target.onnx (M is the dynamic token axis)."""
+    T = ELEM[cfg.dtype]
+    Hkv, Dh, S = cfg.attn_kv_heads, cfg.attn_head_dim, cfg.max_seq_len
+    Hv, Dv, Dk, C = cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k, cfg.gdn_conv_channels
+    ins = [
+        _value("input_ids", TensorProto.INT64, [1, "M"]),
+        _value("seqlens_k", TensorProto.INT32, [1]),
+        _value("total_sequence_length", TensorProto.INT32, []),
+        _value("capture_count", TensorProto.INT32, [1]),
+    ]
+    outs = [_value("logits", T, [1, "M", cfg.vocab_size]), _value("hidden", T, [1, "M", cfg.hidden_size])]
+    for i in range(cfg.num_layers):
+        if i in cfg.attention_layer_ids:
+            for kv in ("key", "value"):
+                ins.append(_value(f"past_{kv}.{i}", T, [1, Hkv, S, Dh]))
+                outs.append(_value(f"present_{kv}.{i}", T, [1, Hkv, S, Dh]))
+        else:
+            ins.append(_value(f"conv_state.{i}", T, [1, cfg.conv_kernel - 1, C]))
+            ins.append(_value(f"gdn_state.{i}", TensorProto.FLOAT, [1, Hv, Dv, Dk]))
+            outs.append(_value(f"present_conv_state.{i}", T, [1, cfg.conv_kernel - 1, C]))
+            outs.append(_value(f"present_gdn_state.{i}", TensorProto.FLOAT, [1, Hv, Dv, Dk]))
+            outs.append(_value(f"gdn_transitions.{i}", TensorProto.FLOAT, [1, cfg.transition_capacity * cfg.transition_width]))
+            outs.append(_value(f"conv_input.{i}", T, [1, "M", C]))
+    return ins, outs
+
+
+def mtp_io(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    """Inputs and outputs of mtp.onnx."""
+    T = ELEM[cfg.dtype]
+    kv = [1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim]
+    ins = [
+        _value("input_ids", TensorProto.INT64, [1, "M"]),
+        _value("hidden_states", T, [1, "M", cfg.hidden_size]),
+        _value("seqlens_k", TensorProto.INT32, [1]),
+        _value("total_sequence_length", TensorProto.INT32, []),
+        _value("past_key.0", T, kv),
+        _value("past_value.0", T, kv),
+    ]
+    outs = [
+        _value("logits", T, [1, "M", cfg.vocab_size]),
+        _value("mtp_hidden", T, [1, "M", cfg.hidden_size]),
+        _value("present_key.0", T, kv),
+        _value("present_value.0", T, kv),
+    ]
+    return ins, outs
+
+
+def _attention(g: _Graph, x: str, w: Weights, p: str, past: tuple[str, str], present: tuple[str, str]) -> str:
+    cfg = g.cfg
+    xn = g.rmsnorm(x, w[p + "attn_norm"], p + "attn_norm")
+    qkv = g.linear(xn, w[p + "qkv"], p + "qkv")
+    cos, sin = rotary_cache(cfg)
+    out = g.node(
+        "GroupQueryAttention",
+        [qkv, "", "", past[0], past[1], "seqlens_k", "total_sequence_length",
+         g.act(p + "cos", cos), g.act(p + "sin", sin)],
+        [g.tmp("attn"), present[0], present[1]], domain=MS,
+        num_heads=cfg.attn_heads, kv_num_heads=cfg.attn_kv_heads, do_rotary=1,
+    )[0]
+    return g.node("Add", [x, g.linear(out, w[p + "o"], p + "o")])[0]
+
+
+def _gdn(g: _Graph, x: str, w: Weights, i: int) -> str:
+    cfg, p = g.cfg, f"layer{i}."
+    Hk, Hv, Dk, Dv = cfg.gdn_key_heads, cfg.gdn_value_heads, cfg.gdn_head_dim_k, cfg.gdn_head_dim_v
+    xn = g.rmsnorm(x, w[p + "attn_norm"], p + "attn_norm")
+    mixed = g.linear(xn, w[p + "qkv"], p + "qkv")
+    g.node("Identity", [mixed], [f"conv_input.{i}"])
+    conv = g.node(
+        "CausalConvWithState",
+        [mixed, g.act(p + "conv", w[p + "conv"]), g.act(p + "conv_bias", w[p + "conv_bias"]), f"conv_state.{i}"],
+        [g.tmp("conv"), f"present_conv_state.{i}"], domain=MS, channels_last=1, activation="silu",
+    )[0]
+    split = g.init(g.tmp("split"), np.array([Hk * Dk, Hk * Dk, Hv * Dv], dtype=np.int64))
+    q, k, v = g.node("Split", [conv, split], [g.tmp("q"), g.tmp("k"), g.tmp("v")], axis=-1)
+    q = g.node("Reshape", [q, g.const_i64([1, -1, Hk, Dk])])[0]
+    k = g.node("Reshape", [k, g.const_i64([1, -1, Hk, Dk])])[0]
+    v = g.node("Reshape", [v, g.const_i64([1, -1, Hv, Dv])])[0]
+    decay = g.linear(xn, w[p + "decay"], p + "decay")
+    beta = g.linear(xn, w[p + "beta"], p + "beta")
+    out = g.node(
+        "GatedDeltaNet",
+        [q, k, v, "", decay, beta, f"gdn_state.{i}", g.init(p + "a_log", w[p + "a_log"]),
+         g.init(p + "dt_bias", w[p + "dt_bias"]), "capture_count"],
+        [g.tmp("gdn"), f"present_gdn_state.{i}", f"gdn_transitions.{i}"], domain=MS,
+        state_update_capacity=cfg.transition_capacity, gate_activation="softplus",
+        beta_activation="sigmoid", qk_l2_norm=1,
+    )[0]
+    out = g.node("Reshape", [out, g.const_i64([1, -1, Hv * Dv])])[0]
+    return g.node("Add", [x, g.linear(out, w[p + "o"], p + "o")])[0]
+
+
+def _mlp(g: _Graph, x: str, w: Weights, p: str) -> str:
+    xn = g.rmsnorm(x, w[p + "mlp_norm"], p + "mlp_norm")
+    gate = g.linear(xn, w[p + "gate"], p + "gate")
+    up = g.linear(xn, w[p + "up"], p + "up")
+    act = g.node("Mul", [g.node("Mul", [gate, g.node("Sigmoid", [gate])[0]])[0], up])[0]
+    return g.node("Add", [x, g.linear(act, w[p + "down"], p + "down")])[0]
+
+
+def _model(g: _Graph, ins, outs, name: str) -> onnx.ModelProto:
+    graph = helper.make_graph(g.nodes, name, ins, outs, initializer=g.inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
+        producer_name="mtplab",
+    )
+    model.ir_version = 10
+    return model
+
+
+def build_target(cfg: ModelConfig, w: Weights) -> tuple[onnx.ModelProto, set[str], Weights]:
+    """The target decoder graph; returns (model, ops used, effective fp32 weights for the reference)."""
+    g = _Graph(cfg)
+    x = g.node("Gather", [g.act("embed", w["embed"]), "input_ids"])[0]
+    for i in range(cfg.num_layers):
+        p = f"layer{i}."
+        if i in cfg.attention_layer_ids:
+            x = _attention(g, x, w, p, (f"past_key.{i}", f"past_value.{i}"), (f"present_key.{i}", f"present_value.{i}"))
+        else:
+            x = _gdn(g, x, w, i)
+        x = _mlp(g, x, w, p)
+    g.node("Identity", [x], ["hidden"])
+    xn = g.rmsnorm(x, w["final_norm"], "final_norm")
+    g.node("Identity", [g.linear(xn, w["lm_head"], "lm_head")], ["logits"])
+    ins, outs = target_io(cfg)
+    return _model(g, ins, outs, "mtplab_target"), g.ops, g.dequantized
+
+
+def build_mtp(cfg: ModelConfig, w: Weights) -> tuple[onnx.ModelProto, set[str], Weights]:
+    """The MTP head: norm(embed(next)) ++ norm(hidden) -> proj -> attention + MLP -> norm -> LM head."""
+    g = _Graph(cfg)
+    e = g.rmsnorm(g.node("Gather", [g.act("embed", w["embed"]), "input_ids"])[0], w["mtp.enorm"], "mtp.enorm")
+    h = g.rmsnorm("hidden_states", w["mtp.hnorm"], "mtp.hnorm")
+    x = g.linear(g.node("Concat", [e, h], axis=-1)[0], w["mtp.proj"], "mtp.proj")
+    x = _attention(g, x, w, "mtp.layer.", ("past_key.0", "past_value.0"), ("present_key.0", "present_value.0"))
+    x = _mlp(g, x, w, "mtp.layer.")
+    g.node("Identity", [x], ["mtp_hidden"])
+    xn = g.rmsnorm(x, w["final_norm"], "final_norm")
+    g.node("Identity", [g.linear(xn, w["lm_head"], "lm_head")], ["logits"])
+    ins, outs = mtp_io(cfg)
+    return _model(g, ins, outs, "mtplab_mtp"), g.ops, g.dequantized

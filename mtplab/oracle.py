@@ -1,0 +1,65 @@
+"""The lossless oracle: speculative output must equal greedy token for token, and state for state."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+# select rebuilds GatedDeltaNet states by replaying float32 transitions: equal up to rounding.
+SELECT_STATE_TOLERANCE = 1e-4
+
+
+def top2_margin(logits: np.ndarray) -> float:
+    """Gap between the largest and second-largest logit of one row."""
+    top = np.partition(np.asarray(logits, dtype=np.float64).ravel(), -2)[-2:]
+    return float(top[1] - top[0])
+
+
+def token_identity(spec: list[int], greedy: list[int], greedy_margins: list[float]) -> dict:
+    """Compare every token; on failure give the first diverging position and greedy's top-2 margin there."""
+    n = min(len(spec), len(greedy))
+    first = next((i for i in range(n) if spec[i] != greedy[i]), None)
+    if first is None and len(spec) != len(greedy):
+        first = n
+    return {
+        "token_identical": first is None,
+        "first_divergence": first,
+        "margin_at_divergence": None if first is None or first >= len(greedy_margins) else greedy_margins[first],
+        "greedy_token_at_divergence": None if first is None or first >= len(greedy) else int(greedy[first]),
+        "spec_token_at_divergence": None if first is None or first >= len(spec) else int(spec[first]),
+    }
+
+
+def state_identity(state: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict:
+    """Max abs difference over every GDN and conv state, and whether all are bitwise equal."""
+    if set(state) != set(reference):
+        raise ValueError(f"state names differ: {sorted(set(state) ^ set(reference))}")
+    diff = max(float(np.max(np.abs(state[n].astype(np.float64) - reference[n]))) for n in state)
+    bitwise = all(np.array_equal(state[n], reference[n]) for n in state)
+    return {"state_max_abs_diff": diff, "state_bitwise": bitwise}
+
+
+def verdict(identity: dict, commit: str) -> tuple[bool, str]:
+    """(ok, message). Tokens must match; readvance-m1 states must be bitwise; select within tolerance."""
+    if not identity["token_identical"]:
+        return False, (
+            f"LOSSLESS CHECK FAILED: speculative output diverges from greedy at token {identity['first_divergence']} "
+            f"(greedy {identity['greedy_token_at_divergence']}, speculative {identity['spec_token_at_divergence']}; "
+            f"greedy top-2 logit margin there {identity['margin_at_divergence']})"
+        )
+    diff = identity.get("state_max_abs_diff")
+    if commit == "readvance-m1" and identity.get("state_bitwise") is False:
+        return False, f"LOSSLESS CHECK FAILED: readvance-m1 state is not bitwise equal to greedy (max abs diff {diff:.3g})"
+    if diff is not None and diff > SELECT_STATE_TOLERANCE:
+        return False, (
+            f"LOSSLESS CHECK FAILED: recurrent state differs from greedy's by {diff:.3g} "
+            f"(tolerance {SELECT_STATE_TOLERANCE})"
+        )
+    return True, "identical to greedy: every token" + (", state bitwise" if identity.get("state_bitwise") else f", state within {diff:.2g}")
+
+
+def shout(message: str) -> None:
+    """Print a lossless failure loudly on stderr."""
+    bar = "!" * min(len(message), 100)
+    print(f"\n{bar}\n{message}\n{bar}\n", file=sys.stderr)

@@ -1,0 +1,89 @@
+"""RunResult: one experiment point, saved as one JSON object and flattened to one table row."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunResult:
+    config: dict
+    model: dict
+    prompt: list[int]
+    tokens: list[int]
+    seconds: float
+    tokens_per_s: float
+    greedy_seconds: float
+    greedy_tokens_per_s: float
+    speedup: float
+    steps: int
+    tokens_per_step: float
+    acceptance_length: float
+    draft_acceptance: float
+    acceptance_per_position: list[float]
+    drafted: int
+    accepted: int
+    forwards: dict[str, int]
+    time_split: dict[str, float]
+    slots: dict[str, dict[str, int]]
+    greedy_slots: dict[str, dict[str, int]]
+    slot_reasons: dict[str, str]
+    arena: dict[str, Any]
+    identity: dict[str, Any]
+    theory: dict[str, Any]
+    env: dict[str, Any]
+    lossless: bool = True
+    verdict: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, default=float)
+
+    def save(self, path: str | Path) -> None:
+        write_atomic(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunResult:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def row(self) -> dict:
+        """Flat scalars for a table; nested detail goes in JSON columns."""
+        return flatten(self.to_dict())
+
+
+JSON_COLUMNS = ("prompt", "tokens", "acceptance_per_position", "forwards", "time_split", "arena", "env", "extra",
+                "greedy_slots", "slot_reasons", "model")
+
+
+def flatten(d: dict) -> dict:
+    row: dict[str, Any] = {}
+    for key, value in d.items():
+        if key in JSON_COLUMNS:
+            row[key] = json.dumps(value, default=float)
+        elif isinstance(value, dict):
+            for sub, v in flatten(value).items():
+                row[f"{key}.{sub}"] = v
+        elif isinstance(value, list):
+            row[key] = json.dumps(value, default=float)
+        else:
+            row[key] = value
+    return row
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write via a temp file in the same folder and rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

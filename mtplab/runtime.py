@@ -1,0 +1,165 @@
+"""ONNX Runtime sessions and the model's persistent state buffers.
+
+The target's persistent bindings (attention KV buffers, conv carries, GatedDeltaNet states) are
+owned here and bound by address into every slot, by both sessions when Verify has a sibling.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .arena import Arena
+from .model import Artifact, ModelConfig
+from .model.graph import NP
+
+ACT_DTYPE = NP
+
+
+def session_options(threads: int | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads or int(os.environ.get("MTPLAB_THREADS", "0")) or 0
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    # Several sessions (Primary, a Verify sibling, the MTP head) take turns on the same cores:
+    # idle pool threads must sleep, not spin, or they steal the cores of the session running.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+def shared_initializers(path) -> dict[str, Any]:
+    """The model's weights as OrtValues, to hand to several sessions with add_initializer."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    return {t.name: ort.OrtValue.ortvalue_from_numpy(numpy_helper.to_array(t)) for t in model.graph.initializer}
+
+
+def make_session(path, shared: dict[str, Any] | None = None, threads: int | None = None, provider: str = "CPUExecutionProvider"):
+    """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies."""
+    import onnxruntime as ort
+
+    so = session_options(threads)
+    for name, value in (shared or {}).items():
+        so.add_initializer(name, value)
+    return ort.InferenceSession(str(path), so, providers=[provider])
+
+
+@dataclass
+class TargetState:
+    """Persistent state of one sequence on the target: buffers bound by address, plus its length."""
+
+    cfg: ModelConfig
+    arena: Arena
+    length: int = 0
+    kv: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    conv: dict[int, np.ndarray] = field(default_factory=dict)
+    gdn: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def allocate(cls, cfg: ModelConfig, arena: Arena) -> TargetState:
+        st = cls(cfg, arena)
+        T = ACT_DTYPE[cfg.dtype]
+        kv_shape = (1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim)
+        for i in cfg.attention_layer_ids:
+            st.kv[i] = (arena.reserve(f"state.past_key.{i}", kv_shape, T), arena.reserve(f"state.past_value.{i}", kv_shape, T))
+        for i in cfg.gdn_layer_ids:
+            st.conv[i] = arena.reserve(f"state.conv.{i}", (1, cfg.conv_kernel - 1, cfg.gdn_conv_channels), T)
+            st.gdn[i] = arena.reserve(
+                f"state.gdn.{i}", (1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k), np.float32
+            )
+        return st
+
+    def reset(self) -> None:
+        self.length = 0
+        for a in self.recurrent_arrays():
+            a[...] = 0
+        for k, v in self.kv.values():
+            k[...] = 0
+            v[...] = 0
+
+    def recurrent_arrays(self) -> list[np.ndarray]:
+        return [self.conv[i] for i in self.cfg.gdn_layer_ids] + [self.gdn[i] for i in self.cfg.gdn_layer_ids]
+
+    def recurrent(self) -> dict[str, np.ndarray]:
+        """The GDN and conv states by name (what the lossless check compares)."""
+        out = {f"conv_state.{i}": self.conv[i] for i in self.cfg.gdn_layer_ids}
+        out.update({f"gdn_state.{i}": self.gdn[i] for i in self.cfg.gdn_layer_ids})
+        return out
+
+
+def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_in_place: bool = True):
+    """(feeds, outputs, bound) for a forward of `tokens` at the state's current length.
+
+    KV is always in place (GroupQueryAttention with past and present on one buffer). The recurrent
+    states are in place too unless recurrent_in_place=False, when their new values go to outputs
+    `present_conv_state.{i}` / `present_gdn_state.{i}` and the committed state is left untouched.
+    """
+    M = int(tokens.shape[-1])
+    T = ACT_DTYPE[cfg.dtype]
+    if st.length + M > cfg.max_seq_len:
+        raise ValueError(f"sequence would reach {st.length + M} tokens, beyond max_seq_len={cfg.max_seq_len}")
+    feeds = {
+        "input_ids": tokens.reshape(1, M).astype(np.int64, copy=False),
+        "seqlens_k": np.array([st.length + M - 1], dtype=np.int32),
+        "total_sequence_length": np.array(st.length + M, dtype=np.int32),
+        "capture_count": np.array([M], dtype=np.int32),
+    }
+    outputs: dict[str, tuple[tuple[int, ...], Any]] = {
+        "logits": ((1, M, cfg.vocab_size), T),
+        "hidden": ((1, M, cfg.hidden_size), T),
+    }
+    bound: list[tuple[str, Any, bool]] = []
+    for i, (k, v) in st.kv.items():
+        bound += [(f"past_key.{i}", k, False), (f"present_key.{i}", k, True)]
+        bound += [(f"past_value.{i}", v, False), (f"present_value.{i}", v, True)]
+    for i in cfg.gdn_layer_ids:
+        bound += [(f"conv_state.{i}", st.conv[i], False), (f"gdn_state.{i}", st.gdn[i], False)]
+        if recurrent_in_place:
+            bound += [(f"present_conv_state.{i}", st.conv[i], True), (f"present_gdn_state.{i}", st.gdn[i], True)]
+        else:
+            outputs[f"present_conv_state.{i}"] = (st.conv[i].shape, T)
+            outputs[f"present_gdn_state.{i}"] = (st.gdn[i].shape, np.float32)
+        outputs[f"gdn_transitions.{i}"] = ((1, cfg.transition_capacity * cfg.transition_width), np.float32)
+        outputs[f"conv_input.{i}"] = ((1, M, cfg.gdn_conv_channels), T)
+    return feeds, outputs, bound
+
+
+@dataclass
+class MtpState:
+    """The MTP head's own KV cache and the length it holds."""
+
+    kv: tuple[np.ndarray, np.ndarray]
+    length: int = 0
+
+    @classmethod
+    def allocate(cls, cfg: ModelConfig, arena: Arena) -> MtpState:
+        shape = (1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim)
+        T = ACT_DTYPE[cfg.dtype]
+        return cls((arena.reserve("state.mtp_key", shape, T), arena.reserve("state.mtp_value", shape, T)))
+
+
+def mtp_io(cfg: ModelConfig, st: MtpState, token: int, hidden: np.ndarray, position: int):
+    """(feeds, outputs, bound) for one MTP-head step: next token + hidden at `position`."""
+    T = ACT_DTYPE[cfg.dtype]
+    feeds = {
+        "input_ids": np.array([[token]], dtype=np.int64),
+        "hidden_states": np.asarray(hidden, dtype=T).reshape(1, 1, cfg.hidden_size),
+        "seqlens_k": np.array([position], dtype=np.int32),
+        "total_sequence_length": np.array(position + 1, dtype=np.int32),
+    }
+    outputs = {"logits": ((1, 1, cfg.vocab_size), T), "mtp_hidden": ((1, 1, cfg.hidden_size), T)}
+    k, v = st.kv
+    bound = [("past_key.0", k, False), ("present_key.0", k, True), ("past_value.0", v, False), ("present_value.0", v, True)]
+    return feeds, outputs, bound
+
+
+def artifact_config(art: Artifact) -> ModelConfig:
+    return art.config

@@ -1,0 +1,47 @@
+"""Shared fixtures: small presets, built once per session into a temporary cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtplab.arena import Arena
+from mtplab.executor import CpuPlanBackend, Executor, Slot, SlotMemory
+from mtplab.model import build_model, preset
+from mtplab.runtime import TargetState, make_session, target_io
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    return build_model(preset("tiny"))
+
+
+@pytest.fixture(scope="session")
+def small():
+    return build_model(preset("small"))
+
+
+class Runner:
+    """Eager target forwards through IOBinding on persistent state (what the executor binds)."""
+
+    def __init__(self, art):
+        self.cfg = art.config
+        self.session = make_session(art.target)
+        self.state = TargetState.allocate(self.cfg, Arena("test"))
+
+    def forward(self, tokens, in_place: bool = True) -> dict:
+        feeds, outputs, bound = target_io(self.cfg, self.state, np.asarray(tokens, dtype=np.int64), in_place)
+        ex = Executor({Slot.PRIMARY: self.session}, {Slot.PRIMARY: SlotMemory(Arena("io"))})
+        out = ex._eager_temporaries(Slot.PRIMARY, feeds, outputs, bound)
+        self.state.length += len(tokens)
+        return out
+
+
+@pytest.fixture
+def runner_for():
+    return Runner
+
+
+@pytest.fixture
+def plan_backend():
+    return CpuPlanBackend()

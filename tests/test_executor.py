@@ -1,0 +1,207 @@
+"""The two-slot executor: capture protocol, signature checks, pure retarget, and the arena policies."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from mtplab.arena import Arena
+from mtplab.config import RunConfig
+from mtplab.engine import Engine
+from mtplab.executor import COUNTER_KEYS, Executor, Slot, SlotMemory, Status
+from mtplab.experiment import run_point
+from mtplab.policy import policy
+from mtplab.runtime import TargetState, make_session, target_io
+
+
+@pytest.fixture
+def setup(tiny):
+    cfg = tiny.config
+    session = make_session(tiny.target)
+    state = TargetState.allocate(cfg, Arena("main"))
+    arena = Arena("shared")
+    ex = Executor({Slot.PRIMARY: session, Slot.VERIFY: session}, {Slot.PRIMARY: SlotMemory(arena), Slot.VERIFY: SlotMemory(arena)})
+    return cfg, state, ex
+
+
+def _call(ex, cfg, state, slot, tokens, **kw):
+    feeds, outputs, bound = target_io(cfg, state, np.asarray(tokens, dtype=np.int64))
+    return ex.run(slot, feeds, outputs, bound, **kw)
+
+
+def test_slots_are_primary_zero_and_verify_one():
+    assert (Slot.PRIMARY.index, Slot.VERIFY.index, Slot.COUNT) == (0, 1, 2)
+
+
+def test_warmup_then_capture_then_replay(setup):
+    cfg, state, ex = setup
+    st = ex.state[Slot.PRIMARY]
+    _call(ex, cfg, state, Slot.PRIMARY, [1])
+    assert st.status is Status.ARMED and st.captures == 0
+    _call(ex, cfg, state, Slot.PRIMARY, [2])
+    assert st.status is Status.READY and st.captures == 1 and st.seeded
+    for t in range(3):
+        _call(ex, cfg, state, Slot.PRIMARY, [3 + t])
+    assert st.counters() == {"captures": 1, "replays": 3, "fallbacks": 0, "invalidations": 0, "hazards": 0}
+
+
+def test_replay_equals_eager_bit_for_bit(tiny, setup):
+    cfg, state, ex = setup
+    for t in (1, 2, 3):
+        _call(ex, cfg, state, Slot.PRIMARY, [t])  # warm-up, capture, replay
+    snapshot = {n: a.copy() for n, a in state.recurrent().items()}
+    kv = {i: (k.copy(), v.copy()) for i, (k, v) in state.kv.items()}
+    replayed = {n: a.copy() for n, a in _call(ex, cfg, state, Slot.PRIMARY, [9]).items()}
+    assert ex.state[Slot.PRIMARY].replays == 2
+    for n, a in state.recurrent().items():
+        a[...] = snapshot[n]
+    for i, (k, v) in state.kv.items():
+        k[...], v[...] = kv[i]
+    feeds, outputs, bound = target_io(cfg, state, np.array([9]))
+    eager = ex._eager_temporaries(Slot.PRIMARY, feeds, outputs, bound)
+    for name in ("logits", "hidden"):
+        np.testing.assert_array_equal(replayed[name], eager[name])
+
+
+def test_pure_retarget_keeps_primary_state(setup):
+    cfg, state, ex = setup
+    for t in (1, 2, 3):
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    before = copy.copy(ex.state[Slot.PRIMARY])
+    ex.set_slot(Slot.VERIFY)
+    _call(ex, cfg, state, Slot.VERIFY, [4, 5, 6])
+    _call(ex, cfg, state, Slot.VERIFY, [4, 5, 6])
+    ex.set_slot(Slot.PRIMARY)
+    after = ex.state[Slot.PRIMARY]
+    assert after.signature == before.signature and after.plan is before.plan
+    assert after.counters() == before.counters() and after.status is Status.READY
+    _call(ex, cfg, state, Slot.PRIMARY, [7])
+    assert after.replays == before.replays + 1 and after.invalidations == 0
+
+
+def test_a_moved_buffer_is_detected_before_replay(setup):
+    cfg, state, ex = setup
+    for t in (1, 2):
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    i = cfg.gdn_layer_ids[0]
+    state.gdn[i] = state.gdn[i].copy()  # same contents, new address
+    _call(ex, cfg, state, Slot.PRIMARY, [3])
+    st = ex.state[Slot.PRIMARY]
+    assert st.invalidations == 1 and st.replays == 0 and st.captures == 2
+    assert f"gdn_state.{i}: address moved" in st.reason
+
+
+def test_a_changed_shape_is_detected_before_replay(setup):
+    cfg, state, ex = setup
+    big = Arena("big")
+    ex.memory[Slot.PRIMARY] = SlotMemory(big)
+    feeds, outputs, _ = target_io(cfg, state, np.zeros(2, dtype=np.int64))
+    for n, v in feeds.items():
+        big.reserve(f"feed.{n}", v.shape, v.dtype)
+    for n, (s, d) in outputs.items():
+        big.reserve(n, s, d)
+    for t in (1, 2):
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    _call(ex, cfg, state, Slot.PRIMARY, [3, 4])
+    assert ex.state[Slot.PRIMARY].invalidations == 1
+    assert "input_ids: shape [1, 1] -> [1, 2]" in ex.state[Slot.PRIMARY].reason
+
+
+def test_capture_declines_when_a_buffer_is_too_small(setup):
+    cfg, state, ex = setup
+    _call(ex, cfg, state, Slot.PRIMARY, [1])  # sizes the shared buffers at M=1
+    out = _call(ex, cfg, state, Slot.VERIFY, [2, 3, 4])
+    st = ex.state[Slot.VERIFY]
+    assert out["logits"].shape == (1, 3, cfg.vocab_size)
+    assert st.fallbacks == 1 and st.captures == 0 and "capture declined" in st.reason and "[1, 3]" in st.reason
+
+
+def test_after_max_recaptures_the_slot_runs_eager_for_the_generation(setup):
+    cfg, state, ex = setup
+    ex.max_recaptures = 2
+    i = cfg.gdn_layer_ids[0]
+    for t in range(8):
+        state.gdn[i] = state.gdn[i].copy()  # a new address every run
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    st = ex.state[Slot.PRIMARY]
+    assert st.invalidations == 3 and st.status is Status.UNSUPPORTED and st.fallbacks == 4
+    assert "max_recaptures=2" in st.reason
+    ex.new_generation()
+    assert st.status is Status.NEEDS_WARMUP
+
+
+def test_rollback_invalidates_only_without_retain(setup):
+    cfg, state, ex = setup
+    for t in (1, 2):
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    ex.rollback(Slot.PRIMARY)
+    assert ex.state[Slot.PRIMARY].invalidations == 0
+    ex.retain = False
+    ex.rollback(Slot.PRIMARY)
+    assert ex.state[Slot.PRIMARY].invalidations == 1 and "KV rollback" in ex.state[Slot.PRIMARY].reason
+
+
+def test_counters_print_in_the_seed_form(setup):
+    cfg, state, ex = setup
+    assert ex.format_counters().splitlines()[0] == "primary: captures=0 replays=0 fallbacks=0 invalidations=0 hazards=0"
+    assert set(ex.counters()) == {"primary", "verify"}
+    assert all(tuple(c) == COUNTER_KEYS for c in ex.counters().values())
+
+
+def test_unknown_policy_is_rejected_with_the_valid_names():
+    with pytest.raises(ValueError, match=r"unknown arena policy 'tiled'.*'shared-jit', 'shared-max', 'sibling', 'sibling-pinned'"):
+        policy("tiled")
+
+
+# -- the policy table, on the engine (k=3, tiny) ------------------------------------------------
+
+def _point(tiny, policy_name, **kw):
+    run = RunConfig(preset="tiny", k=3, drafter="oracle", alpha=0.7, policy=policy_name, commit="select", tokens=64, **kw)
+    return run_point(run, tiny)
+
+
+def test_shared_jit_verify_declines_every_step_and_stays_correct(tiny):
+    r = _point(tiny, "shared-jit")
+    assert r.slots["verify"]["replays"] == 0 and r.slots["verify"]["captures"] == 0
+    assert r.slots["verify"]["fallbacks"] == r.steps
+    assert "[1, 4]" in r.slot_reasons["verify"] and "[1, 1]" in r.slot_reasons["verify"]
+    assert r.lossless
+
+
+def test_shared_max_both_slots_replay_from_one_set_of_buffers(tiny):
+    r = _point(tiny, "shared-max")
+    assert r.slots["primary"]["replays"] > 0 and r.slots["verify"]["replays"] == r.steps - 2  # warm-up, capture, then replays
+    assert r.slots["primary"]["fallbacks"] == r.slots["verify"]["fallbacks"] == 0
+    eng = Engine(RunConfig(preset="tiny", policy="shared-max"), tiny)
+    assert eng.target.memory[Slot.PRIMARY].arena is eng.target.memory[Slot.VERIFY].arena
+    assert r.lossless
+
+
+def test_sibling_unpinned_with_validation_invalidates_then_falls_back(tiny):
+    r = _point(tiny, "sibling")
+    v = r.slots["verify"]
+    assert v["invalidations"] == 4 and v["captures"] == 4 and v["fallbacks"] == r.steps - 5 and v["hazards"] == 0
+    assert "address moved" in r.slot_reasons["verify"] and r.lossless
+
+
+def test_sibling_unpinned_without_validation_corrupts_and_is_caught(tiny):
+    r = _point(tiny, "sibling", validate=False)
+    assert r.slots["verify"]["hazards"] > 0
+    assert not r.lossless and r.identity["first_divergence"] is not None
+    assert "LOSSLESS CHECK FAILED" in r.verdict
+
+
+def test_sibling_pinned_both_slots_replay_without_fallbacks(tiny):
+    r = _point(tiny, "sibling-pinned")
+    assert r.slots["verify"]["replays"] == r.steps - 2  # warm-up, capture, then replays
+    for slot in ("primary", "verify"):
+        assert r.slots[slot]["fallbacks"] == 0 and r.slots[slot]["invalidations"] == 0
+    assert r.lossless
+
+
+def test_without_retain_every_rollback_costs_the_primary_plan(tiny):
+    r = _point(tiny, "sibling-pinned", retain_decode_graph_across_spec=False)
+    p = r.slots["primary"]
+    assert p["invalidations"] >= 1 and p["fallbacks"] > 0 and r.lossless
