@@ -115,13 +115,13 @@ class Engine:
         self.last_hidden = self.main.reserve("last_hidden", (cfg.hidden_size,), np.float32)
 
     # -- forwards ------------------------------------------------------------------------------
-    def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False) -> dict:
+    def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:
         """One target forward of `tokens` at the current length; the caller advances the length."""
         tokens = np.asarray(tokens, dtype=np.int64)
         feeds, outputs, bound = target_io(self.cfg, self.state, tokens, in_place)
         run = self.target.run_eager if eager else self.target.run
         out = run(slot, feeds, outputs, bound)
-        key = f"{self.target.labels[slot]}/M={tokens.size}"
+        key = f"{label or self.target.labels[slot]}/M={tokens.size}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
         return out
 
@@ -131,7 +131,7 @@ class Engine:
         self.mtp_state.kv[1][...] = 0
         self.target.new_generation()
         self.mtp.new_generation()
-        out = self.forward(Slot.PRIMARY, prompt, eager=True)  # prefill
+        out = self.forward(Slot.PRIMARY, prompt, eager=True, label="prefill")
         self.state.length = len(prompt)
         return out
 

@@ -1,0 +1,59 @@
+"""`mtplab` command line: validation before work, one JSON object, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mtplab.cli import main
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--k", "0"], "k=0: must be an integer >= 1"),
+        (["--k", "8"], "k+1=9 exceeds the GatedDeltaNet transition capacity 8"),
+        (["--alpha", "1.5"], "alpha=1.5: must be within [0, 1]"),
+        (["--policy", "tiled"], "unknown policy 'tiled'"),
+        (["--commit", "rewind"], "unknown commit 'rewind'"),
+        (["--drafter", "ngram"], "unknown drafter 'ngram'"),
+        (["--tokens", "100000"], "exceeds the tiny model's max_seq_len 256"),
+        (["--schedule", "eagle"], "unknown schedule 'eagle'"),
+    ],
+)
+def test_bad_options_fail_before_any_work(args, message, capsys):
+    assert main(["run", "--preset", "tiny", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_json_prints_exactly_one_object(tiny, capsys):
+    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "24", "--json"]) == 0
+    out = capsys.readouterr().out
+    obj = json.loads(out)
+    assert obj["config"]["k"] == 2 and obj["lossless"] is True
+
+
+def test_human_summary_has_counters_in_the_seed_form(tiny, capsys):
+    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "24", "--policy", "shared-max"]) == 0
+    out = capsys.readouterr().out
+    assert "speedup" in out and "verify: captures=1 replays=" in out and "OK: identical to greedy" in out
+
+
+def test_identity_failure_exits_nonzero_unless_allowed(tiny, capsys):
+    bad = ["run", "--preset", "tiny", "--tokens", "48", "--policy", "sibling", "--no-validate"]
+    assert main(bad) == 1
+    assert "LOSSLESS CHECK FAILED" in capsys.readouterr().err
+    assert main(bad + ["--allow-mismatch"]) == 0
+
+
+def test_model_build_prints_path_and_summary(tmp_path, capsys):
+    assert main(["model", "build", "--preset", "tiny", "--out", str(tmp_path / "m")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == str(tmp_path / "m") and "GatedDeltaNet" in lines[1] and "params" in lines[1]
+
+
+def test_doctor_reports_ops(capsys):
+    assert main(["doctor", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["ops"]["GatedDeltaNet"] is True and "CPUExecutionProvider" in r["providers"]

@@ -1,0 +1,121 @@
+"""The speculative engine: lossless against greedy for every configuration, and its statistics."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from mtplab import engine as engine_mod
+from mtplab import theory
+from mtplab.config import COMMITS, DRAFTERS, RunConfig
+from mtplab.engine import Engine
+from mtplab.experiment import run_point
+from mtplab.policy import POLICIES
+
+
+@pytest.mark.parametrize("policy_name, commit, drafter, k", list(itertools.product(POLICIES, COMMITS, DRAFTERS, (1, 3))))
+def test_speculative_output_equals_greedy(tiny, policy_name, commit, drafter, k):
+    r = run_point(RunConfig(preset="tiny", k=k, drafter=drafter, alpha=0.7, policy=policy_name, commit=commit, tokens=48), tiny)
+    assert r.identity["token_identical"], r.verdict
+    assert r.lossless, r.verdict
+    assert len(r.tokens) == 48
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_fused_schedule_is_lossless_too(tiny, commit):
+    r = run_point(RunConfig(preset="tiny", k=3, drafter="mtp", commit=commit, schedule="fused", tokens=64), tiny)
+    assert r.lossless, r.verdict
+    assert "primary/M=1" not in r.forwards or commit == "readvance-m1"
+
+
+def test_same_seed_same_tokens(tiny):
+    run = RunConfig(preset="tiny", k=2, drafter="oracle", alpha=0.5, tokens=40, seed=3)
+    a, b = run_point(run, tiny), run_point(run, tiny)
+    assert a.tokens == b.tokens and a.accepted == b.accepted
+    assert run_point(run.replace(seed=4), tiny).tokens != a.tokens
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.9])
+def test_oracle_tokens_per_step_matches_theory(tiny, alpha):
+    k, steps, total = 3, 0, 0
+    accepted: list[int] = []
+    for seed in range(6):
+        run = RunConfig(preset="tiny", k=k, drafter="oracle", alpha=alpha, oracle_free_drafts=True,
+                        commit="select", tokens=200, seed=seed)
+        eng = Engine(run, tiny)
+        prompt = engine_mod.prompt_tokens(tiny.config.vocab_size, run.prompt_len, seed)
+        ref = eng.greedy(prompt, run.tokens + k + 1).tokens
+        accepted += eng.speculative(prompt, run.tokens, ref)["accepted"]
+    acc = np.asarray(accepted, dtype=float)
+    steps, total = acc.size, acc.sum()
+    # n accepted ~ truncated geometric: P(n >= i) = alpha^i, i <= k
+    p = np.array([alpha**i for i in range(k + 1)]) - np.array([alpha**i for i in range(1, k + 2)] if True else [])
+    p[-1] = alpha**k
+    values = np.arange(k + 1)
+    mean, var = float((p * values).sum()), float((p * values**2).sum() - (p * values).sum() ** 2)
+    assert abs(mean - (theory.acceptance_length(alpha, k) - 1)) < 1e-9
+    tolerance = 4 * np.sqrt(var / steps)  # 4 standard errors: fails ~1 in 16000 runs by chance
+    assert abs(total / steps - mean) < tolerance, (total / steps, mean, tolerance)
+    measured = [float((acc >= i).mean()) for i in range(1, k + 1)]
+    np.testing.assert_allclose(measured, theory.per_position(alpha, k), atol=4 * np.sqrt(0.25 / steps))
+
+
+def test_readvance_m1_is_bitwise_state_identical(tiny):
+    r = run_point(RunConfig(preset="tiny", k=3, drafter="mtp", commit="readvance-m1", tokens=64), tiny)
+    assert r.identity["state_bitwise"] is True and r.identity["state_max_abs_diff"] == 0.0
+
+
+def test_select_state_is_within_tolerance(tiny):
+    from mtplab.oracle import SELECT_STATE_TOLERANCE
+
+    r = run_point(RunConfig(preset="tiny", k=3, drafter="mtp", commit="select", tokens=64), tiny)
+    assert r.identity["state_max_abs_diff"] is not None
+    assert r.identity["state_max_abs_diff"] <= SELECT_STATE_TOLERANCE
+
+
+def test_forward_counts_follow_each_commit_strategy(tiny):
+    base = dict(preset="tiny", k=3, drafter="oracle", alpha=0.7, tokens=64, policy="shared-max")
+    batched = run_point(RunConfig(commit="readvance-batched", **base), tiny)
+    assert any(key.startswith("primary/M=") and key != "primary/M=1" for key in batched.forwards)
+    select = run_point(RunConfig(commit="select", **base), tiny)
+    assert select.forwards["primary/M=1"] == select.steps  # the decodes, and nothing else
+    assert [key for key in select.forwards if key.startswith("primary/")] == ["primary/M=1"]
+    assert select.forwards["verify/M=4"] == select.steps
+    m1 = run_point(RunConfig(commit="readvance-m1", **base), tiny)
+    assert m1.forwards["primary/M=1"] == m1.steps + m1.steps + m1.accepted  # decode + re-advance of 1+n
+
+
+# -- planted bugs: the lossless oracle must catch each --------------------------------------------
+
+def test_planted_bug_accepting_one_token_too_many_is_caught(tiny, monkeypatch):
+    real = engine_mod.accept_length
+    monkeypatch.setattr(engine_mod, "accept_length", lambda d, t: min(real(d, t) + 1, len(d)))
+    r = run_point(RunConfig(preset="tiny", k=3, drafter="oracle", alpha=0.5, tokens=64), tiny)
+    assert not r.lossless and r.identity["first_divergence"] is not None
+    assert r.identity["margin_at_divergence"] > 0
+
+
+def test_planted_bug_skipping_the_state_restore_is_caught(tiny, monkeypatch):
+    monkeypatch.setattr(Engine, "restore", lambda self: None)
+    r = run_point(RunConfig(preset="tiny", k=3, drafter="oracle", alpha=0.5, commit="readvance-m1", tokens=64), tiny)
+    assert not r.lossless
+
+
+def test_planted_bug_unpinned_workspace_without_validation_is_caught(tiny):
+    r = run_point(RunConfig(preset="tiny", k=3, drafter="mtp", policy="sibling", validate=False, tokens=64), tiny)
+    assert r.slots["verify"]["hazards"] > 0 and not r.lossless
+
+
+def test_result_carries_the_required_keys(tiny):
+    d = run_point(RunConfig(preset="tiny", k=2, tokens=32), tiny).to_dict()
+    for key in ("speedup", "tokens_per_s", "greedy_tokens_per_s", "tokens_per_step", "acceptance_length",
+                "draft_acceptance", "acceptance_per_position"):
+        assert key in d
+    assert set(d["slots"]) == {"primary", "verify", "mtp"}
+    assert all(set(c) == {"captures", "replays", "fallbacks", "invalidations", "hazards"} for c in d["slots"].values())
+    assert {"token_identical", "first_divergence", "margin_at_divergence", "state_max_abs_diff", "state_bitwise"} <= set(d["identity"])
+    assert {"tokens_per_step", "speedup"} <= set(d["theory"])
+    assert {"preset", "k", "alpha", "drafter", "policy", "commit", "tokens", "backend", "seed"} <= set(d["config"])
+    assert d["env"]["provider"] == "CPUExecutionProvider"
