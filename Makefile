@@ -12,7 +12,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[cpu,dev]"
-	$(BIN)/python -m ipykernel install --user --name mtplab --display-name "mtplab" >/dev/null
+	$(BIN)/python -m ipykernel install --sys-prefix --name mtplab --display-name "mtplab" >/dev/null
 	touch $(STAMP)
 
 setup: $(STAMP)

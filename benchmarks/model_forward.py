@@ -47,10 +47,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--int4", action="store_true")
     args = ap.parse_args()
-    print(f"{'preset':8} " + " ".join(f"{'T(M=' + str(M) + ') ms':>12}" for M in MS) + "  " + " ".join(f"{'T' + str(M) + '/T1':>7}" for M in MS[1:]))
+    print(
+        f"{'preset':8} "
+        + " ".join(f"{'T(M=' + str(M) + ') ms':>12}" for M in MS)
+        + "  "
+        + " ".join(f"{'T' + str(M) + '/T1':>7}" for M in MS[1:])
+    )
     for name in args.presets:
         t = measure(name, args.repeats, args.int4)
-        print(f"{name:8} " + " ".join(f"{t[M] * 1e3:12.3f}" for M in MS) + "  " + " ".join(f"{t[M] / t[1]:7.2f}" for M in MS[1:]))
+        print(
+            f"{name:8} "
+            + " ".join(f"{t[M] * 1e3:12.3f}" for M in MS)
+            + "  "
+            + " ".join(f"{t[M] / t[1]:7.2f}" for M in MS[1:])
+        )
 
 
 if __name__ == "__main__":

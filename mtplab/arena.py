@@ -92,8 +92,11 @@ class Arena:
         if buf is None:
             return self.reserve(name, shape, dtype)
         n = int(np.prod(shape))
-        if buf.dtype != np.dtype(dtype) or n > buf.size or len(shape) != buf.ndim or any(
-            s > c for s, c in zip(shape, buf.shape)
+        if (
+            buf.dtype != np.dtype(dtype)
+            or n > buf.size
+            or len(shape) != buf.ndim
+            or any(s > c for s, c in zip(shape, buf.shape))
         ):
             raise BufferTooSmall(
                 f"{name}: needs {list(shape)} {np.dtype(dtype).name} but the {self.name} arena buffer "

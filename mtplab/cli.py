@@ -31,16 +31,29 @@ def _doctor(args) -> int:
 def _run(args) -> int:
     try:
         run = RunConfig(
-            preset=args.preset, k=args.k, alpha=args.alpha, drafter=args.drafter, policy=args.policy,
-            commit=args.commit, schedule=args.schedule, tokens=args.tokens, backend=args.backend, seed=args.seed,
-            oracle_free_drafts=args.oracle_free_drafts, validate=not args.no_validate,
-            retain_decode_graph_across_spec=not args.no_retain, int4=args.int4,
+            preset=args.preset,
+            k=args.k,
+            alpha=args.alpha,
+            drafter=args.drafter,
+            policy=args.policy,
+            commit=args.commit,
+            schedule=args.schedule,
+            tokens=args.tokens,
+            backend=args.backend,
+            seed=args.seed,
+            oracle_free_drafts=args.oracle_free_drafts,
+            validate=not args.no_validate,
+            retain_decode_graph_across_spec=not args.no_retain,
+            int4=args.int4,
         )
     except ValueError as err:
         print(f"mtplab run: {err}", file=sys.stderr)
         return 2
     if run.backend == "cuda":
-        print("mtplab run: --backend cuda needs the gpu extra and a CUDA device; see README (CUDA backend)", file=sys.stderr)
+        print(
+            "mtplab run: --backend cuda needs the gpu extra and a CUDA device; see README (CUDA backend)",
+            file=sys.stderr,
+        )
         return 2
     from .experiment import run_point, summary
 
@@ -72,7 +85,9 @@ def _report(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models")
+    p = argparse.ArgumentParser(
+        prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     model = sub.add_parser("model", help="build and inspect models").add_subparsers(dest="model_command", required=True)
@@ -102,7 +117,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--int4", action="store_true")
     r.add_argument("--oracle-free-drafts", action="store_true", help="oracle drafter skips the MTP head")
     r.add_argument("--no-validate", action="store_true", help="negative control: replay without the signature check")
-    r.add_argument("--no-retain", action="store_true", help="retain_decode_graph_across_spec off (the seed before its fix)")
+    r.add_argument(
+        "--no-retain", action="store_true", help="retain_decode_graph_across_spec off (the seed before its fix)"
+    )
     r.add_argument("--allow-mismatch", action="store_true", help="exit 0 even if the lossless check fails")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object")
     r.add_argument("--out", help="also save the RunResult JSON here")

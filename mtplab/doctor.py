@@ -55,8 +55,12 @@ def report() -> dict:
 
 def _kernel_registered() -> bool:
     try:
-        res = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"],
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return "mtplab" in json.loads(res.stdout or "{}").get("kernelspecs", {})
     except (OSError, ValueError, subprocess.SubprocessError):
         return False

@@ -14,15 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import commit as commit_ops
-from . import oracle, theory
+from . import oracle
 from .arena import Arena
 from .config import RunConfig
 from .drafters import MtpDrafter, OracleDrafter
-from .env import environment
 from .executor import Executor, Slot, SlotMemory
 from .model import Artifact, build_model, preset
 from .policy import policy
-from .result import RunResult
 from .runtime import MtpState, TargetState, make_session, mtp_io, shared_initializers, target_io
 
 
@@ -93,12 +91,16 @@ class Engine:
                 _presize(private, feeds, outputs, skip=scoped)
             memory = {
                 Slot.PRIMARY: SlotMemory(primary),
-                Slot.VERIFY: SlotMemory(private, pool=self.main, step_scoped=scoped, pinned=pol.pin_workspace, owner="verify"),
+                Slot.VERIFY: SlotMemory(
+                    private, pool=self.main, step_scoped=scoped, pinned=pol.pin_workspace, owner="verify"
+                ),
             }
             self.arenas = {"main": self.main, "primary": primary, "verify": private}
         self.target = Executor(
-            {Slot.PRIMARY: primary_session, Slot.VERIFY: verify_session}, memory,
-            max_recaptures=run.max_recaptures, validate=run.validate,
+            {Slot.PRIMARY: primary_session, Slot.VERIFY: verify_session},
+            memory,
+            max_recaptures=run.max_recaptures,
+            validate=run.validate,
             retain_decode_graph_across_spec=run.retain_decode_graph_across_spec,
         )
         self.mtp_state = MtpState.allocate(cfg, self.main)
@@ -106,11 +108,18 @@ class Engine:
         feeds, outputs, _ = mtp_io(cfg, self.mtp_state, 0, np.zeros(cfg.hidden_size), 0)
         _presize(mtp_arena, feeds, outputs)
         self.arenas["mtp"] = mtp_arena
-        self.mtp = Executor({Slot.PRIMARY: make_session(self.art.mtp)}, {Slot.PRIMARY: SlotMemory(mtp_arena)},
-                            labels={Slot.PRIMARY: "mtp"}, max_recaptures=run.max_recaptures, validate=run.validate)
+        self.mtp = Executor(
+            {Slot.PRIMARY: make_session(self.art.mtp)},
+            {Slot.PRIMARY: SlotMemory(mtp_arena)},
+            labels={Slot.PRIMARY: "mtp"},
+            max_recaptures=run.max_recaptures,
+            validate=run.validate,
+        )
         self.forwards: dict[str, int] = {}
         self.head = MtpDrafter(cfg, self.mtp, self.mtp_state, self.forwards)
-        self.snapshot = [self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())]
+        self.snapshot = [
+            self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())
+        ]
         self.handoff_bytes = cfg.hidden_size * 4
         self.last_hidden = self.main.reserve("last_hidden", (cfg.hidden_size,), np.float32)
 
@@ -170,8 +179,9 @@ class Engine:
         if run.drafter == "oracle":
             if reference is None:
                 raise ValueError("the oracle drafter needs the greedy reference tokens")
-            drafter = OracleDrafter(reference, run.alpha, run.seed, cfg.vocab_size,
-                                    None if run.oracle_free_drafts else self.head)
+            drafter = OracleDrafter(
+                reference, run.alpha, run.seed, cfg.vocab_size, None if run.oracle_free_drafts else self.head
+            )
         else:
             drafter = self.head
         if run.drafter == "mtp" or not run.oracle_free_drafts:
@@ -219,7 +229,12 @@ class Engine:
             t4 = time.perf_counter()
             for name, a, b in (("decode", t0, t1), ("draft", t1, t2), ("verify", t2, t3), ("commit", t3, t4)):
                 split[name] += b - a
-        return {"tokens": emitted, "seconds": time.perf_counter() - t_start, "accepted": accepted_counts, "split": split}
+        return {
+            "tokens": emitted,
+            "seconds": time.perf_counter() - t_start,
+            "accepted": accepted_counts,
+            "split": split,
+        }
 
     def restore(self) -> None:
         """Put back the recurrent state snapshotted before the verify."""

@@ -51,7 +51,13 @@ class Binding:
 
     @property
     def key(self) -> tuple:
-        return (self.name, "out" if self.output else "in", str(self.array.dtype), tuple(self.array.shape), address(self.array))
+        return (
+            self.name,
+            "out" if self.output else "in",
+            str(self.array.dtype),
+            tuple(self.array.shape),
+            address(self.array),
+        )
 
 
 def signature(binds: list[Binding]) -> tuple:

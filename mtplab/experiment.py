@@ -31,7 +31,9 @@ def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine |
     forwards_before = dict(engine.forwards)
     spec = engine.speculative(prompt, n, reference=greedy.tokens)
     slots = _diff(_counters(engine), greedy_slots)
-    forwards = {key: v - forwards_before.get(key, 0) for key, v in engine.forwards.items() if v - forwards_before.get(key, 0)}
+    forwards = {
+        key: v - forwards_before.get(key, 0) for key, v in engine.forwards.items() if v - forwards_before.get(key, 0)
+    }
 
     tokens = spec["tokens"][:n]
     identity = oracle.token_identity(tokens, greedy.tokens[:n], greedy.margins)
@@ -55,11 +57,17 @@ def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine |
     per_step = {name: (t / steps if steps else 0.0) for name, t in split.items()}
     t_draft = per_step["draft"] / k
     t_greedy = greedy.seconds / greedy.decodes
-    predicted = theory.predicted_speedup(alpha, k, t_greedy, per_step["decode"], t_draft, per_step["verify"], per_step["commit"], run.schedule)
+    predicted = theory.predicted_speedup(
+        alpha, k, t_greedy, per_step["decode"], t_draft, per_step["verify"], per_step["commit"], run.schedule
+    )
     return RunResult(
         config=run.to_dict(),
-        model={"name": cfg.name, "hash": cfg.config_hash(), "summary": engine.art.summary(),
-               "parameters": engine.art.manifest["parameters"]},
+        model={
+            "name": cfg.name,
+            "hash": cfg.config_hash(),
+            "summary": engine.art.summary(),
+            "parameters": engine.art.manifest["parameters"],
+        },
         prompt=prompt,
         tokens=tokens,
         seconds=spec["seconds"],
@@ -113,7 +121,10 @@ def summary(r: RunResult) -> str:
         "  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()),
     ]
     for slot, counters in r.slots.items():
-        lines.append(f"  {slot}: " + " ".join(f"{k}={v}" for k, v in counters.items())
-                     + (f"   [{r.slot_reasons[slot]}]" if r.slot_reasons.get(slot) else ""))
+        lines.append(
+            f"  {slot}: "
+            + " ".join(f"{k}={v}" for k, v in counters.items())
+            + (f"   [{r.slot_reasons[slot]}]" if r.slot_reasons.get(slot) else "")
+        )
     lines.append(("  OK: " if r.lossless else "  FAIL: ") + r.verdict)
     return "\n".join(lines)

@@ -50,13 +50,18 @@ def verdict(identity: dict, commit: str) -> tuple[bool, str]:
         )
     diff = identity.get("state_max_abs_diff")
     if commit == "readvance-m1" and identity.get("state_bitwise") is False:
-        return False, f"LOSSLESS CHECK FAILED: readvance-m1 state is not bitwise equal to greedy (max abs diff {diff:.3g})"
+        return (
+            False,
+            f"LOSSLESS CHECK FAILED: readvance-m1 state is not bitwise equal to greedy (max abs diff {diff:.3g})",
+        )
     if diff is not None and diff > SELECT_STATE_TOLERANCE:
         return False, (
             f"LOSSLESS CHECK FAILED: recurrent state differs from greedy's by {diff:.3g} "
             f"(tolerance {SELECT_STATE_TOLERANCE})"
         )
-    return True, "identical to greedy: every token" + (", state bitwise" if identity.get("state_bitwise") else f", state within {diff:.2g}")
+    return True, "identical to greedy: every token" + (
+        ", state bitwise" if identity.get("state_bitwise") else f", state within {diff:.2g}"
+    )
 
 
 def shout(message: str) -> None:

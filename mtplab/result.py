@@ -59,8 +59,19 @@ class RunResult:
         return flatten(self.to_dict())
 
 
-JSON_COLUMNS = ("prompt", "tokens", "acceptance_per_position", "forwards", "time_split", "arena", "env", "extra",
-                "greedy_slots", "slot_reasons", "model")
+JSON_COLUMNS = (
+    "prompt",
+    "tokens",
+    "acceptance_per_position",
+    "forwards",
+    "time_split",
+    "arena",
+    "env",
+    "extra",
+    "greedy_slots",
+    "slot_reasons",
+    "model",
+)
 
 
 def flatten(d: dict) -> dict:

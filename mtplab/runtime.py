@@ -42,7 +42,9 @@ def shared_initializers(path) -> dict[str, Any]:
     return {t.name: ort.OrtValue.ortvalue_from_numpy(numpy_helper.to_array(t)) for t in model.graph.initializer}
 
 
-def make_session(path, shared: dict[str, Any] | None = None, threads: int | None = None, provider: str = "CPUExecutionProvider"):
+def make_session(
+    path, shared: dict[str, Any] | None = None, threads: int | None = None, provider: str = "CPUExecutionProvider"
+):
     """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies."""
     import onnxruntime as ort
 
@@ -69,7 +71,10 @@ class TargetState:
         T = ACT_DTYPE[cfg.dtype]
         kv_shape = (1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim)
         for i in cfg.attention_layer_ids:
-            st.kv[i] = (arena.reserve(f"state.past_key.{i}", kv_shape, T), arena.reserve(f"state.past_value.{i}", kv_shape, T))
+            st.kv[i] = (
+                arena.reserve(f"state.past_key.{i}", kv_shape, T),
+                arena.reserve(f"state.past_value.{i}", kv_shape, T),
+            )
         for i in cfg.gdn_layer_ids:
             st.conv[i] = arena.reserve(f"state.conv.{i}", (1, cfg.conv_kernel - 1, cfg.gdn_conv_channels), T)
             st.gdn[i] = arena.reserve(
@@ -157,7 +162,12 @@ def mtp_io(cfg: ModelConfig, st: MtpState, token: int, hidden: np.ndarray, posit
     }
     outputs = {"logits": ((1, 1, cfg.vocab_size), T), "mtp_hidden": ((1, 1, cfg.hidden_size), T)}
     k, v = st.kv
-    bound = [("past_key.0", k, False), ("present_key.0", k, True), ("past_value.0", v, False), ("present_value.0", v, True)]
+    bound = [
+        ("past_key.0", k, False),
+        ("present_key.0", k, True),
+        ("past_value.0", v, False),
+        ("present_value.0", v, True),
+    ]
     return feeds, outputs, bound
 
 

@@ -40,7 +40,13 @@ def fit_alpha(per_position_measured: list[float]) -> float:
 
 
 def predicted_speedup(
-    alpha: float, k: int, t_greedy: float, t_decode: float, t_draft: float, t_verify: float, t_commit: float,
+    alpha: float,
+    k: int,
+    t_greedy: float,
+    t_decode: float,
+    t_draft: float,
+    t_verify: float,
+    t_commit: float,
     schedule: str = "decode-verify",
 ) -> float:
     """Speedup over greedy predicted from alpha and measured costs (seconds).

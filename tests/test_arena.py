@@ -18,7 +18,9 @@ def test_named_buffer_keeps_its_address_and_serves_smaller_views():
 def test_buffer_sized_on_first_use_cannot_grow():
     a = Arena("shared")
     a.view("logits", (1, 1, 8), np.float32)
-    with pytest.raises(BufferTooSmall, match=r"logits: needs \[1, 4, 8\] float32 but the shared arena buffer holds \[1, 1, 8\]"):
+    with pytest.raises(
+        BufferTooSmall, match=r"logits: needs \[1, 4, 8\] float32 but the shared arena buffer holds \[1, 1, 8\]"
+    ):
         a.view("logits", (1, 4, 8), np.float32)
 
 

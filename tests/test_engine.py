@@ -15,9 +15,13 @@ from mtplab.experiment import run_point
 from mtplab.policy import POLICIES
 
 
-@pytest.mark.parametrize("policy_name, commit, drafter, k", list(itertools.product(POLICIES, COMMITS, DRAFTERS, (1, 3))))
+@pytest.mark.parametrize(
+    "policy_name, commit, drafter, k", list(itertools.product(POLICIES, COMMITS, DRAFTERS, (1, 3)))
+)
 def test_speculative_output_equals_greedy(tiny, policy_name, commit, drafter, k):
-    r = run_point(RunConfig(preset="tiny", k=k, drafter=drafter, alpha=0.7, policy=policy_name, commit=commit, tokens=48), tiny)
+    r = run_point(
+        RunConfig(preset="tiny", k=k, drafter=drafter, alpha=0.7, policy=policy_name, commit=commit, tokens=48), tiny
+    )
     assert r.identity["token_identical"], r.verdict
     assert r.lossless, r.verdict
     assert len(r.tokens) == 48
@@ -42,8 +46,16 @@ def test_oracle_tokens_per_step_matches_theory(tiny, alpha):
     k, steps, total = 3, 0, 0
     accepted: list[int] = []
     for seed in range(6):
-        run = RunConfig(preset="tiny", k=k, drafter="oracle", alpha=alpha, oracle_free_drafts=True,
-                        commit="select", tokens=200, seed=seed)
+        run = RunConfig(
+            preset="tiny",
+            k=k,
+            drafter="oracle",
+            alpha=alpha,
+            oracle_free_drafts=True,
+            commit="select",
+            tokens=200,
+            seed=seed,
+        )
         eng = Engine(run, tiny)
         prompt = engine_mod.prompt_tokens(tiny.config.vocab_size, run.prompt_len, seed)
         ref = eng.greedy(prompt, run.tokens + k + 1).tokens
@@ -89,6 +101,7 @@ def test_forward_counts_follow_each_commit_strategy(tiny):
 
 # -- planted bugs: the lossless oracle must catch each --------------------------------------------
 
+
 def test_planted_bug_accepting_one_token_too_many_is_caught(tiny, monkeypatch):
     real = engine_mod.accept_length
     monkeypatch.setattr(engine_mod, "accept_length", lambda d, t: min(real(d, t) + 1, len(d)))
@@ -110,12 +123,25 @@ def test_planted_bug_unpinned_workspace_without_validation_is_caught(tiny):
 
 def test_result_carries_the_required_keys(tiny):
     d = run_point(RunConfig(preset="tiny", k=2, tokens=32), tiny).to_dict()
-    for key in ("speedup", "tokens_per_s", "greedy_tokens_per_s", "tokens_per_step", "acceptance_length",
-                "draft_acceptance", "acceptance_per_position"):
+    for key in (
+        "speedup",
+        "tokens_per_s",
+        "greedy_tokens_per_s",
+        "tokens_per_step",
+        "acceptance_length",
+        "draft_acceptance",
+        "acceptance_per_position",
+    ):
         assert key in d
     assert set(d["slots"]) == {"primary", "verify", "mtp"}
     assert all(set(c) == {"captures", "replays", "fallbacks", "invalidations", "hazards"} for c in d["slots"].values())
-    assert {"token_identical", "first_divergence", "margin_at_divergence", "state_max_abs_diff", "state_bitwise"} <= set(d["identity"])
+    assert {
+        "token_identical",
+        "first_divergence",
+        "margin_at_divergence",
+        "state_max_abs_diff",
+        "state_bitwise",
+    } <= set(d["identity"])
     assert {"tokens_per_step", "speedup"} <= set(d["theory"])
     assert {"preset", "k", "alpha", "drafter", "policy", "commit", "tokens", "backend", "seed"} <= set(d["config"])
     assert d["env"]["provider"] == "CPUExecutionProvider"

@@ -22,7 +22,9 @@ def setup(tiny):
     session = make_session(tiny.target)
     state = TargetState.allocate(cfg, Arena("main"))
     arena = Arena("shared")
-    ex = Executor({Slot.PRIMARY: session, Slot.VERIFY: session}, {Slot.PRIMARY: SlotMemory(arena), Slot.VERIFY: SlotMemory(arena)})
+    ex = Executor(
+        {Slot.PRIMARY: session, Slot.VERIFY: session}, {Slot.PRIMARY: SlotMemory(arena), Slot.VERIFY: SlotMemory(arena)}
+    )
     return cfg, state, ex
 
 
@@ -151,14 +153,19 @@ def test_counters_print_in_the_seed_form(setup):
 
 
 def test_unknown_policy_is_rejected_with_the_valid_names():
-    with pytest.raises(ValueError, match=r"unknown arena policy 'tiled'.*'shared-jit', 'shared-max', 'sibling', 'sibling-pinned'"):
+    with pytest.raises(
+        ValueError, match=r"unknown arena policy 'tiled'.*'shared-jit', 'shared-max', 'sibling', 'sibling-pinned'"
+    ):
         policy("tiled")
 
 
 # -- the policy table, on the engine (k=3, tiny) ------------------------------------------------
 
+
 def _point(tiny, policy_name, **kw):
-    run = RunConfig(preset="tiny", k=3, drafter="oracle", alpha=0.7, policy=policy_name, commit="select", tokens=64, **kw)
+    run = RunConfig(
+        preset="tiny", k=3, drafter="oracle", alpha=0.7, policy=policy_name, commit="select", tokens=64, **kw
+    )
     return run_point(run, tiny)
 
 
@@ -172,7 +179,9 @@ def test_shared_jit_verify_declines_every_step_and_stays_correct(tiny):
 
 def test_shared_max_both_slots_replay_from_one_set_of_buffers(tiny):
     r = _point(tiny, "shared-max")
-    assert r.slots["primary"]["replays"] > 0 and r.slots["verify"]["replays"] == r.steps - 2  # warm-up, capture, then replays
+    assert (
+        r.slots["primary"]["replays"] > 0 and r.slots["verify"]["replays"] == r.steps - 2
+    )  # warm-up, capture, then replays
     assert r.slots["primary"]["fallbacks"] == r.slots["verify"]["fallbacks"] == 0
     eng = Engine(RunConfig(preset="tiny", policy="shared-max"), tiny)
     assert eng.target.memory[Slot.PRIMARY].arena is eng.target.memory[Slot.VERIFY].arena

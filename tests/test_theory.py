@@ -21,5 +21,7 @@ def test_fit_alpha_recovers_a_geometric_curve():
 
 def test_predicted_speedup_is_tokens_per_step_over_step_cost():
     # free drafts and commit, verify as cheap as a decode: fused speedup = acceptance length
-    assert theory.predicted_speedup(0.8, 3, 1.0, 0.0, 0.0, 1.0, 0.0, "fused") == pytest.approx(theory.acceptance_length(0.8, 3))
+    assert theory.predicted_speedup(0.8, 3, 1.0, 0.0, 0.0, 1.0, 0.0, "fused") == pytest.approx(
+        theory.acceptance_length(0.8, 3)
+    )
     assert theory.predicted_speedup(0.0, 1, 1.0, 1.0, 0.1, 1.0, 0.0) == pytest.approx(2 / 2.1)

@@ -64,9 +64,7 @@ class ModelConfig:
     def transition_width(self) -> int:
         """Floats per token in GatedDeltaNet's compact state update (scalar decay)."""
         return (
-            self.gdn_value_heads
-            + self.gdn_key_heads * self.gdn_head_dim_k
-            + self.gdn_value_heads * self.gdn_head_dim_v
+            self.gdn_value_heads + self.gdn_key_heads * self.gdn_head_dim_k + self.gdn_value_heads * self.gdn_head_dim_v
         )
 
     def replace(self, **changes) -> ModelConfig:
@@ -101,17 +99,25 @@ def _positive(cfg: ModelConfig, name: str) -> None:
 def validate(cfg: ModelConfig) -> None:
     """All ModelConfig checks live here; each error names the field and what is allowed."""
     for name in (
-        "vocab_size", "hidden_size", "num_layers", "gdn_key_heads", "gdn_value_heads",
-        "gdn_head_dim_k", "gdn_head_dim_v", "attn_heads", "attn_kv_heads", "attn_head_dim",
-        "mlp_size", "max_seq_len", "transition_capacity",
+        "vocab_size",
+        "hidden_size",
+        "num_layers",
+        "gdn_key_heads",
+        "gdn_value_heads",
+        "gdn_head_dim_k",
+        "gdn_head_dim_v",
+        "attn_heads",
+        "attn_kv_heads",
+        "attn_head_dim",
+        "mlp_size",
+        "max_seq_len",
+        "transition_capacity",
     ):
         _positive(cfg, name)
     if cfg.dtype not in DTYPES:
         raise ValueError(f"ModelConfig.dtype={cfg.dtype!r}: allowed values are {list(DTYPES)}")
     if cfg.weight_format not in WEIGHT_FORMATS:
-        raise ValueError(
-            f"ModelConfig.weight_format={cfg.weight_format!r}: allowed values are {list(WEIGHT_FORMATS)}"
-        )
+        raise ValueError(f"ModelConfig.weight_format={cfg.weight_format!r}: allowed values are {list(WEIGHT_FORMATS)}")
     if cfg.conv_kernel != CONV_KERNEL:
         raise ValueError(f"ModelConfig.conv_kernel={cfg.conv_kernel}: only {CONV_KERNEL} is allowed")
     if cfg.transition_capacity > MAX_TRANSITION_CAPACITY:
@@ -125,9 +131,7 @@ def validate(cfg: ModelConfig) -> None:
             f"of attn_head_dim={cfg.attn_head_dim}: hidden_size must equal attn_heads * attn_head_dim"
         )
     if cfg.attn_heads % cfg.attn_kv_heads:
-        raise ValueError(
-            f"ModelConfig.attn_kv_heads={cfg.attn_kv_heads}: must divide attn_heads={cfg.attn_heads}"
-        )
+        raise ValueError(f"ModelConfig.attn_kv_heads={cfg.attn_kv_heads}: must divide attn_heads={cfg.attn_heads}")
     if cfg.attn_head_dim % 2:
         raise ValueError(f"ModelConfig.attn_head_dim={cfg.attn_head_dim}: must be even (rotary)")
     if cfg.gdn_value_heads % cfg.gdn_key_heads:
@@ -139,8 +143,7 @@ def validate(cfg: ModelConfig) -> None:
         bad = [i for i in cfg.attention_layers if not isinstance(i, int) or not 0 <= i < cfg.num_layers]
         if bad:
             raise ValueError(
-                f"ModelConfig.attention_layers has {bad} out of range: allowed indices are "
-                f"0..{cfg.num_layers - 1}"
+                f"ModelConfig.attention_layers has {bad} out of range: allowed indices are 0..{cfg.num_layers - 1}"
             )
         if len(set(cfg.attention_layers)) != len(cfg.attention_layers):
             raise ValueError(f"ModelConfig.attention_layers={cfg.attention_layers}: duplicate index")
@@ -163,15 +166,35 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(name="tiny"),
     # CPU default: 16 layers (4 attention), weight-dominated decode, MTP layer a few % of a forward.
     "small": ModelConfig(
-        name="small", vocab_size=2048, hidden_size=512, num_layers=16,
-        gdn_key_heads=4, gdn_value_heads=8, gdn_head_dim_k=64, gdn_head_dim_v=64,
-        attn_heads=8, attn_kv_heads=2, attn_head_dim=64, mlp_size=1536, max_seq_len=512,
+        name="small",
+        vocab_size=2048,
+        hidden_size=512,
+        num_layers=16,
+        gdn_key_heads=4,
+        gdn_value_heads=8,
+        gdn_head_dim_k=64,
+        gdn_head_dim_v=64,
+        attn_heads=8,
+        attn_kv_heads=2,
+        attn_head_dim=64,
+        mlp_size=1536,
+        max_seq_len=512,
     ),
     # GPU-sized; still builds on CPU (about 1.2 GB at fp32).
     "base": ModelConfig(
-        name="base", vocab_size=32768, hidden_size=1024, num_layers=24,
-        gdn_key_heads=8, gdn_value_heads=16, gdn_head_dim_k=64, gdn_head_dim_v=64,
-        attn_heads=16, attn_kv_heads=4, attn_head_dim=64, mlp_size=2816, max_seq_len=2048,
+        name="base",
+        vocab_size=32768,
+        hidden_size=1024,
+        num_layers=24,
+        gdn_key_heads=8,
+        gdn_value_heads=16,
+        gdn_head_dim_k=64,
+        gdn_head_dim_v=64,
+        attn_heads=16,
+        attn_kv_heads=4,
+        attn_head_dim=64,
+        mlp_size=2816,
+        max_seq_len=2048,
     ),
 }
 

@@ -36,7 +36,9 @@ class _Graph:
         self.n += 1
         return f"{hint}_{self.n}"
 
-    def node(self, op: str, inputs: list[str], outputs: list[str] | None = None, domain: str = "", **attrs) -> list[str]:
+    def node(
+        self, op: str, inputs: list[str], outputs: list[str] | None = None, domain: str = "", **attrs
+    ) -> list[str]:
         outputs = outputs or [self.tmp(op.lower())]
         self.nodes.append(helper.make_node(op, inputs, outputs, domain=domain or None, **attrs))
         self.ops.add(f"{domain + '::' if domain else ''}{op}")
@@ -63,8 +65,13 @@ class _Graph:
             packed, scales, deq = quantize_int4(w, INT4_BLOCK)
             self.dequantized[name] = deq
             return self.node(
-                "MatMulNBits", [x, self.init(name + ".q", packed), self.act(name + ".scales", scales)],
-                domain=MS, K=K, N=N, bits=4, block_size=INT4_BLOCK,
+                "MatMulNBits",
+                [x, self.init(name + ".q", packed), self.act(name + ".scales", scales)],
+                domain=MS,
+                K=K,
+                N=N,
+                bits=4,
+                block_size=INT4_BLOCK,
             )[0]
         self.dequantized[name] = w
         return self.node("MatMul", [x, self.act(name, w)])[0]
@@ -96,7 +103,9 @@ def target_io(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Va
             ins.append(_value(f"gdn_state.{i}", TensorProto.FLOAT, [1, Hv, Dv, Dk]))
             outs.append(_value(f"present_conv_state.{i}", T, [1, cfg.conv_kernel - 1, C]))
             outs.append(_value(f"present_gdn_state.{i}", TensorProto.FLOAT, [1, Hv, Dv, Dk]))
-            outs.append(_value(f"gdn_transitions.{i}", TensorProto.FLOAT, [1, cfg.transition_capacity * cfg.transition_width]))
+            outs.append(
+                _value(f"gdn_transitions.{i}", TensorProto.FLOAT, [1, cfg.transition_capacity * cfg.transition_width])
+            )
             outs.append(_value(f"conv_input.{i}", T, [1, "M", C]))
     return ins, outs
 
@@ -129,10 +138,22 @@ def _attention(g: _Graph, x: str, w: Weights, p: str, past: tuple[str, str], pre
     cos, sin = rotary_cache(cfg)
     out = g.node(
         "GroupQueryAttention",
-        [qkv, "", "", past[0], past[1], "seqlens_k", "total_sequence_length",
-         g.act(p + "cos", cos), g.act(p + "sin", sin)],
-        [g.tmp("attn"), present[0], present[1]], domain=MS,
-        num_heads=cfg.attn_heads, kv_num_heads=cfg.attn_kv_heads, do_rotary=1,
+        [
+            qkv,
+            "",
+            "",
+            past[0],
+            past[1],
+            "seqlens_k",
+            "total_sequence_length",
+            g.act(p + "cos", cos),
+            g.act(p + "sin", sin),
+        ],
+        [g.tmp("attn"), present[0], present[1]],
+        domain=MS,
+        num_heads=cfg.attn_heads,
+        kv_num_heads=cfg.attn_kv_heads,
+        do_rotary=1,
     )[0]
     return g.node("Add", [x, g.linear(out, w[p + "o"], p + "o")])[0]
 
@@ -146,7 +167,10 @@ def _gdn(g: _Graph, x: str, w: Weights, i: int) -> str:
     conv = g.node(
         "CausalConvWithState",
         [mixed, g.act(p + "conv", w[p + "conv"]), g.act(p + "conv_bias", w[p + "conv_bias"]), f"conv_state.{i}"],
-        [g.tmp("conv"), f"present_conv_state.{i}"], domain=MS, channels_last=1, activation="silu",
+        [g.tmp("conv"), f"present_conv_state.{i}"],
+        domain=MS,
+        channels_last=1,
+        activation="silu",
     )[0]
     split = g.init(g.tmp("split"), np.array([Hk * Dk, Hk * Dk, Hv * Dv], dtype=np.int64))
     q, k, v = g.node("Split", [conv, split], [g.tmp("q"), g.tmp("k"), g.tmp("v")], axis=-1)
@@ -157,11 +181,24 @@ def _gdn(g: _Graph, x: str, w: Weights, i: int) -> str:
     beta = g.linear(xn, w[p + "beta"], p + "beta")
     out = g.node(
         "GatedDeltaNet",
-        [q, k, v, "", decay, beta, f"gdn_state.{i}", g.init(p + "a_log", w[p + "a_log"]),
-         g.init(p + "dt_bias", w[p + "dt_bias"]), "capture_count"],
-        [g.tmp("gdn"), f"present_gdn_state.{i}", f"gdn_transitions.{i}"], domain=MS,
-        state_update_capacity=cfg.transition_capacity, gate_activation="softplus",
-        beta_activation="sigmoid", qk_l2_norm=1,
+        [
+            q,
+            k,
+            v,
+            "",
+            decay,
+            beta,
+            f"gdn_state.{i}",
+            g.init(p + "a_log", w[p + "a_log"]),
+            g.init(p + "dt_bias", w[p + "dt_bias"]),
+            "capture_count",
+        ],
+        [g.tmp("gdn"), f"present_gdn_state.{i}", f"gdn_transitions.{i}"],
+        domain=MS,
+        state_update_capacity=cfg.transition_capacity,
+        gate_activation="softplus",
+        beta_activation="sigmoid",
+        qk_l2_norm=1,
     )[0]
     out = g.node("Reshape", [out, g.const_i64([1, -1, Hv * Dv])])[0]
     return g.node("Add", [x, g.linear(out, w[p + "o"], p + "o")])[0]
@@ -178,7 +215,8 @@ def _mlp(g: _Graph, x: str, w: Weights, p: str) -> str:
 def _model(g: _Graph, ins, outs, name: str) -> onnx.ModelProto:
     graph = helper.make_graph(g.nodes, name, ins, outs, initializer=g.inits)
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
         producer_name="mtplab",
     )
     model.ir_version = 10
