@@ -74,13 +74,14 @@ JSON_COLUMNS = (
 )
 
 
-def flatten(d: dict) -> dict:
+def flatten(d: dict, top: bool = True) -> dict:
+    """Nested dicts become dotted columns; lists and the JSON_COLUMNS (top level only) become JSON text."""
     row: dict[str, Any] = {}
     for key, value in d.items():
-        if key in JSON_COLUMNS:
+        if top and key in JSON_COLUMNS:
             row[key] = json.dumps(value, default=float)
         elif isinstance(value, dict):
-            for sub, v in flatten(value).items():
+            for sub, v in flatten(value, top=False).items():
                 row[f"{key}.{sub}"] = v
         elif isinstance(value, list):
             row[key] = json.dumps(value, default=float)
@@ -93,6 +94,9 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     """Write via a temp file in the same folder and rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
     with os.fdopen(fd, "wb") as f:
         f.write(text.encode() if isinstance(text, str) else text)
         f.flush()

@@ -1,0 +1,248 @@
+"""The standard figures, as functions of a sweep DataFrame (see store.load), shared by notebooks and reports."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+POLICY_COLORS = {"shared-jit": "#d62728", "shared-max": "#1f77b4", "sibling": "#ff7f0e", "sibling-pinned": "#2ca02c"}
+COMMIT_COLORS = {"readvance-batched": "#9467bd", "readvance-m1": "#8c564b", "select": "#17becf"}
+PHASE_COLORS = {"decode": "#4c72b0", "draft": "#dd8452", "verify": "#55a868", "commit": "#c44e52"}
+COUNTERS = ("captures", "replays", "fallbacks", "invalidations", "hazards")
+SLOTS = ("primary", "verify", "mtp")
+
+plt.rcParams.update(
+    {
+        "figure.dpi": 110,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "font.size": 10,
+        "legend.fontsize": 9,
+    }
+)
+
+
+def _k_color(k: int, ks) -> tuple:
+    ks = sorted(set(ks))
+    return plt.cm.viridis(0.1 + 0.8 * ks.index(k) / max(1, len(ks) - 1))
+
+
+def _json(col: pd.Series) -> pd.Series:
+    return col.map(lambda v: json.loads(v) if isinstance(v, str) else v)
+
+
+def alpha_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """Oracle points of the (policy, commit) pair swept over the most alphas: the k x alpha grid."""
+    o = df[df.drafter == "oracle"]
+    if o.empty:
+        return o
+    best = o.groupby(["policy", "commit"])["alpha"].nunique().idxmax()
+    return o[(o.policy == best[0]) & (o.commit == best[1])]
+
+
+def _empty(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in this sweep", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def _per_schedule(df: pd.DataFrame, metric: str, theory: str | None, ylabel: str, title: str, baseline=None):
+    g = alpha_grid(df)
+    schedules = sorted(g.schedule.unique()) if not g.empty else ["decode-verify"]
+    fig, axes = plt.subplots(1, len(schedules), figsize=(5.2 * len(schedules), 3.8), sharey=True, squeeze=False)
+    for ax, sched in zip(axes[0], schedules):
+        s = g[g.schedule == sched]
+        if s.empty:
+            _empty(ax, "oracle k x alpha grid")
+            continue
+        for k in sorted(s.k.unique()):
+            m = s[s.k == k].groupby("alpha")[[metric] + ([theory] if theory else [])].mean()
+            c = _k_color(k, s.k.unique())
+            ax.plot(m.index, m[metric], "o-", color=c, label=f"k={k}")
+            if theory:
+                ax.plot(m.index, m[theory], "--", color=c, alpha=0.8)
+        if baseline is not None:
+            baseline(ax, s)
+        ax.set_title(f"{title}\nschedule={sched}, policy={s.policy.iloc[0]}, commit={s.commit.iloc[0]}")
+        ax.set_xlabel("per-position acceptance alpha (oracle drafter)")
+        ax.set_ylabel(ylabel)
+        ax.legend(title="drafts per step" + (" (dashed: theory)" if theory else ""))
+    fig.tight_layout()
+    return fig
+
+
+def speedup_vs_alpha(df: pd.DataFrame):
+    """Speedup over greedy against alpha, one line per k, theory dashed, per schedule."""
+
+    def greedy_line(ax, s):
+        ax.axhline(1.0, color="gray", lw=1)
+        ax.text(s.alpha.min(), 1.0, " greedy", va="bottom", color="gray", fontsize=8)
+
+    return _per_schedule(df, "speedup", "theory.speedup", "speedup over greedy (x)", "Speculative speedup", greedy_line)
+
+
+def tokens_per_s_vs_alpha(df: pd.DataFrame):
+    """Speculative tokens/s against alpha, one line per k; greedy tokens/s in gray."""
+
+    def greedy_band(ax, s):
+        ax.axhline(s.greedy_tokens_per_s.median(), color="gray", lw=1, ls=":")
+        ax.text(
+            s.alpha.min(), s.greedy_tokens_per_s.median(), " greedy (median)", va="bottom", color="gray", fontsize=8
+        )
+
+    return _per_schedule(df, "tokens_per_s", None, "tokens/s", "Speculative throughput", greedy_band)
+
+
+def acceptance_vs_theory(df: pd.DataFrame):
+    """Measured acceptance length against Leviathan's (1-a^(k+1))/(1-a); MTP-head points at their fitted alpha."""
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    g = alpha_grid(df)
+    ks = sorted(set(df.k.unique()))
+    grid = np.linspace(0, 1, 101)[:-1]
+    for k in ks:
+        c = _k_color(k, ks)
+        ax.plot(grid, (1 - grid ** (k + 1)) / (1 - grid), "--", color=c, alpha=0.7)
+        m = g[g.k == k].groupby("alpha")["acceptance_length"].mean()
+        if len(m):
+            ax.plot(m.index, m.values, "o", color=c, label=f"k={k} oracle")
+        mtp = df[(df.drafter == "mtp") & (df.k == k)]
+        if len(mtp):
+            ax.plot(
+                mtp["theory.alpha"], mtp.acceptance_length, "*", ms=12, color=c, mec="black", label=f"k={k} MTP head"
+            )
+    ax.set_xlabel("per-position acceptance alpha (oracle: set; MTP head: fitted)")
+    ax.set_ylabel("acceptance length (1 + accepted/step)")
+    ax.set_title("Acceptance length vs theory (dashed)")
+    ax.legend(ncol=2, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def per_position(df: pd.DataFrame):
+    """P(accepted >= i) by draft position: oracle alphas against alpha^i (dashed), and the MTP head."""
+    k = int(df.k.max()) if len(df) else 1
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    g = alpha_grid(df)
+    g = g[g.k == k]
+    pos = np.arange(1, k + 1)
+    for alpha, s in g.groupby("alpha"):
+        measured = np.mean(np.stack(_json(s.acceptance_per_position).map(np.asarray).values), axis=0)
+        line = ax.plot(pos, measured, "o-", label=f"oracle alpha={alpha:g}")[0]
+        ax.plot(pos, alpha**pos, "--", color=line.get_color(), alpha=0.7)
+    mtp = df[(df.drafter == "mtp") & (df.k == k)]
+    if len(mtp):
+        measured = np.mean(np.stack(_json(mtp.acceptance_per_position).map(np.asarray).values), axis=0)
+        ax.plot(pos, measured, "*-", color="black", ms=10, label="built-in MTP head")
+    ax.set_xticks(pos)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("P(accepted >= i)")
+    ax.set_title(f"Per-position acceptance at k={k} (dashed: alpha^i)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def counters_long(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-slot counters of every point in long form (policy, slot, counter columns), oracle points only."""
+    rows = []
+    for _, r in df.iterrows():
+        for slot in ("primary", "verify"):
+            if f"slots.{slot}.replays" in r and pd.notna(r[f"slots.{slot}.replays"]):
+                rows.append(
+                    {
+                        "policy": r.policy,
+                        "commit": r.commit,
+                        "slot": slot,
+                        **{c: r[f"slots.{slot}.{c}"] for c in COUNTERS},
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def slot_counters(long: pd.DataFrame):
+    """Replays, fallbacks, invalidations and hazards per slot, by policy (mean per point)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    shown = ("replays", "fallbacks", "invalidations", "hazards")
+    colors = {"replays": "#2ca02c", "fallbacks": "#d62728", "invalidations": "#ff7f0e", "hazards": "#000000"}
+    for ax, slot in zip(axes, ("primary", "verify")):
+        s = long[long.slot == slot].groupby("policy", sort=False)[list(shown)].mean()
+        if s.empty:
+            _empty(ax, "counters")
+            continue
+        x = np.arange(len(s))
+        w = 0.8 / len(shown)
+        for j, c in enumerate(shown):
+            ax.bar(x + (j - 1.5) * w, s[c], w, label=c, color=colors[c])
+        ax.set_xticks(x, s.index, rotation=15)
+        ax.set_title(f"{slot} slot")
+        ax.set_xlabel("arena policy")
+        ax.set_ylabel("count per run (mean)")
+    axes[0].legend(title="counter")
+    fig.tight_layout()
+    return fig
+
+
+def time_split(df: pd.DataFrame):
+    """Milliseconds per speculative step in decode, draft, verify and commit, stacked, by commit strategy."""
+    s = df[df.drafter == "oracle"]
+    if "sibling-pinned" in set(s.policy):
+        s = s[s.policy == "sibling-pinned"]
+    k = int(s.k.mode().iloc[0]) if len(s) else 0
+    s = s[(s.k == k) & (s.schedule == "decode-verify")]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    if s.empty:
+        _empty(ax, "points")
+        return fig
+    splits = _json(s.time_split)
+    per_step = pd.DataFrame([{p: v / r * 1e3 for p, v in sp.items()} for sp, r in zip(splits, s.steps)], index=s.index)
+    table = per_step.groupby(s.commit).mean()
+    bottom = np.zeros(len(table))
+    for phase in ("decode", "draft", "verify", "commit"):
+        ax.bar(table.index, table[phase], bottom=bottom, label=phase, color=PHASE_COLORS[phase])
+        bottom += table[phase].values
+    ax.set_ylabel("ms per speculative step")
+    ax.set_xlabel("commit strategy")
+    ax.set_title(f"Step time split (k={k}, policy={s.policy.iloc[0]}, decode-verify)")
+    ax.legend(title="phase")
+    fig.tight_layout()
+    return fig
+
+
+def memory_by_policy(df: pd.DataFrame):
+    """Bytes held by all arenas (named buffers, pool blocks, persistent state) per policy."""
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
+    held = _json(df.arena).map(lambda a: sum(v["bytes_held"] for v in a.values()) / 2**20)
+    m = held.groupby(df.policy).mean()
+    ax.bar(m.index, m.values, color=[POLICY_COLORS.get(p, "gray") for p in m.index])
+    ax.set_ylabel("MiB held by arenas (mean per point)")
+    ax.set_xlabel("arena policy")
+    ax.set_title("Memory held per policy")
+    fig.tight_layout()
+    return fig
+
+
+def point_figure(result: dict):
+    """One point: the step's time split and per-position acceptance against theory."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    steps = max(1, result["steps"])
+    split = {p: v / steps * 1e3 for p, v in result["time_split"].items()}
+    a.bar(list(split), list(split.values()), color=[PHASE_COLORS[p] for p in split])
+    a.set_ylabel("ms per step")
+    a.set_title(f"speedup {result['speedup']:.2f}x (theory {result['theory']['speedup']:.2f}x)")
+    k = result["config"]["k"]
+    pos = np.arange(1, k + 1)
+    b.plot(pos, result["acceptance_per_position"], "o-", label="measured")
+    b.plot(
+        pos, result["theory"]["acceptance_per_position"], "--", label=f"alpha^i, alpha={result['theory']['alpha']:.2f}"
+    )
+    b.set_xticks(pos)
+    b.set_ylim(0, 1.05)
+    b.set_xlabel("draft position i")
+    b.set_ylabel("P(accepted >= i)")
+    b.legend()
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,76 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: mtplab
+#     language: python
+#     name: mtplab
+# ---
+
+# %% tags=["parameters"]
+sweep_dir = "../results/demo"
+
+# %%
+import json
+from pathlib import Path
+
+from IPython.display import Markdown, display
+
+from mtplab import findings, plots, store
+
+sweep = json.loads((Path(sweep_dir) / "sweep.json").read_text())
+df = store.load(sweep_dir)
+display(Markdown(findings.header(sweep)))
+
+# %% [markdown]
+# ## Findings
+
+# %%
+display(Markdown(findings.summary(df)))
+
+# %% [markdown]
+# ## Speedup against acceptance
+# Oracle drafter (controlled per-position acceptance alpha; performance only, never accuracy).
+# Solid: measured. Dashed: predicted from alpha and the step's measured cost ratios.
+
+# %%
+ok = df[df.status == "ok"]
+fig = plots.speedup_vs_alpha(ok)
+
+# %%
+fig = plots.tokens_per_s_vs_alpha(ok)
+
+# %% [markdown]
+# ## Acceptance
+# Acceptance length = 1 + accepted/steps (vLLM's definition); per-position acceptance = P(accepted >= i).
+
+# %%
+fig = plots.acceptance_vs_theory(ok)
+
+# %%
+fig = plots.per_position(ok)
+
+# %% [markdown]
+# ## The two slots under each arena policy
+
+# %%
+fig = plots.slot_counters(plots.counters_long(ok))
+
+# %% [markdown]
+# ## Where a speculative step's time goes, by commit strategy
+
+# %%
+fig = plots.time_split(ok)
+
+# %%
+fig = plots.memory_by_policy(ok)
+
+# %% [markdown]
+# ## All points
+
+# %%
+display(findings.table(df))
