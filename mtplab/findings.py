@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .plots import alpha_grid
+from .plots import alpha_grid, policy_grid
 
 
 def header(sweep: dict) -> str:
@@ -62,13 +62,16 @@ def summary(df: pd.DataFrame) -> str:
                 f"- Built-in MTP head, `{sched}`: draft acceptance {s.draft_acceptance.mean():.0%} "
                 f"(fitted alpha {s['theory.alpha'].mean():.2f}); best k={b.k} at {b.speedup:.2f}x."
             )
-    pol = ok.groupby("policy")[
-        [f"slots.verify.{c}" for c in ("replays", "fallbacks", "invalidations", "hazards")]
-    ].mean()
+    pol = (
+        policy_grid(ok)
+        .groupby("policy")[[f"slots.verify.{c}" for c in ("replays", "fallbacks", "invalidations", "hazards")]]
+        .mean()
+    )
     for policy, r in pol.iterrows():
         out.append(
             f"- `{policy}`: verify slot replays {r['slots.verify.replays']:.1f}, fallbacks {r['slots.verify.fallbacks']:.1f}, "
-            f"invalidations {r['slots.verify.invalidations']:.1f}, hazards {r['slots.verify.hazards']:.1f} per run (mean)."
+            f"invalidations {r['slots.verify.invalidations']:.1f}, hazards {r['slots.verify.hazards']:.1f} per run "
+            f"(mean over the policy x commit grid)."
         )
     if len(ok):
         err = (ok.speedup / ok["theory.speedup"] - 1).abs()

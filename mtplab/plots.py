@@ -45,11 +45,36 @@ def alpha_grid(df: pd.DataFrame) -> pd.DataFrame:
     return o[(o.policy == best[0]) & (o.commit == best[1])]
 
 
+def policy_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """Oracle decode-verify points at the (k, alpha) swept over the most policies: the policy x commit grid."""
+    o = df[(df.drafter == "oracle") & (df.schedule == "decode-verify")]
+    if o.empty:
+        return df
+    k, alpha = o.groupby(["k", "alpha"])["policy"].nunique().idxmax()
+    return o[(o.k == k) & (o.alpha == alpha)]
+
+
+def _policy_order(policies) -> list[str]:
+    known = [p for p in POLICY_COLORS if p in set(policies)]
+    return known + sorted(set(policies) - set(known))
+
+
+def predicted_curve(s: pd.DataFrame, k: int, schedule: str, alphas: np.ndarray) -> np.ndarray:
+    """Leviathan speedup over alphas with the median measured cost ratios of these points (greedy = 1)."""
+    from .theory import predicted_speedup
+
+    c = {n: float(s[f"theory.{n}_cost_ratio"].median()) for n in ("decode", "draft", "verify", "commit")}
+    return np.array(
+        [predicted_speedup(a, k, 1.0, c["decode"], c["draft"], c["verify"], c["commit"], schedule) for a in alphas]
+    )
+
+
 def _empty(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} in this sweep", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def _per_schedule(df: pd.DataFrame, metric: str, theory: str | None, ylabel: str, title: str, baseline=None):
+def _per_schedule(df: pd.DataFrame, metric: str, scale, ylabel: str, title: str, baseline=None):
+    """One panel per schedule: metric against alpha, a line per k; dashed: theory times scale(points)."""
     g = alpha_grid(df)
     schedules = sorted(g.schedule.unique()) if not g.empty else ["decode-verify"]
     fig, axes = plt.subplots(1, len(schedules), figsize=(5.2 * len(schedules), 3.8), sharey=True, squeeze=False)
@@ -58,34 +83,35 @@ def _per_schedule(df: pd.DataFrame, metric: str, theory: str | None, ylabel: str
         if s.empty:
             _empty(ax, "oracle k x alpha grid")
             continue
+        alphas = np.linspace(s.alpha.min(), min(1.0, s.alpha.max() + 0.05), 50)
         for k in sorted(s.k.unique()):
-            m = s[s.k == k].groupby("alpha")[[metric] + ([theory] if theory else [])].mean()
+            sk = s[s.k == k]
+            m = sk.groupby("alpha")[metric].mean()
             c = _k_color(k, s.k.unique())
-            ax.plot(m.index, m[metric], "o-", color=c, label=f"k={k}")
-            if theory:
-                ax.plot(m.index, m[theory], "--", color=c, alpha=0.8)
+            ax.plot(m.index, m.values, "o-", color=c, label=f"k={k}")
+            ax.plot(alphas, predicted_curve(sk, k, sched, alphas) * scale(sk), "--", color=c, alpha=0.8)
         if baseline is not None:
             baseline(ax, s)
         ax.set_title(f"{title}\nschedule={sched}, policy={s.policy.iloc[0]}, commit={s.commit.iloc[0]}")
         ax.set_xlabel("per-position acceptance alpha (oracle drafter)")
         ax.set_ylabel(ylabel)
-        ax.legend(title="drafts per step" + (" (dashed: theory)" if theory else ""))
+        ax.legend(title="drafts per step (dashed: theory)")
     fig.tight_layout()
     return fig
 
 
 def speedup_vs_alpha(df: pd.DataFrame):
-    """Speedup over greedy against alpha, one line per k, theory dashed, per schedule."""
+    """Speedup over greedy against alpha, one line per k; theory dashed (Leviathan with measured cost ratios)."""
 
     def greedy_line(ax, s):
         ax.axhline(1.0, color="gray", lw=1)
         ax.text(s.alpha.min(), 1.0, " greedy", va="bottom", color="gray", fontsize=8)
 
-    return _per_schedule(df, "speedup", "theory.speedup", "speedup over greedy (x)", "Speculative speedup", greedy_line)
+    return _per_schedule(df, "speedup", lambda s: 1.0, "speedup over greedy (x)", "Speculative speedup", greedy_line)
 
 
 def tokens_per_s_vs_alpha(df: pd.DataFrame):
-    """Speculative tokens/s against alpha, one line per k; greedy tokens/s in gray."""
+    """Speculative tokens/s against alpha, one line per k, theory dashed; greedy tokens/s dotted."""
 
     def greedy_band(ax, s):
         ax.axhline(s.greedy_tokens_per_s.median(), color="gray", lw=1, ls=":")
@@ -93,7 +119,9 @@ def tokens_per_s_vs_alpha(df: pd.DataFrame):
             s.alpha.min(), s.greedy_tokens_per_s.median(), " greedy (median)", va="bottom", color="gray", fontsize=8
         )
 
-    return _per_schedule(df, "tokens_per_s", None, "tokens/s", "Speculative throughput", greedy_band)
+    return _per_schedule(
+        df, "tokens_per_s", lambda s: s.greedy_tokens_per_s.median(), "tokens/s", "Speculative throughput", greedy_band
+    )
 
 
 def acceptance_vs_theory(df: pd.DataFrame):
@@ -147,9 +175,9 @@ def per_position(df: pd.DataFrame):
 
 
 def counters_long(df: pd.DataFrame) -> pd.DataFrame:
-    """Per-slot counters of every point in long form (policy, slot, counter columns), oracle points only."""
+    """Per-slot counters of the policy x commit grid in long form (policy, commit, slot, counters)."""
     rows = []
-    for _, r in df.iterrows():
+    for _, r in policy_grid(df).iterrows():
         for slot in ("primary", "verify"):
             if f"slots.{slot}.replays" in r and pd.notna(r[f"slots.{slot}.replays"]):
                 rows.append(
@@ -169,7 +197,8 @@ def slot_counters(long: pd.DataFrame):
     shown = ("replays", "fallbacks", "invalidations", "hazards")
     colors = {"replays": "#2ca02c", "fallbacks": "#d62728", "invalidations": "#ff7f0e", "hazards": "#000000"}
     for ax, slot in zip(axes, ("primary", "verify")):
-        s = long[long.slot == slot].groupby("policy", sort=False)[list(shown)].mean()
+        s = long[long.slot == slot].groupby("policy")[list(shown)].mean()
+        s = s.loc[_policy_order(s.index)]
         if s.empty:
             _empty(ax, "counters")
             continue
@@ -181,7 +210,7 @@ def slot_counters(long: pd.DataFrame):
         ax.set_title(f"{slot} slot")
         ax.set_xlabel("arena policy")
         ax.set_ylabel("count per run (mean)")
-    axes[0].legend(title="counter")
+    axes[1].legend(title="counter", loc="upper right")
     fig.tight_layout()
     return fig
 
@@ -215,10 +244,12 @@ def time_split(df: pd.DataFrame):
 def memory_by_policy(df: pd.DataFrame):
     """Bytes held by all arenas (named buffers, pool blocks, persistent state) per policy."""
     fig, ax = plt.subplots(figsize=(5.6, 3.4))
-    held = _json(df.arena).map(lambda a: sum(v["bytes_held"] for v in a.values()) / 2**20)
-    m = held.groupby(df.policy).mean()
+    g = policy_grid(df)
+    held = _json(g.arena).map(lambda a: sum(v["bytes_held"] for v in a.values()) / 2**20)
+    m = held.groupby(g.policy).mean()
+    m = m.loc[_policy_order(m.index)]
     ax.bar(m.index, m.values, color=[POLICY_COLORS.get(p, "gray") for p in m.index])
-    ax.set_ylabel("MiB held by arenas (mean per point)")
+    ax.set_ylabel("MiB held by mtplab arenas\n(state, buffers, pool blocks)")
     ax.set_xlabel("arena policy")
     ax.set_title("Memory held per policy")
     fig.tight_layout()
