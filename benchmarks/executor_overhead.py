@@ -18,6 +18,8 @@ from mtplab.executor import Executor, Slot, SlotMemory
 from mtplab.model import build_model, preset
 from mtplab.runtime import TargetState, make_session, target_io
 
+HOW = ("session.run", "eager IOBinding", "executor replay", "raw replay")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,12 +47,15 @@ def main() -> None:
             feeds, outputs, bound = target_io(cfg, state, np.arange(M) % cfg.vocab_size)
             plain = dict(feeds)
             plain.update({n: a for n, a, out in bound if not out})
-            for how in ("session.run", "eager IOBinding", "plan replay"):
+            for how in HOW:
                 t0 = time.perf_counter()
                 if how == "session.run":
                     session.run(names, plain)
                 elif how == "eager IOBinding":
                     ex._eager_temporaries(slot, feeds, outputs, bound)
+                elif how == "raw replay":
+                    if ex.state[slot].plan is not None:  # none yet during warm-up and capture
+                        ex.backend.replay(session, ex.state[slot].plan)
                 else:
                     ex.run(slot, feeds, outputs, bound)
                 if rep >= 3:

@@ -49,20 +49,32 @@ class Binding:
     output: bool
     block: Block | None = None
 
-    @property
-    def key(self) -> tuple:
-        return (
-            self.name,
-            "out" if self.output else "in",
-            str(self.array.dtype),
-            tuple(self.array.shape),
-            address(self.array),
-        )
+
+class AddressCache:
+    """Raw addresses by array object. Holds a reference to each, so an id is never reused while cached.
+
+    Looking up a pointer (`ndarray.ctypes.data`) costs about a microsecond; a signature check
+    before every replay looks up every binding, and the arrays are mostly the same objects.
+    """
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self.cache: dict[int, tuple[Any, int]] = {}
+
+    def __call__(self, a: Any) -> int:
+        hit = self.cache.get(id(a))
+        if hit is not None and hit[0] is a:
+            return hit[1]
+        if len(self.cache) >= self.limit:
+            self.cache.clear()
+        addr = address(a)
+        self.cache[id(a)] = (a, addr)
+        return addr
 
 
-def signature(binds: list[Binding]) -> tuple:
+def signature(binds: list[Binding], addr=address) -> tuple:
     """Name, direction, dtype, shape and address of every bound value: what a plan bakes in."""
-    return tuple(b.key for b in binds)
+    return tuple((b.name, "out" if b.output else "in", b.array.dtype, b.array.shape, addr(b.array)) for b in binds)
 
 
 def describe_mismatch(old: tuple, new: tuple) -> str:
@@ -154,11 +166,19 @@ class SlotMemory:
     pinned: bool = True
     owner: str = ""
     block: Block | None = None
+    views: dict[tuple, Any] = field(default_factory=dict)
+
+    def _view(self, name: str, shape: tuple[int, ...], dtype) -> Any:
+        key = (name, shape, dtype)
+        view = self.views.get(key)
+        if view is None:
+            view = self.views[key] = self.arena.view(name, shape, dtype)
+        return view
 
     def stage(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
         views = {}
         for name, value in feeds.items():
-            view = self.arena.view(f"feed.{name}", value.shape, value.dtype)
+            view = self._view(f"feed.{name}", value.shape, value.dtype)
             view[...] = value
             views[name] = view
         return views
@@ -176,7 +196,7 @@ class SlotMemory:
                 out[name] = (view, self.block)
         for name, (shape, dtype) in spec.items():
             if name not in out:
-                out[name] = (self.arena.view(name, shape, dtype), None)
+                out[name] = (self._view(name, shape, dtype), None)
         return out
 
     def end_step(self) -> None:
@@ -209,6 +229,7 @@ class Executor:
         self.retain = retain_decode_graph_across_spec
         self.state = {s: SlotCaptureState() for s in sessions}
         self.slot = Slot.PRIMARY
+        self.address = AddressCache()
 
     # -- retarget and lifecycle -------------------------------------------------------------
     def set_slot(self, slot: Slot) -> None:
@@ -296,7 +317,7 @@ class Executor:
             return self._eager_temporaries(slot, feeds, outputs, bound)
         binds = self._binds(staged, outs, bound)
         result = {n: a for n, (a, _) in outs.items()}
-        sig = signature(binds)
+        sig = signature(binds, self.address)
 
         if st.status is Status.UNSUPPORTED:
             self.backend.eager(session, binds)
