@@ -58,7 +58,10 @@ def main() -> None:
         f"{'predicted':>9} {'meas/pred':>9} {'tok/step':>8} {'T(verify)/T(1)':>14}"
     )
     for (sched, commit, k), rs in rows.items():
-        med = lambda f: float(np.median([f(r) for r in rs]))  # noqa: E731
+
+        def med(f, rs=rs):
+            return float(np.median([f(r) for r in rs]))
+
         sp, pr = med(lambda r: r.speedup), med(lambda r: r.theory["speedup"])
         print(
             f"{sched:14} {commit:18} {k:2d} {med(lambda r: r.greedy_tokens_per_s):12.1f} {med(lambda r: r.tokens_per_s):10.1f} "
