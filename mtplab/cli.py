@@ -133,6 +133,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=0, help="processes (default: the core count)")
     s.add_argument("--timeout", type=int, default=600, help="seconds per point")
     s.add_argument("--resume", action="store_true", help="skip points already finished")
+    s.add_argument("--executor", default="local", help="where points run: local (process pool) or ray")
+    s.add_argument("--address", help="Ray cluster address (default: start a local Ray sized to this machine)")
     s.set_defaults(func=_sweep)
 
     rep = sub.add_parser("report", help="render a sweep into report.html")

@@ -26,7 +26,8 @@ DIMENSIONS = (
     "oracle_free_drafts",
     "int4",
 )
-TOP_KEYS = ("name", "defaults", "grids", "repeats", *DIMENSIONS)
+TOP_KEYS = ("name", "defaults", "grids", "repeats", "resources", *DIMENSIONS)
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class GridSpec:
     name: str
     points: tuple[Point, ...]
     source: dict
+    resources: dict | None = None  # per-point resource request for cluster executors
 
 
 def _fail(msg: str) -> None:
@@ -117,7 +119,16 @@ def parse(source: dict) -> GridSpec:
             for r in range(repeats):
                 p = Point(run, r)
                 points.setdefault(p.id, p)
-    return GridSpec(str(source.get("name", "sweep")), tuple(points.values()), source)
+    resources = source.get("resources")
+    if resources is not None:
+        if not isinstance(resources, dict):
+            _fail("'resources' must be a mapping like {num_cpus: 1, num_gpus: 0}")
+        for key, value in resources.items():
+            if key not in RESOURCE_KEYS:
+                _fail(f"unknown key {key!r} in resources (allowed: {list(RESOURCE_KEYS)})")
+            if not isinstance(value, (int, float)) or value < 0:
+                _fail(f"resources.{key}={value!r}: must be a number >= 0")
+    return GridSpec(str(source.get("name", "sweep")), tuple(points.values()), source, resources)
 
 
 def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:

@@ -70,6 +70,16 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
     return point.id, "failed" if error else "ok", error
 
 
+def record_failure(points_dir: Path, point: grid.Point, error: str) -> None:
+    """A point that never produced a folder (its worker died): record the cause as its error."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{point.id}.", dir=points_dir))
+    write_atomic(tmp / store.ERROR, json.dumps({"config": asdict(point.run), "error": error}, indent=1))
+    final = points_dir / point.id
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+
+
 class LocalPool:
     """Points in a local process pool. The seam a cluster executor plugs into: submit, then drain."""
 
@@ -89,6 +99,18 @@ class LocalPool:
         self.pool.shutdown(cancel_futures=True)
 
 
+EXECUTORS = ("local", "ray")
+
+
+def make_pool(executor: str, workers: int, sweep_dir: Path, spec: grid.GridSpec, address: str | None):
+    """The one seam between the sweep and where its points run: local processes or a Ray cluster."""
+    if executor == "local":
+        return LocalPool(workers)
+    from .cluster import RayPool
+
+    return RayPool(address, sweep_dir, spec.resources)
+
+
 def run_sweep(
     spec: grid.GridSpec,
     results_root: str | Path = "results",
@@ -97,15 +119,23 @@ def run_sweep(
     timeout: int = 600,
     resume: bool = False,
     quiet: bool = False,
+    executor: str = "local",
+    address: str | None = None,
 ) -> Path:
     """Run every point not yet finished, collect results.parquet and write sweep.json; returns the sweep folder."""
     workers = workers or os.cpu_count() or 1
     sweep_dir = Path(results_root) / (name or spec.name)
     points_dir = sweep_dir / "points"
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}: allowed executors are {list(EXECUTORS)}")
+    if executor == "ray":
+        from .cluster import require_ray
+
+        require_ray()
     if sweep_dir.exists() and not resume and any(points_dir.glob("*/result.json")):
         raise ValueError(f"{sweep_dir} already holds results: pass --resume to continue it, or choose another --name")
     points_dir.mkdir(parents=True, exist_ok=True)
-    for stale in points_dir.glob(".*"):  # left by a killed run
+    for stale in points_dir.glob(".*"):  # left by a killed run (and Ray's scratch)
         shutil.rmtree(stale, ignore_errors=True)
     done = {p.name for p in points_dir.iterdir() if (p / store.RESULT).exists()}
     todo = [p for p in spec.points if p.id not in done]
@@ -114,7 +144,7 @@ def run_sweep(
     failed: list[str] = []
     t0 = time.perf_counter()
     if todo:
-        pool = LocalPool(min(workers, len(todo)))
+        pool = make_pool(executor, min(workers, len(todo)), sweep_dir, spec, address)
         try:
             bar = tqdm(
                 total=len(spec.points),
@@ -142,6 +172,7 @@ def run_sweep(
         "started": started,
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_seconds": round(time.perf_counter() - t0, 1),
+        "executor": executor,
         "workers": workers,
         "threads_per_point": threads,
         "env": environment(),
@@ -154,7 +185,16 @@ def run_sweep(
 def main(args) -> int:
     try:
         spec = grid.load(args.spec, args.preset)
-        sweep_dir = run_sweep(spec, args.results, args.name, args.workers, args.timeout, args.resume)
+        sweep_dir = run_sweep(
+            spec,
+            args.results,
+            args.name,
+            args.workers,
+            args.timeout,
+            args.resume,
+            executor=args.executor,
+            address=args.address,
+        )
     except ValueError as err:
         print(f"mtplab sweep: {err}", file=sys.stderr)
         return 2
