@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import store
+from .kernel import ensure_kernel
 from .result import write_atomic
-from .sweep import KERNEL, notebooks_dir
+from .sweep import notebooks_dir
 
 
 def make_report(sweep_dir: str | Path) -> Path:
@@ -25,7 +26,7 @@ def make_report(sweep_dir: str | Path) -> Path:
         str(notebooks_dir() / "report.ipynb"),
         str(executed),
         parameters={"sweep_dir": str(sweep_dir)},
-        kernel_name=KERNEL,
+        kernel_name=ensure_kernel(),
         progress_bar=False,
         cwd=str(sweep_dir),
     )

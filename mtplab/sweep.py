@@ -22,9 +22,8 @@ from tqdm import tqdm
 
 from . import grid, store
 from .env import environment
+from .kernel import ensure_kernel
 from .result import write_atomic
-
-KERNEL = "mtplab"
 
 
 def notebooks_dir() -> Path:
@@ -52,7 +51,7 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
             str(notebooks_dir() / "run_point.ipynb"),
             str(tmp / "run_point.ipynb"),
             parameters=point_parameters(point, tmp),
-            kernel_name=KERNEL,
+            kernel_name=ensure_kernel(),
             execution_timeout=timeout,
             progress_bar=False,
             cwd=str(tmp),
@@ -124,6 +123,7 @@ def run_sweep(
 ) -> Path:
     """Run every point not yet finished, collect results.parquet and write sweep.json; returns the sweep folder."""
     workers = workers or os.cpu_count() or 1
+    ensure_kernel()
     sweep_dir = Path(results_root) / (name or spec.name)
     points_dir = sweep_dir / "points"
     if executor not in EXECUTORS:

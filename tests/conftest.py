@@ -11,6 +11,14 @@ from mtplab.model import build_model, preset
 from mtplab.runtime import TargetState, make_session, target_io
 
 
+@pytest.fixture(scope="session", autouse=True)
+def mtplab_kernel():
+    """Notebooks in tests run on this interpreter (see mtplab.kernel)."""
+    from mtplab.kernel import ensure_kernel
+
+    return ensure_kernel()
+
+
 @pytest.fixture(scope="session")
 def tiny():
     return build_model(preset("tiny"))
