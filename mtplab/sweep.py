@@ -42,8 +42,9 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
     """Run one point through papermill into points/<id>/; returns (id, status, error)."""
     import papermill as pm
 
-    final = Path(points_dir) / point.id
-    tmp = Path(tempfile.mkdtemp(prefix=f".{point.id}.", dir=points_dir))
+    final = Path(points_dir).resolve() / point.id
+    # absolute: the notebook runs with its cwd in this folder, so a relative run_dir would nest
+    tmp = Path(tempfile.mkdtemp(prefix=f".{point.id}.", dir=final.parent))
     os.environ["MTPLAB_THREADS"] = str(threads)
     error = None
     try:
@@ -124,7 +125,7 @@ def run_sweep(
     """Run every point not yet finished, collect results.parquet and write sweep.json; returns the sweep folder."""
     workers = workers or os.cpu_count() or 1
     ensure_kernel()
-    sweep_dir = Path(results_root) / (name or spec.name)
+    sweep_dir = Path(results_root).resolve() / (name or spec.name)
     points_dir = sweep_dir / "points"
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}: allowed executors are {list(EXECUTORS)}")

@@ -53,3 +53,25 @@ def runner_for():
 @pytest.fixture
 def plan_backend():
     return CpuPlanBackend()
+
+
+@pytest.fixture
+def failing_notebooks(tmp_path):
+    """A notebooks folder whose run_point raises at k=2 (a planted failure), for MTPLAB_NOTEBOOKS."""
+    import json
+    from pathlib import Path
+
+    src = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "run_point.ipynb").read_text())
+    boom = {
+        "cell_type": "code",
+        "execution_count": None,
+        "id": "boom",
+        "metadata": {},
+        "outputs": [],
+        "source": ["if k == 2:\n", "    raise RuntimeError('planted failure at k=2')\n"],
+    }
+    src["cells"].insert(2, boom)
+    folder = tmp_path / "failing-notebooks"
+    folder.mkdir()
+    (folder / "run_point.ipynb").write_text(json.dumps(src))
+    return folder

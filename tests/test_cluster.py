@@ -76,23 +76,8 @@ def test_a_killed_worker_is_retried_and_every_point_lands_once(tmp_path, tiny, r
     assert (df.status == "ok").all()
 
 
-def test_a_point_that_raises_is_recorded_and_the_rest_complete(tmp_path, tiny, ray_session, monkeypatch):
-    src = json.loads((ROOT / "notebooks" / "run_point.ipynb").read_text())
-    src["cells"].insert(
-        2,
-        {
-            "cell_type": "code",
-            "execution_count": None,
-            "id": "boom",
-            "metadata": {},
-            "outputs": [],
-            "source": ["if k == 2:\n", "    raise RuntimeError('planted failure at k=2')\n"],
-        },
-    )
-    nb = tmp_path / "nb"
-    nb.mkdir()
-    (nb / "run_point.ipynb").write_text(json.dumps(src))
-    monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(nb))  # inherited by the local Ray's workers? no: pass explicitly
+def test_a_point_that_raises_is_recorded_and_the_rest_complete(tmp_path, tiny, ray_session, failing_notebooks):
+    nb = failing_notebooks
     ray.shutdown()
     ray.init(
         num_cpus=2,

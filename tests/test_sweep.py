@@ -49,6 +49,14 @@ def test_report_html_embeds_the_figures(smoke):
     assert (smoke.parent / "index.html").read_text().count("report.html") >= 1
 
 
+def test_a_relative_results_folder_works(tmp_path, tiny, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = grid.parse({"name": "rel", "defaults": {"preset": "tiny", "tokens": 8}, "k": [1]})
+    sweep_dir = run_sweep(spec, "results", quiet=True)
+    assert (tmp_path / "results" / "rel" / "points" / spec.points[0].id / "result.json").exists()
+    assert (store.load(sweep_dir).status == "ok").all()
+
+
 def test_resume_runs_nothing_when_finished(smoke):
     before = {p.name: p.stat().st_mtime_ns for p in (smoke / "points").iterdir()}
     run_sweep(grid.load(preset="smoke"), smoke.parent, resume=True, quiet=True)
@@ -88,22 +96,9 @@ def test_killed_sweep_resumes_with_every_point_exactly_once(tmp_path, tiny):
     assert not [p for p in points.iterdir() if p.name.startswith(".")]
 
 
-def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, monkeypatch):
+def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, monkeypatch, failing_notebooks):
     spec = grid.parse({"name": "mixed", "defaults": {"preset": "tiny", "tokens": 16}, "k": [1, 2]})
-    bad = tmp_path / "nb"
-    bad.mkdir()
-    src = json.loads((ROOT / "notebooks" / "run_point.ipynb").read_text())
-    cell = {
-        "cell_type": "code",
-        "execution_count": None,
-        "id": "boom",
-        "metadata": {},
-        "outputs": [],
-        "source": ["if k == 2:\n", "    raise RuntimeError('planted failure at k=2')\n"],
-    }
-    src["cells"].insert(2, cell)
-    (bad / "run_point.ipynb").write_text(json.dumps(src))
-    monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(bad))
+    monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(failing_notebooks))
     sweep_dir = run_sweep(spec, tmp_path / "results", quiet=True)
     df = store.load(sweep_dir)
     assert sorted(df.status) == ["failed", "ok"]
