@@ -117,11 +117,15 @@ class SlotCaptureState:
         return {k: getattr(self, k) for k in COUNTER_KEYS}
 
 
+class CaptureDeclined(Exception):
+    """Raised by a backend that will not capture this plan; the slot runs eager instead."""
+
+
 class PlanBackend(Protocol):
     """The capture/replay seam. CPU: IOBinding plans. CUDA: graphs by gpu_graph_id."""
 
     def eager(self, session: Any, binds: list[Binding]) -> None: ...
-    def capture(self, session: Any, binds: list[Binding]) -> Any: ...
+    def capture(self, session: Any, binds: list[Binding], owner: str) -> Any: ...
     def replay(self, session: Any, plan: Any) -> None: ...
     def drop(self, plan: Any) -> None: ...
 
@@ -140,7 +144,7 @@ class CpuPlanBackend:
     def eager(self, session, binds: list[Binding]) -> None:
         session.run_with_iobinding(self._binding(session, binds))
 
-    def capture(self, session, binds: list[Binding]):
+    def capture(self, session, binds: list[Binding], owner: str = "slot"):
         plan = self._binding(session, binds)
         session.run_with_iobinding(plan)
         return plan
@@ -341,7 +345,13 @@ class Executor:
             st.status = Status.ARMED
             return result
         # ARMED: capture now; this run is the step's forward.
-        st.plan = self.backend.capture(session, binds)
+        try:
+            st.plan = self.backend.capture(session, binds, self.labels[slot])
+        except CaptureDeclined as err:
+            st.status, st.reason = Status.UNSUPPORTED, f"capture declined: {err}"
+            st.fallbacks += 1
+            self.backend.eager(session, binds)
+            return result
         st.signature, st.seeded = sig, sig == st.warm_signature
         st.plan_blocks = [(b.block, b.block.owner) for b in binds if b.block is not None]
         st.captures += 1

@@ -42,7 +42,7 @@ def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine |
         identity |= oracle.state_identity(engine.state.recurrent(), reference_state)
     else:
         identity |= {"state_max_abs_diff": None, "state_bitwise": None}
-    ok, verdict = oracle.verdict(identity, run.commit)
+    ok, verdict = oracle.verdict(identity, run.commit, cfg.dtype)
     if not ok:
         oracle.shout(verdict)
 

@@ -24,7 +24,16 @@ def ensure_kernel() -> str:
     root = Path(os.environ.get("MTPLAB_CACHE", Path.home() / ".cache" / "mtplab")) / f"jupyter-{key}"
     spec = root / "kernels" / NAME / "kernel.json"
     body = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        # The kernel's own log only repeats transport warnings and the interrupt papermill sends at
+        # shutdown; errors in a notebook reach the sweep through papermill, not through this log.
+        "argv": [
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "{connection_file}",
+            "--IPKernelApp.log_level=CRITICAL",
+        ],
         "display_name": "mtplab",
         "language": "python",
         "metadata": {"debugger": False},

@@ -6,8 +6,11 @@ import sys
 
 import numpy as np
 
-# select rebuilds GatedDeltaNet states by replaying float32 transitions: equal up to rounding.
-SELECT_STATE_TOLERANCE = 1e-4
+# select rebuilds GatedDeltaNet states by replaying float32 transitions and the conv carry from
+# the verify's conv inputs: equal up to rounding. At fp16 the conv inputs of an M=k+1 MatMul can
+# round one ulp (2^-10 near 1) away from the M=1 decode's, so the bound is a few fp16 ulps there.
+STATE_TOLERANCE = {"fp32": 1e-4, "fp16": 4e-3}
+SELECT_STATE_TOLERANCE = STATE_TOLERANCE["fp32"]
 
 
 def top2_margin(logits: np.ndarray) -> float:
@@ -40,7 +43,7 @@ def state_identity(state: dict[str, np.ndarray], reference: dict[str, np.ndarray
     return {"state_max_abs_diff": diff, "state_bitwise": bitwise}
 
 
-def verdict(identity: dict, commit: str) -> tuple[bool, str]:
+def verdict(identity: dict, commit: str, dtype: str = "fp32") -> tuple[bool, str]:
     """(ok, message). Tokens must match; readvance-m1 states must be bitwise; select within tolerance."""
     if not identity["token_identical"]:
         return False, (
@@ -54,10 +57,10 @@ def verdict(identity: dict, commit: str) -> tuple[bool, str]:
             False,
             f"LOSSLESS CHECK FAILED: readvance-m1 state is not bitwise equal to greedy (max abs diff {diff:.3g})",
         )
-    if diff is not None and diff > SELECT_STATE_TOLERANCE:
+    tolerance = STATE_TOLERANCE[dtype]
+    if diff is not None and diff > tolerance:
         return False, (
-            f"LOSSLESS CHECK FAILED: recurrent state differs from greedy's by {diff:.3g} "
-            f"(tolerance {SELECT_STATE_TOLERANCE})"
+            f"LOSSLESS CHECK FAILED: recurrent state differs from greedy's by {diff:.3g} (tolerance {tolerance} at {dtype})"
         )
     return True, "identical to greedy: every token" + (
         ", state bitwise" if identity.get("state_bitwise") else f", state within {diff:.2g}"

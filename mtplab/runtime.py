@@ -103,6 +103,10 @@ class TargetState:
 def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_in_place: bool = True):
     """(feeds, outputs, bound) for a forward of `tokens` at the state's current length.
 
+    Lengths are static-shaped, as onnxruntime-genai arranges them for graph replay:
+    total_sequence_length is always the KV capacity (a host-side input that a CUDA graph bakes),
+    and the real lengths travel in seqlens_k and query_seqlens (device-side, re-read each replay).
+
     KV is always in place (GroupQueryAttention with past and present on one buffer). The recurrent
     states are in place too unless recurrent_in_place=False, when their new values go to outputs
     `present_conv_state.{i}` / `present_gdn_state.{i}` and the committed state is left untouched.
@@ -114,7 +118,8 @@ def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_i
     feeds = {
         "input_ids": tokens.reshape(1, M).astype(np.int64, copy=False),
         "seqlens_k": np.array([st.length + M - 1], dtype=np.int32),
-        "total_sequence_length": np.array(st.length + M, dtype=np.int32),
+        "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
+        "query_seqlens": np.array([M], dtype=np.int32),
         "capture_count": np.array([M], dtype=np.int32),
     }
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
@@ -158,7 +163,8 @@ def mtp_io(cfg: ModelConfig, st: MtpState, token: int, hidden: np.ndarray, posit
         "input_ids": np.array([[token]], dtype=np.int64),
         "hidden_states": np.asarray(hidden, dtype=T).reshape(1, 1, cfg.hidden_size),
         "seqlens_k": np.array([position], dtype=np.int32),
-        "total_sequence_length": np.array(position + 1, dtype=np.int32),
+        "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
+        "query_seqlens": np.array([1], dtype=np.int32),
     }
     outputs = {"logits": ((1, 1, cfg.vocab_size), T), "mtp_hidden": ((1, 1, cfg.hidden_size), T)}
     k, v = st.kv

@@ -12,6 +12,8 @@ WEIGHT_FORMATS = ("fp32", "int4")
 CONV_KERNEL = 4
 INT4_BLOCK = 32
 MAX_TRANSITION_CAPACITY = 8
+# Bumped whenever the ONNX graphs' form changes, so that cached builds of the old form are not reused.
+GRAPH_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class ModelConfig:
     def config_hash(self) -> str:
         d = self.to_dict()
         d.pop("name")
+        d["graph_version"] = GRAPH_VERSION
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -90,6 +90,7 @@ def target_io(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Va
         _value("input_ids", TensorProto.INT64, [1, "M"]),
         _value("seqlens_k", TensorProto.INT32, [1]),
         _value("total_sequence_length", TensorProto.INT32, []),
+        _value("query_seqlens", TensorProto.INT32, [1]),
         _value("capture_count", TensorProto.INT32, [1]),
     ]
     outs = [_value("logits", T, [1, "M", cfg.vocab_size]), _value("hidden", T, [1, "M", cfg.hidden_size])]
@@ -119,6 +120,7 @@ def mtp_io(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Value
         _value("hidden_states", T, [1, "M", cfg.hidden_size]),
         _value("seqlens_k", TensorProto.INT32, [1]),
         _value("total_sequence_length", TensorProto.INT32, []),
+        _value("query_seqlens", TensorProto.INT32, [1]),
         _value("past_key.0", T, kv),
         _value("past_value.0", T, kv),
     ]
@@ -148,6 +150,8 @@ def _attention(g: _Graph, x: str, w: Weights, p: str, past: tuple[str, str], pre
             "total_sequence_length",
             g.act(p + "cos", cos),
             g.act(p + "sin", sin),
+            *[""] * 7,  # position_ids, attention_bias, head_sink, k/v scales, q/k norm weights
+            "query_seqlens",
         ],
         [g.tmp("attn"), present[0], present[1]],
         domain=MS,

@@ -1,0 +1,187 @@
+"""The CUDA backend's logic, on the CPU: graph ids, the capture protocol against a recorded fake of the
+ORT calls, the stream-order plan, device-side acceptance and state replay (numpy as the array module),
+and the fp16 build on the CPU EP."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtplab import cuda
+from mtplab.arena import Arena, address
+from mtplab.commit import replay_transitions, split_transitions
+from mtplab.engine import accept_length
+from mtplab.executor import Executor, Slot, SlotMemory, Status
+
+
+class FakeRunOptions:
+    """Test double for onnxruntime.RunOptions: keeps the run config entries."""
+
+    def __init__(self):
+        self.entries = {}
+
+    def add_run_config_entry(self, key, value):
+        self.entries[key] = value
+
+
+class FakeIoBinding:
+    """Test double for an IOBinding: records what was bound where."""
+
+    def __init__(self):
+        self.inputs, self.outputs = {}, {}
+
+    def bind_input(self, name, device, device_id, dtype, shape, ptr):
+        self.inputs[name] = (device, tuple(shape), ptr)
+
+    def bind_output(self, name, device, device_id, dtype, shape, ptr):
+        self.outputs[name] = (device, tuple(shape), ptr)
+
+
+class FakeCudaGraphSession:
+    """Test double for an InferenceSession on the CUDA EP with enable_cuda_graph=1.
+
+    Records every call. Models the documented behaviour: gpu_graph_id -1 runs eager once; the
+    first run of a new id executes the model three times (two warm-ups, capture, one replay);
+    later runs of a known id replay once. "Executing" adds 1 to every in-place state array.
+    """
+
+    def __init__(self, state_arrays):
+        self.state = {address(a): a for a in state_arrays}
+        self.captured: set[int] = set()
+        self.calls: list[tuple[str, int]] = []
+
+    def io_binding(self):
+        return FakeIoBinding()
+
+    def _execute(self, io):
+        for _name, (_, _, ptr) in io.outputs.items():
+            if ptr in self.state and ptr in {p for _, _, p in io.inputs.values()}:
+                self.state[ptr] += 1
+
+    def run_with_iobinding(self, io, run_options):
+        gid = int(run_options.entries["gpu_graph_id"])
+        if gid >= 0 and gid not in self.captured:
+            self.captured.add(gid)
+            self.calls.append(("capture", gid))
+            for _ in range(3):
+                self._execute(io)
+        else:
+            self.calls.append(("eager" if gid < 0 else "replay", gid))
+            self._execute(io)
+
+
+def _setup(per_slot=4, max_recaptures=3):
+    state = np.zeros((1, 4), np.float32)
+    session = FakeCudaGraphSession([state])
+    ids = cuda.GraphIds(per_slot=per_slot)
+    backend = cuda.CudaGraphBackend(ids, FakeRunOptions)
+    ex = Executor(
+        {Slot.PRIMARY: session, Slot.VERIFY: session},
+        {Slot.PRIMARY: SlotMemory(Arena("primary")), Slot.VERIFY: SlotMemory(Arena("verify"))},
+        backend=backend,
+        max_recaptures=max_recaptures,
+    )
+    return ex, session, ids, state
+
+
+def _run(ex, slot, state, M=1):
+    feeds = {"input_ids": np.zeros((1, M), np.int64)}
+    return ex.run(
+        slot, feeds, {"logits": ((1, M, 8), np.float32)}, [("state", state, False), ("present_state", state, True)]
+    )
+
+
+def test_capture_advances_in_place_state_exactly_once():
+    ex, session, ids, state = _setup()
+    for step in range(1, 6):
+        _run(ex, Slot.PRIMARY, state)
+        assert state[0, 0] == step  # warm-up, capture (3 executions undone, 1 replay), replays
+    assert [c[0] for c in session.calls] == ["eager", "capture", "replay", "replay", "replay", "replay"]
+    assert ex.state[Slot.PRIMARY].counters()["captures"] == 1 and ex.state[Slot.PRIMARY].replays == 3
+
+
+def test_each_slot_gets_its_own_graph_id_and_invalidation_takes_a_fresh_one():
+    ex, session, ids, state = _setup()
+    for _ in range(3):
+        _run(ex, Slot.PRIMARY, state)
+        _run(ex, Slot.VERIFY, state, M=4)
+    assert ids.by_slot == {"primary": [0], "verify": [1]}
+    moved = state.copy()
+    _run(ex, Slot.PRIMARY, moved)  # a moved buffer: caught by the signature, never replayed stale
+    assert ex.state[Slot.PRIMARY].invalidations == 1 and ids.by_slot["primary"] == [0, 2]
+    assert 0 in ids.retired and ids.stats()["graphs"] == 3
+
+
+def test_graph_ids_are_bounded_per_slot_then_the_slot_runs_eager():
+    ex, session, ids, state = _setup(per_slot=2, max_recaptures=10)
+    arrays = [state] + [state.copy() for _ in range(5)]
+    session.state.update({address(a): a for a in arrays})
+    for a in arrays:
+        _run(ex, Slot.PRIMARY, a)
+        _run(ex, Slot.PRIMARY, a)
+    st = ex.state[Slot.PRIMARY]
+    assert st.status is Status.UNSUPPORTED and "limit 2" in st.reason and "cannot be captured again" in st.reason
+    assert ids.by_slot["primary"] == [0, 1] and st.fallbacks > 0
+
+
+def test_unpinned_workspace_is_a_hazard_the_signature_check_catches():
+    state = np.zeros((1, 4), np.float32)
+    session = FakeCudaGraphSession([state])
+    for validate in (True, False):
+        pool = Arena("pool")
+        verify_mem = SlotMemory(
+            Arena("private"), pool=pool, step_scoped=frozenset({"logits"}), pinned=False, owner="verify"
+        )
+        ex = Executor(
+            {Slot.VERIFY: session},
+            {Slot.VERIFY: verify_mem},
+            labels={Slot.VERIFY: "verify"},
+            backend=cuda.CudaGraphBackend(cuda.GraphIds(8), FakeRunOptions),
+            validate=validate,
+        )
+        for _ in range(5):  # the engine's order: handoff taken, verify, handoff released, verify's released
+            handoff = pool.acquire("decode-handoff", 16)
+            _run(ex, Slot.VERIFY, state, M=4)
+            pool.release(handoff)
+            ex.end_step()
+        st = ex.state[Slot.VERIFY]
+        if validate:
+            assert st.invalidations >= 1 and st.hazards == 0 and "address moved" in st.reason
+        else:
+            assert st.hazards >= 1 and st.invalidations == 0
+
+
+def test_device_side_acceptance_matches_the_host_rule():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        k = int(rng.integers(1, 8))
+        targets = rng.integers(0, 3, k + 1)
+        drafts = rng.integers(0, 3, k)
+        assert int(cuda.accepted_count(np, drafts, targets)) == accept_length(list(map(int, drafts)), targets)
+
+
+def test_device_state_replay_matches_select(tiny):
+    cfg = tiny.config
+    rng = np.random.default_rng(1)
+    flat = rng.standard_normal((1, cfg.transition_capacity * cfg.transition_width)).astype(np.float32)
+    state = rng.standard_normal((1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k)).astype(np.float32)
+    host, device = state.copy(), state[0].copy()
+    replay_transitions(cfg, host, flat, 5)
+    cuda.replay_transitions_xp(np, device, *split_transitions(cfg, flat), 5, cfg.gdn_value_heads // cfg.gdn_key_heads)
+    np.testing.assert_array_equal(host[0], device)
+
+
+def test_stream_order_plan_has_one_host_wait_per_step():
+    assert cuda.host_waits() == ["read the accepted count"]
+    assert all(where != "host" or wait for _, where, wait in cuda.STEP_PLAN)
+
+
+def test_fp16_build_runs_on_the_cpu_ep():
+    from mtplab.config import RunConfig
+    from mtplab.experiment import run_point
+    from mtplab.model import build_model, preset
+
+    art = build_model(preset("tiny", dtype="fp16"))
+    assert art.manifest["io"]["target"]["outputs"][0]["dtype"] == "float16"
+    for commit in ("readvance-m1", "select"):
+        r = run_point(RunConfig(preset="tiny", k=3, commit=commit, tokens=32), art)
+        assert r.lossless, r.verdict
