@@ -72,7 +72,7 @@ class Engine:
         shared = shared_initializers(self.art.target) if pol.sibling_session else None
         primary_session = make_session(self.art.target, shared)
         verify_session = make_session(self.art.target, shared) if pol.sibling_session else primary_session
-        self._shared_weights = shared
+        self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
         # Largest I/O any slot binds: verify at M=k+1, both recurrent modes.
         big = np.zeros(run.k + 1, dtype=np.int64)
         specs = [target_io(cfg, self.state, big, in_place) for in_place in (True, False)]

@@ -15,7 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from .arena import Arena
-from .model import Artifact, ModelConfig
+from .model import ModelConfig
 from .model.graph import NP
 
 ACT_DTYPE = NP
@@ -175,7 +175,3 @@ def mtp_io(cfg: ModelConfig, st: MtpState, token: int, hidden: np.ndarray, posit
         ("present_value.0", v, True),
     ]
     return feeds, outputs, bound
-
-
-def artifact_config(art: Artifact) -> ModelConfig:
-    return art.config
