@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[cpu,dev,cluster]"
+	$(BIN)/python -m pip install -q -e ".[cpu,dev,cluster,peer]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name mtplab --display-name "mtplab" >/dev/null
 	touch $(STAMP)
 

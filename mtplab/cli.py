@@ -20,6 +20,20 @@ def _model_build(args) -> int:
     return 0
 
 
+def _export_genai(args) -> int:
+    from .genai import export_genai, require_genai
+    from .model import build_model, preset
+
+    try:
+        require_genai()
+    except ValueError as err:
+        print(f"mtplab model export-genai: {err}", file=sys.stderr)
+        return 2
+    art = build_model(preset(args.preset, weight_format="int4" if args.int4 else "fp32"))
+    print(export_genai(art, args.out))
+    return 0
+
+
 def _doctor(args) -> int:
     from .doctor import format_report, report
 
@@ -45,6 +59,7 @@ def _run(args) -> int:
             validate=not args.no_validate,
             retain_decode_graph_across_spec=not args.no_retain,
             int4=args.int4,
+            engine=args.engine,
         )
     except ValueError as err:
         print(f"mtplab run: {err}", file=sys.stderr)
@@ -57,7 +72,11 @@ def _run(args) -> int:
         return 2
     from .experiment import run_point, summary
 
-    result = run_point(run)
+    try:
+        result = run_point(run)
+    except ValueError as err:  # e.g. the peer engine without its package
+        print(f"mtplab run: {err}", file=sys.stderr)
+        return 2
     if args.out:
         result.save(args.out)
     print(result.to_json() if args.json else summary(result))
@@ -99,6 +118,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     b.set_defaults(func=_model_build)
 
+    e = model.add_parser("export-genai", help="write the model in onnxruntime-genai's form (target/ and mtp/)")
+    e.add_argument("--preset", default="small")
+    e.add_argument("--int4", action="store_true")
+    e.add_argument("--out", required=True)
+    e.set_defaults(func=_export_genai)
+
     d = sub.add_parser("doctor", help="report runtime, ops, CUDA and kernel status")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=_doctor)
@@ -115,6 +140,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", default="cpu")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--int4", action="store_true")
+    r.add_argument("--engine", default="mtplab", help="mtplab, or ort-genai (the onnxruntime-genai peer)")
     r.add_argument("--oracle-free-drafts", action="store_true", help="oracle drafter skips the MTP head")
     r.add_argument("--no-validate", action="store_true", help="negative control: replay without the signature check")
     r.add_argument(

@@ -11,7 +11,7 @@ from .policy import POLICIES
 DRAFTERS = ("mtp", "oracle")
 COMMITS = ("readvance-batched", "readvance-m1", "select")
 BACKENDS = ("cpu", "cuda")
-ENGINES = ("mtplab",)
+ENGINES = ("mtplab", "ort-genai")
 SCHEDULES = ("decode-verify", "fused")
 
 
@@ -61,6 +61,11 @@ def validate_run(cfg: RunConfig) -> None:
     _choice("backend", cfg.backend, BACKENDS)
     _choice("schedule", cfg.schedule, SCHEDULES)
     _choice("engine", cfg.engine, ENGINES)
+    if cfg.engine == "ort-genai" and (cfg.drafter != "mtp" or cfg.backend != "cpu"):
+        raise ValueError(
+            f"engine='ort-genai' runs the real MTP head on the CPU: needs drafter='mtp' and backend='cpu' "
+            f"(got drafter={cfg.drafter!r}, backend={cfg.backend!r})"
+        )
     if not isinstance(cfg.k, int) or isinstance(cfg.k, bool) or cfg.k < 1:
         raise ValueError(f"k={cfg.k!r}: must be an integer >= 1")
     if cfg.k + 1 > MAX_TRANSITION_CAPACITY:

@@ -23,6 +23,15 @@ def _counters(engine: Engine) -> dict:
 
 
 def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None) -> RunResult:
+    """One point on the engine the config names: mtplab's own, or the onnxruntime-genai peer."""
+    if run.engine == "ort-genai":
+        from .peer import run_peer_point
+
+        return run_peer_point(run, artifact)
+    return run_mtplab_point(run, artifact, engine)
+
+
+def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None) -> RunResult:
     """Greedy baseline, speculative decoding, greedy again, and the lossless check, in one RunResult.
 
     A short warm-up runs first; the greedy baseline is measured before and after the speculative
@@ -121,12 +130,15 @@ def summary(r: RunResult) -> str:
     """A human summary: throughput, acceptance, per-slot counters in the seed's form, identity."""
     c = r.config
     lines = [
-        f"mtplab run  preset={c['preset']} k={c['k']} drafter={c['drafter']}"
+        f"mtplab run  engine={c['engine']} preset={c['preset']} k={c['k']} drafter={c['drafter']}"
         + (f" alpha={c['alpha']}" if c["drafter"] == "oracle" else "")
         + f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']} tokens={c['tokens']} backend={c['backend']}",
         f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s",
-        f"  speculative {r.tokens_per_s:8.1f} tok/s   speedup {r.speedup:.2f}x   (theory {r.theory['speedup']:.2f}x)",
-        f"  tokens/step {r.tokens_per_step:.2f} (theory {r.theory['tokens_per_step']:.2f})   acceptance length "
+        f"  speculative {r.tokens_per_s:8.1f} tok/s   speedup {r.speedup:.2f}x"
+        + (f"   (theory {r.theory['speedup']:.2f}x)" if "speedup" in r.theory else ""),
+        f"  tokens/step {r.tokens_per_step:.2f}"
+        + (f" (theory {r.theory['tokens_per_step']:.2f})" if "tokens_per_step" in r.theory else "")
+        + "   acceptance length "
         f"{r.acceptance_length:.2f}   draft acceptance {r.draft_acceptance:.1%}",
         "  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position),
         "  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()),

@@ -54,7 +54,7 @@ def summary(df: pd.DataFrame) -> str:
             m = a.groupby("k").speedup.mean()
             parts.append(f"alpha={alpha:g}: k={m.idxmax()} ({m.max():.2f}x)")
         out.append(f"- Best k per alpha, schedule `{sched}`: " + "; ".join(parts) + ".")
-    mtp = ok[ok.drafter == "mtp"]
+    mtp = ok[(ok.drafter == "mtp") & (ok.get("engine", "mtplab") == "mtplab")]
     if len(mtp):
         for sched, s in mtp.groupby("schedule"):
             b = s.loc[s.speedup.idxmax()]
@@ -82,6 +82,28 @@ def summary(df: pd.DataFrame) -> str:
         out.append(
             f"- A verify forward costs {vr:.2f}x a greedy decode here (median over points), a draft {ok['theory.draft_cost_ratio'].median():.3f}x."
         )
+    return "\n".join(out)
+
+
+def peer(df: pd.DataFrame) -> str:
+    """Markdown: mtplab next to onnxruntime-genai, where the sweep has peer rows."""
+    ok = df[df.status == "ok"]
+    if "engine" not in ok or not (ok.engine == "ort-genai").any():
+        return "_This sweep has no onnxruntime-genai rows (add `engine: [ort-genai]` to a grid)._"
+    peer_rows = ok[ok.engine == "ort-genai"]
+    own = ok[(ok.engine == "mtplab") & (ok.drafter == "mtp")]
+    out = [
+        f"- Greedy: mtplab {own.greedy_tokens_per_s.median():.1f} tok/s vs onnxruntime-genai "
+        f"{peer_rows.greedy_tokens_per_s.median():.1f} tok/s (medians; "
+        f"{own.greedy_tokens_per_s.median() / peer_rows.greedy_tokens_per_s.median():.2f}x)."
+    ]
+    for k, p in peer_rows.groupby("k"):
+        mine = own[own.k == k]
+        best = mine.loc[mine.tokens_per_s.idxmax()] if len(mine) else None
+        text = f"- k={k}: genai MTP {p.tokens_per_s.mean():.1f} tok/s ({p.speedup.mean():.2f}x its greedy, draft acceptance {p.draft_acceptance.mean():.0%})"
+        if best is not None:
+            text += f"; mtplab best {best.tokens_per_s:.1f} tok/s ({best.schedule}, {best.speedup:.2f}x)"
+        out.append(text + ("; identical to greedy." if p.lossless.all() else "; **NOT identical to greedy**."))
     return "\n".join(out)
 
 

@@ -62,9 +62,11 @@ def verdict(identity: dict, commit: str, dtype: str = "fp32") -> tuple[bool, str
         return False, (
             f"LOSSLESS CHECK FAILED: recurrent state differs from greedy's by {diff:.3g} (tolerance {tolerance} at {dtype})"
         )
-    return True, "identical to greedy: every token" + (
-        ", state bitwise" if identity.get("state_bitwise") else f", state within {diff:.2g}"
-    )
+    if diff is None:
+        state = " (state not observable)"
+    else:
+        state = ", state bitwise" if identity.get("state_bitwise") else f", state within {diff:.2g}"
+    return True, "identical to greedy: every token" + state
 
 
 def shout(message: str) -> None:

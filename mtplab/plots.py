@@ -69,6 +69,40 @@ def predicted_curve(s: pd.DataFrame, k: int, schedule: str, alphas: np.ndarray) 
     )
 
 
+def _own_head(df: pd.DataFrame) -> pd.DataFrame:
+    """mtplab's own runs with the built-in MTP head (not the onnxruntime-genai peer)."""
+    engine = df.engine if "engine" in df else pd.Series("mtplab", index=df.index)
+    return df[(df.drafter == "mtp") & (engine == "mtplab")]
+
+
+def peer_comparison(df: pd.DataFrame):
+    """Tokens/s with the real MTP head per k: mtplab (each schedule) next to onnxruntime-genai; greedy dotted."""
+    fig, ax = plt.subplots(figsize=(7.2, 3.8))
+    peer = df[df.engine == "ort-genai"] if "engine" in df else df.iloc[:0]
+    if peer.empty:
+        _empty(ax, "onnxruntime-genai rows")
+        return fig
+    own = _own_head(df)
+    own = own[own.policy == "sibling-pinned"] if "sibling-pinned" in set(own.policy) else own
+    series = [(f"mtplab {s}", own[own.schedule == s]) for s in sorted(own.schedule.unique())]
+    series.append(("onnxruntime-genai MtpGenerator", peer))
+    ks = sorted(set(peer.k))
+    w = 0.8 / len(series)
+    for j, (label, s) in enumerate(series):
+        m = s.groupby("k").tokens_per_s.mean().reindex(ks)
+        ax.bar(np.arange(len(ks)) + (j - (len(series) - 1) / 2) * w, m.values, w, label=label)
+    for label, s, style in (("mtplab greedy", own, ":"), ("genai greedy", peer, "--")):
+        if len(s):
+            ax.axhline(s.greedy_tokens_per_s.median(), color="gray", ls=style, lw=1, label=f"{label} (median)")
+    ax.set_xticks(np.arange(len(ks)), [f"k={k}" for k in ks])
+    ax.set_xlabel("drafts per step (real MTP head)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("Side by side with onnxruntime-genai (same model, same prompt)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
 def _empty(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} in this sweep", ha="center", va="center", transform=ax.transAxes, color="gray")
 
@@ -160,7 +194,8 @@ def per_position(df: pd.DataFrame):
         measured = np.mean(np.stack(_json(s.acceptance_per_position).map(np.asarray).values), axis=0)
         line = ax.plot(pos, measured, "o-", label=f"oracle alpha={alpha:g}")[0]
         ax.plot(pos, alpha**pos, "--", color=line.get_color(), alpha=0.7)
-    mtp = df[(df.drafter == "mtp") & (df.k == k)]
+    mtp = _own_head(df)
+    mtp = mtp[mtp.k == k]
     if len(mtp):
         measured = np.mean(np.stack(_json(mtp.acceptance_per_position).map(np.asarray).values), axis=0)
         ax.plot(pos, measured, "*-", color="black", ms=10, label="built-in MTP head")
@@ -258,6 +293,20 @@ def memory_by_policy(df: pd.DataFrame):
 
 def point_figure(result: dict):
     """One point: the step's time split and per-position acceptance against theory."""
+    if not result["theory"]:  # a peer run: no step split or per-position acceptance to show
+        fig, a = plt.subplots(figsize=(4.8, 3.2))
+        a.bar(
+            ["greedy", f"MTP k={result['config']['k']}"],
+            [result["greedy_tokens_per_s"], result["tokens_per_s"]],
+            color=["gray", "#2ca02c"],
+        )
+        a.set_ylabel("tokens/s")
+        a.set_title(
+            f"{result['config']['engine']}: speedup {result['speedup']:.2f}x, "
+            f"draft acceptance {result['draft_acceptance']:.0%}"
+        )
+        fig.tight_layout()
+        return fig
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
     steps = max(1, result["steps"])
     split = {p: v / steps * 1e3 for p, v in result["time_split"].items()}

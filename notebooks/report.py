@@ -70,6 +70,14 @@ fig = plots.time_split(ok)
 fig = plots.memory_by_policy(ok)
 
 # %% [markdown]
+# ## Side by side with onnxruntime-genai
+# The same model exported in genai's form; og.Generator for greedy, og.MtpGenerator with the real head.
+
+# %%
+display(Markdown(findings.peer(df)))
+fig = plots.peer_comparison(ok)
+
+# %% [markdown]
 # ## All points
 
 # %%
