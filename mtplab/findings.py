@@ -76,7 +76,8 @@ def summary(df: pd.DataFrame) -> str:
     if len(ok):
         err = (ok.speedup / ok["theory.speedup"] - 1).abs()
         out.append(
-            f"- Measured speedup vs prediction from measured cost ratios: median error {err.median():.1%}, worst {err.max():.1%}."
+            f"- Measured speedup vs prediction from measured cost ratios: median error {err.median():.1%}, worst {err.max():.1%} "
+            "(the cost ratios come from the same run, so this error is the sampled acceptance against alpha's expectation)."
         )
         vr = ok["theory.verify_cost_ratio"].median()
         out.append(
