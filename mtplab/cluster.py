@@ -39,15 +39,13 @@ def run_point_task(point, timeout: int, threads: int) -> tuple[str, str, str | N
 
 
 def install_point(points_dir: Path, point_id: str, files: dict[str, bytes]) -> None:
-    """Write a point's files into a hidden folder, then rename it to points/<id>/ in one step."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{point_id}.", dir=points_dir))
-    for rel, blob in files.items():
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / rel).write_bytes(blob)
-    final = points_dir / point_id
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    """Install a point's returned files into points/<id>/, atomically as the local pool does."""
+    from .store import point_folder
+
+    with point_folder(points_dir, point_id) as tmp:
+        for rel, blob in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(blob)
 
 
 def _short_temp_dir(preferred: Path) -> str:

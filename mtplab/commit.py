@@ -27,11 +27,17 @@ def split_transitions(cfg: ModelConfig, flat: np.ndarray) -> tuple[np.ndarray, n
 def replay_transitions(cfg: ModelConfig, state: np.ndarray, flat: np.ndarray, n: int) -> None:
     """Advance a GatedDeltaNet state [1, Hv, Dv, Dk] (V-major) in place by the first n transitions."""
     decay, key, delta = split_transitions(cfg, flat)
-    rep = cfg.gdn_value_heads // cfg.gdn_key_heads
-    S = state[0]
+    replay_transitions_xp(np, state[0], decay, key, delta, n, cfg.gdn_value_heads // cfg.gdn_key_heads)
+
+
+def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> None:
+    """S = decay*S + outer(delta, key), n times, with any array module (numpy here, CuPy on the device).
+
+    state [Hv, Dv, Dk]; decay [C, Hv]; key [C, Hk, Dk]; delta [C, Hv, Dv]; rep = Hv // Hk.
+    """
     for t in range(n):
-        S *= decay[t][:, None, None]
-        S += delta[t][:, :, None] * np.repeat(key[t], rep, axis=0)[:, None, :]
+        state *= decay[t][:, None, None]
+        state += delta[t][:, :, None] * xp.repeat(key[t], rep, axis=0)[:, None, :]
 
 
 def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int) -> None:

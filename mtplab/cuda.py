@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .commit import replay_transitions_xp  # noqa: F401 - select's state replay runs on the device as is
 from .executor import Binding, CaptureDeclined
 
 # The order of one speculative step on the device. Every device op runs on the one stream; the
@@ -145,15 +146,10 @@ class CudaGraphBackend:
 
 def cuda_session(path, stream_ptr: int, shared: dict | None = None, threads: int | None = None):
     """An InferenceSession on the CUDA EP with graphs enabled, running on the caller's stream."""
-    import onnxruntime as ort
+    from .runtime import make_session
 
-    from .runtime import session_options
-
-    so = session_options(threads)
-    for name, value in (shared or {}).items():
-        so.add_initializer(name, value)
-    provider = ("CUDAExecutionProvider", {"enable_cuda_graph": "1", "user_compute_stream": str(stream_ptr)})
-    return ort.InferenceSession(str(path), so, providers=[provider])
+    options = {"enable_cuda_graph": "1", "user_compute_stream": str(stream_ptr)}
+    return make_session(path, shared, threads, provider=("CUDAExecutionProvider", options))
 
 
 def accepted_count(xp, drafts, targets) -> Any:
@@ -164,14 +160,3 @@ def accepted_count(xp, drafts, targets) -> Any:
     k = drafts.shape[0]
     match = (drafts == targets[:k]).astype(xp.int32)
     return xp.cumprod(match).sum()
-
-
-def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> None:
-    """select's GatedDeltaNet state replay on the device: S = decay*S + outer(delta, key), n times.
-
-    state [Hv, Dv, Dk]; decay [C, Hv]; key [C, Hk, Dk]; delta [C, Hv, Dv]; rep = Hv // Hk.
-    """
-    for t in range(n):
-        k = xp.repeat(key[t], rep, axis=0)
-        state *= decay[t][:, None, None]
-        state += delta[t][:, :, None] * k[:, None, :]

@@ -221,7 +221,8 @@ class Engine:
             n_acc = accept_length(drafts, targets)
             emitted += drafts[:n_acc] + [int(targets[n_acc])]
             accepted_counts.append(n_acc)
-            self.last_hidden[...] = ver["hidden"][0, n_acc]
+            if fused:  # the next step drafts from the last committed position's hidden state
+                self.last_hidden[...] = ver["hidden"][0, n_acc]
             t3 = time.perf_counter()
             self.commit(ver, [first] + drafts[:n_acc], start)
             self.main.release(handoff)

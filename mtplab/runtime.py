@@ -43,9 +43,15 @@ def shared_initializers(path) -> dict[str, Any]:
 
 
 def make_session(
-    path, shared: dict[str, Any] | None = None, threads: int | None = None, provider: str = "CPUExecutionProvider"
+    path,
+    shared: dict[str, Any] | None = None,
+    threads: int | None = None,
+    provider: str | tuple[str, dict] = "CPUExecutionProvider",
 ):
-    """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies."""
+    """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies.
+
+    provider: a name, or (name, provider options) as onnxruntime takes it.
+    """
     import onnxruntime as ort
 
     so = session_options(threads)

@@ -5,6 +5,11 @@ from __future__ import annotations
 import html
 import io
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +18,28 @@ from .result import flatten, write_atomic
 
 RESULT = "result.json"
 ERROR = "error.json"
+
+
+@contextmanager
+def point_folder(points_dir: str | Path, point_id: str) -> Iterator[Path]:
+    """A hidden scratch folder that becomes points/<id>/ in one rename when the block completes.
+
+    Readers never see half a point; a block that dies leaves only the hidden folder, which a
+    resumed sweep clears.
+    """
+    points_dir = Path(points_dir).resolve()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{point_id}.", dir=points_dir))
+    yield tmp
+    final = points_dir / point_id
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+
+
+def write_error(folder: Path, config: dict, error: str) -> None:
+    """Record why a point failed (its result.json, if any, is removed)."""
+    (folder / RESULT).unlink(missing_ok=True)
+    write_atomic(folder / ERROR, json.dumps({"config": config, "error": error}, indent=1))
 
 
 def point_rows(sweep_dir: Path) -> list[dict]:

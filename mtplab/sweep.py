@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -42,42 +41,33 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
     """Run one point through papermill into points/<id>/; returns (id, status, error)."""
     import papermill as pm
 
-    final = Path(points_dir).resolve() / point.id
-    # absolute: the notebook runs with its cwd in this folder, so a relative run_dir would nest
-    tmp = Path(tempfile.mkdtemp(prefix=f".{point.id}.", dir=final.parent))
     os.environ["MTPLAB_THREADS"] = str(threads)
     error = None
-    try:
-        pm.execute_notebook(
-            str(notebooks_dir() / "run_point.ipynb"),
-            str(tmp / "run_point.ipynb"),
-            parameters=point_parameters(point, tmp),
-            kernel_name=ensure_kernel(),
-            execution_timeout=timeout,
-            progress_bar=False,
-            cwd=str(tmp),
-        )
-        if not (tmp / store.RESULT).exists():
-            error = "the notebook finished without writing result.json"
-    except Exception as err:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
-        error = f"{type(err).__name__}: {err}".strip()[:4000] or traceback.format_exc()[-4000:]
-    if error is not None:
-        (tmp / store.RESULT).unlink(missing_ok=True)
-        write_atomic(tmp / store.ERROR, json.dumps({"config": asdict(point.run), "error": error}, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    # The folder is absolute: the notebook runs with its cwd there, so a relative run_dir would nest.
+    with store.point_folder(points_dir, point.id) as tmp:
+        try:
+            pm.execute_notebook(
+                str(notebooks_dir() / "run_point.ipynb"),
+                str(tmp / "run_point.ipynb"),
+                parameters=point_parameters(point, tmp),
+                kernel_name=ensure_kernel(),
+                execution_timeout=timeout,
+                progress_bar=False,
+                cwd=str(tmp),
+            )
+            if not (tmp / store.RESULT).exists():
+                error = "the notebook finished without writing result.json"
+        except Exception as err:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
+            error = f"{type(err).__name__}: {err}".strip()[:4000] or traceback.format_exc()[-4000:]
+        if error is not None:
+            store.write_error(tmp, asdict(point.run), error)
     return point.id, "failed" if error else "ok", error
 
 
 def record_failure(points_dir: Path, point: grid.Point, error: str) -> None:
     """A point that never produced a folder (its worker died): record the cause as its error."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{point.id}.", dir=points_dir))
-    write_atomic(tmp / store.ERROR, json.dumps({"config": asdict(point.run), "error": error}, indent=1))
-    final = points_dir / point.id
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    with store.point_folder(points_dir, point.id) as tmp:
+        store.write_error(tmp, asdict(point.run), error)
 
 
 class LocalPool:
