@@ -8,6 +8,7 @@ The array module is a parameter (numpy here, CuPy on the GPU backend).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -24,6 +25,26 @@ class BufferTooSmall(Exception):
 def address(a: Any) -> int:
     """Raw data pointer of a numpy or CuPy array."""
     return int(a.data.ptr) if hasattr(a.data, "ptr") else int(a.ctypes.data)
+
+
+def array_module(a: Any) -> ModuleType:
+    """numpy for host arrays and scalars, cupy for device arrays."""
+    if isinstance(a, (np.ndarray, np.generic)):
+        return np
+    return sys.modules[type(a).__module__.split(".")[0]]
+
+
+def put(dst: Any, src: Any) -> None:
+    """dst[...] = src across array modules: a host value is copied to the device (no host wait)."""
+    xp = array_module(dst)
+    if xp is not np and isinstance(src, (np.ndarray, np.generic, int, float)):
+        src = xp.asarray(src)
+    dst[...] = src
+
+
+def to_numpy(a: Any) -> np.ndarray:
+    """A host copy of a device array (waits for the device); host arrays pass through."""
+    return a if array_module(a) is np else a.get()
 
 
 @dataclass(eq=False)
@@ -62,13 +83,20 @@ class Arena:
 
     name: str
     xp: ModuleType = np
+    pool: Any = None  # CuPy: the memory pool this arena allocates from (shared or private)
     buffers: dict[str, Any] = field(default_factory=dict)
     blocks: list[Block] = field(default_factory=list)
     free: list[Block] = field(default_factory=list)
     peak_bytes: int = 0
 
+    def _zeros(self, shape, dtype) -> Any:
+        if self.pool is None:
+            return self.xp.zeros(shape, dtype=dtype)
+        with self.xp.cuda.using_allocator(self.pool.malloc):
+            return self.xp.zeros(shape, dtype=dtype)
+
     def _alloc(self, nbytes: int) -> Any:
-        mem = self.xp.zeros(nbytes + ALIGN, dtype=self.xp.uint8)
+        mem = self._zeros(nbytes + ALIGN, self.xp.uint8)
         off = (-address(mem)) % ALIGN
         return mem[off : off + nbytes]
 
@@ -78,7 +106,7 @@ class Arena:
     def reserve(self, name: str, shape: tuple[int, ...], dtype) -> Any:
         """Allocate a named buffer now, at its largest shape (the pre-sized policies)."""
         if name not in self.buffers:
-            self.buffers[name] = self.xp.zeros(shape, dtype=dtype)
+            self.buffers[name] = self._zeros(shape, dtype)
             self._track()
         return self.buffers[name]
 
@@ -131,4 +159,7 @@ class Arena:
         return named + sum(b.nbytes for b in self.blocks)
 
     def stats(self) -> dict:
-        return {"bytes_held": self.bytes_held, "peak_bytes": self.peak_bytes, "blocks": len(self.blocks)}
+        out = {"bytes_held": self.bytes_held, "peak_bytes": self.peak_bytes, "blocks": len(self.blocks)}
+        if self.pool is not None:
+            out["pool_bytes"] = int(self.pool.total_bytes())
+        return out

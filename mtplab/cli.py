@@ -37,6 +37,16 @@ def _export_genai(args) -> int:
 def _doctor(args) -> int:
     from .doctor import format_report, report
 
+    if args.gpu_check:
+        from pathlib import Path
+
+        from .gpucheck import gpu_check
+
+        try:
+            return gpu_check(args.presets, args.ks, args.tokens, Path(args.out), args.backend, args.budget)
+        except ValueError as err:
+            print(f"mtplab doctor --gpu-check: {err}", file=sys.stderr)
+            return 2
     r = report()
     print(json.dumps(r, indent=1) if args.json else format_report(r))
     return 0
@@ -65,11 +75,13 @@ def _run(args) -> int:
         print(f"mtplab run: {err}", file=sys.stderr)
         return 2
     if run.backend == "cuda":
-        print(
-            "mtplab run: --backend cuda needs the gpu extra and a CUDA device; see README (CUDA backend)",
-            file=sys.stderr,
-        )
-        return 2
+        from .device import require_cuda
+
+        try:
+            require_cuda()
+        except ValueError as err:
+            print(f"mtplab run: {err}", file=sys.stderr)
+            return 2
     from .experiment import run_point, summary
 
     try:
@@ -126,6 +138,13 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="report runtime, ops, CUDA and kernel status")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--gpu-check", action="store_true", help="run the CUDA backend's device check (see README)")
+    d.add_argument("--presets", nargs="+", default=["small", "base"], help="gpu-check: presets to build and run")
+    d.add_argument("--ks", nargs="+", type=int, default=[1, 2, 3], help="gpu-check: draft lengths")
+    d.add_argument("--tokens", type=int, default=64, help="gpu-check: tokens per run")
+    d.add_argument("--backend", default="cuda", help="gpu-check: cuda, or cpu to rehearse it on the CPU EP")
+    d.add_argument("--budget", type=float, default=270.0, help="gpu-check: seconds after which no run starts")
+    d.add_argument("--out", default="gpu-check.json", help="gpu-check: result JSON")
     d.set_defaults(func=_doctor)
 
     r = sub.add_parser("run", help="greedy baseline vs speculative decoding, one point")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arena import array_module
 from .model import ModelConfig
 
 
@@ -27,7 +28,7 @@ def split_transitions(cfg: ModelConfig, flat: np.ndarray) -> tuple[np.ndarray, n
 def replay_transitions(cfg: ModelConfig, state: np.ndarray, flat: np.ndarray, n: int) -> None:
     """Advance a GatedDeltaNet state [1, Hv, Dv, Dk] (V-major) in place by the first n transitions."""
     decay, key, delta = split_transitions(cfg, flat)
-    replay_transitions_xp(np, state[0], decay, key, delta, n, cfg.gdn_value_heads // cfg.gdn_key_heads)
+    replay_transitions_xp(array_module(state), state[0], decay, key, delta, n, cfg.gdn_value_heads // cfg.gdn_key_heads)
 
 
 def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> None:
@@ -43,5 +44,9 @@ def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> Non
 def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int) -> None:
     """Set a conv carry [1, k-1, C] in place to its value after the first n of conv_input [1, M, C]."""
     width = conv_state.shape[1]
-    rows = np.concatenate([conv_state[0], conv_input[0, :n]], axis=0)
-    conv_state[0] = rows[-width:]
+    if n >= width:
+        conv_state[0] = conv_input[0, n - width : n]
+    elif n > 0:
+        kept = conv_state[0, n:].copy()
+        conv_state[0, : width - n] = kept
+        conv_state[0, width - n :] = conv_input[0, :n]

@@ -11,11 +11,14 @@ What the CUDA EP does with graphs (and what this module does about it):
 - Replay validates nothing: a changed binding silently replays stale pointers. The executor's
   signature check (mtplab.executor) is what keeps replay safe, on this backend as on the CPU.
 - CPU-side inputs are not re-read by a replay: every input is bound in device memory, except
-  GroupQueryAttention's total_sequence_length, which the model keeps constant (the KV capacity).
+  GroupQueryAttention's total_sequence_length (an op input kept in host memory), which the model
+  keeps constant (the KV capacity), so the value a graph bakes is always the right one.
 
-Stream order: ORT runs on `user_compute_stream`, the stream CuPy work (staging, snapshots,
-select's state replay, argmax and acceptance) is issued on. Everything of one step is ordered by
-that single stream; the host waits only when it reads the accepted count (STEP_PLAN).
+Stream order: one CuPy stream is made current for the process and handed to every session as
+`user_compute_stream`; runs carry `disable_synchronize_execution_providers=1`, so a run returns
+once its work is queued. CuPy's work (staging feeds, snapshots, select's state replay, argmax and
+acceptance) and ORT's runs are therefore ordered by that single stream, in program order; the
+host waits only when it reads the step's accepted count and tokens (STEP_PLAN, Device.read).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .commit import replay_transitions_xp  # noqa: F401 - select's state replay runs on the device as is
+import numpy as np
+
 from .executor import Binding, CaptureDeclined
 
 # The order of one speculative step on the device. Every device op runs on the one stream; the
@@ -35,9 +39,12 @@ STEP_PLAN: tuple[tuple[str, str, bool], ...] = (
     ("snapshot recurrent state (readvance) ", "cupy", False),
     ("verify (Verify graph replay)", "ort", False),
     ("argmax + accepted count on device", "cupy", False),
-    ("read the accepted count", "host", True),
+    ("read the accepted count and the step's tokens", "host", True),
     ("commit: select replay / restore + re-advance", "cupy+ort", False),
 )
+
+# Run config entries of every run on this backend.
+RUN_CONFIG = {"disable_synchronize_execution_providers": "1"}
 
 
 def host_waits(plan=STEP_PLAN) -> list[str]:
@@ -98,12 +105,11 @@ def in_place_arrays(binds: list[Binding], addr) -> list[Any]:
 class CudaGraphBackend:
     """The executor's plan seam on the CUDA EP: capture = a fresh gpu_graph_id, replay = run with it."""
 
-    def __init__(self, ids: GraphIds, run_options_factory, device_type: str = "cuda", mem_free=None, xp=None):
+    def __init__(self, ids: GraphIds, run_options_factory, device_type: str = "cuda", mem_free=None):
         self.ids = ids
         self.run_options = run_options_factory
         self.device_type = device_type
         self.mem_free = mem_free or (lambda: 0)
-        self.xp = xp
 
     def _binding(self, session, binds: list[Binding]):
         from .arena import address
@@ -111,11 +117,14 @@ class CudaGraphBackend:
         io = session.io_binding()
         for b in binds:
             bind = io.bind_output if b.output else io.bind_input
-            bind(b.name, self.device_type, 0, b.array.dtype, list(b.array.shape), address(b.array))
+            where = "cpu" if isinstance(b.array, np.ndarray) else self.device_type  # host inputs stay host
+            bind(b.name, where, 0, b.array.dtype, list(b.array.shape), address(b.array))
         return io
 
     def _options(self, gid: int):
         ro = self.run_options()
+        for key, value in RUN_CONFIG.items():
+            ro.add_run_config_entry(key, value)
         ro.add_run_config_entry("gpu_graph_id", str(gid))
         return ro
 
@@ -144,19 +153,43 @@ class CudaGraphBackend:
         self.ids.retire(plan.gid)
 
 
-def cuda_session(path, stream_ptr: int, shared: dict | None = None, threads: int | None = None):
-    """An InferenceSession on the CUDA EP with graphs enabled, running on the caller's stream."""
-    from .runtime import make_session
+# select's state replay as one CUDA kernel per layer: each thread owns one state element and
+# applies the first n transitions in order, with the multiplies and the add rounded separately
+# (no FMA contraction), as numpy's `S *= decay; S += delta*key` does.
+REPLAY_KERNEL = r"""
+const int dk = i % Dk;
+const int dv = (i / Dk) % Dv;
+const int h = i / (Dk * Dv);
+const int hk = h / (Hv / Hk);
+float acc = s;
+for (int t = 0; t < n; ++t) {
+    acc = __fadd_rn(__fmul_rn(acc, decay[t * Hv + h]),
+                    __fmul_rn(delta[(t * Hv + h) * Dv + dv], key[(t * Hk + hk) * Dk + dk]));
+}
+s = acc;
+"""
 
-    options = {"enable_cuda_graph": "1", "user_compute_stream": str(stream_ptr)}
-    return make_session(path, shared, threads, provider=("CUDAExecutionProvider", options))
 
+class DeviceReplay:
+    """select's GatedDeltaNet replay on the device: one elementwise kernel launch per layer."""
 
-def accepted_count(xp, drafts, targets) -> Any:
-    """Longest prefix where drafts[i] == targets[i], computed on the device (xp = cupy or numpy).
+    def __init__(self, cfg):
+        import cupy
 
-    Returns a 0-d device array: reading it (int()) is the step's one host round trip.
-    """
-    k = drafts.shape[0]
-    match = (drafts == targets[:k]).astype(xp.int32)
-    return xp.cumprod(match).sum()
+        self.cfg = cfg
+        self.kernel = cupy.ElementwiseKernel(
+            "raw float32 decay, raw float32 key, raw float32 delta, int32 n, int32 Hv, int32 Hk, int32 Dv, int32 Dk",
+            "float32 s",
+            REPLAY_KERNEL,
+            "mtplab_gdn_replay",
+        )
+
+    def __call__(self, state, flat, n: int) -> None:
+        """Advance state [1, Hv, Dv, Dk] in place by the first n transitions of `flat`."""
+        from .commit import split_transitions
+
+        cfg = self.cfg
+        decay, key, delta = (a.ravel() for a in split_transitions(cfg, flat))
+        self.kernel(
+            decay, key, delta, n, cfg.gdn_value_heads, cfg.gdn_key_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k, state
+        )

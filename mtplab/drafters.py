@@ -6,6 +6,7 @@ import hashlib
 
 import numpy as np
 
+from .arena import array_module
 from .executor import Executor, Slot
 from .model import ModelConfig
 from .runtime import MtpState, mtp_io
@@ -22,23 +23,28 @@ class MtpDrafter:
         M = len(tokens)
         feeds, outputs, bound = mtp_io(self.cfg, self.state, 0, np.zeros(self.cfg.hidden_size), 0)
         feeds["input_ids"] = np.asarray(tokens, dtype=np.int64).reshape(1, M)
-        feeds["hidden_states"] = np.ascontiguousarray(hidden.reshape(1, M, -1), dtype=feeds["hidden_states"].dtype)
+        feeds["hidden_states"] = hidden.reshape(1, M, -1).astype(feeds["hidden_states"].dtype)
         feeds["seqlens_k"] = np.array([M - 1], dtype=np.int32)
         feeds["query_seqlens"] = np.array([M], dtype=np.int32)
         outputs = {n: ((1, M) + shape[2:], dt) for n, (shape, dt) in outputs.items()}
         self.executor.run_eager(Slot.PRIMARY, feeds, outputs, bound)
         self.forwards[f"mtp/M={M}"] = self.forwards.get(f"mtp/M={M}", 0) + 1
 
-    def draft(self, token: int, hidden: np.ndarray, position: int, k: int) -> list[int]:
-        """k draft tokens following `token`, whose target hidden state (at position-1... ) is `hidden`."""
-        drafts = []
+    def draft(self, token, hidden, position: int, k: int):
+        """k draft tokens following `token` (an int or a device scalar) and its target hidden state.
+
+        Stays on the device: each draft's argmax feeds the next head step, and the k drafts come
+        back as a device array [k] (int64); nothing here waits for the device.
+        """
+        xp = array_module(self.state.kv[0])
+        drafts = xp.empty(k, dtype=np.int64)
         for i in range(k):
             feeds, outputs, bound = mtp_io(self.cfg, self.state, token, hidden, position + i)
             out = self.executor.run(Slot.PRIMARY, feeds, outputs, bound)
             self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + 1
-            token = int(np.argmax(out["logits"][0, 0]))
+            token = xp.argmax(out["logits"][0, 0])
             hidden = out["mtp_hidden"][0, 0]
-            drafts.append(token)
+            drafts[i] = token
         return drafts
 
 

@@ -15,13 +15,14 @@ import numpy as np
 
 from . import commit as commit_ops
 from . import oracle
-from .arena import Arena
+from .arena import Arena, to_numpy
 from .config import RunConfig
+from .device import Device, device_for
 from .drafters import MtpDrafter, OracleDrafter
 from .executor import Executor, Slot, SlotMemory
 from .model import Artifact, build_model, preset
 from .policy import policy
-from .runtime import MtpState, TargetState, make_session, mtp_io, shared_initializers, target_io
+from .runtime import MtpState, TargetState, mtp_io, target_io
 
 
 @dataclass
@@ -37,12 +38,14 @@ class Greedy:
         return self.decodes / self.seconds if self.seconds > 0 else float("nan")
 
 
-def accept_length(drafts: list[int], targets: np.ndarray) -> int:
-    """Longest prefix where each draft equals the target's argmax at the previous position."""
-    n = 0
-    while n < len(drafts) and drafts[n] == int(targets[n]):
-        n += 1
-    return n
+def accepted_count(xp, drafts, targets):
+    """Longest prefix where drafts[i] equals the target's argmax at position i, on the device.
+
+    xp is numpy or cupy; the result is a 0-d array, read with the step's tokens.
+    """
+    k = drafts.shape[0]
+    match = (drafts == targets[:k]).astype(np.int32)
+    return xp.cumprod(match).sum()
 
 
 def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
@@ -52,66 +55,96 @@ def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
 
 def _presize(arena: Arena, feeds, outputs, skip=frozenset()) -> None:
     for name, value in feeds.items():
-        arena.reserve(f"feed.{name}", value.shape, value.dtype)
+        if name not in skip:
+            arena.reserve(f"feed.{name}", value.shape, value.dtype)
     for name, (shape, dtype) in outputs.items():
         if name not in skip:
             arena.reserve(name, shape, dtype)
 
 
-class Engine:
-    """Sessions, arenas, executors and state for one RunConfig on one model artifact."""
+def model_for(run: RunConfig) -> Artifact:
+    """The built-in model a RunConfig runs: fp16 on CUDA (GroupQueryAttention there is fp16/bf16 only)."""
+    return build_model(
+        preset(
+            run.preset,
+            weight_format="int4" if run.int4 else "fp32",
+            dtype="fp16" if run.backend == "cuda" else "fp32",
+        )
+    )
 
-    def __init__(self, run: RunConfig, artifact: Artifact | None = None):
+
+class Engine:
+    """Sessions, arenas, executors and state for one RunConfig on one model artifact and device."""
+
+    def __init__(self, run: RunConfig, artifact: Artifact | None = None, device: Device | None = None):
         self.run_cfg = run
-        self.art = artifact or build_model(preset(run.preset, weight_format="int4" if run.int4 else "fp32"))
+        dev = self.device = device or device_for(run.backend, run.max_recaptures)
+        self.art = artifact or model_for(run)
+        self.xp = dev.xp
         cfg = self.cfg = self.art.config
         cfg.check_k(run.k)
+        if dev.name == "cuda" and cfg.dtype != "fp16":
+            raise ValueError(
+                f"{cfg.name} is a {cfg.dtype} build: the CUDA backend needs the fp16 build "
+                "(GroupQueryAttention on CUDA is fp16/bf16 only): mtplab model build --dtype fp16"
+            )
         pol = self.policy = policy(run.policy)
-        self.main = Arena("main")
+        self.main = dev.arena("main")
         self.state = TargetState.allocate(cfg, self.main)
-        shared = shared_initializers(self.art.target) if pol.sibling_session else None
-        primary_session = make_session(self.art.target, shared)
-        verify_session = make_session(self.art.target, shared) if pol.sibling_session else primary_session
+        shared = dev.shared_weights(self.art.target) if pol.sibling_session else None
+        primary_session = dev.session(self.art.target, shared)
+        verify_session = dev.session(self.art.target, shared) if pol.sibling_session else primary_session
         self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
         # Largest I/O any slot binds: verify at M=k+1, both recurrent modes.
         big = np.zeros(run.k + 1, dtype=np.int64)
         specs = [target_io(cfg, self.state, big, in_place) for in_place in (True, False)]
+        host = dev.host_inputs
         if pol.shared_arena:
-            arena = Arena("shared")
+            arena = dev.arena("shared")
             if pol.presize:
                 for feeds, outputs, _ in specs:
-                    _presize(arena, feeds, outputs)
-            memory = {Slot.PRIMARY: SlotMemory(arena), Slot.VERIFY: SlotMemory(arena)}
+                    _presize(arena, feeds, outputs, skip=host)
+            memory = {
+                Slot.PRIMARY: SlotMemory(arena, host_inputs=host),
+                Slot.VERIFY: SlotMemory(arena, host_inputs=host),
+            }
             self.arenas = {"main": self.main, "shared": arena}
         else:
-            primary, private = Arena("primary"), Arena("verify")
+            primary, private = dev.arena("primary"), dev.arena("verify", private=True)
             scoped = frozenset({"logits", "hidden"})
             for feeds, outputs, _ in specs:
-                _presize(primary, feeds, outputs)
-                _presize(private, feeds, outputs, skip=scoped)
+                _presize(primary, feeds, outputs, skip=host)
+                _presize(private, feeds, outputs, skip=scoped | host)
             memory = {
-                Slot.PRIMARY: SlotMemory(primary),
+                Slot.PRIMARY: SlotMemory(primary, host_inputs=host),
                 Slot.VERIFY: SlotMemory(
-                    private, pool=self.main, step_scoped=scoped, pinned=pol.pin_workspace, owner="verify"
+                    private,
+                    pool=self.main,
+                    step_scoped=scoped,
+                    pinned=pol.pin_workspace,
+                    owner="verify",
+                    host_inputs=host,
                 ),
             }
             self.arenas = {"main": self.main, "primary": primary, "verify": private}
         self.target = Executor(
             {Slot.PRIMARY: primary_session, Slot.VERIFY: verify_session},
             memory,
+            backend=dev.backend,
             max_recaptures=run.max_recaptures,
             validate=run.validate,
             retain_decode_graph_across_spec=run.retain_decode_graph_across_spec,
         )
         self.mtp_state = MtpState.allocate(cfg, self.main)
-        mtp_arena = Arena("mtp")
+        mtp_arena = dev.arena("mtp")
         feeds, outputs, _ = mtp_io(cfg, self.mtp_state, 0, np.zeros(cfg.hidden_size), 0)
-        _presize(mtp_arena, feeds, outputs)
+        _presize(mtp_arena, feeds, outputs, skip=host)
         self.arenas["mtp"] = mtp_arena
         self.mtp = Executor(
-            {Slot.PRIMARY: make_session(self.art.mtp)},
-            {Slot.PRIMARY: SlotMemory(mtp_arena)},
+            {Slot.PRIMARY: dev.session(self.art.mtp)},
+            {Slot.PRIMARY: SlotMemory(mtp_arena, host_inputs=host)},
             labels={Slot.PRIMARY: "mtp"},
+            backend=dev.backend,
             max_recaptures=run.max_recaptures,
             validate=run.validate,
         )
@@ -122,11 +155,21 @@ class Engine:
         ]
         self.handoff_bytes = cfg.hidden_size * 4
         self.last_hidden = self.main.reserve("last_hidden", (cfg.hidden_size,), np.float32)
+        if dev.name == "cuda":
+            from .cuda import DeviceReplay
+
+            self.replay_state = DeviceReplay(cfg)
+        else:
+            self.replay_state = lambda state, flat, n: commit_ops.replay_transitions(cfg, state, flat, n)
 
     # -- forwards ------------------------------------------------------------------------------
     def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:
-        """One target forward of `tokens` at the current length; the caller advances the length."""
-        tokens = np.asarray(tokens, dtype=np.int64)
+        """One target forward of `tokens` (ints, or a host or device array) at the current length.
+
+        The caller advances the length.
+        """
+        if isinstance(tokens, list):
+            tokens = np.asarray(tokens, dtype=np.int64)
         feeds, outputs, bound = target_io(self.cfg, self.state, tokens, in_place)
         run = self.target.run_eager if eager else self.target.run
         out = run(slot, feeds, outputs, bound)
@@ -144,25 +187,34 @@ class Engine:
         self.state.length = len(prompt)
         return out
 
-    def _recurrent_copy(self) -> dict[str, np.ndarray]:
-        return {n: a.copy() for n, a in self.state.recurrent().items()}
+    def recurrent_state(self) -> dict[str, np.ndarray]:
+        """The committed GDN and conv states as host arrays (what the lossless check compares)."""
+        return {n: to_numpy(a) for n, a in self.state.recurrent().items()}
 
     # -- greedy --------------------------------------------------------------------------------
-    def greedy(self, prompt: list[int], n: int, keep_states: set[int] = frozenset()) -> Greedy:
-        """Greedy decoding of n tokens at M=1 on Slot.PRIMARY; keeps the recurrent state at the given lengths."""
+    def greedy(self, prompt: list[int], n: int, keep_states: set[int] = frozenset(), eager: bool = False) -> Greedy:
+        """Greedy decoding of n tokens at M=1 on Slot.PRIMARY; keeps the recurrent state at the given lengths.
+
+        Tokens and margins stay on the device until the end: the loop never waits for it (each
+        argmax feeds the next decode directly). eager=True runs every decode outside the slot's plan.
+        """
+        xp = self.xp
         out = self._start(prompt)
         row = out["logits"][0, -1]
-        tokens, margins, states = [int(np.argmax(row))], [oracle.top2_margin(row)], {}
+        tokens, margins, states = [xp.argmax(row)], [oracle.top2_margin_xp(xp, row)], {}
         t0 = time.perf_counter()
         while len(tokens) < n:
-            out = self.forward(Slot.PRIMARY, [tokens[-1]])
+            out = self.forward(Slot.PRIMARY, tokens[-1].reshape(1), eager=eager)
             self.state.length += 1
             if self.state.length in keep_states:
-                states[self.state.length] = self._recurrent_copy()
+                states[self.state.length] = {n: a.copy() for n, a in self.state.recurrent().items()}
             row = out["logits"][0, 0]
-            tokens.append(int(np.argmax(row)))
-            margins.append(oracle.top2_margin(row))
-        return Greedy(tokens, margins, time.perf_counter() - t0, n - 1, states)
+            tokens.append(xp.argmax(row))
+            margins.append(oracle.top2_margin_xp(xp, row))
+        host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(margins)]))
+        seconds = time.perf_counter() - t0
+        states = {length: {n: to_numpy(a) for n, a in st.items()} for length, st in states.items()}
+        return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, states)
 
     # -- speculative ---------------------------------------------------------------------------
     def speculative(self, prompt: list[int], n: int, reference: list[int] | None = None) -> dict:
@@ -173,9 +225,9 @@ class Engine:
         SGLang): no decode; drafts start from the pending token and the hidden state of the last
         committed position, and the verify [pending, d1..dk] yields the next step's hidden state.
         """
-        run, cfg, k = self.run_cfg, self.cfg, self.run_cfg.k
+        run, cfg, k, xp, dev = self.run_cfg, self.cfg, self.run_cfg.k, self.xp, self.device
         out = self._start(prompt)
-        emitted = [int(np.argmax(out["logits"][0, -1]))]
+        emitted = [int(dev.read(xp.argmax(out["logits"][0, -1])))]
         if run.drafter == "oracle":
             if reference is None:
                 raise ValueError("the oracle drafter needs the greedy reference tokens")
@@ -196,6 +248,7 @@ class Engine:
             t0 = time.perf_counter()
             handoff = self.main.acquire("decode-handoff", self.handoff_bytes)
             view = handoff.carve({"hidden": ((cfg.hidden_size,), np.float32)})
+            # Until the step's one read, `first`, the drafts and the targets stay on the device.
             if fused:
                 first, position = emitted[-1], self.state.length - 1
                 view["hidden"][...] = self.last_hidden
@@ -204,11 +257,11 @@ class Engine:
                 dec = self.forward(Slot.PRIMARY, [emitted[-1]])
                 self.state.length = L + 1
                 view["hidden"][...] = dec["hidden"][0, 0]
-                first, position = int(np.argmax(dec["logits"][0, 0])), L
-                emitted.append(first)
+                first, position = xp.argmax(dec["logits"][0, 0]), L
             t1 = time.perf_counter()
             if run.drafter == "oracle":
-                drafts = drafter.draft_at(len(emitted) - 1, first, view["hidden"], position, k)
+                index = len(emitted) - 1 if fused else len(emitted)  # where `first` is emitted
+                drafts = xp.asarray(np.asarray(drafter.draft_at(index, first, view["hidden"], position, k), np.int64))
             else:
                 drafts = drafter.draft(first, view["hidden"], position, k)
             t2 = time.perf_counter()
@@ -216,15 +269,21 @@ class Engine:
                 for snap, live in zip(self.snapshot, self.state.recurrent_arrays()):
                     snap[...] = live
             start = self.state.length
-            ver = self.forward(Slot.VERIFY, [first] + drafts, in_place=not select)
-            targets = np.argmax(ver["logits"][0], axis=-1)
-            n_acc = accept_length(drafts, targets)
-            emitted += drafts[:n_acc] + [int(targets[n_acc])]
+            verify_ids = xp.concatenate([xp.asarray(first, dtype=np.int64).reshape(1), drafts])
+            ver = self.forward(Slot.VERIFY, verify_ids, in_place=not select)
+            targets = xp.argmax(ver["logits"][0], axis=-1)
+            n_dev = accepted_count(xp, drafts, targets)
+            host = dev.read(xp.concatenate([n_dev.reshape(1).astype(np.int64), verify_ids, targets]))
+            n_acc = int(host[0])  # host = [n_acc, first, d1..dk, t0..tk]
+            consumed = [int(t) for t in host[1 : 2 + n_acc]]
+            if not fused:
+                emitted.append(consumed[0])
+            emitted += consumed[1:] + [int(host[k + 2 + n_acc])]
             accepted_counts.append(n_acc)
             if fused:  # the next step drafts from the last committed position's hidden state
                 self.last_hidden[...] = ver["hidden"][0, n_acc]
             t3 = time.perf_counter()
-            self.commit(ver, [first] + drafts[:n_acc], start)
+            self.commit(ver, consumed, start)
             self.main.release(handoff)
             self.target.end_step()
             t4 = time.perf_counter()
@@ -249,7 +308,7 @@ class Engine:
         self.target.rollback(Slot.PRIMARY)
         if strategy == "select":
             for i in self.cfg.gdn_layer_ids:
-                commit_ops.replay_transitions(self.cfg, self.state.gdn[i], ver[f"gdn_transitions.{i}"], n1)
+                self.replay_state(self.state.gdn[i], ver[f"gdn_transitions.{i}"], n1)
                 commit_ops.rebuild_conv(self.state.conv[i], ver[f"conv_input.{i}"], n1)
         else:
             self.restore()

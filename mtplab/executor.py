@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .arena import Arena, Block, BufferTooSmall, address, layout_bytes
+from .arena import Arena, Block, BufferTooSmall, address, layout_bytes, put
 
 
 class Slot(enum.IntEnum):
@@ -161,7 +161,8 @@ class SlotMemory:
     """Where a slot's staged inputs and outputs live.
 
     Named buffers come from `arena`. Outputs listed in `step_scoped` instead come from a block of
-    `pool`, acquired per step; unpinned, the block goes back to the pool at end_step().
+    `pool`, acquired per step; unpinned, the block goes back to the pool at end_step(). Feeds in
+    `host_inputs` stay in host memory whatever the arena's device (inputs an op reads on the CPU).
     """
 
     arena: Arena
@@ -169,8 +170,10 @@ class SlotMemory:
     step_scoped: frozenset[str] = frozenset()
     pinned: bool = True
     owner: str = ""
+    host_inputs: frozenset[str] = frozenset()
     block: Block | None = None
     views: dict[tuple, Any] = field(default_factory=dict)
+    host: dict[str, np.ndarray] = field(default_factory=dict)
 
     def _view(self, name: str, shape: tuple[int, ...], dtype) -> Any:
         key = (name, shape, dtype)
@@ -179,13 +182,29 @@ class SlotMemory:
             view = self.views[key] = self.arena.view(name, shape, dtype)
         return view
 
-    def stage(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    def stage(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Copy the feeds into this slot's input buffers (stable addresses) and return those."""
         views = {}
         for name, value in feeds.items():
-            view = self._view(f"feed.{name}", value.shape, value.dtype)
-            view[...] = value
+            if name in self.host_inputs:
+                view = self.host.get(name)
+                if view is None or view.shape != value.shape or view.dtype != value.dtype:
+                    view = self.host[name] = np.empty(value.shape, value.dtype)
+            else:
+                view = self._view(f"feed.{name}", value.shape, value.dtype)
+            put(view, value)
             views[name] = view
         return views
+
+    def temporaries(self, feeds: dict[str, Any], outputs: dict[str, tuple]) -> tuple[dict, dict]:
+        """Fresh buffers for an eager run outside the slot's plan: (staged feeds, outputs)."""
+        xp = self.arena.xp
+        staged = {}
+        for name, value in feeds.items():
+            host = name in self.host_inputs or xp is np
+            staged[name] = np.ascontiguousarray(value) if host else xp.ascontiguousarray(xp.asarray(value))
+        outs = {n: (xp.empty(shape, dtype), None) for n, (shape, dtype) in outputs.items()}
+        return staged, outs
 
     def outputs(self, spec: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, tuple[Any, Block | None]]:
         scoped = {n: s for n, s in spec.items() if n in self.step_scoped and self.pool is not None}
@@ -293,8 +312,7 @@ class Executor:
         return self._eager_temporaries(slot, feeds, outputs, bound)
 
     def _eager_temporaries(self, slot, feeds, outputs, bound) -> dict[str, Any]:
-        outs = {n: (np.empty(shape, dtype), None) for n, (shape, dtype) in outputs.items()}
-        staged = {n: np.ascontiguousarray(v) for n, v in feeds.items()}
+        staged, outs = self.memory[slot].temporaries(feeds, outputs)
         self.backend.eager(self.sessions[slot], self._binds(staged, outs, bound))
         return {n: a for n, (a, _) in outs.items()}
 

@@ -55,7 +55,7 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
     identity = oracle.token_identity(tokens, greedy.tokens[:n], greedy.margins)
     reference_state = greedy.states.get(engine.state.length)
     if reference_state is not None:
-        identity |= oracle.state_identity(engine.state.recurrent(), reference_state)
+        identity |= oracle.state_identity(engine.recurrent_state(), reference_state)
     else:
         identity |= {"state_max_abs_diff": None, "state_bitwise": None}
     ok, verdict = oracle.verdict(identity, run.commit, cfg.dtype)
@@ -107,7 +107,8 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
         slots=slots,
         greedy_slots=greedy_slots,
         slot_reasons={engine.target.labels[s]: st.reason for s, st in engine.target.state.items()},
-        arena={name: a.stats() for name, a in engine.arenas.items()},
+        arena={name: a.stats() for name, a in engine.arenas.items()}
+        | ({"cuda_graphs": engine.device.graph_stats()} if engine.device.name == "cuda" else {}),
         identity=identity,
         theory={
             "alpha": alpha,

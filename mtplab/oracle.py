@@ -19,6 +19,14 @@ def top2_margin(logits: np.ndarray) -> float:
     return float(top[1] - top[0])
 
 
+def top2_margin_xp(xp, row):
+    """top2_margin as a 0-d float64 array on the row's device: nothing waits for the device."""
+    row = row.astype(xp.float64).ravel()
+    top = row.max()
+    second = xp.where(row == top, -xp.inf, row).max()
+    return xp.where((row == top).sum() > 1, 0.0, top - second)
+
+
 def token_identity(spec: list[int], greedy: list[int], greedy_margins: list[float]) -> dict:
     """Compare every token; on failure give the first diverging position and greedy's top-2 margin there."""
     n = min(len(spec), len(greedy))

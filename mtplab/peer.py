@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from . import oracle
 from .config import RunConfig
-from .engine import Engine, prompt_tokens
+from .engine import Engine, model_for, prompt_tokens
 from .env import environment
 from .genai import GenaiPeer, export_genai, require_genai
-from .model import Artifact, build_model, cache_dir, preset
+from .model import Artifact, cache_dir
 from .result import RunResult
 
 
@@ -23,7 +23,7 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
     """Greedy (og.Generator) and MTP (og.MtpGenerator, real head, k drafts) on the same model and prompt,
     checked against mtplab's greedy reference."""
     require_genai()
-    art = artifact or build_model(preset(run.preset, weight_format="int4" if run.int4 else "fp32"))
+    art = artifact or model_for(run)
     cfg, n = art.config, run.tokens
     prompt = prompt_tokens(cfg.vocab_size, run.prompt_len, run.seed)
     reference = Engine(run.replace(engine="mtplab"), art).greedy(prompt, n)

@@ -34,12 +34,14 @@ def session_options(threads: int | None = None):
     return so
 
 
-def shared_initializers(path) -> dict[str, Any]:
-    """The model's weights as OrtValues, to hand to several sessions with add_initializer."""
+def shared_initializers(path, device: str = "cpu") -> dict[str, Any]:
+    """The model's weights as OrtValues on `device` ("cpu" or "cuda"), for add_initializer in several sessions."""
     import onnxruntime as ort
 
     model = onnx.load(str(path))
-    return {t.name: ort.OrtValue.ortvalue_from_numpy(numpy_helper.to_array(t)) for t in model.graph.initializer}
+    return {
+        t.name: ort.OrtValue.ortvalue_from_numpy(numpy_helper.to_array(t), device, 0) for t in model.graph.initializer
+    }
 
 
 def make_session(
@@ -122,7 +124,7 @@ def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_i
     if st.length + M > cfg.max_seq_len:
         raise ValueError(f"sequence would reach {st.length + M} tokens, beyond max_seq_len={cfg.max_seq_len}")
     feeds = {
-        "input_ids": tokens.reshape(1, M).astype(np.int64, copy=False),
+        "input_ids": token_ids(tokens, M),
         "seqlens_k": np.array([st.length + M - 1], dtype=np.int32),
         "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
         "query_seqlens": np.array([M], dtype=np.int32),
@@ -148,6 +150,13 @@ def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_i
     return feeds, outputs, bound
 
 
+def token_ids(tokens: Any, M: int) -> Any:
+    """input_ids [1, M] int64 from Python ints, or from a host or device array (which stays where it is)."""
+    if hasattr(tokens, "reshape"):
+        return tokens.reshape(1, M).astype(np.int64, copy=False)
+    return np.asarray(tokens, dtype=np.int64).reshape(1, M)
+
+
 @dataclass
 class MtpState:
     """The MTP head's own KV cache and the length it holds."""
@@ -166,8 +175,8 @@ def mtp_io(cfg: ModelConfig, st: MtpState, token: int, hidden: np.ndarray, posit
     """(feeds, outputs, bound) for one MTP-head step: next token + hidden at `position`."""
     T = ACT_DTYPE[cfg.dtype]
     feeds = {
-        "input_ids": np.array([[token]], dtype=np.int64),
-        "hidden_states": np.asarray(hidden, dtype=T).reshape(1, 1, cfg.hidden_size),
+        "input_ids": token_ids(token, 1),
+        "hidden_states": hidden.astype(T, copy=False).reshape(1, 1, cfg.hidden_size),
         "seqlens_k": np.array([position], dtype=np.int32),
         "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
         "query_seqlens": np.array([1], dtype=np.int32),

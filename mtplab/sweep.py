@@ -123,6 +123,10 @@ def run_sweep(
         from .cluster import require_ray
 
         require_ray()
+    if executor == "local" and any(p.run.backend == "cuda" for p in spec.points):
+        from .device import require_cuda
+
+        require_cuda()
     if sweep_dir.exists() and not resume and any(points_dir.glob("*/result.json")):
         raise ValueError(f"{sweep_dir} already holds results: pass --resume to continue it, or choose another --name")
     points_dir.mkdir(parents=True, exist_ok=True)

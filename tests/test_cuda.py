@@ -8,9 +8,9 @@ import numpy as np
 
 from mtplab import cuda
 from mtplab.arena import Arena, address
-from mtplab.commit import replay_transitions, split_transitions
-from mtplab.engine import accept_length
-from mtplab.executor import Executor, Slot, SlotMemory, Status
+from mtplab.commit import replay_transitions, replay_transitions_xp, split_transitions
+from mtplab.engine import accepted_count
+from mtplab.executor import Binding, Executor, Slot, SlotMemory, Status
 
 
 class FakeRunOptions:
@@ -156,7 +156,8 @@ def test_device_side_acceptance_matches_the_host_rule():
         k = int(rng.integers(1, 8))
         targets = rng.integers(0, 3, k + 1)
         drafts = rng.integers(0, 3, k)
-        assert int(cuda.accepted_count(np, drafts, targets)) == accept_length(list(map(int, drafts)), targets)
+        expected = next((i for i in range(k) if drafts[i] != targets[i]), k)
+        assert int(accepted_count(np, drafts, targets)) == expected
 
 
 def test_device_state_replay_matches_select(tiny):
@@ -166,13 +167,56 @@ def test_device_state_replay_matches_select(tiny):
     state = rng.standard_normal((1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k)).astype(np.float32)
     host, device = state.copy(), state[0].copy()
     replay_transitions(cfg, host, flat, 5)
-    cuda.replay_transitions_xp(np, device, *split_transitions(cfg, flat), 5, cfg.gdn_value_heads // cfg.gdn_key_heads)
+    replay_transitions_xp(np, device, *split_transitions(cfg, flat), 5, cfg.gdn_value_heads // cfg.gdn_key_heads)
     np.testing.assert_array_equal(host[0], device)
 
 
 def test_stream_order_plan_has_one_host_wait_per_step():
-    assert cuda.host_waits() == ["read the accepted count"]
+    assert cuda.host_waits() == ["read the accepted count and the step's tokens"]
     assert all(where != "host" or wait for _, where, wait in cuda.STEP_PLAN)
+    assert cuda.RUN_CONFIG == {"disable_synchronize_execution_providers": "1"}  # runs return once queued
+
+
+def test_every_run_is_queued_without_a_stream_sync_and_host_inputs_are_bound_on_the_host():
+    ex, session, ids, state = _setup()
+    seen = []
+    session.io_binding = lambda: seen.append(FakeIoBinding()) or seen[-1]
+    real_run = session.run_with_iobinding
+    options = []
+    session.run_with_iobinding = lambda io, ro: options.append(dict(ro.entries)) or real_run(io, ro)
+    for _ in range(3):
+        ex.run(
+            Slot.PRIMARY,
+            {"input_ids": np.zeros((1, 1), np.int64), "total_sequence_length": np.array(8, np.int32)},
+            {"logits": ((1, 1, 8), np.float32)},
+            [("state", state, False), ("present_state", state, True)],
+        )
+    assert all(o["disable_synchronize_execution_providers"] == "1" for o in options)
+    assert [o["gpu_graph_id"] for o in options] == ["-1", "0", "0", "0"]  # eager warm-up, capture (+replay), replay
+
+
+class FakeDeviceArray:
+    """Test double for a CuPy array: dtype, shape and a device pointer, nothing else."""
+
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.data = type("Memory", (), {"ptr": ptr})()
+
+
+def test_device_arrays_bind_as_cuda_and_host_inputs_as_cpu():
+    backend = cuda.CudaGraphBackend(cuda.GraphIds(2), FakeRunOptions)
+    session = FakeCudaGraphSession([])
+    io = backend._binding(
+        session,
+        [
+            Binding("input_ids", FakeDeviceArray((1, 1), np.int64, 0x7000), False),
+            Binding("total_sequence_length", np.array(64, np.int32), False),
+            Binding("logits", FakeDeviceArray((1, 1, 8), np.float16, 0x8000), True),
+        ],
+    )
+    assert io.inputs["input_ids"] == ("cuda", (1, 1), 0x7000)
+    assert io.inputs["total_sequence_length"][0] == "cpu"
+    assert io.outputs["logits"] == ("cuda", (1, 1, 8), 0x8000)
 
 
 def test_fp16_build_runs_on_the_cpu_ep():

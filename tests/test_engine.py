@@ -10,7 +10,8 @@ import pytest
 from mtplab import engine as engine_mod
 from mtplab import theory
 from mtplab.config import COMMITS, DRAFTERS, RunConfig
-from mtplab.engine import Engine
+from mtplab.engine import Engine, prompt_tokens
+from mtplab.executor import Slot
 from mtplab.experiment import run_point
 from mtplab.policy import POLICIES
 
@@ -74,6 +75,26 @@ def test_oracle_tokens_per_step_matches_theory(tiny, alpha):
     np.testing.assert_allclose(measured, theory.per_position(alpha, k), atol=4 * np.sqrt(0.25 / steps))
 
 
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+def test_the_host_waits_for_the_device_once_per_step(tiny, schedule):
+    eng = Engine(RunConfig(preset="tiny", k=3, schedule=schedule), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    before = eng.device.reads
+    eng.greedy(prompt, 32)
+    assert eng.device.reads - before == 1  # greedy keeps its tokens on the device to the end
+    before = eng.device.reads
+    spec = eng.speculative(prompt, 32)
+    assert eng.device.reads - before == len(spec["accepted"]) + 1  # the prefill's token, then one per step
+
+
+def test_greedy_with_plans_equals_greedy_eager(tiny):
+    eng = Engine(RunConfig(preset="tiny"), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    planned = eng.greedy(prompt, 24)
+    assert eng.target.state[Slot.PRIMARY].replays > 0
+    assert eng.greedy(prompt, 24, eager=True).tokens == planned.tokens
+
+
 def test_readvance_m1_is_bitwise_state_identical(tiny):
     r = run_point(RunConfig(preset="tiny", k=3, drafter="mtp", commit="readvance-m1", tokens=64), tiny)
     assert r.identity["state_bitwise"] is True and r.identity["state_max_abs_diff"] == 0.0
@@ -103,8 +124,8 @@ def test_forward_counts_follow_each_commit_strategy(tiny):
 
 
 def test_planted_bug_accepting_one_token_too_many_is_caught(tiny, monkeypatch):
-    real = engine_mod.accept_length
-    monkeypatch.setattr(engine_mod, "accept_length", lambda d, t: min(real(d, t) + 1, len(d)))
+    real = engine_mod.accepted_count
+    monkeypatch.setattr(engine_mod, "accepted_count", lambda xp, d, t: xp.minimum(real(xp, d, t) + 1, d.shape[0]))
     r = run_point(RunConfig(preset="tiny", k=3, drafter="oracle", alpha=0.5, tokens=64), tiny)
     assert not r.lossless and r.identity["first_divergence"] is not None
     assert r.identity["margin_at_divergence"] > 0

@@ -1,0 +1,132 @@
+"""Where an engine runs: numpy on ONNX Runtime's CPU EP, or CuPy on one CUDA stream with the CUDA EP.
+
+A Device owns what differs between the two: the array module of every arena, the plan backend
+(IOBinding plans or CUDA graphs), how sessions are made, the memory pools, and the one place
+where the host waits for the device (`read`, counted, so tests can hold the engine to one read
+per speculative step).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from .arena import Arena, to_numpy
+from .executor import CpuPlanBackend, PlanBackend
+from .runtime import make_session, shared_initializers
+
+CUDA_HELP = (
+    "backend='cuda' needs onnxruntime-gpu >= 1.30 with the CUDAExecutionProvider, CuPy and a CUDA device: "
+    "pip install 'mtplab[gpu]' (mtplab doctor says what is installed)"
+)
+# Inputs that ops on the CUDA EP read in host memory (GroupQueryAttention's total_sequence_length).
+CUDA_HOST_INPUTS = frozenset({"total_sequence_length"})
+
+
+@dataclass(eq=False)
+class Device:
+    """The array module, plan backend, sessions and memory pools of one engine."""
+
+    name: str
+    xp: ModuleType
+    backend: PlanBackend
+    provider: str | tuple[str, dict] = "CPUExecutionProvider"
+    host_inputs: frozenset[str] = frozenset()
+    stream: Any = None
+    shared_pool: Any = None
+    reads: int = 0
+    pools: dict[str, Any] = field(default_factory=dict)
+
+    def read(self, a: Any) -> np.ndarray:
+        """Bring a device array to the host: the host waits for the device here, and only here."""
+        self.reads += 1
+        return to_numpy(a)
+
+    def session(self, path, shared: dict | None = None):
+        return make_session(path, shared, provider=self.provider)
+
+    def shared_weights(self, path) -> dict:
+        """The model's weights as OrtValues on this device, for sessions that share them."""
+        return shared_initializers(path, "cpu" if self.name == "cpu" else "cuda")
+
+    def arena(self, name: str, private: bool = False) -> Arena:
+        """An arena on this device. CUDA: from the shared memory pool, or its own pool when private."""
+        if self.name == "cpu":
+            return Arena(name)
+        pool = self.shared_pool
+        if private:
+            pool = self.pools[name] = self.xp.cuda.MemoryPool()
+        return Arena(name, xp=self.xp, pool=pool)
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def graph_stats(self) -> dict:
+        ids = getattr(self.backend, "ids", None)
+        return ids.stats() if ids is not None else {}
+
+
+def cpu_device() -> Device:
+    return Device("cpu", np, CpuPlanBackend())
+
+
+def require_cuda() -> None:
+    """Raise ValueError saying what is missing unless the CUDA backend can run here."""
+    try:
+        import cupy
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise ImportError(f"onnxruntime {ort.__version__} has providers {ort.get_available_providers()}")
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise ImportError("no CUDA device")
+    except Exception as err:  # noqa: BLE001 - any of these means: no CUDA backend here
+        raise ValueError(f"{CUDA_HELP} ({type(err).__name__}: {err})") from err
+
+
+def cuda_device(graphs_per_slot: int) -> Device:
+    """CuPy arrays on one non-blocking stream, the CUDA EP with graphs enabled on that same stream."""
+    require_cuda()
+    import cupy
+    import onnxruntime as ort
+
+    from .cuda import CudaGraphBackend, GraphIds
+
+    stream = _process_stream()
+    options = {"enable_cuda_graph": "1", "user_compute_stream": str(stream.ptr)}
+    backend = CudaGraphBackend(
+        GraphIds(per_slot=graphs_per_slot), ort.RunOptions, mem_free=lambda: cupy.cuda.runtime.memGetInfo()[0]
+    )
+    return Device(
+        "cuda",
+        cupy,
+        backend,
+        provider=("CUDAExecutionProvider", options),
+        host_inputs=CUDA_HOST_INPUTS,
+        stream=stream,
+        shared_pool=cupy.cuda.MemoryPool(),
+    )
+
+
+@functools.cache
+def _process_stream():
+    """One non-blocking stream for the process, made current for CuPy: every engine's work is ordered on it."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    stream.use()
+    return stream
+
+
+def device_for(backend: str, max_recaptures: int = 3) -> Device:
+    """The Device for a RunConfig backend; CUDA gets max_recaptures + 1 graph ids per slot."""
+    if backend == "cpu":
+        return cpu_device()
+    if backend == "cuda":
+        return cuda_device(max_recaptures + 1)
+    raise ValueError(f"unknown backend {backend!r}: allowed values are ['cpu', 'cuda']")

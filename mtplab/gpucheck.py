@@ -1,0 +1,221 @@
+"""`mtplab doctor --gpu-check`: the device check of the CUDA backend, in one command.
+
+On a CUDA machine: builds the presets (fp16), checks the capture protocol (greedy with graphs ==
+greedy eager) and the device select-replay kernel, then runs greedy + speculative for every arena
+policy and commit at k = 1..3, prints per-slot counters, tokens/s, speedups and identity, checks
+what the CUDA backend must show, and writes everything to one JSON file. A time budget keeps it
+short: points that would start after it are listed as skipped, never silently dropped.
+`--backend cpu` runs the same check on the CPU EP (how it is tested without a GPU).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import COMMITS, RunConfig
+from .policy import POLICIES
+
+FULL_GRID_PRESETS = ("tiny", "small")  # every policy x commit x k; larger presets: every policy x select
+
+
+def plan(presets: list[str], ks: list[int]) -> list[tuple[str, str, str, int, str]]:
+    """(preset, policy, commit, k, schedule) of every run, smallest preset first."""
+    runs = []
+    for name in presets:
+        commits = COMMITS if name in FULL_GRID_PRESETS else ("select",)
+        runs += [(name, pol, com, k, "decode-verify") for pol, com, k in itertools.product(POLICIES, commits, ks)]
+        runs += [(name, "sibling-pinned", "select", k, "fused") for k in ks]
+    return runs
+
+
+def _release(backend: str) -> None:
+    gc.collect()
+    if backend == "cuda":
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def capture_check(art, backend: str, tokens: int) -> dict:
+    """Greedy replaying the Primary plan must equal greedy run eager: capture did not disturb in-place state."""
+    from .engine import Engine, prompt_tokens
+    from .executor import Slot
+
+    eng = Engine(RunConfig(preset=art.config.name, backend=backend, tokens=tokens), art)
+    prompt = prompt_tokens(art.config.vocab_size, 8, 0)
+    planned = eng.greedy(prompt, tokens)
+    eager = eng.greedy(prompt, tokens, eager=True)
+    st = eng.target.state[Slot.PRIMARY]
+    return {
+        "identical": planned.tokens == eager.tokens,
+        "tokens": tokens,
+        "captures": st.captures,
+        "replays": st.replays,
+        "graphs": eng.device.graph_stats(),
+    }
+
+
+def kernel_check(cfg, backend: str) -> dict:
+    """select's replay kernel against the array-module replay, on the same device data."""
+    if backend != "cuda":
+        return {"checked": False, "why": "the replay kernel is CUDA only; the CPU runs the numpy replay"}
+    import cupy
+
+    from .commit import replay_transitions_xp, split_transitions
+    from .cuda import DeviceReplay
+
+    rng = np.random.default_rng(0)
+    flat = cupy.asarray(rng.random((1, cfg.transition_capacity * cfg.transition_width), dtype=np.float32))
+    state = cupy.asarray(
+        rng.standard_normal((1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k)).astype(np.float32)
+    )
+    worst = 0.0
+    for n in range(1, cfg.transition_capacity + 1):
+        a, b = state.copy(), state.copy()
+        DeviceReplay(cfg)(a, flat, n)
+        replay_transitions_xp(cupy, b[0], *split_transitions(cfg, flat), n, cfg.gdn_value_heads // cfg.gdn_key_heads)
+        worst = max(worst, float(cupy.abs(a - b).max()))
+    return {"checked": True, "max_abs_diff": worst, "ok": worst <= 1e-5}
+
+
+def _row(spec: tuple, r) -> dict:
+    preset_name, pol, com, k, schedule = spec
+    return {
+        "preset": preset_name,
+        "policy": pol,
+        "commit": com,
+        "k": k,
+        "schedule": schedule,
+        "greedy_tok_s": r.greedy_tokens_per_s,
+        "spec_tok_s": r.tokens_per_s,
+        "speedup": r.speedup,
+        "acceptance_length": r.acceptance_length,
+        "identical": r.lossless,
+        "verdict": r.verdict,
+        "slots": r.slots,
+        "reasons": r.slot_reasons,
+        "graphs": r.arena.get("cuda_graphs", {}),
+    }
+
+
+def _c(c: dict) -> str:
+    return f"{c['captures']}/{c['replays']}/{c['fallbacks']}/{c['invalidations']}"
+
+
+def checks(rows: list[dict]) -> dict[str, bool]:
+    """What the CUDA backend must show, from the rows that ran."""
+    dv = [r for r in rows if r["schedule"] == "decode-verify"]
+
+    def replaying(r):
+        s = r["slots"]
+        return all(s[x]["replays"] > 0 and s[x]["fallbacks"] == 0 for x in ("primary", "verify"))
+
+    # readvance-batched re-advances at M=n on Primary and invalidates its plan by design (Blocker B).
+    pinned = [r for r in dv if r["policy"] in ("sibling-pinned", "shared-max") and r["commit"] != "readvance-batched"]
+    jit = [r for r in dv if r["policy"] == "shared-jit"]
+    return {
+        "sibling-pinned and shared-max (select, readvance-m1): both slots replay, fallbacks=0": bool(pinned)
+        and all(map(replaying, pinned)),
+        "shared-jit: the verify capture is declined": bool(jit)
+        and all(r["slots"]["verify"]["replays"] == 0 and "declined" in r["reasons"]["verify"] for r in jit),
+        "identity true everywhere": bool(rows) and all(r["identical"] for r in rows),
+    }
+
+
+def gpu_check(
+    presets: list[str], ks: list[int], tokens: int, out: Path, backend: str = "cuda", budget_s: float = 270.0
+) -> int:
+    """Run the device check; print as it goes; write the JSON; 0 when every check holds."""
+    from tqdm import tqdm
+
+    from .doctor import report
+    from .engine import model_for
+    from .env import environment
+    from .experiment import run_point
+    from .model import PRESETS
+    from .result import write_atomic
+
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown or not ks or any(k < 1 or k > 7 for k in ks) or tokens < 8:
+        raise ValueError(
+            f"gpu-check: presets {unknown} unknown (allowed {list(PRESETS)}), or ks {ks} outside 1..7, "
+            f"or tokens {tokens} < 8"
+        )
+    if backend == "cuda":
+        from .device import require_cuda
+
+        require_cuda()
+    t0 = time.perf_counter()
+    doc = {"env": environment(backend), "doctor": report(), "backend": backend, "tokens": tokens}
+    arts, builds, captures, kernels = {}, {}, {}, {}
+    for name in presets:
+        tb = time.perf_counter()
+        arts[name] = model_for(RunConfig(preset=name, backend=backend, tokens=tokens))
+        builds[name] = time.perf_counter() - tb
+        captures[name] = capture_check(arts[name], backend, min(tokens, 32))
+        kernels[name] = kernel_check(arts[name].config, backend)
+        print(
+            f"{name}: built {arts[name].config.dtype} in {builds[name]:.1f} s; capture check "
+            f"{'OK' if captures[name]['identical'] else 'FAIL'} (greedy with graphs == eager, "
+            f"{captures[name]['replays']} replays); select kernel "
+            + (f"max |diff| {kernels[name]['max_abs_diff']:.2e}" if kernels[name]["checked"] else "n/a (CPU)")
+        )
+        _release(backend)
+    rows, skipped = [], []
+    header = "preset  policy          commit             k  sched  greedy tok/s  spec tok/s  speedup  identical  primary c/r/f/i  verify c/r/f/i  mtp c/r/f/i"
+    print(header)
+    for spec in tqdm(plan(presets, ks), desc="gpu-check", unit="run", leave=False, disable=None):
+        if time.perf_counter() - t0 > budget_s:
+            skipped.append(list(spec))
+            continue
+        name, pol, com, k, schedule = spec
+        run = RunConfig(
+            preset=name, k=k, drafter="mtp", policy=pol, commit=com, schedule=schedule, tokens=tokens, backend=backend
+        )
+        row = _row(spec, run_point(run, arts[name]))
+        rows.append(row)
+        s = row["slots"]
+        tqdm.write(
+            f"{name:7} {pol:15} {com:18} {k}  {'dv' if schedule == 'decode-verify' else 'fu':5} "
+            f"{row['greedy_tok_s']:12.1f} {row['spec_tok_s']:11.1f} {row['speedup']:7.2f}x  {str(row['identical']):9}  "
+            f"{_c(s['primary']):15}  {_c(s['verify']):14}  {_c(s['mtp'])}"
+        )
+        _release(backend)
+    result = checks(rows)
+    result["capture protocol: greedy with graphs == greedy eager"] = all(c["identical"] for c in captures.values())
+    if backend == "cuda":
+        result["select replay kernel == array replay"] = all(k["ok"] for k in kernels.values())
+    best = {}
+    for r in rows:
+        key = (r["preset"], r["k"])
+        if key not in best or r["spec_tok_s"] > best[key]["spec_tok_s"]:
+            best[key] = r
+    print("\nbest per preset and k (greedy -> spec tok/s):")
+    for (name, k), r in sorted(best.items()):
+        print(
+            f"  {name} k={k}: {r['greedy_tok_s']:.1f} -> {r['spec_tok_s']:.1f} tok/s ({r['speedup']:.2f}x, "
+            f"{r['policy']}, {r['commit']}, {r['schedule']})"
+        )
+    if skipped:
+        print(f"\nSKIPPED {len(skipped)} runs past the {budget_s:.0f} s budget: " + "; ".join(map(str, skipped)))
+    print()
+    for what, ok in result.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {what}")
+    doc |= {
+        "build_seconds": builds,
+        "capture": captures,
+        "kernel": kernels,
+        "runs": rows,
+        "skipped": skipped,
+        "checks": result,
+        "seconds": time.perf_counter() - t0,
+    }
+    write_atomic(out, json.dumps(doc, indent=1, default=str))
+    print(f"{out}  ({doc['seconds']:.0f} s)")
+    return 0 if all(result.values()) and not skipped else 1

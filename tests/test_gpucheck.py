@@ -1,0 +1,53 @@
+"""The device check, rehearsed on the CPU EP: every policy and commit runs, the checks are computed
+from the counters, and the JSON holds what was printed."""
+
+from __future__ import annotations
+
+import json
+
+from mtplab.cli import main
+from mtplab.gpucheck import checks, plan
+
+
+def test_plan_covers_every_policy_and_commit_on_small_and_select_on_base():
+    runs = plan(["small", "base"], [1, 2, 3])
+    small = {(p, c, k) for n, p, c, k, s in runs if n == "small" and s == "decode-verify"}
+    base = {(p, c, k) for n, p, c, k, s in runs if n == "base" and s == "decode-verify"}
+    assert len(small) == 4 * 3 * 3 and {c for _, c, _ in base} == {"select"} and len(base) == 4 * 3
+
+
+def test_gpu_check_on_the_cpu_passes_and_writes_its_json(tiny, tmp_path, capsys):
+    out = tmp_path / "check.json"
+    code = main(
+        ["doctor", "--gpu-check", "--backend", "cpu", "--presets", "tiny", "--ks", "1", "2"]
+        + ["--tokens", "16", "--out", str(out)]
+    )
+    printed = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert code == 0, printed
+    assert len(doc["runs"]) == len(plan(["tiny"], [1, 2])) and not doc["skipped"]
+    assert all(doc["checks"].values()) and "PASS  identity true everywhere" in printed
+    jit = [r for r in doc["runs"] if r["policy"] == "shared-jit"]
+    assert all(r["slots"]["verify"]["replays"] == 0 and r["slots"]["verify"]["fallbacks"] > 0 for r in jit)
+    assert doc["capture"]["tiny"]["identical"] and doc["capture"]["tiny"]["replays"] > 0
+
+
+def test_a_fallback_in_a_pinned_policy_fails_the_check():
+    slots = {"primary": {"replays": 5, "fallbacks": 0}, "verify": {"replays": 5, "fallbacks": 0}}
+    row = {
+        "schedule": "decode-verify",
+        "policy": "shared-max",
+        "commit": "select",
+        "identical": True,
+        "slots": slots,
+        "reasons": {"verify": ""},
+    }
+    assert checks([row])["sibling-pinned and shared-max (select, readvance-m1): both slots replay, fallbacks=0"]
+    slots["verify"]["fallbacks"] = 1
+    assert not checks([row])["sibling-pinned and shared-max (select, readvance-m1): both slots replay, fallbacks=0"]
+
+
+def test_bad_check_options_fail_before_any_work(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    assert main(["doctor", "--gpu-check", "--backend", "cpu", "--presets", "huge", "--out", str(out)]) == 2
+    assert "presets ['huge'] unknown" in capsys.readouterr().err and not out.exists()
