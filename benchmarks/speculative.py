@@ -1,10 +1,10 @@
-"""Greedy against each commit strategy on the small preset, oracle alpha=0.8, k=1..4, both schedules.
+"""Greedy against each commit strategy (small preset by default), oracle alpha=0.8, k=1..4, both schedules.
 
 One process; each point runs its own greedy baseline right before its speculative run, and the
 points are repeated in interleaved rounds (A B C ... A B C ...) so machine drift cancels out.
 Medians of measured and predicted speedup are printed side by side.
 
-    python benchmarks/speculative.py [--rounds 3] [--tokens 128] [--alpha 0.8]
+    python benchmarks/speculative.py [--rounds 3] [--tokens 128] [--alpha 0.8] [--backend cuda] [--preset small]
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import itertools
 import numpy as np
 
 from mtplab.config import COMMITS, SCHEDULES, RunConfig
-from mtplab.engine import Engine
+from mtplab.engine import Engine, model_for
 from mtplab.experiment import run_point
-from mtplab.model import build_model, preset
 
 
 def main() -> None:
@@ -27,15 +26,17 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.8)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--policy", default="sibling-pinned")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--backend", default="cpu", help="cpu, or cuda (CUDA graphs, the fp16 build)")
     args = ap.parse_args()
-    art = build_model(preset("small"))
+    art = model_for(RunConfig(preset=args.preset, backend=args.backend))
     combos = list(itertools.product(SCHEDULES, COMMITS, args.ks))
     engines = {}
     rows: dict[tuple, list] = {c: [] for c in combos}
     for _ in range(args.rounds):
         for sched, commit, k in combos:
             run = RunConfig(
-                preset="small",
+                preset=args.preset,
                 k=k,
                 drafter="oracle",
                 alpha=args.alpha,
@@ -43,6 +44,7 @@ def main() -> None:
                 commit=commit,
                 schedule=sched,
                 tokens=args.tokens,
+                backend=args.backend,
             )
             engine = engines.setdefault((commit, k), Engine(run, art))
             engine.run_cfg = run
@@ -50,7 +52,7 @@ def main() -> None:
             assert r.lossless, r.verdict
             rows[(sched, commit, k)].append(r)
     print(
-        f"small preset, oracle alpha={args.alpha}, policy={args.policy}, {args.tokens} tokens, "
+        f"{args.preset} preset on {args.backend}, oracle alpha={args.alpha}, policy={args.policy}, {args.tokens} tokens, "
         f"medians of {args.rounds} interleaved rounds"
     )
     print(

@@ -38,6 +38,10 @@ def put(dst: Any, src: Any) -> None:
     """dst[...] = src across array modules: a host value is copied to the device (no host wait)."""
     xp = array_module(dst)
     if xp is not np and isinstance(src, (np.ndarray, np.generic, int, float)):
+        src = np.asarray(src, dtype=dst.dtype)
+        if src.shape == dst.shape and dst.flags.c_contiguous:
+            dst.set(np.ascontiguousarray(src))  # one copy, queued on the current stream
+            return
         src = xp.asarray(src)
     dst[...] = src
 

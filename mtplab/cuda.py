@@ -54,7 +54,7 @@ def host_waits(plan=STEP_PLAN) -> list[str]:
 
 @dataclass
 class GraphIds:
-    """Graph ids of one session: never reused, at most `per_slot` per slot, memory accounted."""
+    """Graph ids of one device's sessions: never reused, at most `per_slot` per slot (for the sessions' life), memory accounted."""
 
     per_slot: int
     next_id: int = 0

@@ -9,6 +9,7 @@ per speculative step).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -24,7 +25,10 @@ CUDA_HELP = (
     "pip install 'mtplab[gpu]' (mtplab doctor says what is installed)"
 )
 # Inputs that ops on the CUDA EP read in host memory (GroupQueryAttention's total_sequence_length).
+# MTPLAB_CUDA_HOST_INPUTS (comma-separated graph input names) overrides it; each of these inputs
+# must be constant per slot, since a graph bakes the host value it was captured with.
 CUDA_HOST_INPUTS = frozenset({"total_sequence_length"})
+HOST_INPUTS_ENV = "MTPLAB_CUDA_HOST_INPUTS"
 
 
 @dataclass(eq=False)
@@ -75,6 +79,12 @@ def cpu_device() -> Device:
     return Device("cpu", np, CpuPlanBackend())
 
 
+def cuda_host_inputs() -> frozenset[str]:
+    """The graph inputs bound in host memory on CUDA: CUDA_HOST_INPUTS unless the environment says otherwise."""
+    names = os.environ.get(HOST_INPUTS_ENV, "")
+    return frozenset(n.strip() for n in names.split(",") if n.strip()) or CUDA_HOST_INPUTS
+
+
 def require_cuda() -> None:
     """Raise ValueError saying what is missing unless the CUDA backend can run here."""
     try:
@@ -107,7 +117,7 @@ def cuda_device(graphs_per_slot: int) -> Device:
         cupy,
         backend,
         provider=("CUDAExecutionProvider", options),
-        host_inputs=CUDA_HOST_INPUTS,
+        host_inputs=cuda_host_inputs(),
         stream=stream,
         shared_pool=cupy.cuda.MemoryPool(),
     )

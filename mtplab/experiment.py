@@ -8,6 +8,7 @@ from . import oracle, theory
 from .config import RunConfig
 from .engine import Engine, prompt_tokens
 from .env import environment
+from .executor import Slot
 from .model import Artifact
 from .result import RunResult
 
@@ -63,8 +64,15 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
         oracle.shout(verdict)
     # Greedy again after the speculative run (A B A): the baseline brackets the measurement.
     # (After the identity check: it resets the engine's state.)
+    primary = engine.target.state[Slot.PRIMARY]
+    fallbacks = primary.fallbacks
     again = engine.greedy(prompt, n + k + 1)
-    greedy_tokens_per_s = (greedy.decodes + again.decodes) / (greedy.seconds + again.seconds)
+    if primary.fallbacks == fallbacks:
+        baseline = "before and after"
+        greedy_tokens_per_s = (greedy.decodes + again.decodes) / (greedy.seconds + again.seconds)
+    else:  # the Primary slot lost its plan for good (CUDA graph ids spent): not the same baseline any more
+        baseline = "before only: the Primary slot ran eager after the speculative run"
+        greedy_tokens_per_s = greedy.decodes / greedy.seconds
 
     steps = len(spec["accepted"])
     acc = np.asarray(spec["accepted"], dtype=float)
@@ -124,6 +132,7 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
         env=environment(run.backend),
         lossless=ok,
         verdict=verdict,
+        extra={"greedy_baseline": baseline},
     )
 
 

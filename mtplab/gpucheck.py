@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -61,6 +62,37 @@ def capture_check(art, backend: str, tokens: int) -> dict:
     }
 
 
+# Host-memory input sets to try on CUDA, in order, until greedy with graphs runs and equals eager.
+HOST_INPUT_CANDIDATES = (
+    ("total_sequence_length",),
+    ("total_sequence_length", "capture_count"),
+    ("total_sequence_length", "capture_count", "query_seqlens"),
+)
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+
+
+def resolve_host_inputs(art, backend: str, tokens: int) -> tuple[dict, list[str]]:
+    """The capture check, trying each host-input set on CUDA until one runs; (check, what failed before it)."""
+    from .device import HOST_INPUTS_ENV
+
+    if backend != "cuda":
+        return capture_check(art, backend, tokens), []
+    tried = []
+    for names in HOST_INPUT_CANDIDATES:
+        os.environ[HOST_INPUTS_ENV] = ",".join(names)
+        try:
+            check = capture_check(art, backend, tokens)
+        except Exception as err:  # noqa: BLE001 - recorded, and the next candidate is tried
+            tried.append(f"host inputs {list(names)}: {_first_line(err)}")
+            _release(backend)
+            continue
+        return check | {"host_inputs": list(names)}, tried
+    raise RuntimeError("no host-input set ran on CUDA: " + "; ".join(tried))
+
+
 def kernel_check(cfg, backend: str) -> dict:
     """select's replay kernel against the array-module replay, on the same device data."""
     if backend != "cuda":
@@ -82,6 +114,20 @@ def kernel_check(cfg, backend: str) -> dict:
         replay_transitions_xp(cupy, b[0], *split_transitions(cfg, flat), n, cfg.gdn_value_heads // cfg.gdn_key_heads)
         worst = max(worst, float(cupy.abs(a - b).max()))
     return {"checked": True, "max_abs_diff": worst, "ok": worst <= 1e-5}
+
+
+def negative_control(art, backend: str, tokens: int) -> dict:
+    """The unpinned policy with the signature check off: replays must be counted as hazards."""
+    from .experiment import run_point
+
+    run = RunConfig(preset=art.config.name, k=3, policy="sibling", validate=False, tokens=tokens, backend=backend)
+    try:
+        r = run_point(run, art)
+    except Exception as err:  # noqa: BLE001 - a crash here is reported, the check still writes its JSON
+        return {"hazards": 0, "identical": False, "error": _first_line(err)}
+    finally:
+        _release(backend)
+    return {"hazards": r.slots["verify"]["hazards"], "identical": r.lossless, "verdict": r.verdict}
 
 
 def _row(spec: tuple, r) -> dict:
@@ -114,7 +160,7 @@ def checks(rows: list[dict]) -> dict[str, bool]:
 
     def replaying(r):
         s = r["slots"]
-        return all(s[x]["replays"] > 0 and s[x]["fallbacks"] == 0 for x in ("primary", "verify"))
+        return bool(s) and all(s[x]["replays"] > 0 and s[x]["fallbacks"] == 0 for x in ("primary", "verify"))
 
     # readvance-batched re-advances at M=n on Primary and invalidates its plan by design (Blocker B).
     pinned = [r for r in dv if r["policy"] in ("sibling-pinned", "shared-max") and r["commit"] != "readvance-batched"]
@@ -123,7 +169,9 @@ def checks(rows: list[dict]) -> dict[str, bool]:
         "sibling-pinned and shared-max (select, readvance-m1): both slots replay, fallbacks=0": bool(pinned)
         and all(map(replaying, pinned)),
         "shared-jit: the verify capture is declined": bool(jit)
-        and all(r["slots"]["verify"]["replays"] == 0 and "declined" in r["reasons"]["verify"] for r in jit),
+        and all(
+            r["slots"] and r["slots"]["verify"]["replays"] == 0 and "declined" in r["reasons"]["verify"] for r in jit
+        ),
         "identity true everywhere": bool(rows) and all(r["identical"] for r in rows),
     }
 
@@ -158,7 +206,9 @@ def gpu_check(
         tb = time.perf_counter()
         arts[name] = model_for(RunConfig(preset=name, backend=backend, tokens=tokens))
         builds[name] = time.perf_counter() - tb
-        captures[name] = capture_check(arts[name], backend, min(tokens, 32))
+        captures[name], tried = resolve_host_inputs(arts[name], backend, min(tokens, 32))
+        for line in tried:
+            print(f"{name}: {line}")
         kernels[name] = kernel_check(arts[name].config, backend)
         print(
             f"{name}: built {arts[name].config.dtype} in {builds[name]:.1f} s; capture check "
@@ -178,7 +228,16 @@ def gpu_check(
         run = RunConfig(
             preset=name, k=k, drafter="mtp", policy=pol, commit=com, schedule=schedule, tokens=tokens, backend=backend
         )
-        row = _row(spec, run_point(run, arts[name]))
+        try:
+            row = _row(spec, run_point(run, arts[name]))
+        except Exception as err:  # noqa: BLE001 - one failed run is a result, not the end of the check
+            rows.append(
+                {"preset": name, "policy": pol, "commit": com, "k": k, "schedule": schedule}
+                | {"error": _first_line(err), "identical": False, "slots": {}, "reasons": {}}
+            )
+            tqdm.write(f"{name:7} {pol:15} {com:18} {k}  ERROR {_first_line(err)}")
+            _release(backend)
+            continue
         rows.append(row)
         s = row["slots"]
         tqdm.write(
@@ -187,12 +246,19 @@ def gpu_check(
             f"{_c(s['primary']):15}  {_c(s['verify']):14}  {_c(s['mtp'])}"
         )
         _release(backend)
+    control = negative_control(arts[presets[0]], backend, tokens) if time.perf_counter() - t0 <= budget_s else None
+    if control is not None:
+        print(
+            f"negative control ({presets[0]}, sibling, validation off): hazards={control['hazards']} "
+            f"identical={control['identical']} (expected: hazards > 0)"
+        )
     result = checks(rows)
+    result["negative control: an unpinned replay without validation is detected"] = bool(control and control["hazards"])
     result["capture protocol: greedy with graphs == greedy eager"] = all(c["identical"] for c in captures.values())
     if backend == "cuda":
         result["select replay kernel == array replay"] = all(k["ok"] for k in kernels.values())
     best = {}
-    for r in rows:
+    for r in (r for r in rows if "error" not in r):
         key = (r["preset"], r["k"])
         if key not in best or r["spec_tok_s"] > best[key]["spec_tok_s"]:
             best[key] = r
@@ -212,6 +278,7 @@ def gpu_check(
         "capture": captures,
         "kernel": kernels,
         "runs": rows,
+        "negative_control": control,
         "skipped": skipped,
         "checks": result,
         "seconds": time.perf_counter() - t0,

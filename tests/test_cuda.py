@@ -229,3 +229,43 @@ def test_fp16_build_runs_on_the_cpu_ep():
     for commit in ("readvance-m1", "select"):
         r = run_point(RunConfig(preset="tiny", k=3, commit=commit, tokens=32), art)
         assert r.lossless, r.verdict
+
+
+def test_the_cuda_plan_backend_drives_the_real_engine_losslessly(tiny):
+    """On the CPU EP a graph id runs the model once, so capture's restore-and-replay is the whole protocol."""
+    import onnxruntime as ort
+
+    from mtplab.config import RunConfig
+    from mtplab.device import Device
+    from mtplab.engine import Engine
+    from mtplab.experiment import run_point
+
+    for policy_name, verify_ids in (("shared-max", 1), ("sibling", 4)):
+        ids = cuda.GraphIds(per_slot=4)
+        device = Device("cpu", np, cuda.CudaGraphBackend(ids, ort.RunOptions, device_type="cpu"))
+        run = RunConfig(preset="tiny", k=3, policy=policy_name, tokens=48)
+        r = run_point(run, tiny, Engine(run, tiny, device=device))
+        assert r.lossless, r.verdict
+        assert len(ids.by_slot["primary"]) == 1 and len(ids.by_slot["mtp"]) == 1
+        assert len(ids.by_slot["verify"]) == verify_ids  # sibling: every invalidation took a fresh id, up to the bound
+        if policy_name == "sibling":
+            assert r.slots["verify"]["replays"] == 0 and r.slots["verify"]["fallbacks"] > 0
+
+
+def test_when_graph_ids_run_out_the_greedy_baseline_is_the_one_measured_before(tiny):
+    """readvance-batched re-advances at M=n on Primary: each invalidation spends an id until none is left."""
+    import onnxruntime as ort
+
+    from mtplab.config import RunConfig
+    from mtplab.device import Device
+    from mtplab.engine import Engine
+    from mtplab.experiment import run_point
+
+    ids = cuda.GraphIds(per_slot=2)
+    device = Device("cpu", np, cuda.CudaGraphBackend(ids, ort.RunOptions, device_type="cpu"))
+    run = RunConfig(preset="tiny", k=3, commit="readvance-batched", tokens=48)
+    r = run_point(run, tiny, Engine(run, tiny, device=device))
+    assert r.lossless and len(ids.by_slot["primary"]) == 2
+    assert "limit 2" in r.slot_reasons["primary"]
+    assert r.extra["greedy_baseline"].startswith("before only")
+    assert run_point(RunConfig(preset="tiny", k=3, tokens=48), tiny).extra["greedy_baseline"] == "before and after"

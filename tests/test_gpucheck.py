@@ -51,3 +51,23 @@ def test_bad_check_options_fail_before_any_work(tmp_path, capsys):
     out = tmp_path / "check.json"
     assert main(["doctor", "--gpu-check", "--backend", "cpu", "--presets", "huge", "--out", str(out)]) == 2
     assert "presets ['huge'] unknown" in capsys.readouterr().err and not out.exists()
+
+
+def test_host_inputs_fall_back_to_the_next_candidate_and_say_why(monkeypatch):
+    import os
+
+    from mtplab import gpucheck
+    from mtplab.device import HOST_INPUTS_ENV, cuda_host_inputs
+
+    def capture_check(art, backend, tokens):  # test double: graphs run only with capture_count on the host
+        if "capture_count" not in cuda_host_inputs():
+            raise RuntimeError("graph capture failed: memcpy node\ndetails")
+        return {"identical": True}
+
+    monkeypatch.setattr(gpucheck, "capture_check", capture_check)
+    monkeypatch.setattr(gpucheck, "_release", lambda backend: None)
+    monkeypatch.setenv(HOST_INPUTS_ENV, "")  # undone after the test, whatever the check writes
+    check, tried = gpucheck.resolve_host_inputs(None, "cuda", 8)
+    assert check["host_inputs"] == ["total_sequence_length", "capture_count"]
+    assert tried == ["host inputs ['total_sequence_length']: RuntimeError: graph capture failed: memcpy node"]
+    assert os.environ[HOST_INPUTS_ENV] == "total_sequence_length,capture_count"
