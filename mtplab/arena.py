@@ -31,16 +31,22 @@ def array_module(a: Any) -> ModuleType:
     """numpy for host arrays and scalars, cupy for device arrays."""
     if isinstance(a, (np.ndarray, np.generic)):
         return np
-    return sys.modules[type(a).__module__.split(".")[0]]
+    name = type(a).__module__  # cupy's ndarray lives in a submodule: walk up to the one with the API
+    while name:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "asarray"):
+            return module
+        name = name.rpartition(".")[0]
+    raise TypeError(f"no array module for {type(a).__name__}")
 
 
 def put(dst: Any, src: Any) -> None:
     """dst[...] = src across array modules: a host value is copied to the device (no host wait)."""
     xp = array_module(dst)
     if xp is not np and isinstance(src, (np.ndarray, np.generic, int, float)):
-        src = np.asarray(src, dtype=dst.dtype)
+        src = np.asarray(src, dtype=dst.dtype, order="C")
         if src.shape == dst.shape and dst.flags.c_contiguous:
-            dst.set(np.ascontiguousarray(src))  # one copy, queued on the current stream
+            dst.set(src)  # one copy, queued on the current stream
             return
         src = xp.asarray(src)
     dst[...] = src

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -39,8 +40,10 @@ class Device:
     xp: ModuleType
     backend: PlanBackend
     provider: str | tuple[str, dict] = "CPUExecutionProvider"
+    ort_device: str = "cpu"  # where ONNX Runtime finds shared weights and bound buffers
     host_inputs: frozenset[str] = frozenset()
     stream: Any = None
+    new_pool: Callable[[], Any] | None = None  # a fresh memory pool (CuPy's MemoryPool), for private arenas
     shared_pool: Any = None
     reads: int = 0
     pools: dict[str, Any] = field(default_factory=dict)
@@ -55,15 +58,13 @@ class Device:
 
     def shared_weights(self, path) -> dict:
         """The model's weights as OrtValues on this device, for sessions that share them."""
-        return shared_initializers(path, "cpu" if self.name == "cpu" else "cuda")
+        return shared_initializers(path, self.ort_device)
 
     def arena(self, name: str, private: bool = False) -> Arena:
-        """An arena on this device. CUDA: from the shared memory pool, or its own pool when private."""
-        if self.name == "cpu":
-            return Arena(name)
+        """An arena on this device: from the shared memory pool, or from its own pool when private."""
         pool = self.shared_pool
-        if private:
-            pool = self.pools[name] = self.xp.cuda.MemoryPool()
+        if private and self.new_pool is not None:
+            pool = self.pools[name] = self.new_pool()
         return Arena(name, xp=self.xp, pool=pool)
 
     def synchronize(self) -> None:
@@ -117,8 +118,10 @@ def cuda_device(graphs_per_slot: int) -> Device:
         cupy,
         backend,
         provider=("CUDAExecutionProvider", options),
+        ort_device="cuda",
         host_inputs=cuda_host_inputs(),
         stream=stream,
+        new_pool=cupy.cuda.MemoryPool,
         shared_pool=cupy.cuda.MemoryPool(),
     )
 

@@ -1,0 +1,62 @@
+"""The engine on device arrays: CuPy's rules (no implicit host conversion, explicit transfers) held
+by a test double of CuPy whose memory is host memory, so the real model runs on the CPU EP
+through the CUDA plan backend (graph ids, capture protocol) and every host transfer is counted."""
+
+from __future__ import annotations
+
+import fake_cupy
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from mtplab import cuda
+from mtplab.arena import array_module, put, to_numpy
+from mtplab.config import RunConfig
+from mtplab.device import Device
+from mtplab.engine import Engine, prompt_tokens
+from mtplab.experiment import run_point
+
+
+def fake_device() -> Device:
+    backend = cuda.CudaGraphBackend(cuda.GraphIds(per_slot=4), ort.RunOptions, device_type="cpu")
+    return Device("fake-cuda", fake_cupy, backend)
+
+
+def test_the_double_refuses_what_cupy_refuses():
+    a = fake_cupy.zeros((2,), np.float32)
+    with pytest.raises(TypeError):
+        np.asarray(a)
+    with pytest.raises(TypeError):
+        a[...] = np.ones(2, np.float32)
+    put(a, np.ones(2, np.float32))  # the explicit copy the engine uses
+    assert array_module(a) is fake_cupy and to_numpy(a).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+def test_the_host_reads_the_device_only_through_device_read(tiny, schedule):
+    eng = Engine(RunConfig(preset="tiny", k=3, schedule=schedule), tiny, device=fake_device())
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    t0, r0 = fake_cupy.transfers, eng.device.reads
+    greedy = eng.greedy(prompt, 40)
+    assert fake_cupy.transfers - t0 == eng.device.reads - r0 == 1
+    t0, r0 = fake_cupy.transfers, eng.device.reads
+    spec = eng.speculative(prompt, 32)
+    steps = len(spec["accepted"])
+    assert fake_cupy.transfers - t0 == eng.device.reads - r0 == steps + 1
+    assert spec["tokens"] == greedy.tokens[: len(spec["tokens"])]
+
+
+@pytest.mark.parametrize("commit", ["select", "readvance-m1", "readvance-batched"])
+@pytest.mark.parametrize("policy_name", ["shared-max", "sibling-pinned"])
+def test_speculative_on_device_arrays_is_lossless(tiny, commit, policy_name):
+    run = RunConfig(preset="tiny", k=3, commit=commit, policy=policy_name, tokens=40)
+    eng = Engine(run, tiny, device=fake_device())
+    r = run_point(run, tiny, eng)
+    assert r.lossless, r.verdict
+    assert all(type(a) is fake_cupy.ndarray for a in eng.state.recurrent_arrays())
+    assert r.slots["verify"]["replays"] > 0 and r.slots["verify"]["fallbacks"] == 0
+
+
+def test_oracle_drafts_on_device_arrays_are_lossless(tiny):
+    run = RunConfig(preset="tiny", k=2, drafter="oracle", alpha=0.6, tokens=40)
+    assert run_point(run, tiny, Engine(run, tiny, device=fake_device())).lossless
