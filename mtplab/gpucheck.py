@@ -50,12 +50,15 @@ def capture_check(art, backend: str, tokens: int) -> dict:
 
     eng = Engine(RunConfig(preset=art.config.name, backend=backend, tokens=tokens), art)
     prompt = prompt_tokens(art.config.vocab_size, 8, 0)
+    eng.greedy(prompt, tokens)  # warm-up and capture
     planned = eng.greedy(prompt, tokens)
     eager = eng.greedy(prompt, tokens, eager=True)
     st = eng.target.state[Slot.PRIMARY]
     return {
         "identical": planned.tokens == eager.tokens,
         "tokens": tokens,
+        "replay_tok_s": planned.tokens_per_s,
+        "eager_tok_s": eager.tokens_per_s,
         "captures": st.captures,
         "replays": st.replays,
         "graphs": eng.device.graph_stats(),
@@ -213,7 +216,8 @@ def gpu_check(
         print(
             f"{name}: built {arts[name].config.dtype} in {builds[name]:.1f} s; capture check "
             f"{'OK' if captures[name]['identical'] else 'FAIL'} (greedy with graphs == eager, "
-            f"{captures[name]['replays']} replays); select kernel "
+            f"{captures[name]['replays']} replays; greedy {captures[name]['replay_tok_s']:.0f} tok/s replayed vs "
+            f"{captures[name]['eager_tok_s']:.0f} eager); select kernel "
             + (f"max |diff| {kernels[name]['max_abs_diff']:.2e}" if kernels[name]["checked"] else "n/a (CPU)")
         )
         _release(backend)

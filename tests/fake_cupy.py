@@ -56,29 +56,27 @@ class ndarray:  # noqa: N801 - named like the class it stands for
         raise TypeError("fake CuPy: implicit conversion to a NumPy array is not allowed; use .get()")
 
     # -- transfers to the host (counted) -----------------------------------------------------
-    def get(self) -> np.ndarray:
+    def _to_host(self, convert):
         _count()
-        return self._a.copy()
+        return convert(self._a)
+
+    def get(self) -> np.ndarray:
+        return self._to_host(np.copy)
 
     def item(self):
-        _count()
-        return self._a.item()
+        return self._to_host(np.ndarray.item)
 
     def __int__(self):
-        _count()
-        return int(self._a)
+        return self._to_host(int)
 
     def __float__(self):
-        _count()
-        return float(self._a)
+        return self._to_host(float)
 
     def __bool__(self):
-        _count()
-        return bool(self._a)
+        return self._to_host(bool)
 
     def __index__(self):
-        _count()
-        return int(self._a)
+        return self._to_host(int)
 
     def set(self, host: np.ndarray) -> None:
         if not isinstance(host, np.ndarray) or host.shape != self.shape:
