@@ -100,6 +100,15 @@ def require_cuda() -> None:
         raise ValueError(f"{CUDA_HELP} ({type(err).__name__}: {err})") from err
 
 
+def cuda_available() -> bool:
+    """Whether the CUDA backend can run here (see require_cuda for what it needs)."""
+    try:
+        require_cuda()
+    except ValueError:
+        return False
+    return True
+
+
 def cuda_device(graphs_per_slot: int) -> Device:
     """CuPy arrays on one non-blocking stream, the CUDA EP with graphs enabled on that same stream."""
     require_cuda()

@@ -49,6 +49,13 @@ def report() -> dict:
         major = int(runtimes["onnxruntime-gpu"].split(".")[1])
         pairing = "CUDA 13 (gpu extra)" if major >= 27 else "CUDA 12 (onnxruntime-gpu 1.26: no GatedDeltaNet)"
     out["gpu_pairing"] = pairing
+    from .device import require_cuda
+
+    try:
+        require_cuda()
+        out["cuda_backend"] = "available (mtplab run --backend cuda; scripts/gpu-check)"
+    except ValueError as err:
+        out["cuda_backend"] = f"not available: {err}"
     out["kernel_mtplab"] = _kernel_registered()
     return out
 
@@ -75,6 +82,7 @@ def format_report(r: dict) -> str:
         lines.append(f"op {op:22} {'yes' if ok else 'MISSING (needs onnxruntime >= ' + REQUIRED_OPS[op] + ')'}")
     lines.append(f"cupy          {r['cupy_packages'] or 'not installed'}; cuda: {r['cuda']}")
     lines.append(f"gpu pairing   {r['gpu_pairing']}")
+    lines.append(f"cuda backend  {r['cuda_backend']}")
     lines.append(f"jupyter kernel 'mtplab' registered: {'yes' if r['kernel_mtplab'] else 'no (make setup)'}")
     for key in ("warning", "error"):
         if key in r:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from mtplab.cli import main
+from mtplab.device import cuda_available
 
 
 @pytest.mark.parametrize(
@@ -27,17 +28,7 @@ def test_bad_options_fail_before_any_work(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def _cuda_here() -> bool:
-    from mtplab.device import require_cuda
-
-    try:
-        require_cuda()
-        return True
-    except ValueError:
-        return False
-
-
-@pytest.mark.skipif(_cuda_here(), reason="this machine has a CUDA backend")
+@pytest.mark.skipif(cuda_available(), reason="this machine has a CUDA backend")
 def test_cuda_backend_without_a_gpu_says_what_is_missing(capsys):
     assert main(["run", "--preset", "tiny", "--backend", "cuda"]) == 2
     assert "pip install 'mtplab[gpu]'" in capsys.readouterr().err

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from mtplab import grid, store
+from mtplab.device import cuda_available
 from mtplab.report import make_report
 from mtplab.sweep import run_sweep
 
@@ -138,3 +139,10 @@ def test_grid_spec_file(tmp_path):
     path.write_text(yaml.safe_dump({"name": "g", "defaults": {"preset": "tiny"}, "k": [1, 2], "repeats": 2}))
     spec = grid.load(path)
     assert spec.name == "g" and len(spec.points) == 4
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has a CUDA backend")
+def test_a_cuda_sweep_without_a_gpu_fails_before_writing_anything(tmp_path):
+    with pytest.raises(ValueError, match=r"pip install 'mtplab\[gpu\]'"):
+        run_sweep(grid.load(preset="cuda"), tmp_path / "results", quiet=True)
+    assert not (tmp_path / "results").exists()
