@@ -42,7 +42,7 @@ class Device:
     provider: str | tuple[str, dict] = "CPUExecutionProvider"
     ort_device: str = "cpu"  # where ONNX Runtime finds shared weights and bound buffers
     host_inputs: frozenset[str] = frozenset()
-    stream: Any = None
+    stream: Any = None  # CUDA: the one stream CuPy and every session run on
     new_pool: Callable[[], Any] | None = None  # a fresh memory pool (CuPy's MemoryPool), for private arenas
     shared_pool: Any = None
     reads: int = 0
@@ -66,10 +66,6 @@ class Device:
         if private and self.new_pool is not None:
             pool = self.pools[name] = self.new_pool()
         return Arena(name, xp=self.xp, pool=pool)
-
-    def synchronize(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()
 
     def graph_stats(self) -> dict:
         ids = getattr(self.backend, "ids", None)
