@@ -74,19 +74,11 @@ def _run(args) -> int:
     except ValueError as err:
         print(f"mtplab run: {err}", file=sys.stderr)
         return 2
-    if run.backend == "cuda":
-        from .device import require_cuda
-
-        try:
-            require_cuda()
-        except ValueError as err:
-            print(f"mtplab run: {err}", file=sys.stderr)
-            return 2
     from .experiment import run_point, summary
 
     try:
         result = run_point(run)
-    except ValueError as err:  # e.g. the peer engine without its package
+    except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
         print(f"mtplab run: {err}", file=sys.stderr)
         return 2
     if args.out:

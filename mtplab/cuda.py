@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .commit import split_transitions
 from .executor import Binding, CaptureDeclined
 
 # The order of one speculative step on the device. Every device op runs on the one stream; the
@@ -186,8 +187,6 @@ class DeviceReplay:
 
     def __call__(self, state, flat, n: int) -> None:
         """Advance state [1, Hv, Dv, Dk] in place by the first n transitions of `flat`."""
-        from .commit import split_transitions
-
         cfg = self.cfg
         decay, key, delta = (a.ravel() for a in split_transitions(cfg, flat))
         self.kernel(

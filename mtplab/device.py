@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -42,11 +42,9 @@ class Device:
     provider: str | tuple[str, dict] = "CPUExecutionProvider"
     ort_device: str = "cpu"  # where ONNX Runtime finds shared weights and bound buffers
     host_inputs: frozenset[str] = frozenset()
-    stream: Any = None  # CUDA: the one stream CuPy and every session run on
     new_pool: Callable[[], Any] | None = None  # a fresh memory pool (CuPy's MemoryPool), for private arenas
     shared_pool: Any = None
     reads: int = 0
-    pools: dict[str, Any] = field(default_factory=dict)
 
     def read(self, a: Any) -> np.ndarray:
         """Bring a device array to the host: the host waits for the device here, and only here."""
@@ -62,9 +60,7 @@ class Device:
 
     def arena(self, name: str, private: bool = False) -> Arena:
         """An arena on this device: from the shared memory pool, or from its own pool when private."""
-        pool = self.shared_pool
-        if private and self.new_pool is not None:
-            pool = self.pools[name] = self.new_pool()
+        pool = self.new_pool() if private and self.new_pool is not None else self.shared_pool
         return Arena(name, xp=self.xp, pool=pool)
 
     def graph_stats(self) -> dict:
@@ -113,8 +109,7 @@ def cuda_device(graphs_per_slot: int) -> Device:
 
     from .cuda import CudaGraphBackend, GraphIds
 
-    stream = _process_stream()
-    options = {"enable_cuda_graph": "1", "user_compute_stream": str(stream.ptr)}
+    options = {"enable_cuda_graph": "1", "user_compute_stream": str(_process_stream().ptr)}
     backend = CudaGraphBackend(
         GraphIds(per_slot=graphs_per_slot), ort.RunOptions, mem_free=lambda: cupy.cuda.runtime.memGetInfo()[0]
     )
@@ -125,7 +120,6 @@ def cuda_device(graphs_per_slot: int) -> Device:
         provider=("CUDAExecutionProvider", options),
         ort_device="cuda",
         host_inputs=cuda_host_inputs(),
-        stream=stream,
         new_pool=cupy.cuda.MemoryPool,
         shared_pool=cupy.cuda.MemoryPool(),
     )

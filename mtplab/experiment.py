@@ -116,7 +116,7 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
         greedy_slots=greedy_slots,
         slot_reasons={engine.target.labels[s]: st.reason for s, st in engine.target.state.items()},
         arena={name: a.stats() for name, a in engine.arenas.items()}
-        | ({"cuda_graphs": engine.device.graph_stats()} if engine.device.name == "cuda" else {}),
+        | ({"cuda_graphs": graphs} if (graphs := engine.device.graph_stats()) else {}),
         identity=identity,
         theory={
             "alpha": alpha,

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import COMMITS, RunConfig
+from .config import BACKENDS, COMMITS, RunConfig
+from .model.config import MAX_TRANSITION_CAPACITY
 from .policy import POLICIES
 
 FULL_GRID_PRESETS = ("tiny", "small")  # every policy x commit x k; larger presets: every policy x select
@@ -110,10 +111,10 @@ def kernel_check(cfg, backend: str) -> dict:
     state = cupy.asarray(
         rng.standard_normal((1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k)).astype(np.float32)
     )
-    worst = 0.0
+    worst, kernel = 0.0, DeviceReplay(cfg)
     for n in range(1, cfg.transition_capacity + 1):
         a, b = state.copy(), state.copy()
-        DeviceReplay(cfg)(a, flat, n)
+        kernel(a, flat, n)
         replay_transitions_xp(cupy, b[0], *split_transitions(cfg, flat), n, cfg.gdn_value_heads // cfg.gdn_key_heads)
         worst = max(worst, float(cupy.abs(a - b).max()))
     return {"checked": True, "max_abs_diff": worst, "ok": worst <= 1e-5}
@@ -133,14 +134,13 @@ def negative_control(art, backend: str, tokens: int) -> dict:
     return {"hazards": r.slots["verify"]["hazards"], "identical": r.lossless, "verdict": r.verdict}
 
 
-def _row(spec: tuple, r) -> dict:
+def _row(spec: tuple, r=None, error: str | None = None) -> dict:
+    """One run of the check: from its RunResult, or the error that stopped it."""
     preset_name, pol, com, k, schedule = spec
-    return {
-        "preset": preset_name,
-        "policy": pol,
-        "commit": com,
-        "k": k,
-        "schedule": schedule,
+    row = {"preset": preset_name, "policy": pol, "commit": com, "k": k, "schedule": schedule}
+    if r is None:
+        return row | {"error": error, "identical": False, "slots": {}, "reasons": {}}
+    return row | {
         "greedy_tok_s": r.greedy_tokens_per_s,
         "spec_tok_s": r.tokens_per_s,
         "speedup": r.speedup,
@@ -179,88 +179,63 @@ def checks(rows: list[dict]) -> dict[str, bool]:
     }
 
 
-def gpu_check(
-    presets: list[str], ks: list[int], tokens: int, out: Path, backend: str = "cuda", budget_s: float = 270.0
-) -> int:
-    """Run the device check; print as it goes; write the JSON; 0 when every check holds."""
-    from tqdm import tqdm
+HEADER = (
+    "preset  policy          commit             k  sched  greedy tok/s  spec tok/s  speedup  identical  "
+    "primary c/r/f/i  verify c/r/f/i  mtp c/r/f/i"
+)
 
-    from .doctor import report
-    from .engine import model_for
-    from .env import environment
+
+def _format(row: dict) -> str:
+    head = f"{row['preset']:7} {row['policy']:15} {row['commit']:18} {row['k']}  "
+    if "error" in row:
+        return head + f"ERROR {row['error']}"
+    s = row["slots"]
+    return head + (
+        f"{'dv' if row['schedule'] == 'decode-verify' else 'fu':5} "
+        f"{row['greedy_tok_s']:12.1f} {row['spec_tok_s']:11.1f} {row['speedup']:7.2f}x  {str(row['identical']):9}  "
+        f"{_c(s['primary']):15}  {_c(s['verify']):14}  {_c(s['mtp'])}"
+    )
+
+
+def _run(spec: tuple, art, backend: str, tokens: int) -> dict:
+    """One greedy + speculative run of the check; a failure becomes a row with its error."""
     from .experiment import run_point
-    from .model import PRESETS
-    from .result import write_atomic
 
-    unknown = [p for p in presets if p not in PRESETS]
-    if unknown or not ks or any(k < 1 or k > 7 for k in ks) or tokens < 8:
-        raise ValueError(
-            f"gpu-check: presets {unknown} unknown (allowed {list(PRESETS)}), or ks {ks} outside 1..7, "
-            f"or tokens {tokens} < 8"
-        )
-    if backend == "cuda":
-        from .device import require_cuda
+    name, pol, com, k, schedule = spec
+    run = RunConfig(
+        preset=name, k=k, drafter="mtp", policy=pol, commit=com, schedule=schedule, tokens=tokens, backend=backend
+    )
+    try:
+        return _row(spec, run_point(run, art))
+    except Exception as err:  # noqa: BLE001 - one failed run is a result, not the end of the check
+        return _row(spec, error=_first_line(err))
+    finally:
+        _release(backend)
 
-        require_cuda()
-    t0 = time.perf_counter()
-    doc = {"env": environment(backend), "doctor": report(), "backend": backend, "tokens": tokens}
-    arts, builds, captures, kernels = {}, {}, {}, {}
-    for name in presets:
-        tb = time.perf_counter()
-        arts[name] = model_for(RunConfig(preset=name, backend=backend, tokens=tokens))
-        builds[name] = time.perf_counter() - tb
-        captures[name], tried = resolve_host_inputs(arts[name], backend, min(tokens, 32))
-        for line in tried:
-            print(f"{name}: {line}")
-        kernels[name] = kernel_check(arts[name].config, backend)
-        print(
-            f"{name}: built {arts[name].config.dtype} in {builds[name]:.1f} s; capture check "
-            f"{'OK' if captures[name]['identical'] else 'FAIL'} (greedy with graphs == eager, "
-            f"{captures[name]['replays']} replays; greedy {captures[name]['replay_tok_s']:.0f} tok/s replayed vs "
-            f"{captures[name]['eager_tok_s']:.0f} eager); select kernel "
-            + (f"max |diff| {kernels[name]['max_abs_diff']:.2e}" if kernels[name]["checked"] else "n/a (CPU)")
-        )
-        _release(backend)
-    rows, skipped = [], []
-    header = "preset  policy          commit             k  sched  greedy tok/s  spec tok/s  speedup  identical  primary c/r/f/i  verify c/r/f/i  mtp c/r/f/i"
-    print(header)
-    for spec in tqdm(plan(presets, ks), desc="gpu-check", unit="run", leave=False, disable=None):
-        if time.perf_counter() - t0 > budget_s:
-            skipped.append(list(spec))
-            continue
-        name, pol, com, k, schedule = spec
-        run = RunConfig(
-            preset=name, k=k, drafter="mtp", policy=pol, commit=com, schedule=schedule, tokens=tokens, backend=backend
-        )
-        try:
-            row = _row(spec, run_point(run, arts[name]))
-        except Exception as err:  # noqa: BLE001 - one failed run is a result, not the end of the check
-            rows.append(
-                {"preset": name, "policy": pol, "commit": com, "k": k, "schedule": schedule}
-                | {"error": _first_line(err), "identical": False, "slots": {}, "reasons": {}}
-            )
-            tqdm.write(f"{name:7} {pol:15} {com:18} {k}  ERROR {_first_line(err)}")
-            _release(backend)
-            continue
-        rows.append(row)
-        s = row["slots"]
-        tqdm.write(
-            f"{name:7} {pol:15} {com:18} {k}  {'dv' if schedule == 'decode-verify' else 'fu':5} "
-            f"{row['greedy_tok_s']:12.1f} {row['spec_tok_s']:11.1f} {row['speedup']:7.2f}x  {str(row['identical']):9}  "
-            f"{_c(s['primary']):15}  {_c(s['verify']):14}  {_c(s['mtp'])}"
-        )
-        _release(backend)
-    control = negative_control(arts[presets[0]], backend, tokens) if time.perf_counter() - t0 <= budget_s else None
-    if control is not None:
-        print(
-            f"negative control ({presets[0]}, sibling, validation off): hazards={control['hazards']} "
-            f"identical={control['identical']} (expected: hazards > 0)"
-        )
-    result = checks(rows)
-    result["negative control: an unpinned replay without validation is detected"] = bool(control and control["hazards"])
-    result["capture protocol: greedy with graphs == greedy eager"] = all(c["identical"] for c in captures.values())
-    if backend == "cuda":
-        result["select replay kernel == array replay"] = all(k["ok"] for k in kernels.values())
+
+def _prepare(name: str, backend: str, tokens: int) -> tuple:
+    """Build one preset, check the capture protocol and the replay kernel; (artifact, build s, capture, kernel)."""
+    from .engine import model_for
+
+    tb = time.perf_counter()
+    art = model_for(RunConfig(preset=name, backend=backend, tokens=tokens))
+    built = time.perf_counter() - tb
+    capture, tried = resolve_host_inputs(art, backend, min(tokens, 32))
+    for line in tried:
+        print(f"{name}: {line}")
+    kernel = kernel_check(art.config, backend)
+    print(
+        f"{name}: built {art.config.dtype} in {built:.1f} s; capture check "
+        f"{'OK' if capture['identical'] else 'FAIL'} (greedy with graphs == eager, "
+        f"{capture['replays']} replays; greedy {capture['replay_tok_s']:.0f} tok/s replayed vs "
+        f"{capture['eager_tok_s']:.0f} eager); select kernel "
+        + (f"max |diff| {kernel['max_abs_diff']:.2e}" if kernel["checked"] else "n/a (CPU)")
+    )
+    _release(backend)
+    return art, built, capture, kernel
+
+
+def _print_best(rows: list[dict]) -> None:
     best = {}
     for r in (r for r in rows if "error" not in r):
         key = (r["preset"], r["k"])
@@ -272,13 +247,64 @@ def gpu_check(
             f"  {name} k={k}: {r['greedy_tok_s']:.1f} -> {r['spec_tok_s']:.1f} tok/s ({r['speedup']:.2f}x, "
             f"{r['policy']}, {r['commit']}, {r['schedule']})"
         )
+
+
+def gpu_check(
+    presets: list[str], ks: list[int], tokens: int, out: Path, backend: str = "cuda", budget_s: float = 270.0
+) -> int:
+    """Run the device check; print as it goes; write the JSON; 0 when every check holds."""
+    from tqdm import tqdm
+
+    from .doctor import report
+    from .env import environment
+    from .model import PRESETS
+    from .result import write_atomic
+
+    max_k = MAX_TRANSITION_CAPACITY - 1
+    unknown = [p for p in presets if p not in PRESETS]
+    problems = [f"presets {unknown} unknown (allowed {list(PRESETS)})"] * bool(unknown)
+    problems += [f"k={k} outside 1..{max_k}" for k in ks if not 1 <= k <= max_k] + ["no k given"] * (not ks)
+    problems += [f"tokens={tokens} < 8"] * (tokens < 8)
+    problems += [f"backend {backend!r} not in {list(BACKENDS)}"] * (backend not in BACKENDS)
+    if problems:
+        raise ValueError("; ".join(problems))
+    if backend == "cuda":
+        from .device import require_cuda
+
+        require_cuda()
+    t0 = time.perf_counter()
+    doc = {"env": environment(backend), "doctor": report(), "backend": backend, "tokens": tokens}
+    prepared = {name: _prepare(name, backend, tokens) for name in presets}
+    arts = {name: p[0] for name, p in prepared.items()}
+    captures = {name: p[2] for name, p in prepared.items()}
+    kernels = {name: p[3] for name, p in prepared.items()}
+    rows, skipped = [], []
+    print(HEADER)
+    for spec in tqdm(plan(presets, ks), desc="gpu-check", unit="run", leave=False, disable=None):
+        if time.perf_counter() - t0 > budget_s:
+            skipped.append(list(spec))
+            continue
+        rows.append(_run(spec, arts[spec[0]], backend, tokens))
+        tqdm.write(_format(rows[-1]))
+    control = negative_control(arts[presets[0]], backend, tokens) if time.perf_counter() - t0 <= budget_s else None
+    if control is not None:
+        print(
+            f"negative control ({presets[0]}, sibling, validation off): hazards={control['hazards']} "
+            f"identical={control['identical']} (expected: hazards > 0)"
+        )
+    result = checks(rows)
+    result["negative control: an unpinned replay without validation is detected"] = bool(control and control["hazards"])
+    result["capture protocol: greedy with graphs == greedy eager"] = all(c["identical"] for c in captures.values())
+    if backend == "cuda":
+        result["select replay kernel == array replay"] = all(k["ok"] for k in kernels.values())
+    _print_best(rows)
     if skipped:
         print(f"\nSKIPPED {len(skipped)} runs past the {budget_s:.0f} s budget: " + "; ".join(map(str, skipped)))
     print()
     for what, ok in result.items():
         print(f"{'PASS' if ok else 'FAIL'}  {what}")
     doc |= {
-        "build_seconds": builds,
+        "build_seconds": {name: p[1] for name, p in prepared.items()},
         "capture": captures,
         "kernel": kernels,
         "runs": rows,

@@ -15,8 +15,7 @@ SELECT_STATE_TOLERANCE = STATE_TOLERANCE["fp32"]
 
 def top2_margin(logits: np.ndarray) -> float:
     """Gap between the largest and second-largest logit of one row."""
-    top = np.partition(np.asarray(logits, dtype=np.float64).ravel(), -2)[-2:]
-    return float(top[1] - top[0])
+    return float(top2_margin_xp(np, np.asarray(logits)))
 
 
 def top2_margin_xp(xp, row):

@@ -5,12 +5,16 @@ and the fp16 build on the CPU EP."""
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 
 from mtplab import cuda
 from mtplab.arena import Arena, address
 from mtplab.commit import replay_transitions, replay_transitions_xp, split_transitions
-from mtplab.engine import accepted_count
+from mtplab.config import RunConfig
+from mtplab.device import Device
+from mtplab.engine import Engine, accepted_count
 from mtplab.executor import Binding, Executor, Slot, SlotMemory, Status
+from mtplab.experiment import run_point
 
 
 class FakeRunOptions:
@@ -220,8 +224,6 @@ def test_device_arrays_bind_as_cuda_and_host_inputs_as_cpu():
 
 
 def test_fp16_build_runs_on_the_cpu_ep():
-    from mtplab.config import RunConfig
-    from mtplab.experiment import run_point
     from mtplab.model import build_model, preset
 
     art = build_model(preset("tiny", dtype="fp16"))
@@ -231,18 +233,16 @@ def test_fp16_build_runs_on_the_cpu_ep():
         assert r.lossless, r.verdict
 
 
+def _graphs_on_the_cpu_ep(ids: cuda.GraphIds) -> Device:
+    """numpy arrays, the CUDA plan backend (graph ids, capture protocol), the real CPU EP underneath."""
+    return Device("cpu", np, cuda.CudaGraphBackend(ids, ort.RunOptions, device_type="cpu"))
+
+
 def test_the_cuda_plan_backend_drives_the_real_engine_losslessly(tiny):
     """On the CPU EP a graph id runs the model once, so capture's restore-and-replay is the whole protocol."""
-    import onnxruntime as ort
-
-    from mtplab.config import RunConfig
-    from mtplab.device import Device
-    from mtplab.engine import Engine
-    from mtplab.experiment import run_point
-
     for policy_name, verify_ids in (("shared-max", 1), ("sibling", 4)):
         ids = cuda.GraphIds(per_slot=4)
-        device = Device("cpu", np, cuda.CudaGraphBackend(ids, ort.RunOptions, device_type="cpu"))
+        device = _graphs_on_the_cpu_ep(ids)
         run = RunConfig(preset="tiny", k=3, policy=policy_name, tokens=48)
         r = run_point(run, tiny, Engine(run, tiny, device=device))
         assert r.lossless, r.verdict
@@ -254,15 +254,8 @@ def test_the_cuda_plan_backend_drives_the_real_engine_losslessly(tiny):
 
 def test_when_graph_ids_run_out_the_greedy_baseline_is_the_one_measured_before(tiny):
     """readvance-batched re-advances at M=n on Primary: each invalidation spends an id until none is left."""
-    import onnxruntime as ort
-
-    from mtplab.config import RunConfig
-    from mtplab.device import Device
-    from mtplab.engine import Engine
-    from mtplab.experiment import run_point
-
     ids = cuda.GraphIds(per_slot=2)
-    device = Device("cpu", np, cuda.CudaGraphBackend(ids, ort.RunOptions, device_type="cpu"))
+    device = _graphs_on_the_cpu_ep(ids)
     run = RunConfig(preset="tiny", k=3, commit="readvance-batched", tokens=48)
     r = run_point(run, tiny, Engine(run, tiny, device=device))
     assert r.lossless and len(ids.by_slot["primary"]) == 2
