@@ -9,6 +9,7 @@ the accepted prefix. KV rollback is contents-only: the logical length shrinks, b
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +32,7 @@ class Greedy:
     margins: list[float]
     seconds: float
     decodes: int
-    states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    logits: list[np.ndarray] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -149,6 +150,7 @@ class Engine:
             validate=run.validate,
         )
         self.forwards: dict[str, int] = {}
+        self.watch = None  # the checked pass looks at every forward's outputs (lossless.Watch)
         self.head = MtpDrafter(cfg, self.mtp, self.mtp_state, self.forwards)
         self.snapshot = [
             self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())
@@ -175,6 +177,8 @@ class Engine:
         out = run(slot, feeds, outputs, bound)
         key = f"{label or self.target.labels[slot]}/M={tokens.size}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
+        if self.watch is not None:
+            self.watch(key, self.state.length, out)
         return out
 
     def _start(self, prompt: list[int]) -> dict:
@@ -192,33 +196,39 @@ class Engine:
         return {n: to_numpy(a) for n, a in self.state.recurrent().items()}
 
     # -- greedy --------------------------------------------------------------------------------
-    def greedy(self, prompt: list[int], n: int, keep_states: set[int] = frozenset(), eager: bool = False) -> Greedy:
-        """Greedy decoding of n tokens at M=1 on Slot.PRIMARY; keeps the recurrent state at the given lengths.
+    def greedy(self, prompt: list[int], n: int, eager: bool = False, keep_logits: int = 0) -> Greedy:
+        """Greedy decoding of n tokens at M=1 on Slot.PRIMARY.
 
         Tokens and margins stay on the device until the end: the loop never waits for it (each
         argmax feeds the next decode directly). eager=True runs every decode outside the slot's plan.
+        keep_logits=m keeps the first m logits rows (prefill's last, then each decode) for the anchor.
         """
         xp = self.xp
         out = self._start(prompt)
         row = out["logits"][0, -1]
-        tokens, margins, states = [xp.argmax(row)], [oracle.top2_margin_xp(xp, row)], {}
+        tokens, margins, rows = [xp.argmax(row)], [oracle.top2_margin_xp(xp, row)], [row.copy()][:keep_logits]
         t0 = time.perf_counter()
         while len(tokens) < n:
             out = self.forward(Slot.PRIMARY, tokens[-1].reshape(1), eager=eager)
             self.state.length += 1
-            if self.state.length in keep_states:
-                states[self.state.length] = {n: a.copy() for n, a in self.state.recurrent().items()}
             row = out["logits"][0, 0]
+            if len(rows) < keep_logits:
+                rows.append(row.copy())
             tokens.append(xp.argmax(row))
             margins.append(oracle.top2_margin_xp(xp, row))
         host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(margins)]))
         seconds = time.perf_counter() - t0
-        states = {length: {n: to_numpy(a) for n, a in st.items()} for length, st in states.items()}
-        return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, states)
+        logits = [to_numpy(r) for r in rows]
+        return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, logits)
 
     # -- speculative ---------------------------------------------------------------------------
-    def speculative(self, prompt: list[int], n: int, reference: list[int] | None = None) -> dict:
+    def speculative(
+        self, prompt: list[int], n: int, reference: list[int] | None = None, on_commit: Callable | None = None
+    ) -> dict:
         """Speculative decoding until at least n tokens; returns tokens and per-step statistics.
+
+        on_commit(step, length), when given, is called after every commit (the checked pass
+        compares the committed state there; timed runs pass nothing).
 
         schedule="decode-verify" (the seed's): each step decodes the pending token at M=1 on
         Primary, drafts from that decode, then verifies [g, d1..dk]. schedule="fused" (vLLM,
@@ -287,6 +297,8 @@ class Engine:
             self.main.release(handoff)
             self.target.end_step()
             t4 = time.perf_counter()
+            if on_commit is not None:
+                on_commit(len(accepted_counts), self.state.length)
             for name, a, b in (("decode", t0, t1), ("draft", t1, t2), ("verify", t2, t3), ("commit", t3, t4)):
                 split[name] += b - a
         return {

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import oracle, theory
+from . import lossless, oracle, theory
 from .config import RunConfig
 from .engine import Engine, prompt_tokens
 from .env import environment
 from .executor import Slot
 from .model import Artifact
 from .result import RunResult
-
-WARMUP_TOKENS = 16
 
 
 def _diff(after: dict, before: dict) -> dict:
@@ -33,32 +31,35 @@ def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine |
 
 
 def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None) -> RunResult:
-    """Greedy baseline, speculative decoding, greedy again, and the lossless check, in one RunResult.
+    """The lossless check, then greedy, speculative and greedy again, timed, in one RunResult.
 
-    A short warm-up runs first; the greedy baseline is measured before and after the speculative
-    run and pooled, so drift over the point cancels out of the speedup.
+    The checked pass (untimed) runs first and warms every plan up; its counters are the point's
+    slot counters. The greedy baseline is measured before and after the timed speculative run and
+    pooled, so drift over the point cancels out of the speedup.
     """
     engine = engine or Engine(run, artifact)
     cfg, k, n = engine.cfg, run.k, run.tokens
     prompt = prompt_tokens(cfg.vocab_size, run.prompt_len, run.seed)
-    P = len(prompt)
-    engine.greedy(prompt, WARMUP_TOKENS)  # a fresh process runs its first forwards slowly
-    greedy = engine.greedy(prompt, n + k + 1, keep_states=set(range(P + n - 1, P + n + k + 1)))
-    greedy_slots = _counters(engine)
-    forwards_before = dict(engine.forwards)
-    spec = engine.speculative(prompt, n, reference=greedy.tokens)
-    slots = _diff(_counters(engine), greedy_slots)
-    forwards = {
-        key: v - forwards_before.get(key, 0) for key, v in engine.forwards.items() if v - forwards_before.get(key, 0)
-    }
+    # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
+    mark: dict = {}
 
+    def after_reference() -> None:
+        mark.update(slots=_counters(engine), forwards=dict(engine.forwards))
+
+    reference, _, identity = lossless.checked_pass(engine, prompt, n, after_reference)
+    greedy_slots = mark["slots"]
+    slots = _diff(_counters(engine), greedy_slots)
+    forwards = {key: v - mark["forwards"].get(key, 0) for key, v in engine.forwards.items()}
+    forwards = {key: v for key, v in forwards.items() if v}
+    # Timed: greedy, speculative, greedy again; they do only what the decoders they measure do.
+    greedy = engine.greedy(prompt, n + k + 1)
+    timed_before = _counters(engine)
+    spec = engine.speculative(prompt, n, reference=reference.tokens)
+    timed_slots = _diff(_counters(engine), timed_before)
     tokens = spec["tokens"][:n]
-    identity = oracle.token_identity(tokens, greedy.tokens[:n], greedy.margins)
-    reference_state = greedy.states.get(engine.state.length)
-    if reference_state is not None:
-        identity |= oracle.state_identity(engine.recurrent_state(), reference_state)
-    else:
-        identity |= {"state_max_abs_diff": None, "state_bitwise": None}
+    timed = oracle.token_identity(tokens, reference.tokens[:n], reference.margins)
+    if identity["token_identical"] and not timed["token_identical"]:
+        identity |= timed | {"diverged_in": "timed run"}
     ok, verdict = oracle.verdict(identity, run.commit, cfg.dtype)
     if not ok:
         oracle.shout(verdict)
@@ -132,7 +133,8 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
         env=environment(run.backend),
         lossless=ok,
         verdict=verdict,
-        extra={"greedy_baseline": baseline},
+        extra={"greedy_baseline": baseline, "timed_slots": timed_slots},
+        accepted_per_step=[int(a) for a in spec["accepted"]],
     )
 
 

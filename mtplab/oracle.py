@@ -42,38 +42,81 @@ def token_identity(spec: list[int], greedy: list[int], greedy_margins: list[floa
 
 
 def state_identity(state: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict:
-    """Max abs difference over every GDN and conv state, and whether all are bitwise equal."""
+    """Max abs difference over every GDN and conv state, and whether all are bitwise equal.
+
+    A NaN or Inf anywhere makes the difference infinite: it never passes a tolerance.
+    """
     if set(state) != set(reference):
         raise ValueError(f"state names differ: {sorted(set(state) ^ set(reference))}")
-    diff = max(float(np.max(np.abs(state[n].astype(np.float64) - reference[n]))) for n in state)
+    diffs = [np.abs(np.asarray(state[n], np.float64) - np.asarray(reference[n], np.float64)) for n in state]
+    diff = max((float(d.max()) if np.isfinite(d).all() else float("inf")) for d in diffs)
     bitwise = all(np.array_equal(state[n], reference[n]) for n in state)
     return {"state_max_abs_diff": diff, "state_bitwise": bitwise}
 
 
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _state_where(first: dict) -> str:
+    return f" after step {first['step']} (length {first['length']}), {first['tensor']}"
+
+
 def verdict(identity: dict, commit: str, dtype: str = "fp32") -> tuple[bool, str]:
-    """(ok, message). Tokens must match; readvance-m1 states must be bitwise; select within tolerance."""
-    if not identity["token_identical"]:
-        return False, (
-            f"LOSSLESS CHECK FAILED: speculative output diverges from greedy at token {identity['first_divergence']} "
-            f"(greedy {identity['greedy_token_at_divergence']}, speculative {identity['spec_token_at_divergence']}; "
-            f"greedy top-2 logit margin there {identity['margin_at_divergence']})"
+    """(ok, message). Every check that ran must pass; the message names the first failure and where.
+
+    Tokens must match greedy's; nothing non-finite may appear in any forward; greedy must agree
+    with the float64 anchor; the state after every commit must match the lockstep reference
+    (bitwise for readvance-m1, within STATE_TOLERANCE otherwise).
+    """
+    fail = "LOSSLESS CHECK FAILED: "
+    bad = identity.get("non_finite")
+    if bad:
+        return False, fail + (
+            f"non-finite {bad['tensor']} in the {bad['run']} run, forward {bad['forward']} ({bad['label']}) "
+            f"at position {bad['position']}"
         )
-    diff = identity.get("state_max_abs_diff")
-    if commit == "readvance-m1" and identity.get("state_bitwise") is False:
-        return (
-            False,
-            f"LOSSLESS CHECK FAILED: readvance-m1 state is not bitwise equal to greedy (max abs diff {diff:.3g})",
+    first = identity.get("state_first_divergence")
+    if not identity["token_identical"]:
+        return False, fail + (
+            f"speculative output diverges from greedy at token {identity['first_divergence']} "
+            f"(greedy {identity['greedy_token_at_divergence']}, speculative {identity['spec_token_at_divergence']}; "
+            f"greedy top-2 logit margin there {_fmt(identity['margin_at_divergence'])})"
+            + (f"; the recurrent state first differed{_state_where(first)}" if first and "step" in first else "")
+        )
+    anchor = identity.get("anchor")
+    if anchor and not anchor["ok"]:
+        where = anchor["first_token_disagreement"]
+        return False, fail + (
+            f"greedy disagrees with the float64 reference over the prefill and first {anchor['positions'] - 1} "
+            f"tokens: max logit difference {_fmt(anchor['max_logit_diff'])} (tolerance {anchor['tolerance']})"
+            + (f", first different token at {where}" if where is not None else "")
+            + ": a bug that greedy and speculative share"
+        )
+    if identity.get("reference_disagreements"):
+        d = identity["reference_disagreements"][0]
+        return False, fail + (
+            f"greedy and the plain session.run reference disagree at position {d['position']} "
+            f"(greedy {d['greedy']}, reference {d['reference']})"
         )
     tolerance = STATE_TOLERANCE[dtype]
-    if diff is not None and diff > tolerance:
-        return False, (
-            f"LOSSLESS CHECK FAILED: recurrent state differs from greedy's by {diff:.3g} (tolerance {tolerance} at {dtype})"
-        )
+    diff = identity.get("state_max_abs_diff")
+    if first is None and diff is not None:  # a final-state-only comparison
+        if not diff <= tolerance or (commit == "readvance-m1" and identity.get("state_bitwise") is False):
+            first = {"max_abs_diff": diff, "non_finite": not np.isfinite(diff)}
+    if first is not None:
+        where = _state_where(first) if "step" in first else " at the end of the run"
+        kind = "non-finite" if first["non_finite"] else f"max abs diff {_fmt(first['max_abs_diff'])}"
+        rule = "must be bitwise equal for readvance-m1" if commit == "readvance-m1" else f"tolerance {tolerance} at {dtype}"
+        return False, fail + f"recurrent state differs from greedy's{where}: {kind} ({rule})"
     if diff is None:
         state = " (state not observable)"
     else:
-        state = ", state bitwise" if identity.get("state_bitwise") else f", state within {diff:.2g}"
-    return True, "identical to greedy: every token" + state
+        checked = identity.get("state_commits_checked")
+        after = f" after each of {checked} commits" if checked else ""
+        state = f", state bitwise{after}" if identity.get("state_bitwise") else f", state within {diff:.2g}{after}"
+    anchored = f"; greedy matches the float64 reference ({_fmt(anchor['max_logit_diff'])})" if anchor else ""
+    return True, "identical to greedy: every token" + state + anchored
 
 
 def shout(message: str) -> None:

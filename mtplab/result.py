@@ -40,6 +40,7 @@ class RunResult:
     lossless: bool = True
     verdict: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    accepted_per_step: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -17,7 +17,8 @@ import onnx
 
 from .config import ModelConfig
 from .graph import build_mtp, build_target, mtp_io, target_io
-from .weights import mtp_weights, target_weights
+from .behaviour import fitted_head
+from .weights import target_weights
 
 REQUIRED_OPS = {
     "GroupQueryAttention": "1.18",
@@ -93,7 +94,18 @@ class Artifact:
             f"{cfg.name}: {m['parameters']['target'] / 1e6:.1f}M params (MTP head {m['parameters']['mtp'] / 1e6:.1f}M), "
             f"{cfg.num_layers} layers = {len(cfg.gdn_layer_ids)} GatedDeltaNet + {len(cfg.attention_layer_ids)} attention, "
             f"{cfg.dtype}/{cfg.weight_format}, ops: {', '.join(sorted(o.split('::')[-1] for o in m['ops']))}"
-        )
+        ) + (f"\n  {behaviour_line(m['behaviour'])}" if "behaviour" in m else "")
+
+
+def behaviour_line(b: dict) -> str:
+    """The build-time behaviour figures in one line (see mtplab.model.behaviour)."""
+    free = ["never" if f is None else str(f) for f in b["free_running_departure"]]
+    return (
+        f"state sensitivity over prompt seeds {b['seeds']}: teacher-forced "
+        f"{min(b['teacher_forced']):.0%}..{max(b['teacher_forced']):.0%} of positions change when the state is "
+        f"zeroed, free-running departure at token {'/'.join(free)}; top-2 margin median {b['margin_median']:.2f}"
+        + (f"; MTP head acceptance at k=1 {b['head_acceptance_k1']:.0%}" if "head_acceptance_k1" in b else "")
+    )
 
 
 def _write_atomic_dir(final: Path, files: dict[str, bytes]) -> None:
@@ -118,9 +130,11 @@ def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = F
         return load_artifact(final)
     check_ops()
     tw = target_weights(cfg)
-    target, ops_t, _ = build_target(cfg, tw)
-    mtp, ops_m, _ = build_mtp(cfg, mtp_weights(cfg, tw))
-    blobs = {"target.onnx": target.SerializeToString(), "mtp.onnx": mtp.SerializeToString()}
+    target, ops_t, effective = build_target(cfg, tw)
+    target_blob = target.SerializeToString()
+    head, behaviour = fitted_head(cfg, tw | effective, target_blob)
+    mtp, ops_m, _ = build_mtp(cfg, head)
+    blobs = {"target.onnx": target_blob, "mtp.onnx": mtp.SerializeToString()}
     t_in, t_out = target_io(cfg)
     m_in, m_out = mtp_io(cfg)
     n_params = lambda model: int(sum(np.prod(t.dims) for t in model.graph.initializer))  # noqa: E731
@@ -137,6 +151,7 @@ def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = F
         "names": builtin_names(),
         "ops": sorted(ops_t | ops_m),
         "parameters": {"target": n_params(target), "mtp": n_params(mtp)},
+        "behaviour": behaviour,
         "onnxruntime_version": onnxruntime.__version__,
         "content_hash": hashlib.sha256(blobs["target.onnx"] + blobs["mtp.onnx"]).hexdigest()[:16],
     }

@@ -13,7 +13,9 @@ CONV_KERNEL = 4
 INT4_BLOCK = 32
 MAX_TRANSITION_CAPACITY = 8
 # Bumped whenever the ONNX graphs' form changes, so that cached builds of the old form are not reused.
-GRAPH_VERSION = 2
+GRAPH_VERSION = 3
+# Bumped whenever the weights a config produces change (scales, the MTP head fit).
+WEIGHTS_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,14 @@ class ModelConfig:
     name: str = "custom"
     # Scales that shape the untrained weights (see README: "the built-in model").
     layer_scale: float = 0.45
-    logit_scale: float = 3.0
-    bigram_peak: float = 16.0
+    logit_scale: float = 6.0
+    bigram_peak: float = 20.0
+    state_gain: float = 12.0  # how much the GatedDeltaNet layers write into the residual stream
+    key_alignment: float = 2.0  # shared query/key direction: the state's readout depends on the history
+    decay_shift: float = -4.0  # added to a_log: longer recurrent memory
+    beta_bias: float = -3.0  # GatedDeltaNet write strength (sigmoid): lower keeps a longer memory
+    conv_memory: float = 0.6  # size of the causal conv's taps on the previous tokens (the current one's is ~1)
+    head_fit_tokens: int = 2048  # generated tokens the MTP head's input projection is fitted on
     conv_kernel: int = field(default=CONV_KERNEL)
 
     def __post_init__(self) -> None:
@@ -81,6 +89,7 @@ class ModelConfig:
         d = self.to_dict()
         d.pop("name")
         d["graph_version"] = GRAPH_VERSION
+        d["weights_version"] = WEIGHTS_VERSION
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -115,6 +124,7 @@ def validate(cfg: ModelConfig) -> None:
         "mlp_size",
         "max_seq_len",
         "transition_capacity",
+        "head_fit_tokens",
     ):
         _positive(cfg, name)
     if cfg.dtype not in DTYPES:

@@ -182,7 +182,7 @@ def _gdn(g: _Graph, x: str, w: Weights, i: int) -> str:
     k = g.node("Reshape", [k, g.const_i64([1, -1, Hk, Dk])])[0]
     v = g.node("Reshape", [v, g.const_i64([1, -1, Hv, Dv])])[0]
     decay = g.linear(xn, w[p + "decay"], p + "decay")
-    beta = g.linear(xn, w[p + "beta"], p + "beta")
+    beta = g.node("Add", [g.linear(xn, w[p + "beta"], p + "beta"), g.act(p + "beta_bias", w[p + "beta_bias"])])[0]
     out = g.node(
         "GatedDeltaNet",
         [

@@ -12,7 +12,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .graph import EPS
-from .weights import Weights, rotary_cache
+from .weights import Weights, dequantize_int4, rotary_cache
 
 
 def rmsnorm(x: np.ndarray, gamma: np.ndarray) -> np.ndarray:
@@ -59,6 +59,27 @@ def gdn_step(S: np.ndarray, q, k, v, g, beta, scale):
     return S, out, delta, decay
 
 
+def weights_from_onnx(*paths) -> Weights:
+    """The weights an ONNX file really holds, as the reference reads them (int4 dequantized).
+
+    Reading them from the graph (not regenerating them from the config) makes the reference check
+    the bytes ONNX Runtime runs; it is also much faster than rebuilding the weights.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    w: Weights = {}
+    for path in paths:
+        inits = {t.name: t for t in onnx.load(str(path)).graph.initializer}
+        for name, t in inits.items():
+            if name.endswith(".q"):
+                base = name[:-2]
+                w[base] = dequantize_int4(numpy_helper.to_array(t), numpy_helper.to_array(inits[base + ".scales"]))
+            elif not name.endswith(".scales") and t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+                w[name] = numpy_helper.to_array(t).astype(np.float32)
+    return w
+
+
 class ReferenceModel:
     """Numpy forward of target.onnx (and mtp.onnx via ReferenceMTP) on the same weights."""
 
@@ -80,6 +101,10 @@ class ReferenceModel:
         return st
 
     def attention(self, x: np.ndarray, p: str, kv: tuple[np.ndarray, np.ndarray], past: int) -> np.ndarray:
+        return x + self.attention_context(x, p, kv, past) @ self.w[p + "o"]
+
+    def attention_context(self, x: np.ndarray, p: str, kv: tuple[np.ndarray, np.ndarray], past: int) -> np.ndarray:
+        """The attention layer's output before its o projection, [M, H*Dh] (writes K and V rows)."""
         cfg, w = self.cfg, self.w
         H, Hkv, Dh = cfg.attn_heads, cfg.attn_kv_heads, cfg.attn_head_dim
         M = x.shape[0]
@@ -98,14 +123,16 @@ class ReferenceModel:
         scores = scores + np.where(np.arange(T)[None, :] > pos[:, None], -np.inf, 0.0)[None]
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
-        out = np.einsum("hmt,htd->mhd", probs, vals).reshape(M, H * Dh)
-        return x + out @ w[p + "o"]
+        return np.einsum("hmt,htd->mhd", probs, vals).reshape(M, H * Dh)
 
     def mlp(self, x: np.ndarray, p: str) -> np.ndarray:
+        return x + self.mlp_features(x, p) @ self.w[p + "down"]
+
+    def mlp_features(self, x: np.ndarray, p: str) -> np.ndarray:
+        """The MLP's activations before its down projection, [M, F]."""
         w = self.w
         xn = rmsnorm(x, w[p + "mlp_norm"])
-        gate = xn @ w[p + "gate"]
-        return x + (silu(gate) * (xn @ w[p + "up"])) @ w[p + "down"]
+        return silu(xn @ w[p + "gate"]) * (xn @ w[p + "up"])
 
     def gdn(self, x: np.ndarray, i: int, st: ReferenceState, trace: dict) -> np.ndarray:
         cfg, w, p = self.cfg, self.w, f"layer{i}."
@@ -124,7 +151,7 @@ class ReferenceModel:
         v = conv[:, 2 * Hk * Dk :].reshape(M, Hv, Dv)
         rep = Hv // Hk
         g = -np.exp(w[p + "a_log"]) * softplus(xn @ w[p + "decay"] + w[p + "dt_bias"])
-        beta = 1.0 / (1.0 + np.exp(-(xn @ w[p + "beta"])))
+        beta = 1.0 / (1.0 + np.exp(-(xn @ w[p + "beta"] + w[p + "beta_bias"])))
         S = st.gdn[i]
         outs, steps = [], []
         for t in range(M):
@@ -159,8 +186,12 @@ class ReferenceMTP:
 
     def __init__(self, cfg: ModelConfig, weights: Weights):
         self.inner = ReferenceModel(cfg, weights)
+        self.kv = self.new_kv()
+
+    def new_kv(self) -> tuple[np.ndarray, np.ndarray]:
+        cfg = self.inner.cfg
         shape = (cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim)
-        self.kv = (np.zeros(shape), np.zeros(shape))
+        return np.zeros(shape), np.zeros(shape)
 
     def forward(self, tokens, hidden: np.ndarray, past: int) -> dict:
         m, w = self.inner, self.inner.w

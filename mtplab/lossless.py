@@ -1,0 +1,199 @@
+"""The checked (untimed) pass of a point: what the lossless verdict is built from.
+
+Three independent looks, none of them inside a timed loop:
+- a `Watch` on every forward of the greedy reference and of the checked speculative run: any
+  NaN or Inf in logits or hidden states is recorded with where it was first seen;
+- a `Lockstep` reference: a plain `session.run` stepper (no IOBinding, no plans, no arenas) fed
+  the greedy tokens, advanced to each length the speculative run commits to, where the committed
+  GatedDeltaNet and conv states are compared tensor by tensor (memory: one extra state);
+- an `anchor`: the float64 numpy reference (`mtplab.model.reference`) on the weights the ONNX
+  file holds, for the prefill and the first decoded tokens, which catches a bug that greedy and
+  speculative share (the prefill, the decode path).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arena import to_numpy
+from .model import Artifact
+from .model.reference import ReferenceModel, weights_from_onnx
+from .model.stepper import Stepper
+from .oracle import STATE_TOLERANCE, token_identity
+
+ANCHOR_TOKENS = 4  # decoded tokens the float64 anchor checks after the prefill
+# The anchor compares ONNX Runtime's logits with float64 numpy: rounding of the run's dtype only.
+ANCHOR_TOLERANCE = {"fp32": 5e-3, "fp16": 0.25}
+
+
+def _first_non_finite(a: np.ndarray) -> int | None:
+    bad = ~np.isfinite(a)
+    return int(np.argmax(bad.reshape(-1))) if bad.any() else None
+
+
+@dataclass
+class Watch:
+    """Looks at every forward's logits and hidden states; keeps the first non-finite one seen."""
+
+    run: str = "greedy"
+    forwards: int = 0
+    non_finite: dict | None = None
+
+    def start(self, run: str) -> None:
+        """Count the forwards of another run from 1 (the first non-finite seen is kept)."""
+        self.run, self.forwards = run, 0
+
+    def __call__(self, label: str, length: int, out: dict) -> None:
+        self.forwards += 1
+        if self.non_finite is not None:
+            return
+        for tensor in ("logits", "hidden"):
+            where = _first_non_finite(to_numpy(out[tensor]))
+            if where is not None:
+                self.non_finite = {
+                    "run": self.run,
+                    "forward": self.forwards,
+                    "label": label,
+                    "position": length,
+                    "tensor": tensor,
+                    "element": where,
+                }
+                return
+
+
+@dataclass
+class Lockstep:
+    """The independent reference stepped to every committed length, compared state by state."""
+
+    stepper: Stepper
+    sequence: list[int]  # prompt + greedy tokens: what every committed prefix must equal
+    tolerance: float
+    bitwise_required: bool
+    commits: int = 0
+    max_abs_diff: float = 0.0
+    bitwise: bool = True
+    first_divergence: dict | None = None
+    reference_disagreements: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, art: Artifact, prompt: list[int], greedy_tokens: list[int], commit: str) -> Lockstep:
+        cfg = art.config
+        step = Stepper(cfg, art.target)
+        step.forward(prompt)
+        return cls(step, list(prompt) + list(greedy_tokens), STATE_TOLERANCE[cfg.dtype], commit == "readvance-m1")
+
+    @property
+    def reference_bytes(self) -> int:
+        return sum(a.nbytes for a in self.stepper.recurrent().values())
+
+    def advance_to(self, length: int) -> None:
+        while self.stepper.length < length:
+            pos = self.stepper.length
+            out = self.stepper.forward([self.sequence[pos]])
+            expected = self.sequence[pos + 1] if pos + 1 < len(self.sequence) else None
+            got = int(out["logits"][0].argmax())
+            if expected is not None and got != expected and len(self.reference_disagreements) < 8:
+                self.reference_disagreements.append({"position": pos + 1, "greedy": expected, "reference": got})
+
+    def check(self, step: int, length: int, state: dict[str, np.ndarray]) -> None:
+        """Compare the committed state at `length` with the reference's; keep the first divergence."""
+        self.commits += 1
+        self.advance_to(length)
+        for name, ref in self.stepper.recurrent().items():
+            live = to_numpy(state[name])
+            diff = np.abs(live.astype(np.float64) - ref.astype(np.float64))
+            non_finite = not np.isfinite(diff).all()
+            worst = float("inf") if non_finite else float(diff.max())
+            self.max_abs_diff = max(self.max_abs_diff, worst)
+            same = np.array_equal(live, ref)
+            self.bitwise &= same
+            bad = non_finite or worst > self.tolerance or (self.bitwise_required and not same)
+            if bad and self.first_divergence is None:
+                layer = int(name.rsplit(".", 1)[1])
+                self.first_divergence = {
+                    "step": step,
+                    "length": length,
+                    "layer": layer,
+                    "tensor": name,
+                    "max_abs_diff": worst,
+                    "non_finite": non_finite,
+                }
+
+    def summary(self) -> dict:
+        return {
+            "state_max_abs_diff": self.max_abs_diff if self.commits else None,
+            "state_bitwise": self.bitwise if self.commits else None,
+            "state_first_divergence": self.first_divergence,
+            "state_commits_checked": self.commits,
+            "state_reference_bytes": self.reference_bytes,
+            "reference_disagreements": self.reference_disagreements,
+        }
+
+
+def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int]) -> dict:
+    """Greedy's first logits rows (prefill's last, then each decode) against the float64 reference.
+
+    logits[j] is the row that produced tokens[j]. Reports the max logit difference, the first
+    token the reference disagrees on, and whether both stay within ANCHOR_TOLERANCE.
+    """
+    cfg = art.config
+    ref = ReferenceModel(cfg, weights_from_onnx(art.target))
+    st = ref.new_state()
+    rows = [ref.forward(prompt, st)["logits"][-1]]
+    for tok in tokens[: len(logits) - 1]:
+        rows.append(ref.forward([tok], st)["logits"][0])
+    tolerance = ANCHOR_TOLERANCE[cfg.dtype]
+    diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - r))) for a, r in zip(logits, rows)]
+    worst = max(diffs) if all(np.isfinite(diffs)) else float("inf")
+    first = next((j for j, r in enumerate(rows) if int(np.argmax(r)) != tokens[j]), None)
+    return {
+        "positions": len(rows),
+        "max_logit_diff": worst,
+        "tolerance": tolerance,
+        "first_token_disagreement": first,
+        "ok": worst <= tolerance and first is None,
+    }
+
+
+def checked_pass(engine, prompt: list[int], n: int, after_reference: Callable[[], None] | None = None):
+    """The untimed reference and checked speculative run of a point; returns (greedy, spec, identity).
+
+    The greedy reference gives the tokens and margins; the speculative run is compared with it
+    token by token, and with the lockstep reference state by state after every commit and once
+    more after it returns; every forward of both runs is watched for NaN and Inf; the anchor
+    checks greedy's first rows against float64 numpy.
+    """
+    run, art = engine.run_cfg, engine.art
+    watch = engine.watch = Watch("greedy")
+    try:
+        greedy = engine.greedy(prompt, n + run.k + 1, keep_logits=ANCHOR_TOKENS + 1)
+        if after_reference is not None:
+            after_reference()
+        t0 = time.perf_counter()
+        anchored = anchor(art, prompt, greedy.logits, greedy.tokens)
+        t1 = time.perf_counter()
+        lock = Lockstep.start(art, prompt, greedy.tokens, run.commit)
+        watch.start("speculative")
+        checks = [time.perf_counter() - t1]
+
+        def on_commit(step: int, length: int) -> None:
+            t = time.perf_counter()
+            lock.check(step, length, engine.state.recurrent())
+            checks[0] += time.perf_counter() - t
+
+        spec = engine.speculative(prompt, n, reference=greedy.tokens, on_commit=on_commit)
+        on_commit(len(spec["accepted"]), engine.state.length)  # what the run left behind, after its last commit
+    finally:
+        engine.watch = None
+    identity = token_identity(spec["tokens"][:n], greedy.tokens[:n], greedy.margins)
+    identity |= lock.summary() | {"non_finite": watch.non_finite, "anchor": anchored}
+    identity["check_seconds"] = {
+        "anchor": t1 - t0,
+        "lockstep": checks[0],
+        "speculative": spec["seconds"],
+    }
+    return greedy, spec, identity

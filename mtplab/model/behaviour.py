@@ -1,0 +1,154 @@
+"""How the built-in model behaves: state sensitivity, margins, and the MTP head fitted to the target.
+
+An untrained model must still behave like the models mtplab studies: its tokens must depend on
+the context the recurrent state carries (or a state bug could never change a token), greedy must
+keep clear top-1 margins, and the MTP head must agree with the target about as often as trained
+heads do. These figures are measured at build time and stored in the manifest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .config import ModelConfig
+from .reference import ReferenceMTP, rmsnorm
+from .stepper import Stepper
+from .weights import Weights, mtp_weights
+
+SEEDS = (0, 1, 2, 3, 4)  # prompt seeds the figures are taken over
+FIGURE_TOKENS = 64
+WARM_POSITIONS = 16  # teacher-forced sensitivity counts positions after this many tokens
+PROMPT_LEN = 8
+HEAD_RIDGE = 1e-2  # relative to the mean diagonal of each fit's Gram matrix
+
+
+def prompt(cfg: ModelConfig, seed: int, length: int = PROMPT_LEN) -> list[int]:
+    """The deterministic prompt for a seed (the same one `mtplab run --seed` uses)."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, cfg.vocab_size, length)]
+
+
+def _top2(row: np.ndarray) -> float:
+    top = np.partition(row.astype(np.float64), -2)[-2:]
+    return float(top[1] - top[0])
+
+
+def greedy_trace(step: Stepper, tokens: list[int], n: int, zero_state: bool = False) -> dict:
+    """Greedy decoding of n tokens after `tokens` on a fresh sequence.
+
+    Returns tokens, the hidden state of every position that produced one (pre-norm, the MTP head's
+    input), top-2 margins, and (teacher-forced) whether zeroing the recurrent state for that one
+    forward changes the argmax. zero_state=True zeroes the state before every forward instead.
+    """
+    step.reset()
+    out = step.forward(tokens)
+    hidden, margins, flips = [out["hidden"][-1]], [_top2(out["logits"][-1])], []
+    gen = [int(out["logits"][-1].argmax())]
+    while len(gen) < n:
+        if zero_state:
+            step.zero_recurrent()
+        elif len(gen) > WARM_POSITIONS:
+            flips.append(int(step.forward_without_state(gen[-1]).argmax()))
+        out = step.forward([gen[-1]])
+        hidden.append(out["hidden"][0])
+        margins.append(_top2(out["logits"][0]))
+        gen.append(int(out["logits"][0].argmax()))
+    changed = [a != b for a, b in zip(flips, gen[WARM_POSITIONS + 1 :])]
+    return {"tokens": gen, "hidden": np.stack(hidden), "margins": margins, "changed": changed}
+
+
+def state_sensitivity(step: Stepper, seeds=SEEDS, n: int = FIGURE_TOKENS, head: Weights | None = None) -> dict:
+    """Both state-sensitivity figures, per prompt seed, plus margins and variety of greedy text.
+
+    teacher_forced: share of positions after 16 where zeroing the GDN and conv state for that one
+    forward (context and KV cache unchanged) changes greedy's argmax. free_running_departure: the
+    first position where greedy with the state zeroed before every forward leaves greedy (None:
+    never within n). With `head`, also the head's k=1 draft acceptance on the same greedy text.
+    """
+    cfg = step.cfg
+    tf, free, margins, distinct, traces = [], [], [], [], []
+    for seed in tqdm(seeds, desc="state sensitivity", leave=False, disable=None):
+        ref = greedy_trace(step, prompt(cfg, seed), n)
+        traces.append(ref)
+        cut = greedy_trace(step, prompt(cfg, seed), n, zero_state=True)
+        tf.append(float(np.mean(ref["changed"])))
+        free.append(next((i for i, (a, b) in enumerate(zip(ref["tokens"], cut["tokens"])) if a != b), None))
+        margins += ref["margins"]
+        distinct.append(len(set(ref["tokens"])) / len(ref["tokens"]))
+    return {
+        "seeds": list(seeds),
+        "tokens": n,
+        "teacher_forced": tf,
+        "free_running_departure": free,
+        "margin_median": float(np.median(margins)),
+        "margin_p5": float(np.percentile(margins, 5)),
+        "distinct_token_share": float(np.mean(distinct)),
+    } | ({"head_acceptance_k1": head_acceptance(cfg, head, traces)} if head is not None else {})
+
+
+def _head_inputs(w: Weights, tokens: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+    """[norm(embed(next token)), norm(hidden)]: what the head's input projection reads."""
+    e = rmsnorm(w["embed"][tokens].astype(np.float64), w["mtp.enorm"].astype(np.float64))
+    h = rmsnorm(hidden.astype(np.float64), w["mtp.hnorm"].astype(np.float64))
+    return np.concatenate([e, h], axis=-1)
+
+
+def head_training_text(step: Stepper, tokens: int, length: int = 128) -> list[dict]:
+    """Greedy text from the target, `tokens` positions in all, from prompts no experiment uses."""
+    n = min(length, step.cfg.max_seq_len - PROMPT_LEN)
+    count = -(-tokens // (n - 1))
+    seeds = tqdm(range(10_000, 10_000 + count), desc="head fit text", leave=False, disable=None)
+    return [greedy_trace(step, prompt(step.cfg, seed), n) for seed in seeds]
+
+
+def _ridge(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    gram = X.T @ X
+    gram[np.diag_indices_from(gram)] += HEAD_RIDGE * np.trace(gram) / len(gram)
+    return np.linalg.solve(gram, X.T @ Y).astype(np.float32)
+
+
+def fit_head(cfg: ModelConfig, head: Weights, traces: list[dict]) -> Weights:
+    """The head fitted to the target's own next hidden state, one projection at a time.
+
+    hidden[j] is the target's hidden state where it produced token x[j]. The head reads
+    (embed(x[j]), hidden[j]) and should produce what the target produces next (hidden[j+1], whose
+    argmax is x[j+1]): the objective an MTP head is trained on. Solved in closed form (ridge), in
+    the head's own order: the input projection, then the attention layer's o projection on what is
+    left, then the MLP's down projection on what is left after that.
+    """
+    head = dict(head)
+    X = [_head_inputs(head, np.asarray(t["tokens"][:-1]), t["hidden"][:-1]) for t in traces]
+    Y = np.concatenate([t["hidden"][1:].astype(np.float64) for t in traces])
+    head["mtp.proj"] = _ridge(np.concatenate(X), Y)
+    ref = ReferenceMTP(cfg, head)
+    x0 = [x @ ref.inner.w["mtp.proj"] for x in X]
+    context = [ref.inner.attention_context(x, "mtp.layer.", ref.new_kv(), 0) for x in x0]
+    x0, context = np.concatenate(x0), np.concatenate(context)
+    head["mtp.layer.o"] = _ridge(context, Y - x0)
+    x1 = x0 + context @ head["mtp.layer.o"].astype(np.float64)
+    ref = ReferenceMTP(cfg, head)
+    head["mtp.layer.down"] = _ridge(ref.inner.mlp_features(x1, "mtp.layer."), Y - x1)
+    return head
+
+
+def head_acceptance(cfg: ModelConfig, head: Weights, traces: list[dict]) -> float:
+    """Share of positions where the head's first draft equals the target's next-next token (k=1)."""
+    hits = total = 0
+    mtp = ReferenceMTP(cfg, head)
+    for t in traces:
+        toks, hid = np.asarray(t["tokens"]), t["hidden"]
+        mtp.kv = mtp.new_kv()
+        logits = mtp.forward(toks[:-1], hid[:-1], 0)["logits"]
+        hits += int((logits.argmax(-1) == toks[1:]).sum())
+        total += len(toks) - 1
+    return hits / total
+
+
+def fitted_head(cfg: ModelConfig, target: Weights, target_model: bytes | str) -> tuple[Weights, dict]:
+    """The MTP head fitted to this target, and the model's behaviour figures (for the manifest).
+
+    target: the target's weights (effective ones where quantized); target_model: its ONNX graph.
+    """
+    step = Stepper(cfg, target_model)
+    head = fit_head(cfg, mtp_weights(cfg, target), head_training_text(step, cfg.head_fit_tokens))
+    return head, state_sensitivity(step, head=head)

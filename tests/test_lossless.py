@@ -1,0 +1,203 @@
+"""The lossless check catches planted bugs: each one fails the verdict and is reported where it acted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtplab import commit as commit_ops
+from mtplab import engine as engine_mod
+from mtplab import oracle
+from mtplab.config import COMMITS, RunConfig
+from mtplab.engine import Engine
+from mtplab.executor import Executor, Slot
+from mtplab.experiment import run_point
+
+READVANCE = ("readvance-batched", "readvance-m1")
+
+
+def _run(tiny, commit: str, schedule: str = "decode-verify", **kw):
+    run = RunConfig(
+        preset="tiny", k=3, drafter="oracle", alpha=0.7, commit=commit, schedule=schedule, tokens=48, **kw
+    )
+    return run_point(run, tiny)
+
+
+@pytest.fixture(scope="module")
+def clean(tiny):
+    """The unplanted runs: every commit strategy lossless, with the steps the planted runs mirror."""
+    return {c: _run(tiny, c) for c in COMMITS}
+
+
+def _failed(r) -> None:
+    assert not r.lossless, r.verdict
+    assert r.verdict.startswith("LOSSLESS CHECK FAILED")
+
+
+def test_clean_runs_pass_with_every_commit_checked(clean):
+    for commit, r in clean.items():
+        assert r.lossless, (commit, r.verdict)
+        assert r.identity["state_commits_checked"] == r.steps + 1  # every commit, and the end of the run
+        assert r.identity["anchor"]["ok"] and r.identity["non_finite"] is None
+        assert r.identity["state_reference_bytes"] > 0
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_over_accepting_by_one_is_caught_at_the_first_rejected_draft(tiny, clean, commit, monkeypatch):
+    real = engine_mod.accepted_count
+    monkeypatch.setattr(
+        engine_mod, "accepted_count", lambda xp, d, t: np.minimum(real(xp, d, t) + 1, d.shape[0])
+    )
+    r = _run(tiny, commit)
+    _failed(r)
+    # Up to the first step that rejected a draft the runs are the same; there the bad draft is emitted
+    # after the prefill token, (guaranteed + accepted + bonus) per earlier step, and the guaranteed token.
+    acc = clean[commit].accepted_per_step
+    step = next(i for i, n in enumerate(acc) if n < 3)
+    assert r.identity["first_divergence"] == 1 + sum(n + 2 for n in acc[:step]) + 1 + acc[step]
+
+
+@pytest.mark.parametrize("commit", READVANCE)
+def test_a_skipped_restore_is_caught_at_the_first_commit(tiny, commit, monkeypatch):
+    monkeypatch.setattr(Engine, "restore", lambda self: None)
+    r = _run(tiny, commit)
+    _failed(r)
+    assert r.identity["state_first_divergence"]["step"] == 1  # the verify's advance is never undone
+
+
+def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch):
+    real = commit_ops.rebuild_conv
+    monkeypatch.setattr(commit_ops, "rebuild_conv", lambda state, inputs, n: real(state, inputs, n - 1))
+    r = _run(tiny, "select")
+    _failed(r)
+    first = r.identity["state_first_divergence"]
+    assert first["step"] == 1 and first["tensor"].startswith("conv_state.")
+
+
+@pytest.mark.parametrize("off", [-1, +1])
+def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, monkeypatch):
+    real = commit_ops.replay_transitions
+    monkeypatch.setattr(commit_ops, "replay_transitions", lambda cfg, s, flat, n: real(cfg, s, flat, n + off))
+    r = _run(tiny, "select")
+    _failed(r)
+    first = r.identity["state_first_divergence"]
+    assert first["step"] == 1 and first["tensor"].startswith("gdn_state.")
+
+
+def test_a_dropped_last_token_in_the_batched_readvance_is_caught_where_it_first_acts(tiny, clean, monkeypatch):
+    real = Engine.forward
+
+    def forward(self, slot, tokens, in_place=True, eager=False, label=None):
+        if slot is Slot.PRIMARY and label is None and len(tokens) > 1:
+            tokens = tokens[:-1]
+        return real(self, slot, tokens, in_place, eager, label)
+
+    monkeypatch.setattr(Engine, "forward", forward)
+    r = _run(tiny, "readvance-batched")
+    _failed(r)
+    # A step re-advances [guaranteed, accepted...]: the bug acts on the first step that accepted a draft.
+    step = next(i for i, n in enumerate(clean["readvance-batched"].accepted_per_step) if n >= 1)
+    assert r.identity["state_first_divergence"]["step"] == step + 1
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_a_nan_written_after_the_final_commit_fails(tiny, commit, monkeypatch):
+    real = Engine.speculative
+
+    def speculative(self, *args, **kw):
+        out = real(self, *args, **kw)
+        self.state.gdn[self.cfg.gdn_layer_ids[-1]][0, 0, 0, 0] = np.nan
+        return out
+
+    monkeypatch.setattr(Engine, "speculative", speculative)
+    r = _run(tiny, commit)
+    _failed(r)
+    first = r.identity["state_first_divergence"]
+    assert first["non_finite"] and first["tensor"] == f"gdn_state.{tiny.config.gdn_layer_ids[-1]}"
+    assert "non-finite" in r.verdict
+    assert not oracle.state_identity({"s": np.array([np.nan])}, {"s": np.array([0.0])})["state_max_abs_diff"] < 1
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_half_a_unit_on_one_state_element_after_one_commit_is_caught_at_that_commit(tiny, commit, monkeypatch):
+    real = Engine.commit
+    calls = []
+
+    def commit_fn(self, ver, consumed, start):
+        real(self, ver, consumed, start)
+        calls.append(1)
+        if len(calls) == 8:
+            self.state.gdn[self.cfg.gdn_layer_ids[0]][0, 1, 2, 3] += 0.5
+
+    monkeypatch.setattr(Engine, "commit", commit_fn)
+    r = _run(tiny, commit)
+    _failed(r)
+    first = r.identity["state_first_divergence"]
+    assert first["step"] == 8 and first["tensor"] == f"gdn_state.{tiny.config.gdn_layer_ids[0]}"
+    assert first["max_abs_diff"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_the_verdict_holds_the_state_to_its_tolerance():
+    ident = {"token_identical": True, "state_bitwise": False, "state_first_divergence": None}
+    assert oracle.verdict(ident | {"state_max_abs_diff": 0.5e-4}, "select")[0]
+    assert not oracle.verdict(ident | {"state_max_abs_diff": 2e-4}, "select")[0]
+    assert oracle.verdict(ident | {"state_max_abs_diff": 2e-3}, "select", "fp16")[0]
+    assert not oracle.verdict(ident | {"state_max_abs_diff": 5e-3}, "select", "fp16")[0]
+    assert not oracle.verdict(ident | {"state_max_abs_diff": float("nan")}, "select")[0]
+    assert not oracle.verdict(ident | {"state_max_abs_diff": 0.0}, "readvance-m1")[0]  # not bitwise
+    at_step = {"step": 3, "length": 20, "layer": 0, "tensor": "gdn_state.0", "max_abs_diff": 2e-4, "non_finite": False}
+    ok, msg = oracle.verdict(ident | {"state_max_abs_diff": 2e-4, "state_first_divergence": at_step}, "select")
+    assert not ok and "after step 3 (length 20), gdn_state.0" in msg and "tolerance 0.0001" in msg
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_a_prefill_bug_shared_by_greedy_and_speculative_is_caught_by_the_anchor(tiny, commit, monkeypatch):
+    real = Engine.forward
+
+    def forward(self, slot, tokens, in_place=True, eager=False, label=None):
+        if label == "prefill":
+            tokens = list(tokens)
+            tokens[2] = (tokens[2] + 1) % self.cfg.vocab_size
+        return real(self, slot, tokens, in_place, eager, label)
+
+    monkeypatch.setattr(Engine, "forward", forward)
+    r = _run(tiny, commit)
+    _failed(r)
+    assert r.identity["token_identical"]  # greedy and speculative agree: only the anchor can see it
+    assert not r.identity["anchor"]["ok"] and "float64 reference" in r.verdict
+
+
+def test_a_zeroed_gdn_state_before_each_forward_shows_in_the_tokens(tiny, clean, monkeypatch):
+    real = Engine.forward
+
+    def forward(self, slot, tokens, in_place=True, eager=False, label=None):
+        for s in self.state.gdn.values():
+            s[...] = 0
+        return real(self, slot, tokens, in_place, eager, label)
+
+    monkeypatch.setattr(Engine, "forward", forward)
+    r = _run(tiny, "readvance-m1")
+    _failed(r)
+    assert r.identity["anchor"]["first_token_disagreement"] is not None
+    assert r.tokens[:16] != clean["readvance-m1"].tokens[:16]
+
+
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+def test_a_nan_in_one_verify_logit_is_reported_where_it_was_first_seen(tiny, schedule, monkeypatch):
+    real = Executor.run
+    verifies = []
+
+    def run(self, slot, feeds, outputs, bound):
+        out = real(self, slot, feeds, outputs, bound)
+        if slot is Slot.VERIFY:
+            verifies.append(1)
+            if len(verifies) == 3:
+                out["logits"][0, -1, 5] = np.inf
+        return out
+
+    monkeypatch.setattr(Executor, "run", run)
+    r = _run(tiny, "select", schedule)
+    bad = r.identity["non_finite"]
+    assert bad is not None and (bad["run"], bad["tensor"], bad["forward"]) == ("speculative", "logits", 4 if schedule == "fused" else 7)
+    assert bad["label"] == "verify/M=4"
+    assert not r.lossless and "non-finite logits in the speculative run" in r.verdict
