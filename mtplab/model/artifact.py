@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from .behaviour import fitted_head
 from .config import ModelConfig
 from .graph import build_mtp, build_target, mtp_io, target_io
-from .behaviour import fitted_head
 from .weights import target_weights
 
 REQUIRED_OPS = {
