@@ -112,7 +112,37 @@ def make_session(
     so = session_options(threads)
     for name, value in (shared or {}).items():
         so.add_initializer(name, value)
-    return ort.InferenceSession(str(path), so, providers=[provider])
+    try:
+        return ort.InferenceSession(str(path), so, providers=[provider])
+    except Exception as err:
+        op, text = failing_op(err), str(err)
+        if op is None or not ("Kernel not found" in text or "Could not find an implementation" in text):
+            raise
+        ep = provider if isinstance(provider, str) else provider[0]
+        since = KERNEL_SINCE.get((op, ep))
+        hint = f": its first {ep} kernel ships in onnxruntime {since}" if since else ""
+        raise RuntimeError(f"onnxruntime {ort.__version__} has no {ep} kernel for {op}{hint} ({path})") from err
+
+
+# Kernels that arrived after their op's schema: (op, provider) -> first onnxruntime release with the kernel.
+KERNEL_SINCE = {("GatedDeltaNet", "CPUExecutionProvider"): "1.32"}
+_OP_PATTERNS = (
+    r"kernel for com\.microsoft\.(\w+)\(",
+    r"implementation for (\w+)\(",
+    r"running (\w+) node",
+    r"(?:node:|Name:|name )'([A-Za-z]+)_\d+'",  # the built-in graphs name nodes {op}_{n}
+)
+
+
+def failing_op(err: BaseException | str) -> str | None:
+    """The op an onnxruntime error message names, if it names one."""
+    import re
+
+    for pattern in _OP_PATTERNS:
+        m = re.search(pattern, str(err))
+        if m:
+            return m.group(1)
+    return None
 
 
 @dataclass

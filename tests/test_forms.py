@@ -1,8 +1,11 @@
 """Graph forms: the installed onnxruntime gets the form its schemas accept, the form is recorded, and every
 form it accepts runs losslessly (against the numpy reference and greedy), fp32 and fp16.
 
-Self-contained (no conftest fixtures): `make test` also runs this file under the lowest supported
-onnxruntime in a second environment (`pytest --noconftest tests/test_forms.py`).
+Self-contained (no conftest fixtures): `make test` also runs this file under onnxruntime 1.31.1 (the
+newest onnxruntime-gpu release) in a second environment (`pytest --noconftest tests/test_forms.py`).
+The CPU onnxruntime 1.30/1.31 has no GatedDeltaNet kernel (CUDA only): there the target's graphs
+pass every schema check and the session stops at that kernel, with a clear error; the MTP head
+(GroupQueryAttention, including the M>1 subsequent-prompt path) runs and is held to the reference.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from mtplab.arena import Arena
 from mtplab.config import COMMITS, RunConfig
 from mtplab.experiment import run_point
 from mtplab.model import build_model, preset
-from mtplab.model.forms import FORMS, check_runtime, choose_form, schema_features
+from mtplab.model.forms import FORMS, check_runtime, choose_form, cpu_runs_gated_delta_net, schema_features
 from mtplab.model.graph import build_target
-from mtplab.model.reference import ReferenceModel
+from mtplab.model.reference import ReferenceModel, ReferenceMTP
 from mtplab.model.weights import target_weights
 from mtplab.runtime import TargetState, make_session, target_io
 
 NEWEST = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2]) >= (1, 32)
+CPU_GDN = cpu_runs_gated_delta_net()
+needs_cpu_gdn = pytest.mark.skipif(not CPU_GDN, reason=f"onnxruntime {onnxruntime.__version__}: no CPU GatedDeltaNet")
 ACCEPTED = [name for name, form in FORMS.items() if all(schema_features()[f] for f in form.needs())]
 # Against the float64 reference: fp32 rounding, or fp16 activations and weights (one fp16 ulp is 1e-3 near 1).
 LOGIT_ATOL = {"fp32": 2e-4, "fp16": 6e-2}
@@ -99,9 +104,67 @@ def test_the_graphs_say_what_the_form_says(models, form):
         assert casts == (2 * len(gdn) if f.float32_gates and dtype == "fp16" else 0)
 
 
-def _reference(cfg):
+def _weights(cfg):
     _, _, effective = build_target(cfg, target_weights(cfg))
-    return ReferenceModel(cfg, target_weights(cfg) | effective)
+    return target_weights(cfg) | effective
+
+
+def _reference(cfg):
+    return ReferenceModel(cfg, _weights(cfg))
+
+
+def test_without_a_cpu_gated_delta_net_kernel_the_target_stops_there_after_every_schema_check(models):
+    if CPU_GDN:
+        pytest.skip(f"onnxruntime {onnxruntime.__version__} has a CPU GatedDeltaNet kernel")
+    for dtype in ("fp32", "fp16"):
+        art = models(choose_form()[0].name, dtype)
+        with pytest.raises(RuntimeError, match=r"has no CPUExecutionProvider kernel for GatedDeltaNet: .* 1\.32"):
+            make_session(art.target)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("form", ACCEPTED)
+def test_the_head_of_every_accepted_form_matches_the_reference_at_m1_and_after_a_past(models, form, dtype):
+    """mtp.onnx is GroupQueryAttention + MLP: a prefill, M=1 steps and M=3 after a past (subsequent prompt)."""
+    from mtplab.model.weights import mtp_weights
+
+    art = models(form, dtype)
+    cfg = art.config
+    ref = ReferenceMTP(cfg, mtp_weights(cfg, target_weights(cfg)))
+    session = make_session(art.mtp)
+    names = {i.name for i in session.get_inputs()}
+    kv = [np.zeros((1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim), art_dtype(dtype)) for _ in range(2)]
+    rng, past = np.random.default_rng(3), 0
+    for M in (5, 1, 3, 1, 3):
+        tokens = rng.integers(0, cfg.vocab_size, M)
+        hidden = rng.standard_normal((M, cfg.hidden_size)).astype(art_dtype(dtype))
+        feeds = {
+            "input_ids": tokens.reshape(1, M),
+            "hidden_states": hidden.reshape(1, M, -1),
+            "seqlens_k": np.array([past + M - 1], np.int32),
+            "total_sequence_length": np.array(cfg.max_seq_len, np.int32),
+            "query_seqlens": np.array([M], np.int32),
+        }
+        io = session.io_binding()
+        for name, value in feeds.items():
+            if name in names:
+                io.bind_cpu_input(name, value)
+        for j, part in enumerate(("key", "value")):
+            for name, output in ((f"past_{part}.0", False), (f"present_{part}.0", True)):
+                bind = io.bind_output if output else io.bind_input
+                bind(name, "cpu", 0, kv[j].dtype, list(kv[j].shape), kv[j].ctypes.data)
+        logits = np.empty((1, M, cfg.vocab_size), art_dtype(dtype))
+        io.bind_output("logits", "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
+        io.bind_output("mtp_hidden", "cpu")
+        session.run_with_iobinding(io)
+        r = ref.forward(tokens, hidden.astype(np.float64), past)
+        np.testing.assert_allclose(logits[0].astype(np.float64), r["logits"], atol=LOGIT_ATOL[dtype], rtol=0)
+        assert (logits[0].argmax(-1) == r["logits"].argmax(-1)).all()
+        past += M
+
+
+def art_dtype(dtype: str):
+    return np.float16 if dtype == "fp16" else np.float32
 
 
 def _forward(session, cfg, state, tokens) -> dict:
@@ -123,6 +186,7 @@ def _forward(session, cfg, state, tokens) -> dict:
     return outs
 
 
+@needs_cpu_gdn
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("form", ACCEPTED)
 def test_every_accepted_form_matches_the_numpy_reference_at_m1_and_m4(models, form, dtype):
@@ -141,6 +205,7 @@ def test_every_accepted_form_matches_the_numpy_reference_at_m1_and_m4(models, fo
             np.testing.assert_allclose(state.conv[i][0], rs.conv[i], atol=LOGIT_ATOL[dtype] / 4, rtol=0)
 
 
+@needs_cpu_gdn
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("form", ACCEPTED)
 def test_every_accepted_form_is_lossless_with_each_commit(models, form, dtype):

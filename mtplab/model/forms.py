@@ -106,3 +106,27 @@ def check_runtime(form: GraphForm) -> None:
             f"graph form {form.name} needs onnxruntime >= {form.since} (installed {onnxruntime.__version__}: "
             f"{'; '.join(missing)}); build with graph_form={fits!r}, or leave it unset for the installed runtime's form"
         )
+
+
+def cpu_runs_gated_delta_net() -> bool:
+    """Whether the installed onnxruntime's CPU EP has a GatedDeltaNet kernel (1.30/1.31 ship it for CUDA only)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+
+    def value(name: str, shape: list[int]):
+        return helper.make_tensor_value_info(name, f, shape)
+
+    node = helper.make_node(
+        "GatedDeltaNet", ["q", "k", "v", "", "g", "b", "s"], ["o", "s_out"], domain="com.microsoft"
+    )
+    ins = [value(n, [1, 1, 1, 2]) for n in "qkv"] + [value("g", [1, 1, 1]), value("b", [1, 1, 1])]
+    graph = helper.make_graph([node], "probe", ins + [value("s", [1, 1, 2, 2])], [value("o", None), value("s_out", None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - no kernel is the answer
+        return False
+    return True
