@@ -58,7 +58,9 @@ def in_place_pairs(model: onnx.ModelProto, binds) -> list[tuple[str | None, int,
         if node is None:
             pairs.append((None, -1, -1, in_name, out_name))
         else:
-            pairs.append((node.op_type, list(node.input).index(in_name), list(node.output).index(out_name), in_name, out_name))
+            pairs.append(
+                (node.op_type, list(node.input).index(in_name), list(node.output).index(out_name), in_name, out_name)
+            )
     return pairs
 
 
@@ -233,7 +235,10 @@ def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_i
     for i in cfg.gdn_layer_ids:
         bound += [(f"conv_state.{i}", st.conv[i], False), (f"gdn_state.{i}", st.gdn[i], False)]
         if recurrent_in_place:
-            bound += [(f"present_conv_state.{i}", st.present_conv[i], True), (f"present_gdn_state.{i}", st.gdn[i], True)]
+            bound += [
+                (f"present_conv_state.{i}", st.present_conv[i], True),
+                (f"present_gdn_state.{i}", st.gdn[i], True),
+            ]
         else:
             outputs[f"present_conv_state.{i}"] = (st.conv[i].shape, T)
             outputs[f"present_gdn_state.{i}"] = (st.gdn[i].shape, np.float32)

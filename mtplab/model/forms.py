@@ -17,6 +17,7 @@ manifest's config and in the model cache key.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -43,12 +44,11 @@ class GraphForm:
         ]
 
 
+# Newest first: a runtime gets the first form whose needs its schemas meet.
 FORMS: dict[str, GraphForm] = {
     "ort-1.32": GraphForm("ort-1.32", "softplus", False, True, "1.32"),
     "ort-1.30": GraphForm("ort-1.30", "qwen", True, False, "1.30"),
 }
-# Newest first: the first form whose needs the runtime meets is the one it gets.
-PREFERENCE = ("ort-1.32", "ort-1.30")
 # feature -> (what it says when present, when absent)
 FEATURE_TEXT = {
     "gqa_query_seqlens": ("GroupQueryAttention has query_seqlens", "GroupQueryAttention has no query_seqlens"),
@@ -57,8 +57,9 @@ FEATURE_TEXT = {
 }
 
 
+@functools.cache
 def schema_features() -> dict[str, bool]:
-    """What the installed onnxruntime's com.microsoft schemas accept, per FEATURE_TEXT key."""
+    """What the installed onnxruntime's com.microsoft schemas accept, per FEATURE_TEXT key (read once)."""
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     schemas = {s.name: s for s in C.get_all_operator_schema() if s.domain == "com.microsoft"}
@@ -77,9 +78,8 @@ def schema_features() -> dict[str, bool]:
 
 def choose_form(features: dict[str, bool] | None = None) -> tuple[GraphForm, str]:
     """The form this onnxruntime gets, and why."""
-    features = schema_features() if features is None else features
-    for name in PREFERENCE:
-        form = FORMS[name]
+    features = dict(schema_features()) if features is None else features
+    for form in FORMS.values():
         if all(features[f] for f in form.needs()):
             return form, "; ".join(FEATURE_TEXT[f][0 if ok else 1] for f, ok in features.items())
     raise RuntimeError(f"no graph form fits this onnxruntime's schemas: {features}")
@@ -118,12 +118,14 @@ def cpu_runs_gated_delta_net() -> bool:
     def value(name: str, shape: list[int]):
         return helper.make_tensor_value_info(name, f, shape)
 
-    node = helper.make_node(
-        "GatedDeltaNet", ["q", "k", "v", "", "g", "b", "s"], ["o", "s_out"], domain="com.microsoft"
-    )
+    node = helper.make_node("GatedDeltaNet", ["q", "k", "v", "", "g", "b", "s"], ["o", "s_out"], domain="com.microsoft")
     ins = [value(n, [1, 1, 1, 2]) for n in "qkv"] + [value("g", [1, 1, 1]), value("b", [1, 1, 1])]
-    graph = helper.make_graph([node], "probe", ins + [value("s", [1, 1, 2, 2])], [value("o", None), value("s_out", None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph(
+        [node], "probe", ins + [value("s", [1, 1, 2, 2])], [value("o", None), value("s_out", None)]
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+    )
     model.ir_version = 10
     try:
         ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
