@@ -5,7 +5,9 @@ greedy eager) and the device select-replay kernel, then runs greedy + speculativ
 policy and commit at k = 1..3, prints per-slot counters, tokens/s, speedups and identity, checks
 what the CUDA backend must show, and writes everything to one JSON file. A time budget keeps it
 short: points that would start after it are listed as skipped, never silently dropped.
-`--backend cpu` runs the same check on the CPU EP (how it is tested without a GPU).
+`--backend cpu` runs the same check on the CPU EP (how it is tested without a GPU). A failure (a
+capture refused, a kernel missing) is reported with the op it names; no device input is ever moved
+to host memory to get past one.
 """
 
 from __future__ import annotations
@@ -117,12 +119,20 @@ def negative_control(art, backend: str, tokens: int) -> dict:
     return {"hazards": r.slots["verify"]["hazards"], "identical": r.lossless, "verdict": r.verdict}
 
 
-def _row(spec: tuple, r=None, error: str | None = None) -> dict:
-    """One run of the check: from its RunResult, or the error that stopped it."""
+def _row(spec: tuple, r=None, error: BaseException | None = None) -> dict:
+    """One run of the check: from its RunResult, or the error that stopped it (and the op it names)."""
+    from .runtime import failing_op
+
     preset_name, pol, com, k, schedule = spec
     row = {"preset": preset_name, "policy": pol, "commit": com, "k": k, "schedule": schedule}
     if r is None:
-        return row | {"error": error, "identical": False, "slots": {}, "reasons": {}}
+        return row | {
+            "error": _first_line(error),
+            "op": failing_op(error),
+            "identical": False,
+            "slots": {},
+            "reasons": {},
+        }
     return row | {
         "greedy_tok_s": r.greedy_tokens_per_s,
         "spec_tok_s": r.tokens_per_s,
@@ -171,7 +181,7 @@ HEADER = (
 def _format(row: dict) -> str:
     head = f"{row['preset']:7} {row['policy']:15} {row['commit']:18} {row['k']}  "
     if "error" in row:
-        return head + f"ERROR {row['error']}"
+        return head + f"ERROR in op {row['op'] or '(not named)'}: {row['error']}"
     s = row["slots"]
     return head + (
         f"{'dv' if row['schedule'] == 'decode-verify' else 'fu':5} "
@@ -191,7 +201,7 @@ def _run(spec: tuple, art, backend: str, tokens: int) -> dict:
     try:
         return _row(spec, run_point(run, art))
     except Exception as err:  # noqa: BLE001 - one failed run is a result, not the end of the check
-        return _row(spec, error=_first_line(err))
+        return _row(spec, error=err)
     finally:
         _release(backend)
 

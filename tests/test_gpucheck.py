@@ -68,3 +68,12 @@ def test_a_capture_failure_is_reported_with_its_op_and_nothing_moves_to_host_mem
     assert check["error"].startswith("RuntimeError: Non-zero status code returned while running GatedDeltaNet")
     assert device.CUDA_HOST_INPUTS == {"total_sequence_length"}  # the one input an op reads on the host
     assert not hasattr(gpucheck, "resolve_host_inputs") and not hasattr(device, "cuda_host_inputs")
+
+
+def test_a_failed_run_is_a_row_naming_its_op():
+    from mtplab.gpucheck import _format, _row
+
+    err = RuntimeError("Failed to find kernel for com.microsoft.GatedDeltaNet(1) (node:'GatedDeltaNet_33' ep:'X')")
+    row = _row(("small", "sibling-pinned", "select", 1, "decode-verify"), error=err)
+    assert row["op"] == "GatedDeltaNet" and row["identical"] is False
+    assert "ERROR in op GatedDeltaNet: RuntimeError: Failed to find kernel" in _format(row)
