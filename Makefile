@@ -4,6 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# Older onnxruntime releases whose schemas take the form mtplab builds for onnxruntime-gpu 1.30/1.31:
+# `make test` also runs tests/test_forms.py under each, in its own cached environment (made on first
+# use, reused after; only what that file imports is installed, mtplab itself comes from this tree).
+ORT_OLD ?= 1.30.0 1.31.1
+OLD_STAMPS := $(foreach v,$(ORT_OLD),.venv-ort-$(v)/.installed)
+
 .PHONY: demo test lint setup clean
 
 $(BIN)/python:
@@ -15,18 +21,25 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m ipykernel install --sys-prefix --name mtplab --display-name "mtplab" >/dev/null
 	touch $(STAMP)
 
+.venv-ort-%/.installed:
+	$(PY) -m venv .venv-ort-$*
+	.venv-ort-$*/bin/python -m pip install -q onnxruntime==$* numpy onnx pytest pytest-timeout
+	touch $@
+
 setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/mtplab sweep --preset default --name demo --resume --workers 1
 	$(BIN)/mtplab report results/demo
 
-test: $(STAMP)
+test: $(STAMP) $(OLD_STAMPS)
 	$(BIN)/ruff check mtplab tests benchmarks notebooks
 	$(BIN)/python -m pytest -q
+	for v in $(ORT_OLD); do echo "== onnxruntime $$v"; PYTHONPATH=$(CURDIR) .venv-ort-$$v/bin/python -m pytest -q \
+		-p no:cacheprovider --noconftest tests/test_forms.py || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check mtplab tests benchmarks notebooks
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-ort-* .pytest_cache

@@ -1,9 +1,9 @@
 """CUDA backend: ONNX Runtime's CUDA EP with one CUDA graph per slot, CuPy arenas, one stream.
 
 What the CUDA EP does with graphs (and what this module does about it):
-- `enable_cuda_graph=1`; the run config entry `gpu_graph_id` picks the graph (-1 runs eager).
-  An id is captured once and kept for the session's life: there is no re-capture, so an
-  invalidation takes a fresh id (GraphIds), bounded per slot, and its memory is accounted.
+- `enable_cuda_graph=1`; the run config entry `gpu_graph_id` picks the graph (-1 runs eager, 0 is
+  reserved, so ids start at 1). An id is captured once and kept for the session's life: there is no
+  re-capture, so an invalidation takes a fresh id (GraphIds), bounded per slot, and its memory is accounted.
 - The first run of a new id executes the model three times on the same inputs (two warm-ups,
   then capture and one replay): state updated in place would advance three times. capture()
   snapshots every in-place binding before and restores it after, then replays once: the step's
@@ -13,12 +13,15 @@ What the CUDA EP does with graphs (and what this module does about it):
 - CPU-side inputs are not re-read by a replay: every input is bound in device memory, except
   GroupQueryAttention's total_sequence_length (an op input kept in host memory), which the model
   keeps constant (the KV capacity), so the value a graph bakes is always the right one.
+- Capture synchronises the stream (CaptureBegin): each capture is one more host wait, on the steps
+  that capture (a slot's first plan, or a fresh id after an invalidation).
 
 Stream order: one CuPy stream is made current for the process and handed to every session as
 `user_compute_stream`; runs carry `disable_synchronize_execution_providers=1`, so a run returns
 once its work is queued. CuPy's work (staging feeds, snapshots, select's state replay, argmax and
 acceptance) and ORT's runs are therefore ordered by that single stream, in program order; the
-host waits only when it reads the step's accepted count and tokens (STEP_PLAN, Device.read).
+host waits when it reads the step's accepted count and tokens (STEP_PLAN, Device.read), and when a
+run captures a graph.
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ from .commit import split_transitions
 from .executor import Binding, CaptureDeclined
 
 # The order of one speculative step on the device. Every device op runs on the one stream; the
-# host waits for the stream only where `host_wait` is True.
+# host waits for the stream only where `host_wait` is True. The first row happens only on a step
+# that captures (GraphIds.captures counts them); every other row happens on every step.
+CAPTURE_SYNC = "capture of a new graph id (CaptureBegin synchronises the stream)"
 STEP_PLAN: tuple[tuple[str, str, bool], ...] = (
+    (CAPTURE_SYNC, "ort", True),
     ("stage decode inputs", "cupy", False),
     ("decode (Primary graph replay)", "ort", False),
     ("draft: k head replays, argmax on device feeding the next", "ort+cupy", False),
@@ -49,16 +55,22 @@ RUN_CONFIG = {"disable_synchronize_execution_providers": "1"}
 
 
 def host_waits(plan=STEP_PLAN) -> list[str]:
-    """The steps at which the host waits for the device: one per speculative step."""
+    """The steps at which the host waits for the device: one per speculative step, plus one per capture."""
     return [name for name, _, wait in plan if wait]
+
+
+def expected_host_waits(steps: int, captures: int) -> int:
+    """Host waits of a run: the step's one read per speculative step and one stream sync per capture."""
+    return steps + captures
 
 
 @dataclass
 class GraphIds:
-    """Graph ids of one device's sessions: never reused, at most `per_slot` per slot (for the sessions' life), memory accounted."""
+    """Graph ids of one device's sessions: from 1 (0 is reserved), never reused, at most `per_slot` per slot (for
+    the sessions' life), memory accounted."""
 
     per_slot: int
-    next_id: int = 0
+    next_id: int = 1
     by_slot: dict[str, list[int]] = field(default_factory=dict)
     retired: set[int] = field(default_factory=set)
     bytes_by_id: dict[int, int] = field(default_factory=dict)
@@ -81,9 +93,14 @@ class GraphIds:
     def account(self, gid: int, nbytes: int) -> None:
         self.bytes_by_id[gid] = max(0, int(nbytes))
 
+    @property
+    def captures(self) -> int:
+        """Ids handed out, each captured once: one stream synchronisation each."""
+        return self.next_id - 1
+
     def stats(self) -> dict:
         return {
-            "graphs": self.next_id,
+            "graphs": self.captures,
             "retired": len(self.retired),
             "graph_bytes": sum(self.bytes_by_id.values()),
             "retired_bytes": sum(self.bytes_by_id.get(g, 0) for g in self.retired),

@@ -9,7 +9,6 @@ per speculative step).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -25,11 +24,11 @@ CUDA_HELP = (
     "backend='cuda' needs onnxruntime-gpu >= 1.30 with the CUDAExecutionProvider, CuPy and a CUDA device: "
     "pip install 'mtplab[gpu]' (mtplab doctor says what is installed)"
 )
-# Inputs that ops on the CUDA EP read in host memory (GroupQueryAttention's total_sequence_length).
-# MTPLAB_CUDA_HOST_INPUTS (comma-separated graph input names) overrides it; each of these inputs
-# must be constant per slot, since a graph bakes the host value it was captured with.
+# The one input an op on the CUDA EP reads in host memory (GroupQueryAttention's total_sequence_length,
+# InputMemoryType CPU): constant (the KV capacity), since a graph bakes the host value it was captured
+# with. Every other input is bound in device memory, always: a host-bound device input is copied once at
+# bind time and a captured graph would replay that stale copy.
 CUDA_HOST_INPUTS = frozenset({"total_sequence_length"})
-HOST_INPUTS_ENV = "MTPLAB_CUDA_HOST_INPUTS"
 
 
 @dataclass(eq=False)
@@ -70,12 +69,6 @@ class Device:
 
 def cpu_device() -> Device:
     return Device("cpu", np, CpuPlanBackend())
-
-
-def cuda_host_inputs() -> frozenset[str]:
-    """The graph inputs bound in host memory on CUDA: CUDA_HOST_INPUTS unless the environment says otherwise."""
-    names = os.environ.get(HOST_INPUTS_ENV, "")
-    return frozenset(n.strip() for n in names.split(",") if n.strip()) or CUDA_HOST_INPUTS
 
 
 def require_cuda() -> None:
@@ -119,7 +112,7 @@ def cuda_device(graphs_per_slot: int) -> Device:
         backend,
         provider=("CUDAExecutionProvider", options),
         ort_device="cuda",
-        host_inputs=cuda_host_inputs(),
+        host_inputs=CUDA_HOST_INPUTS,
         new_pool=cupy.cuda.MemoryPool,
         shared_pool=cupy.cuda.MemoryPool(),
     )

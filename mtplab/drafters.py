@@ -25,7 +25,8 @@ class MtpDrafter:
         feeds["input_ids"] = np.asarray(tokens, dtype=np.int64).reshape(1, M)
         feeds["hidden_states"] = hidden.reshape(1, M, -1).astype(feeds["hidden_states"].dtype)
         feeds["seqlens_k"] = np.array([M - 1], dtype=np.int32)
-        feeds["query_seqlens"] = np.array([M], dtype=np.int32)
+        if "query_seqlens" in feeds:
+            feeds["query_seqlens"] = np.array([M], dtype=np.int32)
         outputs = {n: ((1, M) + shape[2:], dt) for n, (shape, dt) in outputs.items()}
         self.executor.run_eager(Slot.PRIMARY, feeds, outputs, bound)
         self.forwards[f"mtp/M={M}"] = self.forwards.get(f"mtp/M={M}", 0) + 1

@@ -175,6 +175,8 @@ class Engine:
         feeds, outputs, bound = target_io(self.cfg, self.state, tokens, in_place)
         run = self.target.run_eager if eager else self.target.run
         out = run(slot, feeds, outputs, bound)
+        if in_place:
+            self.state.carry_conv()
         key = f"{label or self.target.labels[slot]}/M={tokens.size}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:

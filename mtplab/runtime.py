@@ -2,6 +2,10 @@
 
 The target's persistent bindings (attention KV buffers, conv carries, GatedDeltaNet states) are
 owned here and bound by address into every slot, by both sessions when Verify has a sibling.
+
+An op's output is bound onto its own input's buffer (updated in place) only where the op's kernel
+allows it (IN_PLACE). CausalConvWithState's never does: its present carry goes to a buffer of its
+own and carry_conv() copies it into the past carry after the run (on the device, in stream order).
 """
 
 from __future__ import annotations
@@ -14,11 +18,62 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .arena import Arena
+from .arena import Arena, address
 from .model import ModelConfig
 from .model.graph import NP
 
 ACT_DTYPE = NP
+
+# Where an op's kernel allows an output on its input's buffer: {provider: {op: {(input, output)}}}, as the
+# kernels register it (KernelDefBuilder MayInplace) in onnxruntime 1.30-1.32. CUDA: GroupQueryAttention KV
+# (past_key 3 -> present_key 1, past_value 4 -> present_value 2) and GatedDeltaNet state (6 -> 1).
+# CausalConvWithState allows none on any provider: the CUDA kernel's past and present are __restrict__ and
+# the CPU decode path memcpy's past[1:] into present. The CPU kernels register no MayInplace; their
+# GroupQueryAttention takes a shared past/present buffer by design (past_present_share_buffer), and mtplab
+# holds the CPU to the CUDA table, so one binding rule serves both.
+IN_PLACE: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
+    "CUDAExecutionProvider": {"GroupQueryAttention": frozenset({(3, 1), (4, 2)}), "GatedDeltaNet": frozenset({(6, 1)})},
+}
+IN_PLACE["CPUExecutionProvider"] = IN_PLACE["CUDAExecutionProvider"]
+
+
+def _triple(b) -> tuple[str, Any, bool]:
+    return (b.name, b.array, b.output) if hasattr(b, "output") else (b[0], b[1], b[2])
+
+
+def in_place_pairs(model: onnx.ModelProto, binds) -> list[tuple[str | None, int, int, str, str]]:
+    """(op, input index, output index, input, output) of every bound output that shares an input's buffer.
+
+    binds: the executor's Bindings or (name, array, is_output) triples. op is None when no single node
+    takes that input and produces that output.
+    """
+    triples = [_triple(b) for b in binds]
+    inputs = {address(a): name for name, a, out in triples if not out}
+    pairs = []
+    for out_name, a, out in triples:
+        in_name = inputs.get(address(a)) if out else None
+        if in_name is None:
+            continue
+        node = next((n for n in model.graph.node if in_name in n.input and out_name in n.output), None)
+        if node is None:
+            pairs.append((None, -1, -1, in_name, out_name))
+        else:
+            pairs.append(
+                (node.op_type, list(node.input).index(in_name), list(node.output).index(out_name), in_name, out_name)
+            )
+    return pairs
+
+
+def check_in_place(model: onnx.ModelProto, binds, provider: str) -> None:
+    """Raise ValueError naming every output bound on an input's buffer where the op's kernel does not allow it."""
+    table = IN_PLACE.get(provider, {})
+    bad = [
+        f"{o} on {i} ({op or 'not one node'} {ii}->{oi})"
+        for op, ii, oi, i, o in in_place_pairs(model, binds)
+        if (ii, oi) not in table.get(op, ())
+    ]
+    if bad:
+        raise ValueError(f"bound in place where the {provider} kernel does not allow it: {'; '.join(bad)}")
 
 
 def session_options(threads: int | None = None):
@@ -59,7 +114,37 @@ def make_session(
     so = session_options(threads)
     for name, value in (shared or {}).items():
         so.add_initializer(name, value)
-    return ort.InferenceSession(str(path), so, providers=[provider])
+    try:
+        return ort.InferenceSession(str(path), so, providers=[provider])
+    except Exception as err:
+        op, text = failing_op(err), str(err)
+        if op is None or not ("Kernel not found" in text or "Could not find an implementation" in text):
+            raise
+        ep = provider if isinstance(provider, str) else provider[0]
+        since = KERNEL_SINCE.get((op, ep))
+        hint = f": its first {ep} kernel ships in onnxruntime {since}" if since else ""
+        raise RuntimeError(f"onnxruntime {ort.__version__} has no {ep} kernel for {op}{hint} ({path})") from err
+
+
+# Kernels that arrived after their op's schema: (op, provider) -> first onnxruntime release with the kernel.
+KERNEL_SINCE = {("GatedDeltaNet", "CPUExecutionProvider"): "1.32"}
+_OP_PATTERNS = (
+    r"kernel for com\.microsoft\.(\w+)\(",
+    r"implementation for (\w+)\(",
+    r"running (\w+) node",
+    r"(?:node:|Name:|name )'([A-Za-z]+)_\d+'",  # the built-in graphs name nodes {op}_{n}
+)
+
+
+def failing_op(err: BaseException | str) -> str | None:
+    """The op an onnxruntime error message names, if it names one."""
+    import re
+
+    for pattern in _OP_PATTERNS:
+        m = re.search(pattern, str(err))
+        if m:
+            return m.group(1)
+    return None
 
 
 @dataclass
@@ -72,6 +157,7 @@ class TargetState:
     kv: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     conv: dict[int, np.ndarray] = field(default_factory=dict)
     gdn: dict[int, np.ndarray] = field(default_factory=dict)
+    present_conv: dict[int, np.ndarray] = field(default_factory=dict)  # CausalConvWithState's output carry
 
     @classmethod
     def allocate(cls, cfg: ModelConfig, arena: Arena) -> TargetState:
@@ -85,6 +171,7 @@ class TargetState:
             )
         for i in cfg.gdn_layer_ids:
             st.conv[i] = arena.reserve(f"state.conv.{i}", (1, cfg.conv_kernel - 1, cfg.gdn_conv_channels), T)
+            st.present_conv[i] = arena.reserve(f"state.present_conv.{i}", st.conv[i].shape, T)
             st.gdn[i] = arena.reserve(
                 f"state.gdn.{i}", (1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k), np.float32
             )
@@ -97,6 +184,11 @@ class TargetState:
         for k, v in self.kv.values():
             k[...] = 0
             v[...] = 0
+
+    def carry_conv(self) -> None:
+        """After an in-place forward: the conv carries it produced become the committed ones."""
+        for i, present in self.present_conv.items():
+            self.conv[i][...] = present
 
     def recurrent_arrays(self) -> list[np.ndarray]:
         return [self.conv[i] for i in self.cfg.gdn_layer_ids] + [self.gdn[i] for i in self.cfg.gdn_layer_ids]
@@ -113,11 +205,13 @@ def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_i
 
     Lengths are static-shaped, as onnxruntime-genai arranges them for graph replay:
     total_sequence_length is always the KV capacity (a host-side input that a CUDA graph bakes),
-    and the real lengths travel in seqlens_k and query_seqlens (device-side, re-read each replay).
+    and the real lengths travel in seqlens_k and, where the graph form has it, query_seqlens
+    (device-side, re-read each replay).
 
-    KV is always in place (GroupQueryAttention with past and present on one buffer). The recurrent
-    states are in place too unless recurrent_in_place=False, when their new values go to outputs
-    `present_conv_state.{i}` / `present_gdn_state.{i}` and the committed state is left untouched.
+    KV is always in place (GroupQueryAttention with past and present on one buffer). The GatedDeltaNet
+    states are in place too, and the conv carries go to TargetState.present_conv (copy them with
+    carry_conv() after the run), unless recurrent_in_place=False, when both go to outputs of their
+    own and the committed state is left untouched.
     """
     M = int(tokens.shape[-1])
     T = ACT_DTYPE[cfg.dtype]
@@ -127,7 +221,7 @@ def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_i
         "input_ids": token_ids(tokens, M),
         "seqlens_k": np.array([st.length + M - 1], dtype=np.int32),
         "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
-        "query_seqlens": np.array([M], dtype=np.int32),
+        **_query_seqlens(cfg, M),
         "capture_count": np.array([M], dtype=np.int32),
     }
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
@@ -141,13 +235,21 @@ def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_i
     for i in cfg.gdn_layer_ids:
         bound += [(f"conv_state.{i}", st.conv[i], False), (f"gdn_state.{i}", st.gdn[i], False)]
         if recurrent_in_place:
-            bound += [(f"present_conv_state.{i}", st.conv[i], True), (f"present_gdn_state.{i}", st.gdn[i], True)]
+            bound += [
+                (f"present_conv_state.{i}", st.present_conv[i], True),
+                (f"present_gdn_state.{i}", st.gdn[i], True),
+            ]
         else:
             outputs[f"present_conv_state.{i}"] = (st.conv[i].shape, T)
             outputs[f"present_gdn_state.{i}"] = (st.gdn[i].shape, np.float32)
         outputs[f"gdn_transitions.{i}"] = ((1, cfg.transition_capacity * cfg.transition_width), np.float32)
         outputs[f"conv_input.{i}"] = ((1, M, cfg.gdn_conv_channels), T)
     return feeds, outputs, bound
+
+
+def _query_seqlens(cfg: ModelConfig, M: int) -> dict[str, np.ndarray]:
+    """The query_seqlens feed where the graph form has that input."""
+    return {"query_seqlens": np.array([M], dtype=np.int32)} if cfg.form.query_seqlens else {}
 
 
 def token_ids(tokens: Any, M: int) -> Any:
@@ -179,7 +281,7 @@ def mtp_io(cfg: ModelConfig, st: MtpState, token: int, hidden: np.ndarray, posit
         "hidden_states": hidden.astype(T, copy=False).reshape(1, 1, cfg.hidden_size),
         "seqlens_k": np.array([position], dtype=np.int32),
         "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
-        "query_seqlens": np.array([1], dtype=np.int32),
+        **_query_seqlens(cfg, 1),
     }
     outputs = {"logits": ((1, 1, cfg.vocab_size), T), "mtp_hidden": ((1, 1, cfg.hidden_size), T)}
     k, v = st.kv

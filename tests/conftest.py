@@ -41,6 +41,8 @@ class Runner:
         feeds, outputs, bound = target_io(self.cfg, self.state, np.asarray(tokens, dtype=np.int64), in_place)
         ex = Executor({Slot.PRIMARY: self.session}, {Slot.PRIMARY: SlotMemory(Arena("io"))})
         out = ex._eager_temporaries(Slot.PRIMARY, feeds, outputs, bound)
+        if in_place:
+            self.state.carry_conv()
         self.state.length += len(tokens)
         return out
 

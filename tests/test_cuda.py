@@ -103,16 +103,23 @@ def test_capture_advances_in_place_state_exactly_once():
     assert ex.state[Slot.PRIMARY].counters()["captures"] == 1 and ex.state[Slot.PRIMARY].replays == 3
 
 
+def test_graph_ids_start_at_1_because_0_is_reserved():
+    ids = cuda.GraphIds(per_slot=2)
+    assert [ids.allocate("primary"), ids.allocate("verify"), ids.allocate("primary")] == [1, 2, 3]
+    assert ids.captures == 3 and ids.stats()["graphs"] == 3
+
+
 def test_each_slot_gets_its_own_graph_id_and_invalidation_takes_a_fresh_one():
     ex, session, ids, state = _setup()
     for _ in range(3):
         _run(ex, Slot.PRIMARY, state)
         _run(ex, Slot.VERIFY, state, M=4)
-    assert ids.by_slot == {"primary": [0], "verify": [1]}
+    assert ids.by_slot == {"primary": [1], "verify": [2]}
+    assert ("capture", 0) not in session.calls and ("replay", 0) not in session.calls
     moved = state.copy()
     _run(ex, Slot.PRIMARY, moved)  # a moved buffer: caught by the signature, never replayed stale
-    assert ex.state[Slot.PRIMARY].invalidations == 1 and ids.by_slot["primary"] == [0, 2]
-    assert 0 in ids.retired and ids.stats()["graphs"] == 3
+    assert ex.state[Slot.PRIMARY].invalidations == 1 and ids.by_slot["primary"] == [1, 3]
+    assert 1 in ids.retired and ids.stats()["graphs"] == 3
 
 
 def test_graph_ids_are_bounded_per_slot_then_the_slot_runs_eager():
@@ -124,7 +131,7 @@ def test_graph_ids_are_bounded_per_slot_then_the_slot_runs_eager():
         _run(ex, Slot.PRIMARY, a)
     st = ex.state[Slot.PRIMARY]
     assert st.status is Status.UNSUPPORTED and "limit 2" in st.reason and "cannot be captured again" in st.reason
-    assert ids.by_slot["primary"] == [0, 1] and st.fallbacks > 0
+    assert ids.by_slot["primary"] == [1, 2] and st.fallbacks > 0
 
 
 def test_unpinned_workspace_is_a_hazard_the_signature_check_catches():
@@ -175,8 +182,9 @@ def test_device_state_replay_matches_select(tiny):
     np.testing.assert_array_equal(host[0], device)
 
 
-def test_stream_order_plan_has_one_host_wait_per_step():
-    assert cuda.host_waits() == ["read the accepted count and the step's tokens"]
+def test_stream_order_plan_has_one_host_wait_per_step_and_one_per_capture():
+    assert cuda.host_waits() == [cuda.CAPTURE_SYNC, "read the accepted count and the step's tokens"]
+    assert cuda.expected_host_waits(steps=10, captures=3) == 13
     assert all(where != "host" or wait for _, where, wait in cuda.STEP_PLAN)
     assert cuda.RUN_CONFIG == {"disable_synchronize_execution_providers": "1"}  # runs return once queued
 
@@ -196,7 +204,7 @@ def test_every_run_is_queued_without_a_stream_sync_and_host_inputs_are_bound_on_
             [("state", state, False), ("present_state", state, True)],
         )
     assert all(o["disable_synchronize_execution_providers"] == "1" for o in options)
-    assert [o["gpu_graph_id"] for o in options] == ["-1", "0", "0", "0"]  # eager warm-up, capture (+replay), replay
+    assert [o["gpu_graph_id"] for o in options] == ["-1", "1", "1", "1"]  # eager warm-up, capture (+replay), replay
 
 
 class FakeDeviceArray:
@@ -250,6 +258,18 @@ def test_the_cuda_plan_backend_drives_the_real_engine_losslessly(tiny):
         assert len(ids.by_slot["verify"]) == verify_ids  # sibling: every invalidation took a fresh id, up to the bound
         if policy_name == "sibling":
             assert r.slots["verify"]["replays"] == 0 and r.slots["verify"]["fallbacks"] > 0
+
+
+def test_host_waits_are_one_read_per_step_plus_one_sync_per_capture(tiny):
+    from mtplab.engine import prompt_tokens
+
+    ids = cuda.GraphIds(per_slot=4)
+    eng = Engine(RunConfig(preset="tiny", k=3, drafter="mtp"), tiny, device=_graphs_on_the_cpu_ep(ids))
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    spec = eng.speculative(prompt, 32)
+    assert ids.captures == 3  # primary, verify, the head: one stream sync each, on the steps that captured
+    waits = eng.device.reads + ids.captures
+    assert waits == cuda.expected_host_waits(len(spec["accepted"]) + 1, ids.captures)
 
 
 def test_when_graph_ids_run_out_the_greedy_baseline_is_the_one_measured_before(tiny):

@@ -60,3 +60,30 @@ def test_speculative_on_device_arrays_is_lossless(tiny, commit, policy_name):
 def test_oracle_drafts_on_device_arrays_are_lossless(tiny):
     run = RunConfig(preset="tiny", k=2, drafter="oracle", alpha=0.6, tokens=40)
     assert run_point(run, tiny, Engine(run, tiny, device=fake_device())).lossless
+
+
+class RecordingCudaBackend(cuda.CudaGraphBackend):
+    """Test double around the CUDA plan backend: records where every input of every run is bound."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.host_bound: set[str] = set()
+        self.device_bound: set[str] = set()
+
+    def _binding(self, session, binds):
+        for b in binds:
+            if not b.output:
+                (self.host_bound if isinstance(b.array, np.ndarray) else self.device_bound).add(b.name)
+        return super()._binding(session, binds)
+
+
+@pytest.mark.parametrize("commit", ["select", "readvance-m1"])
+def test_on_the_cuda_device_only_total_sequence_length_is_bound_in_host_memory(tiny, commit):
+    from mtplab.device import CUDA_HOST_INPUTS
+
+    backend = RecordingCudaBackend(cuda.GraphIds(per_slot=4), ort.RunOptions, device_type="cpu")
+    device = Device("fake-cuda", fake_cupy, backend, host_inputs=CUDA_HOST_INPUTS)
+    run = RunConfig(preset="tiny", k=3, drafter="mtp", commit=commit, tokens=32)
+    assert run_point(run, tiny, Engine(run, tiny, device=device)).lossless
+    assert backend.host_bound == {"total_sequence_length"}
+    assert {"input_ids", "seqlens_k", "capture_count", "hidden_states"} <= backend.device_bound

@@ -53,21 +53,27 @@ def test_bad_check_options_fail_before_any_work(tmp_path, capsys):
     assert "presets ['huge'] unknown" in capsys.readouterr().err and not out.exists()
 
 
-def test_host_inputs_fall_back_to_the_next_candidate_and_say_why(monkeypatch):
-    import os
+def test_a_capture_failure_is_reported_with_its_op_and_nothing_moves_to_host_memory(monkeypatch):
+    from mtplab import device, gpucheck
 
-    from mtplab import gpucheck
-    from mtplab.device import HOST_INPUTS_ENV, cuda_host_inputs
-
-    def capture_check(art, backend, tokens):  # test double: graphs run only with capture_count on the host
-        if "capture_count" not in cuda_host_inputs():
-            raise RuntimeError("graph capture failed: memcpy node\ndetails")
-        return {"identical": True}
+    def capture_check(art, backend, tokens):  # test double: capture refused as the CUDA EP words it
+        raise RuntimeError(
+            "Non-zero status code returned while running GatedDeltaNet node. Name:'GatedDeltaNet_33' "
+            "Status Message: operation not permitted when stream is capturing\ndetails"
+        )
 
     monkeypatch.setattr(gpucheck, "capture_check", capture_check)
-    monkeypatch.setattr(gpucheck, "_release", lambda backend: None)
-    monkeypatch.setenv(HOST_INPUTS_ENV, "")  # undone after the test, whatever the check writes
-    check, tried = gpucheck.resolve_host_inputs(None, "cuda", 8)
-    assert check["host_inputs"] == ["total_sequence_length", "capture_count"]
-    assert tried == ["host inputs ['total_sequence_length']: RuntimeError: graph capture failed: memcpy node"]
-    assert os.environ[HOST_INPUTS_ENV] == "total_sequence_length,capture_count"
+    check = gpucheck.checked_capture(None, "cuda", 8)
+    assert check["identical"] is False and check["op"] == "GatedDeltaNet"
+    assert check["error"].startswith("RuntimeError: Non-zero status code returned while running GatedDeltaNet")
+    assert device.CUDA_HOST_INPUTS == {"total_sequence_length"}  # the one input an op reads on the host
+    assert not hasattr(gpucheck, "resolve_host_inputs") and not hasattr(device, "cuda_host_inputs")
+
+
+def test_a_failed_run_is_a_row_naming_its_op():
+    from mtplab.gpucheck import _format, _row
+
+    err = RuntimeError("Failed to find kernel for com.microsoft.GatedDeltaNet(1) (node:'GatedDeltaNet_33' ep:'X')")
+    row = _row(("small", "sibling-pinned", "select", 1, "decode-verify"), error=err)
+    assert row["op"] == "GatedDeltaNet" and row["identical"] is False
+    assert "ERROR in op GatedDeltaNet: RuntimeError: Failed to find kernel" in _format(row)

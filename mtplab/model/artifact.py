@@ -17,6 +17,7 @@ import onnx
 
 from .behaviour import fitted_head
 from .config import ModelConfig
+from .forms import check_runtime, choose_form
 from .graph import build_mtp, build_target, mtp_io, target_io
 from .weights import target_weights
 
@@ -125,6 +126,9 @@ def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = F
     """Build target.onnx + mtp.onnx + manifest.json for cfg, cached under cache_dir() by config hash."""
     import onnxruntime
 
+    if cfg.graph_form is None:  # the installed runtime's form, recorded in the config (manifest, cache key)
+        cfg = cfg.replace(graph_form=choose_form()[0].name)
+    check_runtime(cfg.form)
     final = Path(out) if out else cache_dir() / f"{cfg.name}-{cfg.config_hash()}"
     if (final / "manifest.json").exists() and not force:
         return load_artifact(final)

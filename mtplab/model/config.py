@@ -7,6 +7,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from .forms import FORMS, GraphForm, resolve
+
 DTYPES = ("fp32", "fp16")
 WEIGHT_FORMATS = ("fp32", "int4")
 CONV_KERNEL = 4
@@ -51,6 +53,7 @@ class ModelConfig:
     conv_memory: float = 0.6  # size of the causal conv's taps on the previous tokens (the current one's is ~1)
     head_fit_tokens: int = 2048  # generated tokens the MTP head's input projection is fitted on
     conv_kernel: int = field(default=CONV_KERNEL)
+    graph_form: str | None = None  # mtplab.model.forms; None: the installed onnxruntime's (set at build)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -76,6 +79,10 @@ class ModelConfig:
         return (
             self.gdn_value_heads + self.gdn_key_heads * self.gdn_head_dim_k + self.gdn_value_heads * self.gdn_head_dim_v
         )
+
+    @property
+    def form(self) -> GraphForm:
+        return resolve(self.graph_form)
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -131,6 +138,8 @@ def validate(cfg: ModelConfig) -> None:
         raise ValueError(f"ModelConfig.dtype={cfg.dtype!r}: allowed values are {list(DTYPES)}")
     if cfg.weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"ModelConfig.weight_format={cfg.weight_format!r}: allowed values are {list(WEIGHT_FORMATS)}")
+    if cfg.graph_form is not None and cfg.graph_form not in FORMS:
+        raise ValueError(f"ModelConfig.graph_form={cfg.graph_form!r}: allowed values are {sorted(FORMS)} or None")
     if cfg.conv_kernel != CONV_KERNEL:
         raise ValueError(f"ModelConfig.conv_kernel={cfg.conv_kernel}: only {CONV_KERNEL} is allowed")
     if cfg.transition_capacity > MAX_TRANSITION_CAPACITY:

@@ -2,7 +2,8 @@
 
 Real com.microsoft ops throughout: GroupQueryAttention (KV cache shared past/present, updated in
 place), GatedDeltaNet (recurrent state plus compact per-token transitions), CausalConvWithState,
-RMSNormalization (opset 23) and, for int4 weights, MatMulNBits.
+RMSNormalization (opset 23) and, for int4 weights, MatMulNBits. The version-dependent parts follow
+the config's graph form (mtplab.model.forms).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class _Graph:
         self, op: str, inputs: list[str], outputs: list[str] | None = None, domain: str = "", **attrs
     ) -> list[str]:
         outputs = outputs or [self.tmp(op.lower())]
-        self.nodes.append(helper.make_node(op, inputs, outputs, domain=domain or None, **attrs))
+        name = self.tmp(op)  # named, so that a runtime error names the node and its op
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain or None, **attrs))
         self.ops.add(f"{domain + '::' if domain else ''}{op}")
         return outputs
 
@@ -90,7 +92,7 @@ def target_io(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Va
         _value("input_ids", TensorProto.INT64, [1, "M"]),
         _value("seqlens_k", TensorProto.INT32, [1]),
         _value("total_sequence_length", TensorProto.INT32, []),
-        _value("query_seqlens", TensorProto.INT32, [1]),
+        *[_value("query_seqlens", TensorProto.INT32, [1])] * cfg.form.query_seqlens,
         _value("capture_count", TensorProto.INT32, [1]),
     ]
     outs = [_value("logits", T, [1, "M", cfg.vocab_size]), _value("hidden", T, [1, "M", cfg.hidden_size])]
@@ -120,7 +122,7 @@ def mtp_io(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Value
         _value("hidden_states", T, [1, "M", cfg.hidden_size]),
         _value("seqlens_k", TensorProto.INT32, [1]),
         _value("total_sequence_length", TensorProto.INT32, []),
-        _value("query_seqlens", TensorProto.INT32, [1]),
+        *[_value("query_seqlens", TensorProto.INT32, [1])] * cfg.form.query_seqlens,
         _value("past_key.0", T, kv),
         _value("past_value.0", T, kv),
     ]
@@ -138,21 +140,13 @@ def _attention(g: _Graph, x: str, w: Weights, p: str, past: tuple[str, str], pre
     xn = g.rmsnorm(x, w[p + "attn_norm"], p + "attn_norm")
     qkv = g.linear(xn, w[p + "qkv"], p + "qkv")
     cos, sin = rotary_cache(cfg)
+    inputs = [qkv, "", "", past[0], past[1], "seqlens_k", "total_sequence_length"]
+    inputs += [g.act(p + "cos", cos), g.act(p + "sin", sin)]
+    if cfg.form.query_seqlens:  # else M>1 after a past is the subsequent-prompt path (batch 1)
+        inputs += [""] * 7 + ["query_seqlens"]  # position_ids, attention_bias, head_sink, k/v scales, q/k norms
     out = g.node(
         "GroupQueryAttention",
-        [
-            qkv,
-            "",
-            "",
-            past[0],
-            past[1],
-            "seqlens_k",
-            "total_sequence_length",
-            g.act(p + "cos", cos),
-            g.act(p + "sin", sin),
-            *[""] * 7,  # position_ids, attention_bias, head_sink, k/v scales, q/k norm weights
-            "query_seqlens",
-        ],
+        inputs,
         [g.tmp("attn"), present[0], present[1]],
         domain=MS,
         num_heads=cfg.attn_heads,
@@ -183,6 +177,9 @@ def _gdn(g: _Graph, x: str, w: Weights, i: int) -> str:
     v = g.node("Reshape", [v, g.const_i64([1, -1, Hv, Dv])])[0]
     decay = g.linear(xn, w[p + "decay"], p + "decay")
     beta = g.node("Add", [g.linear(xn, w[p + "beta"], p + "beta"), g.act(p + "beta_bias", w[p + "beta_bias"])])[0]
+    if cfg.form.float32_gates and cfg.dtype != "fp32":
+        decay = g.node("Cast", [decay], to=TensorProto.FLOAT)[0]
+        beta = g.node("Cast", [beta], to=TensorProto.FLOAT)[0]
     out = g.node(
         "GatedDeltaNet",
         [
@@ -200,7 +197,7 @@ def _gdn(g: _Graph, x: str, w: Weights, i: int) -> str:
         [g.tmp("gdn"), f"present_gdn_state.{i}", f"gdn_transitions.{i}"],
         domain=MS,
         state_update_capacity=cfg.transition_capacity,
-        gate_activation="softplus",
+        gate_activation=cfg.form.gate_activation,
         beta_activation="sigmoid",
         qk_l2_norm=1,
     )[0]
