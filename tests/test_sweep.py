@@ -114,8 +114,8 @@ def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, mon
     [
         ({"k": [1], "alpah": [0.5]}, "unknown key 'alpah'"),
         ({"k": []}, "'k' in the spec is an empty list"),
-        ({"policy": ["tiled"]}, "policy: unknown policy 'tiled'"),
-        ({"grids": [{"commit": ["rewind"]}]}, "commit: unknown commit 'rewind'"),
+        ({"policy": ["tiled"]}, "policy in the spec: unknown policy 'tiled'"),
+        ({"grids": [{"commit": ["rewind"]}]}, r"commit in grids\[0\]: unknown commit 'rewind'"),
         ({"k": 3}, "'k' in the spec must be a list"),
         ({"repeats": 0}, "'repeats' must be an integer >= 1"),
     ],
