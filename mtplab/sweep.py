@@ -193,14 +193,36 @@ def resume_command(argv: list[str]) -> str:
     return "mtplab " + " ".join(shlex.quote(a) for a in args) + " --resume"
 
 
+def option_problems(args) -> list[str]:
+    """Every problem with `mtplab sweep`'s options, found before any work."""
+    problems = []
+    if args.workers is not None and not (isinstance(args.workers, int) and args.workers >= 1):
+        problems.append(f"--workers {args.workers}: must be an integer >= 1")
+    if not (isinstance(args.timeout, int) and args.timeout >= 1):
+        problems.append(f"--timeout {args.timeout}: must be an integer number of seconds >= 1")
+    if args.executor not in EXECUTORS:
+        problems.append(f"--executor {args.executor}: allowed executors are {list(EXECUTORS)}")
+    if args.name is not None and (problem := grid.check_name(args.name)):
+        problems.append(problem.replace("name=", "--name ", 1))
+    try:
+        grid.load(args.spec, args.preset)
+    except ValueError as err:
+        problems.append(str(err))
+    return problems
+
+
 def main(args) -> int:
+    problems = option_problems(args)
+    if problems:
+        print("mtplab sweep: " + "\n  ".join(["bad options:", *problems] if len(problems) > 1 else problems), file=sys.stderr)
+        return 2
     try:
         spec = grid.load(args.spec, args.preset)
         sweep_dir = run_sweep(
             spec,
             args.results,
             args.name,
-            args.workers,
+            args.workers or 0,
             args.timeout,
             args.resume,
             executor=args.executor,

@@ -69,32 +69,167 @@ def test_rerun_without_resume_refuses(smoke):
         run_sweep(grid.load(preset="smoke"), smoke.parent, quiet=True)
 
 
-def test_killed_sweep_resumes_with_every_point_exactly_once(tmp_path, tiny):
-    cmd = [
+QUICK = {
+    "name": "quick",
+    "defaults": {"preset": "tiny", "tokens": 16},
+    "k": [1, 2],
+    "policy": ["shared-max", "sibling-pinned"],
+}
+
+
+def sweep_command(tmp_path, spec: dict = QUICK, workers: int = 2) -> list[str]:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return [
         sys.executable,
         "-m",
         "mtplab.cli",
         "sweep",
-        "--preset",
-        "smoke",
+        str(path),
         "--results",
-        str(tmp_path),
+        str(tmp_path / "results"),
         "--workers",
-        "2",
+        str(workers),
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    points = tmp_path / "smoke" / "points"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(points.glob("*/result.json"))) < 2:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    finished = len(list(points.glob("*/result.json")))
-    assert 2 <= finished < len(grid.load(preset="smoke").points), "the kill should land mid-sweep"
-    assert subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True).returncode == 0
-    df = pd.read_parquet(tmp_path / "smoke" / "results.parquet")
-    assert df.point_id.is_unique and len(df) == len(grid.load(preset="smoke").points) and (df.status == "ok").all()
+
+
+def start_sweep(cmd: list[str]) -> subprocess.Popen:
+    """A sweep in its own process group (as a shell runs it), its output captured."""
+    return subprocess.Popen(
+        cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for(predicate, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def finished_points(points: Path) -> dict[str, int]:
+    """Installed points (not hidden scratch folders) and their result.json's mtime."""
+    return {
+        p.name: (p / "result.json").stat().st_mtime_ns
+        for p in store.point_folders(points)
+        if (p / "result.json").exists()
+    }
+
+
+def assert_resume_runs_exactly_the_missing_points(cmd, points: Path, total: int) -> None:
+    before = finished_points(points)
+    resumed = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{total - len(before)} of {total} points to run" in resumed.stderr, resumed.stderr.replace("\r", "\n")[:600]
+    after = finished_points(points)
+    assert len(after) == total and all(after[p] == t for p, t in before.items())
+    df = pd.read_parquet(points.parent / "results.parquet")
+    assert df.point_id.is_unique and len(df) == total and (df.status == "ok").all()
     assert not [p for p in points.iterdir() if p.name.startswith(".")]
+
+
+def test_sigkill_of_the_main_process_leaves_no_worker_and_resume_completes(tmp_path, tiny):
+    import psutil
+
+    cmd = sweep_command(tmp_path)
+    proc = start_sweep(cmd)
+    points = tmp_path / "results" / "quick" / "points"
+    wait_for(lambda: len(finished_points(points)) >= 1)
+    family = psutil.Process(proc.pid).children(recursive=True)  # pool workers and their kernels
+    assert family
+    os.kill(proc.pid, signal.SIGKILL)  # the main process only, not its group
+    proc.communicate()
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"still running 10 s after the sweep was killed: {alive}"
+    assert 1 <= len(finished_points(points)) < 4, "the kill should land mid-sweep"
+    assert_resume_runs_exactly_the_missing_points(cmd, points, 4)
+
+
+def test_sigint_finishes_running_points_collects_and_resume_runs_the_rest(tmp_path, tiny):
+    cmd = sweep_command(tmp_path)
+    proc = start_sweep(cmd)
+    points = tmp_path / "results" / "quick" / "points"
+    wait_for(lambda: len(finished_points(points)) >= 1)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "--resume" in err and "interrupted" in err
+    finished = finished_points(points)
+    assert 1 <= len(finished) < 4
+    assert not [p for p in points.iterdir() if p.name.startswith(".")], "scratch folders left behind"
+    s = json.loads((points.parent / "sweep.json").read_text())
+    assert s["interrupted"] and s["ok"] == len(finished)
+    assert sorted(pd.read_parquet(points.parent / "results.parquet").point_id) == sorted(finished)
+    assert_resume_runs_exactly_the_missing_points(cmd, points, 4)
+
+
+def test_a_second_signal_cancels_the_running_points(tmp_path, tiny):
+    import psutil
+
+    proc = start_sweep(sweep_command(tmp_path))
+    points = tmp_path / "results" / "quick" / "points"
+    wait_for(lambda: len(list(points.glob(".*"))) >= 1)  # a point is running
+    family = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "cancelling" in err, err
+    assert not [p for p in points.iterdir() if p.name.startswith(".")]
+    assert not [p for p in psutil.wait_procs(family, timeout=10)[1] if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_second_sweep_on_the_same_folder_is_refused_naming_the_holder(tmp_path, tiny):
+    cmd = sweep_command(tmp_path, workers=1)
+    proc = start_sweep(cmd)
+    lock = tmp_path / "results" / "quick" / ".sweep.lock"
+    wait_for(lambda: lock.exists() and str(proc.pid) in lock.read_text())
+    second = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True)
+    assert second.returncode == 2
+    assert f"locked by another process (pid {proc.pid}, started " in second.stderr
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    df = pd.read_parquet(tmp_path / "results" / "quick" / "results.parquet")
+    assert df.point_id.is_unique and len(df) == 4 and (df.status == "ok").all()
+
+
+def test_a_corrupt_point_is_named_moved_aside_and_run_again(tmp_path, tiny, capsys):
+    spec = grid.parse({"name": "c", "defaults": {"preset": "tiny", "tokens": 8}, "k": [1, 2]})
+    sweep_dir = run_sweep(spec, tmp_path, quiet=True)
+    bad = spec.points[0].id
+    result = sweep_dir / "points" / bad / "result.json"
+    result.write_text(result.read_text()[:400])  # truncated
+    with pytest.raises(ValueError, match=r"older than the points.*mtplab sweep .*--resume"):
+        make_report(sweep_dir)
+    capsys.readouterr()
+    run_sweep(spec, tmp_path, resume=True, quiet=True)
+    err = capsys.readouterr().err
+    assert f"point {bad}: unreadable result.json" in err and "it runs again" in err
+    assert (sweep_dir / "points" / ".corrupt" / bad / "result.json").read_text() == result.read_text()[:400]
+    assert json.loads(result.read_text())["lossless"] is True
+    assert (store.load(sweep_dir).status == "ok").all()
+
+
+def test_a_point_that_fails_its_lossless_check_is_a_mismatch_and_fails_the_sweep(
+    tmp_path, tiny, monkeypatch, overaccepting_notebooks, capsys
+):
+    from mtplab.cli import main
+
+    monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(overaccepting_notebooks))
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "m", "defaults": {"preset": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.5}, "k": [2]}
+        )
+    )
+    args = ["sweep", str(path), "--results", str(tmp_path / "r"), "--workers", "1"]
+    assert main(args) == 1
+    assert "0 ok, 1 mismatch, 0 failed of 1 points" in capsys.readouterr().out
+    df = store.load(tmp_path / "r" / "m")
+    assert list(df.status) == ["mismatch"] and not df.lossless.iloc[0] and df.speedup.notna().all()
+    assert json.loads((tmp_path / "r" / "m" / "sweep.json").read_text())["mismatch"] == 1
+    assert main(args + ["--resume", "--allow-mismatch"]) == 0
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, monkeypatch, failing_notebooks):
