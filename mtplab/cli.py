@@ -13,8 +13,12 @@ from .policy import POLICIES
 def _model_build(args) -> int:
     from .model import build_model, preset
 
-    cfg = preset(args.preset, weight_format="int4" if args.int4 else "fp32", dtype=args.dtype)
-    art = build_model(cfg, out=args.out, force=args.force)
+    try:
+        cfg = preset(args.preset, weight_format="int4" if args.int4 else "fp32", dtype=args.dtype)
+        art = build_model(cfg, out=args.out, force=args.force)
+    except ValueError as err:
+        print(f"mtplab model build: {err}", file=sys.stderr)
+        return 2
     print(art.path)
     print(art.summary())
     return 0

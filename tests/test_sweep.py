@@ -249,15 +249,53 @@ def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, mon
     [
         ({"k": [1], "alpah": [0.5]}, "unknown key 'alpah'"),
         ({"k": []}, "'k' in the spec is an empty list"),
-        ({"policy": ["tiled"]}, "policy in the spec: unknown policy 'tiled'"),
+        ({"k": [1], "policy": ["nope"]}, r"^grid spec: policy in the spec: unknown policy 'nope'"),
         ({"grids": [{"commit": ["rewind"]}]}, r"commit in grids\[0\]: unknown commit 'rewind'"),
         ({"k": 3}, "'k' in the spec must be a list"),
         ({"repeats": 0}, "'repeats' must be an integer >= 1"),
+        ({"defaults": [1, 2]}, r"defaults must be a mapping of dimension: values \(got \[1, 2\]\)"),
+        ({"grids": [[1, 2]]}, r"grids\[0\] must be a mapping"),
+        ({"alpha": ["0.5"]}, r"alpha in the spec: alpha='0.5': must be within \[0, 1\], a number"),
+        ({"seed": ["x", 1, -1]}, r"seed in the spec: seed='x', -1: must be an integer >= 0"),
+        ({"int4": ["no"]}, r"int4 in the spec: int4='no': must be true or false"),
+        ({"k": [0, "x", 2]}, r"k in the spec: k=0, 'x': must be an integer >= 1"),
+        ({"drafter": ["mtp"], "alpha": [0.5, 0.7]}, r"point id tiny-k3-mtp-\S+ names two different points .*alpha"),
+        ({"name": "../escaped"}, r"name='../escaped': must be a folder name"),
+        ({"tokens": [300]}, r"tokens=300: .*exceeds the tiny model's max_seq_len 256 .*\(in grids\[0\]\)"),
     ],
 )
 def test_bad_grid_spec_fails_before_any_point_naming_the_key(source, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as err:
         grid.parse({"defaults": {"preset": "tiny"}} | source)
+    assert "\n" not in str(err.value)
+
+
+def test_every_problem_of_a_spec_is_reported_at_once():
+    with pytest.raises(ValueError) as err:
+        grid.parse({"defaults": {"preset": "tiny"}, "k": [0], "policy": ["nope"], "repeats": 0, "name": "a/b"})
+    assert [m in str(err.value) for m in ("k in the spec", "policy in the spec", "'repeats'", "name='a/b'")] == [
+        True
+    ] * 4
+
+
+def test_distinct_floats_make_distinct_points():
+    spec = grid.parse({"defaults": {"preset": "tiny", "drafter": "oracle"}, "alpha": [0.7, 0.70000001]})
+    assert sorted(p.id.split("-")[2] for p in spec.points) == ["oracle0.7", "oracle0.70000001"]
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_line(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("name: g\nk: [1, 2\npolicy: [shared-max]\n")
+    with pytest.raises(ValueError, match=r"^grid spec .*g\.yaml: YAML syntax error at line 3, column \d+: [^\n]+$"):
+        grid.load(path)
+
+
+def test_an_engine_whose_package_is_missing_is_refused_with_the_install_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # as if not installed
+    spec = grid.parse({"defaults": {"preset": "tiny"}, "engine": ["ort-genai"]})
+    with pytest.raises(ValueError, match=r"engine: .*pip install 'mtplab\[peer\]'"):
+        run_sweep(spec, tmp_path / "results", quiet=True)
+    assert not (tmp_path / "results").exists()
 
 
 def test_default_grid_covers_every_policy_commit_k_and_alpha():
