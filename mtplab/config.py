@@ -69,7 +69,10 @@ def _boolean(v) -> bool:
 # Per-field rules for the fields that are not choices: (accepts, what is allowed).
 RULES = {
     "k": (_integer(1), "an integer >= 1"),
-    "alpha": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0, "within [0, 1], a number"),
+    "alpha": (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
+        "within [0, 1], a number",
+    ),
     "tokens": (_integer(1), "an integer >= 1"),
     "seed": (_integer(0), "an integer >= 0"),
     "prompt_len": (_integer(1), "an integer >= 1"),

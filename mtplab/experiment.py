@@ -41,7 +41,9 @@ def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> N
     have, want = engine.run_cfg.to_dict(), run.to_dict()
     diff = {k: (have[k], v) for k, v in want.items() if k not in PER_RUN_FIELDS and have[k] != v}
     if diff or (artifact is not None and artifact.path != engine.art.path):
-        detail = f"differs in {diff} as (engine, run)" if diff else f"engine model {engine.art.path}, run {artifact.path}"
+        detail = (
+            f"differs in {diff} as (engine, run)" if diff else f"engine model {engine.art.path}, run {artifact.path}"
+        )
         raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
 
 

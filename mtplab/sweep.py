@@ -43,7 +43,10 @@ class Stopper:
         self.signals += 1
         name = signal.Signals(signum).name
         if self.signals == 1:
-            print(f"\n{name}: starting no new points; the running ones finish (send it again to cancel them)", file=sys.stderr)
+            print(
+                f"\n{name}: starting no new points; the running ones finish (send it again to cancel them)",
+                file=sys.stderr,
+            )
         else:
             print(f"\n{name} again: cancelling the running points", file=sys.stderr)
             self.pool.cancel()
@@ -108,7 +111,9 @@ def run_sweep(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(sweep_dir / LOCK, f"sweep folder {sweep_dir}"):
         if not resume and any(points_dir.glob("*/result.json")):
-            raise ValueError(f"{sweep_dir} already holds results: pass --resume to continue it, or choose another --name")
+            raise ValueError(
+                f"{sweep_dir} already holds results: pass --resume to continue it, or choose another --name"
+            )
         return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address)
 
 
@@ -214,7 +219,10 @@ def option_problems(args) -> list[str]:
 def main(args) -> int:
     problems = option_problems(args)
     if problems:
-        print("mtplab sweep: " + "\n  ".join(["bad options:", *problems] if len(problems) > 1 else problems), file=sys.stderr)
+        print(
+            "mtplab sweep: " + "\n  ".join(["bad options:", *problems] if len(problems) > 1 else problems),
+            file=sys.stderr,
+        )
         return 2
     try:
         spec = grid.load(args.spec, args.preset)

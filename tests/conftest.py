@@ -61,7 +61,14 @@ def planted_notebooks(folder, source: list[str]):
     from pathlib import Path
 
     src = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "run_point.ipynb").read_text())
-    cell = {"cell_type": "code", "execution_count": None, "id": "planted", "metadata": {}, "outputs": [], "source": source}
+    cell = {
+        "cell_type": "code",
+        "execution_count": None,
+        "id": "planted",
+        "metadata": {},
+        "outputs": [],
+        "source": source,
+    }
     src["cells"].insert(2, cell)
     folder.mkdir()
     (folder / "run_point.ipynb").write_text(json.dumps(src))

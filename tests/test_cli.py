@@ -70,7 +70,12 @@ def test_doctor_reports_ops(capsys):
 def test_every_bad_option_is_reported_together_before_any_work(capsys):
     assert main(["run", "--preset", "tiny", "--k", "0", "--seed", "-1", "--policy", "tiled", "--tokens", "x"]) == 2
     err = capsys.readouterr().err
-    for message in ("k=0: must be", "seed=-1: must be an integer >= 0", "unknown policy 'tiled'", "tokens='x': must be"):
+    for message in (
+        "k=0: must be",
+        "seed=-1: must be an integer >= 0",
+        "unknown policy 'tiled'",
+        "tokens='x': must be",
+    ):
         assert message in err
 
 
