@@ -154,7 +154,7 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
             pool.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        interrupted = stopper.stopping()
+        interrupted = stopper.stopping() and sum(counts.values()) < len(todo)
         store.clear_scratch(points_dir)
     df = store.collect(sweep_dir)
     counts = df["status"].value_counts().to_dict() if len(df) else {}
