@@ -6,15 +6,19 @@ import argparse
 import json
 import sys
 
-from .config import COMMITS, DRAFTERS, SCHEDULES, RunConfig
+from .config import COMMITS, DRAFTERS, SCHEDULES, RunConfig, run_problems
 from .policy import POLICIES
 
 
 def _model_build(args) -> int:
     from .model import build_model, preset
 
-    cfg = preset(args.preset, weight_format="int4" if args.int4 else "fp32", dtype=args.dtype)
-    art = build_model(cfg, out=args.out, force=args.force)
+    try:
+        cfg = preset(args.preset, weight_format="int4" if args.int4 else "fp32", dtype=args.dtype)
+        art = build_model(cfg, out=args.out, force=args.force)
+    except ValueError as err:
+        print(f"mtplab model build: {err}", file=sys.stderr)
+        return 2
     print(art.path)
     print(art.summary())
     return 0
@@ -52,27 +56,48 @@ def _doctor(args) -> int:
     return 0
 
 
-def _run(args) -> int:
-    try:
-        run = RunConfig(
-            preset=args.preset,
-            k=args.k,
-            alpha=args.alpha,
-            drafter=args.drafter,
-            policy=args.policy,
-            commit=args.commit,
-            schedule=args.schedule,
-            tokens=args.tokens,
-            backend=args.backend,
-            seed=args.seed,
-            oracle_free_drafts=args.oracle_free_drafts,
-            validate=not args.no_validate,
-            retain_decode_graph_across_spec=not args.no_retain,
-            int4=args.int4,
-            engine=args.engine,
+def _number(text: str):
+    """An option's number, or its text unchanged so that validation names it with the others."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _run_config(args) -> tuple[RunConfig | None, list[str]]:
+    """The run's RunConfig, or every problem with the options at once."""
+    values = {
+        "preset": args.preset,
+        "k": args.k,
+        "alpha": RunConfig.alpha if args.alpha is None else args.alpha,
+        "drafter": args.drafter,
+        "policy": args.policy,
+        "commit": args.commit,
+        "schedule": args.schedule,
+        "tokens": args.tokens,
+        "backend": args.backend,
+        "seed": args.seed,
+        "oracle_free_drafts": args.oracle_free_drafts,
+        "validate": not args.no_validate,
+        "retain_decode_graph_across_spec": not args.no_retain,
+        "int4": args.int4,
+        "engine": args.engine,
+    }
+    problems = [f"--{p}" for p in run_problems(values)]
+    if args.alpha is not None and args.drafter == "mtp":
+        problems.append(
+            f"--alpha {args.alpha} with --drafter mtp: alpha is the oracle drafter's acceptance; the MTP head's "
+            "is measured (drop --alpha, or use --drafter oracle)"
         )
-    except ValueError as err:
-        print(f"mtplab run: {err}", file=sys.stderr)
+    return (None if problems else RunConfig(**values)), problems
+
+
+def _run(args) -> int:
+    run, problems = _run_config(args)
+    if problems:
+        print("mtplab run: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
     from .experiment import run_point, summary
 
@@ -141,15 +166,17 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="greedy baseline vs speculative decoding, one point")
     r.add_argument("--preset", default="small")
-    r.add_argument("--k", type=int, default=3)
+    r.add_argument("--k", type=_number, default=3)
     r.add_argument("--drafter", default="mtp", help=f"one of {list(DRAFTERS)}")
-    r.add_argument("--alpha", type=float, default=0.8, help="oracle drafter acceptance per position")
+    r.add_argument(
+        "--alpha", type=_number, help="oracle drafter acceptance per position (default 0.8; not with --drafter mtp)"
+    )
     r.add_argument("--policy", default="sibling-pinned", help=f"one of {list(POLICIES)}")
     r.add_argument("--commit", default="select", help=f"one of {list(COMMITS)}")
     r.add_argument("--schedule", default="decode-verify", help=f"one of {list(SCHEDULES)}")
-    r.add_argument("--tokens", type=int, default=128)
+    r.add_argument("--tokens", type=_number, default=128)
     r.add_argument("--backend", default="cpu")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=_number, default=0, help="prompt seed, an integer >= 0")
     r.add_argument("--int4", action="store_true")
     r.add_argument("--engine", default="mtplab", help="mtplab, or ort-genai (the onnxruntime-genai peer)")
     r.add_argument("--oracle-free-drafts", action="store_true", help="oracle drafter skips the MTP head")
@@ -167,11 +194,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--preset", help="named grid: smoke or default")
     s.add_argument("--name", help="sweep name (folder under results/)")
     s.add_argument("--results", default="results", help="results root")
-    s.add_argument("--workers", type=int, default=0, help="processes (default: the core count)")
-    s.add_argument("--timeout", type=int, default=600, help="seconds per point")
+    s.add_argument("--workers", type=_number, help="processes, at least 1 (default: the core count)")
+    s.add_argument("--timeout", type=_number, default=600, help="seconds per point, at least 1")
     s.add_argument("--resume", action="store_true", help="skip points already finished")
     s.add_argument("--executor", default="local", help="where points run: local (process pool) or ray")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray sized to this machine)")
+    s.add_argument(
+        "--allow-mismatch", action="store_true", help="exit 0 even if a point's lossless check fails (as for run)"
+    )
     s.set_defaults(func=_sweep)
 
     rep = sub.add_parser("report", help="render a sweep into report.html")
@@ -182,6 +212,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return args.func(args)
 
 

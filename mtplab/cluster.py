@@ -26,7 +26,7 @@ def require_ray():
 
 def run_point_task(point, timeout: int, threads: int) -> tuple[str, str, str | None, dict[str, bytes]]:
     """Body of a Ray task: execute one point in scratch space and hand back its files."""
-    from .sweep import execute_point
+    from .pool import execute_point
 
     scratch = Path(tempfile.mkdtemp(prefix="mtplab-point-"))
     try:
@@ -73,6 +73,7 @@ class RayPool:
                     log_to_driver=False,
                     _temp_dir=_short_temp_dir(sweep_dir / ".ray"),
                 )
+        self.cancelled, self.running = False, {}
         self.task = ray.remote(max_retries=WORKER_RETRIES, retry_exceptions=False)(run_point_task)
 
     def options_for(self, point) -> dict:
@@ -80,23 +81,35 @@ class RayPool:
         opts.update(self.resources)
         return opts
 
-    def run(self, points, points_dir: Path, timeout: int, threads: int):
+    def run(self, points, points_dir: Path, timeout: int, threads: int, stopping=lambda: False):
+        """As LocalPool.run: at most one task per cluster CPU in flight, nothing new once stopping()."""
         ray = self.ray
-        refs = {self.task.options(**self.options_for(p)).remote(p, timeout, threads): p for p in points}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            point = refs[done[0]]
+        window = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        queue, self.running = list(points), {}
+        while self.running or (queue and not stopping() and not self.cancelled):
+            while queue and len(self.running) < window and not stopping() and not self.cancelled:
+                p = queue.pop(0)
+                self.running[self.task.options(**self.options_for(p)).remote(p, timeout, threads)] = p
+            done, _ = ray.wait(list(self.running), num_returns=1)
+            point = self.running.pop(done[0])
             try:
                 point_id, status, error, files = ray.get(done[0])
                 install_point(points_dir, point_id, files)
             except Exception as err:  # noqa: BLE001 - the worker died past its retries: record the cause
-                from .sweep import record_failure
+                if self.cancelled:
+                    continue
+                from .pool import record_failure
 
                 point_id, status = point.id, "failed"
                 error = f"worker lost after {WORKER_RETRIES} retries: {type(err).__name__}: {err}"[:4000]
                 record_failure(points_dir, point, error)
             yield point_id, status, error
+
+    def cancel(self) -> None:
+        """End the running tasks now; their points stay missing for --resume."""
+        self.cancelled = True
+        for ref in list(self.running):
+            self.ray.cancel(ref, force=True)
 
     def close(self) -> None:
         if self.started_here:

@@ -30,6 +30,21 @@ def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine |
     return run_mtplab_point(run, artifact, engine)
 
 
+# A supplied engine runs its own config; only the run's length may differ from it.
+PER_RUN_FIELDS = ("tokens", "prompt_len")
+
+
+def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> None:
+    """Refuse an engine built for another config (or model) than the run's: the result would misreport it."""
+    have, want = engine.run_cfg.to_dict(), run.to_dict()
+    diff = {k: (have[k], v) for k, v in want.items() if k not in PER_RUN_FIELDS and have[k] != v}
+    if diff or (artifact is not None and artifact.path != engine.art.path):
+        detail = (
+            f"differs in {diff} as (engine, run)" if diff else f"engine model {engine.art.path}, run {artifact.path}"
+        )
+        raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
+
+
 def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None) -> RunResult:
     """The lossless check, then greedy, speculative and greedy again, timed, in one RunResult.
 
@@ -37,6 +52,8 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
     slot counters. The greedy baseline is measured before and after the timed speculative run and
     pooled, so drift over the point cancels out of the speedup.
     """
+    if engine is not None:
+        check_engine(run, engine, artifact)
     engine = engine or Engine(run, artifact)
     cfg, k, n = engine.cfg, run.k, run.tokens
     prompt = prompt_tokens(cfg.vocab_size, run.prompt_len, run.seed)

@@ -11,7 +11,7 @@ def header(sweep: dict) -> str:
     env = sweep.get("env", {})
     return (
         f"# mtplab sweep `{sweep['name']}`\n\n"
-        f"{sweep['ok']} points ok, {sweep['failed']} failed, of {sweep['points']}; finished {sweep['finished']} "
+        f"{sweep['ok']} points ok, {sweep.get('mismatch', 0)} mismatch, {sweep['failed']} failed, of {sweep['points']}; finished {sweep['finished']} "
         f"in {sweep['wall_seconds']} s with {sweep['workers']} worker(s) x {sweep['threads_per_point']} thread(s).\n\n"
         f"Environment: {env.get('device')}, onnxruntime {env.get('onnxruntime')} ({env.get('provider')}), "
         f"Python {env.get('python')}, git {env.get('git_revision') or 'n/a'}."
@@ -21,8 +21,8 @@ def header(sweep: dict) -> str:
 def summary(df: pd.DataFrame) -> str:
     """Markdown bullet list: identity, where MTP beats greedy, best k per alpha, policies, theory fit."""
     out = []
-    ok = df[df.status == "ok"]
-    failed = df[df.status != "ok"]
+    ok = df[df.status != "failed"]  # every point that ran: ok, or mismatch (its lossless check failed)
+    failed = df[df.status == "failed"]
     if len(failed):
         out.append(f"- **{len(failed)} point(s) failed to run**: " + ", ".join(failed.point_id))
     lossy = ok[~ok.lossless.astype(bool)]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from .config import RunConfig
+from .config import RunConfig, field_problem, run_problems
 
 SPEC_DIR = Path(__file__).parent / "sweeps"
 DIMENSIONS = (
@@ -26,8 +27,17 @@ DIMENSIONS = (
     "oracle_free_drafts",
     "int4",
 )
-TOP_KEYS = ("name", "defaults", "grids", "repeats", "resources", *DIMENSIONS)
+TOP_KEYS = ("name", "defaults", "grids", "repeats", "resources", "allow_mismatch", *DIMENSIONS)
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def canonical(value) -> str:
+    """The id form of a value: every float exactly (repr, no trailing '.0'), so distinct values never share an id."""
+    if isinstance(value, float):
+        text = repr(value)
+        return text[:-2] if text.endswith(".0") else text
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,7 @@ class Point:
         parts = [
             r.preset,
             f"k{r.k}",
-            r.drafter + (f"{r.alpha:g}" if r.drafter == "oracle" else ""),
+            r.drafter + (canonical(float(r.alpha)) if r.drafter == "oracle" else ""),
             r.policy,
             r.commit,
             r.schedule,
@@ -68,67 +78,137 @@ class GridSpec:
     points: tuple[Point, ...]
     source: dict
     resources: dict | None = None  # per-point resource request for cluster executors
+    allow_mismatch: bool = False  # a point whose lossless check fails does not fail the sweep
 
 
-def _fail(msg: str) -> None:
-    raise ValueError(f"grid spec: {msg}")
+def check_name(name) -> str | None:
+    """Why a sweep name is not a safe folder name under the results root, or None."""
+    if isinstance(name, str) and SAFE_NAME.fullmatch(name):
+        return None
+    return (
+        f"name={name!r}: must be a folder name of letters, digits, '.', '_' or '-' "
+        "(up to 100, starting with a letter or digit)"
+    )
 
 
-def _check_lists(where: str, d: dict, allow_scalars: bool) -> None:
+def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
+    """Every problem with one mapping of dimensions: unknown keys, shapes, and each key's bad values."""
+    if not isinstance(d, dict):
+        return [f"{where} must be a mapping of dimension: values (got {d!r})"]
+    out = []
     for key, value in d.items():
         if key not in DIMENSIONS:
-            _fail(f"unknown key {key!r} in {where} (allowed: {list(DIMENSIONS)})")
+            out.append(f"unknown key {key!r} in {where} (allowed: {list(DIMENSIONS)})")
+            continue
         if isinstance(value, list):
             if not value:
-                _fail(f"{key!r} in {where} is an empty list")
+                out.append(f"{key!r} in {where} is an empty list")
+                continue
         elif not allow_scalars:
-            _fail(f"{key!r} in {where} must be a list (got {value!r})")
+            out.append(f"{key!r} in {where} must be a list (got {value!r})")
+            continue
+        problem = field_problem(key, value if isinstance(value, list) else [value])
+        if problem:
+            out.append(f"{key} in {where}: {problem}")
+    return out
 
 
-def parse(source: dict) -> GridSpec:
-    """Expand a spec (a union of cartesian products over `grids`, or one product) into points."""
-    if not isinstance(source, dict):
-        _fail("the top level must be a mapping")
-    for key in source:
-        if key not in TOP_KEYS:
-            _fail(f"unknown key {key!r} (allowed: {list(TOP_KEYS)})")
-    defaults = source.get("defaults", {}) or {}
-    _check_lists("defaults", defaults, allow_scalars=True)
-    top = {k: v for k, v in source.items() if k in DIMENSIONS}
-    _check_lists("the spec", top, allow_scalars=False)
+def _resource_problems(resources) -> list[str]:
+    if resources is None:
+        return []
+    if not isinstance(resources, dict):
+        return ["'resources' must be a mapping like {num_cpus: 1, num_gpus: 0}"]
+    out = []
+    for key, value in resources.items():
+        if key not in RESOURCE_KEYS:
+            out.append(f"unknown key {key!r} in resources (allowed: {list(RESOURCE_KEYS)})")
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            out.append(f"resources.{key}={value!r}: must be a number >= 0")
+    return out
+
+
+def _shape_problems(source: dict) -> list[str]:
+    """Every problem found without expanding the grid: keys, shapes, per-dimension values, scalars."""
+    out = [f"unknown key {key!r} (allowed: {list(TOP_KEYS)})" for key in source if key not in TOP_KEYS]
+    out += _dimension_problems("defaults", source.get("defaults") or {}, allow_scalars=True)
+    out += _dimension_problems("the spec", {k: v for k, v in source.items() if k in DIMENSIONS}, allow_scalars=False)
     grids = source.get("grids") or [{}]
     if not isinstance(grids, list):
-        _fail("'grids' must be a list of mappings")
+        out.append(f"'grids' must be a list of mappings (got {grids!r})")
+    else:
+        for n, g in enumerate(grids):
+            out += _dimension_problems(f"grids[{n}]", g, allow_scalars=False)
     repeats = source.get("repeats", 1)
-    if not isinstance(repeats, int) or repeats < 1:
-        _fail(f"'repeats' must be an integer >= 1 (got {repeats!r})")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        out.append(f"'repeats' must be an integer >= 1 (got {repeats!r})")
+    if "name" in source and (problem := check_name(source["name"])):
+        out.append(problem)
+    if not isinstance(source.get("allow_mismatch", False), bool):
+        out.append(f"allow_mismatch={source['allow_mismatch']!r}: must be true or false (a boolean)")
+    return out + _resource_problems(source.get("resources"))
+
+
+def _expand(source: dict) -> tuple[dict[str, Point], list[str]]:
+    """The points of a well-shaped spec, and every problem across fields or between point ids."""
+    defaults = source.get("defaults") or {}
+    top = {k: v for k, v in source.items() if k in DIMENSIONS}
     points: dict[str, Point] = {}
-    for n, grid in enumerate(grids):
-        _check_lists(f"grids[{n}]", grid, allow_scalars=False)
-        dims = {k: (v if isinstance(v, list) else [v]) for k, v in defaults.items()} | top | grid
+    problems: list[str] = []
+    for n, g in enumerate(source.get("grids") or [{}]):
+        dims = {k: (v if isinstance(v, list) else [v]) for k, v in defaults.items()} | top | g
         keys = list(dims)
         for values in itertools.product(*(dims[k] for k in keys)):
             params = dict(zip(keys, values))
-            try:
-                run = RunConfig(**params)
-            except ValueError as err:
-                bad = next((k for k in keys if str(err).find(k) >= 0), "value")
-                _fail(f"{bad}: {err} (in grids[{n}])")
-            except TypeError as err:
-                _fail(f"{err} (in grids[{n}])")
-            for r in range(repeats):
+            bad = run_problems(params)
+            if bad:
+                problems += [f"{b} (in grids[{n}])" for b in bad if f"{b} (in grids[{n}])" not in problems]
+                continue
+            run = RunConfig(**params)
+            for r in range(source.get("repeats", 1)):
                 p = Point(run, r)
-                points.setdefault(p.id, p)
-    resources = source.get("resources")
-    if resources is not None:
-        if not isinstance(resources, dict):
-            _fail("'resources' must be a mapping like {num_cpus: 1, num_gpus: 0}")
-        for key, value in resources.items():
-            if key not in RESOURCE_KEYS:
-                _fail(f"unknown key {key!r} in resources (allowed: {list(RESOURCE_KEYS)})")
-            if not isinstance(value, (int, float)) or value < 0:
-                _fail(f"resources.{key}={value!r}: must be a number >= 0")
-    return GridSpec(str(source.get("name", "sweep")), tuple(points.values()), source, resources)
+                other = points.setdefault(p.id, p)
+                if other.run != run:  # one id for two configs: a point would be silently dropped
+                    diff = {k: (v, getattr(run, k)) for k, v in other.run.to_dict().items() if getattr(run, k) != v}
+                    problems.append(f"point id {p.id} names two different points ({diff}); make them differ in the id")
+    return points, problems
+
+
+def parse(source: dict) -> GridSpec:
+    """Expand a spec (a union of cartesian products over `grids`, or one product) into points.
+
+    Every problem is found before any point runs and reported at once, each naming its key and
+    all of its bad values.
+    """
+    if not isinstance(source, dict):
+        _fail(["the top level must be a mapping"])
+    problems = _shape_problems(source)
+    if problems:
+        _fail(problems)
+    points, problems = _expand(source)
+    if problems:
+        _fail(problems)
+    return GridSpec(
+        str(source.get("name", "sweep")),
+        tuple(points.values()),
+        source,
+        source.get("resources"),
+        source.get("allow_mismatch", False),
+    )
+
+
+def _fail(problems: list[str]) -> None:
+    raise ValueError("grid spec: " + "; ".join(problems))
+
+
+def require_engines(spec: GridSpec) -> None:
+    """Refuse a spec whose engines' packages are not installed, with the install line."""
+    if any(p.run.engine == "ort-genai" for p in spec.points):
+        from .genai import require_genai
+
+        try:
+            require_genai()
+        except ValueError as err:
+            _fail([f"engine: {err}"])
 
 
 def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
@@ -143,7 +223,14 @@ def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
         path = Path(spec)
         if not path.exists():
             raise ValueError(f"grid spec {path} does not exist")
-    return parse(yaml.safe_load(path.read_text()))
+    try:
+        source = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"grid spec {path}: YAML syntax error{where}: {problem}") from None
+    return parse(source)
 
 
 def presets() -> list[str]:

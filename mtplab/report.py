@@ -6,8 +6,8 @@ from pathlib import Path
 
 from . import store
 from .kernel import ensure_kernel
+from .pool import notebooks_dir
 from .result import write_atomic
-from .sweep import notebooks_dir
 
 
 def make_report(sweep_dir: str | Path) -> Path:
@@ -21,6 +21,7 @@ def make_report(sweep_dir: str | Path) -> Path:
         raise ValueError(
             f"{sweep_dir} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first"
         )
+    store.check_fresh(sweep_dir)
     executed = sweep_dir / "report.ipynb"
     pm.execute_notebook(
         str(notebooks_dir() / "report.ipynb"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -46,7 +47,8 @@ class RunResult:
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, default=float)
+        """Strict JSON: a value that is not a finite number (tokens/step when no step ran, say) is null."""
+        return dumps(self.to_dict(), indent=1)
 
     def save(self, path: str | Path) -> None:
         write_atomic(Path(path), self.to_json())
@@ -75,17 +77,37 @@ JSON_COLUMNS = (
 )
 
 
+def finite(value):
+    """value with every NaN or infinity (nested, numpy scalars too) replaced by None."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if isinstance(value, float) or type(value).__module__ == "numpy":
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            return value
+        return f if math.isfinite(f) else None
+    return value
+
+
+def dumps(value, **kwargs) -> str:
+    """json.dumps that never writes NaN or Infinity (strict parsers reject them): they become null."""
+    return json.dumps(finite(value), allow_nan=False, default=float, **kwargs)
+
+
 def flatten(d: dict, top: bool = True) -> dict:
     """Nested dicts become dotted columns; lists and the JSON_COLUMNS (top level only) become JSON text."""
     row: dict[str, Any] = {}
     for key, value in d.items():
         if top and key in JSON_COLUMNS:
-            row[key] = json.dumps(value, default=float)
+            row[key] = dumps(value)
         elif isinstance(value, dict):
             for sub, v in flatten(value, top=False).items():
                 row[f"{key}.{sub}"] = v
         elif isinstance(value, list):
-            row[key] = json.dumps(value, default=float)
+            row[key] = dumps(value)
         else:
             row[key] = value
     return row

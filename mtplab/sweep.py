@@ -2,17 +2,20 @@
 
 Each point executes in a hidden temporary folder that is renamed to points/<id>/ only when it
 is complete, so a killed sweep leaves no half-written point and `--resume` skips finished ones.
+One sweep at a time holds a results folder (a lock); the first SIGINT/SIGTERM lets the running
+points finish and starts no more, the second cancels them; either way what finished is collected.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import shlex
+import signal
 import sys
+import threading
 import time
-import traceback
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections import Counter
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,83 +25,53 @@ from tqdm import tqdm
 from . import grid, store
 from .env import environment
 from .kernel import ensure_kernel
+from .lock import folder_lock
+from .pool import EXECUTORS, make_pool
 from .result import write_atomic
 
-
-def notebooks_dir() -> Path:
-    """notebooks/ beside the package (an editable install or a checkout), or $MTPLAB_NOTEBOOKS."""
-    env = os.environ.get("MTPLAB_NOTEBOOKS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "notebooks"
+LOCK = ".sweep.lock"
+INTERRUPTED = 130  # exit status of a sweep stopped by SIGINT/SIGTERM (128 + SIGINT)
 
 
-def point_parameters(point: grid.Point, run_dir: Path) -> dict:
-    params = asdict(point.run)
-    params["run_dir"] = str(run_dir)
-    return params
+class Stopper:
+    """SIGINT/SIGTERM while points run: the first stops submitting, the second cancels the running ones."""
 
+    def __init__(self, pool):
+        self.pool, self.signals = pool, 0
 
-def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int) -> tuple[str, str, str | None]:
-    """Run one point through papermill into points/<id>/; returns (id, status, error)."""
-    import papermill as pm
-
-    os.environ["MTPLAB_THREADS"] = str(threads)
-    error = None
-    # The folder is absolute: the notebook runs with its cwd there, so a relative run_dir would nest.
-    with store.point_folder(points_dir, point.id) as tmp:
-        try:
-            pm.execute_notebook(
-                str(notebooks_dir() / "run_point.ipynb"),
-                str(tmp / "run_point.ipynb"),
-                parameters=point_parameters(point, tmp),
-                kernel_name=ensure_kernel(),
-                execution_timeout=timeout,
-                progress_bar=False,
-                cwd=str(tmp),
+    def __call__(self, signum, frame) -> None:
+        self.signals += 1
+        name = signal.Signals(signum).name
+        if self.signals == 1:
+            print(
+                f"\n{name}: starting no new points; the running ones finish (send it again to cancel them)",
+                file=sys.stderr,
             )
-            if not (tmp / store.RESULT).exists():
-                error = "the notebook finished without writing result.json"
-        except Exception as err:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
-            error = f"{type(err).__name__}: {err}".strip()[:4000] or traceback.format_exc()[-4000:]
-        if error is not None:
-            store.write_error(tmp, asdict(point.run), error)
-    return point.id, "failed" if error else "ok", error
+        else:
+            print(f"\n{name} again: cancelling the running points", file=sys.stderr)
+            self.pool.cancel()
+
+    def stopping(self) -> bool:
+        return self.signals > 0
+
+    def install(self) -> dict:
+        """Install for SIGINT and SIGTERM (main thread only); returns the previous handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
-def record_failure(points_dir: Path, point: grid.Point, error: str) -> None:
-    """A point that never produced a folder (its worker died): record the cause as its error."""
-    with store.point_folder(points_dir, point.id) as tmp:
-        store.write_error(tmp, asdict(point.run), error)
-
-
-class LocalPool:
-    """Points in a local process pool. The seam a cluster executor plugs into: submit, then drain."""
-
-    def __init__(self, workers: int):
-        self.workers = workers
-        self.pool = ProcessPoolExecutor(max_workers=workers)
-
-    def run(self, points, points_dir: Path, timeout: int, threads: int):
-        futures = {self.pool.submit(execute_point, p, str(points_dir), timeout, threads): p for p in points}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                yield f.result()
-
-    def close(self) -> None:
-        self.pool.shutdown(cancel_futures=True)
-
-
-EXECUTORS = ("local", "ray")
-
-
-def make_pool(executor: str, workers: int, sweep_dir: Path, spec: grid.GridSpec, address: str | None):
-    """The one seam between the sweep and where its points run: local processes or a Ray cluster."""
-    if executor == "local":
-        return LocalPool(workers)
-    from .cluster import RayPool
-
-    return RayPool(address, sweep_dir, spec.resources)
+def quarantine_corrupt(spec: grid.GridSpec, points_dir: Path) -> list[str]:
+    """Move every unusable point folder into points/.corrupt/, naming it and why; returns their ids."""
+    configs = {p.id: asdict(p.run) for p in spec.points}
+    moved = []
+    for folder in store.point_folders(points_dir):
+        reason = store.corrupt_reason(folder, configs.get(folder.name))
+        if reason:
+            dest = store.move_corrupt(points_dir, folder)
+            print(f"point {folder.name}: {reason}; moved to {dest}, it runs again", file=sys.stderr)
+            moved.append(folder.name)
+    return moved
 
 
 def run_sweep(
@@ -112,13 +85,21 @@ def run_sweep(
     executor: str = "local",
     address: str | None = None,
 ) -> Path:
-    """Run every point not yet finished, collect results.parquet and write sweep.json; returns the sweep folder."""
+    """Run every point not yet finished, collect results.parquet and write sweep.json; returns the sweep folder.
+
+    sweep.json's `interrupted` is true when a signal stopped the sweep before every point ran.
+    """
     workers = workers or os.cpu_count() or 1
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r}: must be an integer >= 1")
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}: allowed executors are {list(EXECUTORS)}")
+    if name is not None and (problem := grid.check_name(name)):
+        raise ValueError(problem.replace("name=", "--name ", 1))
+    grid.require_engines(spec)
     ensure_kernel()
     sweep_dir = Path(results_root).resolve() / (name or spec.name)
     points_dir = sweep_dir / "points"
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}: allowed executors are {list(EXECUTORS)}")
     if executor == "ray":
         from .cluster import require_ray
 
@@ -127,20 +108,34 @@ def run_sweep(
         from .device import require_cuda
 
         require_cuda()
-    if sweep_dir.exists() and not resume and any(points_dir.glob("*/result.json")):
-        raise ValueError(f"{sweep_dir} already holds results: pass --resume to continue it, or choose another --name")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(sweep_dir / LOCK, f"sweep folder {sweep_dir}"):
+        if not resume and any(points_dir.glob("*/result.json")):
+            raise ValueError(
+                f"{sweep_dir} already holds results: pass --resume to continue it, or choose another --name"
+            )
+        return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address)
+
+
+def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, executor, address) -> Path:
+    points_dir = sweep_dir / "points"
     points_dir.mkdir(parents=True, exist_ok=True)
-    for stale in points_dir.glob(".*"):  # left by a killed run (and Ray's scratch)
-        shutil.rmtree(stale, ignore_errors=True)
-    done = {p.name for p in points_dir.iterdir() if (p / store.RESULT).exists()}
+    store.clear_scratch(points_dir)  # left by a killed run (and Ray's scratch)
+    quarantine_corrupt(spec, points_dir)
+    done = {p.name for p in store.point_folders(points_dir) if (p / store.RESULT).exists()}
     todo = [p for p in spec.points if p.id not in done]
+    if not quiet:
+        print(f"sweep {sweep_dir.name}: {len(todo)} of {len(spec.points)} points to run", file=sys.stderr)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     threads = max(1, (os.cpu_count() or 1) // workers)
-    failed: list[str] = []
     t0 = time.perf_counter()
+    interrupted = False
     if todo:
         pool = make_pool(executor, min(workers, len(todo)), sweep_dir, spec, address)
+        stopper = Stopper(pool)
+        previous = stopper.install()
         try:
+            counts: Counter = Counter()
             bar = tqdm(
                 total=len(spec.points),
                 initial=len(spec.points) - len(todo),
@@ -148,22 +143,28 @@ def run_sweep(
                 unit="pt",
                 disable=quiet,
             )
-            for point_id, status, error in pool.run(todo, points_dir, timeout, threads):
+            for point_id, status, message in pool.run(todo, points_dir, timeout, threads, stopper.stopping):
                 bar.update(1)
+                counts[status] += 1
+                bar.set_postfix_str(progress(counts), refresh=True)
                 if status != "ok":
-                    failed.append(point_id)
-                    bar.write(f"point {point_id} failed: {error.splitlines()[0] if error else ''}")
+                    bar.write(f"point {point_id} {status}: {message.splitlines()[0] if message else ''}")
             bar.close()
         finally:
             pool.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        interrupted = stopper.stopping() and sum(counts.values()) < len(todo)
+        store.clear_scratch(points_dir)
     df = store.collect(sweep_dir)
     counts = df["status"].value_counts().to_dict() if len(df) else {}
     summary = {
         "name": sweep_dir.name,
         "spec": spec.source,
         "points": len(spec.points),
-        "ok": int(counts.get("ok", 0)),
-        "failed": int(counts.get("failed", 0)),
+        **{status: int(counts.get(status, 0)) for status in store.STATUSES},
+        "interrupted": interrupted,
+        "allow_mismatch": spec.allow_mismatch,
         "started": started,
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_seconds": round(time.perf_counter() - t0, 1),
@@ -177,14 +178,59 @@ def run_sweep(
     return sweep_dir
 
 
+def progress(counts: dict) -> str:
+    """`N ok, M mismatch, F failed`: the counts the progress line and the summary show."""
+    return ", ".join(f"{counts.get(status, 0)} {status}" for status in store.STATUSES)
+
+
+def exit_status(summary: dict, allow_mismatch: bool) -> int:
+    """130 when interrupted; 1 when a point failed, or mismatched without allow_mismatch; else 0."""
+    if summary.get("interrupted"):
+        return INTERRUPTED
+    if summary["failed"] or (summary["mismatch"] and not allow_mismatch):
+        return 1
+    return 0
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that resumes this sweep."""
+    args = [a for a in argv if a != "--resume"]
+    return "mtplab " + " ".join(shlex.quote(a) for a in args) + " --resume"
+
+
+def option_problems(args) -> list[str]:
+    """Every problem with `mtplab sweep`'s options, found before any work."""
+    problems = []
+    if args.workers is not None and not (isinstance(args.workers, int) and args.workers >= 1):
+        problems.append(f"--workers {args.workers}: must be an integer >= 1")
+    if not (isinstance(args.timeout, int) and args.timeout >= 1):
+        problems.append(f"--timeout {args.timeout}: must be an integer number of seconds >= 1")
+    if args.executor not in EXECUTORS:
+        problems.append(f"--executor {args.executor}: allowed executors are {list(EXECUTORS)}")
+    if args.name is not None and (problem := grid.check_name(args.name)):
+        problems.append(problem.replace("name=", "--name ", 1))
+    try:
+        grid.load(args.spec, args.preset)
+    except ValueError as err:
+        problems.append(str(err))
+    return problems
+
+
 def main(args) -> int:
+    problems = option_problems(args)
+    if problems:
+        print(
+            "mtplab sweep: " + "\n  ".join(["bad options:", *problems] if len(problems) > 1 else problems),
+            file=sys.stderr,
+        )
+        return 2
     try:
         spec = grid.load(args.spec, args.preset)
         sweep_dir = run_sweep(
             spec,
             args.results,
             args.name,
-            args.workers,
+            args.workers or 0,
             args.timeout,
             args.resume,
             executor=args.executor,
@@ -194,5 +240,12 @@ def main(args) -> int:
         print(f"mtplab sweep: {err}", file=sys.stderr)
         return 2
     s = json.loads((sweep_dir / "sweep.json").read_text())
-    print(f"{sweep_dir}: {s['ok']} ok, {s['failed']} failed of {s['points']} points in {s['wall_seconds']}s")
-    return 0 if s["failed"] == 0 else 1
+    finished = s["ok"] + s["mismatch"] + s["failed"]
+    print(f"{sweep_dir}: {progress(s)} of {s['points']} points in {s['wall_seconds']}s")
+    if s["interrupted"]:
+        print(
+            f"interrupted: {finished} of {s['points']} points finished and collected; "
+            f"the rest run with: {resume_command(getattr(args, 'argv', sys.argv[1:]))}",
+            file=sys.stderr,
+        )
+    return exit_status(s, args.allow_mismatch or spec.allow_mismatch)

@@ -57,23 +57,42 @@ def plan_backend():
     return CpuPlanBackend()
 
 
-@pytest.fixture
-def failing_notebooks(tmp_path):
-    """A notebooks folder whose run_point raises at k=2 (a planted failure), for MTPLAB_NOTEBOOKS."""
+def planted_notebooks(folder, source: list[str]):
+    """A notebooks folder whose run_point runs `source` first (a planted bug), for MTPLAB_NOTEBOOKS."""
     import json
     from pathlib import Path
 
     src = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "run_point.ipynb").read_text())
-    boom = {
+    cell = {
         "cell_type": "code",
         "execution_count": None,
-        "id": "boom",
+        "id": "planted",
         "metadata": {},
         "outputs": [],
-        "source": ["if k == 2:\n", "    raise RuntimeError('planted failure at k=2')\n"],
+        "source": source,
     }
-    src["cells"].insert(2, boom)
-    folder = tmp_path / "failing-notebooks"
+    src["cells"].insert(2, cell)
     folder.mkdir()
     (folder / "run_point.ipynb").write_text(json.dumps(src))
     return folder
+
+
+@pytest.fixture
+def failing_notebooks(tmp_path):
+    """run_point raises at k=2 (a planted failure)."""
+    return planted_notebooks(
+        tmp_path / "failing-notebooks", ["if k == 2:\n", "    raise RuntimeError('planted failure at k=2')\n"]
+    )
+
+
+@pytest.fixture
+def overaccepting_notebooks(tmp_path):
+    """run_point's engine accepts one draft more than matched (a planted over-accept bug)."""
+    return planted_notebooks(
+        tmp_path / "overaccepting-notebooks",
+        [
+            "import mtplab.engine as planted\n",
+            "true_count = planted.accepted_count\n",
+            "planted.accepted_count = lambda xp, d, t: xp.minimum(true_count(xp, d, t) + 1, d.shape[0])\n",
+        ],
+    )

@@ -15,12 +15,13 @@ from mtplab.device import cuda_available
     [
         (["--k", "0"], "k=0: must be an integer >= 1"),
         (["--k", "8"], "k+1=9 exceeds the GatedDeltaNet transition capacity 8"),
-        (["--alpha", "1.5"], "alpha=1.5: must be within [0, 1]"),
+        (["--drafter", "oracle", "--alpha", "1.5"], "alpha=1.5: must be within [0, 1]"),
         (["--policy", "tiled"], "unknown policy 'tiled'"),
         (["--commit", "rewind"], "unknown commit 'rewind'"),
         (["--drafter", "ngram"], "unknown drafter 'ngram'"),
         (["--tokens", "100000"], "exceeds the tiny model's max_seq_len 256"),
         (["--schedule", "eagle"], "unknown schedule 'eagle'"),
+        (["--seed", "-1"], "--seed=-1: must be an integer >= 0"),
     ],
 )
 def test_bad_options_fail_before_any_work(args, message, capsys):
@@ -64,3 +65,48 @@ def test_doctor_reports_ops(capsys):
     assert main(["doctor", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["ops"]["GatedDeltaNet"] is True and "CPUExecutionProvider" in r["providers"]
+
+
+def test_every_bad_option_is_reported_together_before_any_work(capsys):
+    assert main(["run", "--preset", "tiny", "--k", "0", "--seed", "-1", "--policy", "tiled", "--tokens", "x"]) == 2
+    err = capsys.readouterr().err
+    for message in (
+        "k=0: must be",
+        "seed=-1: must be an integer >= 0",
+        "unknown policy 'tiled'",
+        "tokens='x': must be",
+    ):
+        assert message in err
+
+
+def test_alpha_with_the_mtp_drafter_is_an_error(capsys):
+    assert main(["run", "--preset", "tiny", "--drafter", "mtp", "--alpha", "0.3"]) == 2
+    assert "--alpha 0.3 with --drafter mtp" in capsys.readouterr().err
+
+
+def test_bad_sweep_options_are_reported_together(tmp_path, capsys):
+    args = ["sweep", "--preset", "smoke", "--workers", "0", "--timeout", "0", "--name", "../x"]
+    assert main(args + ["--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--workers 0: must be an integer >= 1" in err and "--timeout 0" in err and "--name '../x'" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_json_never_contains_nan(tiny, capsys):
+    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "1", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert obj["steps"] == 0 and obj["tokens_per_step"] is None
+
+
+def test_the_unvalidated_batched_readvance_is_refused_with_the_reason(capsys):
+    args = ["run", "--preset", "tiny", "--policy", "sibling", "--commit", "readvance-batched", "--no-validate"]
+    assert main(args) == 2
+    assert "GroupQueryAttention rejects" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("commit", ["readvance-m1", "select"])
+def test_the_unvalidated_negative_control_runs_to_a_result(tiny, commit, capsys):
+    args = ["run", "--preset", "tiny", "--tokens", "48", "--policy", "sibling", "--commit", commit, "--no-validate"]
+    assert main(args + ["--json"]) == 1
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["lossless"] is False and obj["slots"]["verify"]["hazards"] > 0

@@ -69,32 +69,165 @@ def test_rerun_without_resume_refuses(smoke):
         run_sweep(grid.load(preset="smoke"), smoke.parent, quiet=True)
 
 
-def test_killed_sweep_resumes_with_every_point_exactly_once(tmp_path, tiny):
-    cmd = [
+QUICK = {"name": "quick", "defaults": {"preset": "tiny", "tokens": 8, "policy": "shared-max"}, "k": [1, 2, 3]}
+
+
+def sweep_command(tmp_path, spec: dict = QUICK, workers: int = 2) -> list[str]:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return [
         sys.executable,
         "-m",
         "mtplab.cli",
         "sweep",
-        "--preset",
-        "smoke",
+        str(path),
         "--results",
-        str(tmp_path),
+        str(tmp_path / "results"),
         "--workers",
-        "2",
+        str(workers),
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    points = tmp_path / "smoke" / "points"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(points.glob("*/result.json"))) < 2:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    finished = len(list(points.glob("*/result.json")))
-    assert 2 <= finished < len(grid.load(preset="smoke").points), "the kill should land mid-sweep"
-    assert subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True).returncode == 0
-    df = pd.read_parquet(tmp_path / "smoke" / "results.parquet")
-    assert df.point_id.is_unique and len(df) == len(grid.load(preset="smoke").points) and (df.status == "ok").all()
+
+
+def start_sweep(cmd: list[str]) -> subprocess.Popen:
+    """A sweep in its own process group (as a shell runs it), its output captured."""
+    return subprocess.Popen(
+        cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for(predicate, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def finished_points(points: Path) -> dict[str, int]:
+    """Installed points (not hidden scratch folders) and their result.json's mtime."""
+    return {
+        p.name: (p / "result.json").stat().st_mtime_ns
+        for p in store.point_folders(points)
+        if (p / "result.json").exists()
+    }
+
+
+def assert_resume_runs_exactly_the_missing_points(cmd, points: Path, total: int) -> None:
+    before = finished_points(points)
+    resumed = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{total - len(before)} of {total} points to run" in resumed.stderr, resumed.stderr.replace("\r", "\n")[:600]
+    after = finished_points(points)
+    assert len(after) == total and all(after[p] == t for p, t in before.items())
+    df = pd.read_parquet(points.parent / "results.parquet")
+    assert df.point_id.is_unique and len(df) == total and (df.status == "ok").all()
     assert not [p for p in points.iterdir() if p.name.startswith(".")]
+
+
+def test_sigkill_of_the_main_process_leaves_no_worker_and_resume_completes(tmp_path, tiny):
+    import psutil
+
+    cmd = sweep_command(tmp_path)
+    proc = start_sweep(cmd)
+    points = tmp_path / "results" / "quick" / "points"
+    wait_for(lambda: len(finished_points(points)) >= 1)
+    family = psutil.Process(proc.pid).children(recursive=True)  # pool workers and their kernels
+    assert family
+    os.kill(proc.pid, signal.SIGKILL)  # the main process only, not its group
+    proc.communicate()
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"still running 10 s after the sweep was killed: {alive}"
+    assert 1 <= len(finished_points(points)) < 3, "the kill should land mid-sweep"
+    assert_resume_runs_exactly_the_missing_points(cmd, points, 3)
+
+
+def test_sigint_finishes_running_points_collects_and_resume_runs_the_rest(tmp_path, tiny):
+    cmd = sweep_command(tmp_path, workers=1)
+    proc = start_sweep(cmd)
+    points = tmp_path / "results" / "quick" / "points"
+    wait_for(lambda: points.exists() and any(p.name.startswith(".") for p in points.iterdir()))  # the first point runs
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "--resume" in err and "interrupted: 1 of 3 points finished" in err
+    finished = finished_points(points)
+    assert len(finished) == 1, "the running point finishes, no other starts"
+    assert not [p for p in points.iterdir() if p.name.startswith(".")], "scratch folders left behind"
+    s = json.loads((points.parent / "sweep.json").read_text())
+    assert s["interrupted"] and s["ok"] == 1
+    assert sorted(pd.read_parquet(points.parent / "results.parquet").point_id) == sorted(finished)
+    assert_resume_runs_exactly_the_missing_points(cmd, points, 3)
+
+
+def test_a_second_signal_cancels_the_running_points(tmp_path, tiny):
+    import psutil
+
+    proc = start_sweep(sweep_command(tmp_path))
+    points = tmp_path / "results" / "quick" / "points"
+    wait_for(lambda: len(list(points.glob(".*"))) >= 1)  # a point is running
+    family = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "cancelling" in err, err
+    assert not [p for p in points.iterdir() if p.name.startswith(".")]
+    assert not [p for p in psutil.wait_procs(family, timeout=10)[1] if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_second_sweep_on_the_same_folder_is_refused_naming_the_holder(tmp_path, tiny):
+    two = QUICK | {"k": [1, 2]}
+    proc = start_sweep(sweep_command(tmp_path, two, workers=1))
+    lock = tmp_path / "results" / "quick" / ".sweep.lock"
+    wait_for(lambda: lock.exists() and str(proc.pid) in lock.read_text())
+    with pytest.raises(ValueError, match=rf"locked by another process \(pid {proc.pid}, started 20\d\d-"):
+        run_sweep(grid.parse(two), tmp_path / "results", resume=True, quiet=True)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    df = pd.read_parquet(tmp_path / "results" / "quick" / "results.parquet")
+    assert df.point_id.is_unique and len(df) == 2 and (df.status == "ok").all()
+
+
+def test_a_corrupt_point_is_named_moved_aside_and_run_again(smoke, tmp_path, capsys):
+    import shutil
+
+    spec = grid.load(preset="smoke")
+    sweep_dir = tmp_path / "smoke"
+    shutil.copytree(smoke, sweep_dir)
+    bad = spec.points[0].id
+    result = sweep_dir / "points" / bad / "result.json"
+    truncated = result.read_text()[:400]
+    result.write_text(truncated)
+    with pytest.raises(ValueError, match=r"older than the points.*mtplab sweep .*--resume"):
+        make_report(sweep_dir)
+    capsys.readouterr()
+    run_sweep(spec, tmp_path, resume=True, quiet=True)
+    err = capsys.readouterr().err
+    assert f"point {bad}: unreadable result.json" in err and "it runs again" in err
+    assert (sweep_dir / "points" / ".corrupt" / bad / "result.json").read_text() == truncated
+    assert json.loads(result.read_text())["lossless"] is True
+    assert (store.load(sweep_dir).status == "ok").all()
+
+
+def test_a_point_that_fails_its_lossless_check_is_a_mismatch_and_fails_the_sweep(
+    tmp_path, tiny, monkeypatch, overaccepting_notebooks, capsys
+):
+    from mtplab.cli import main
+
+    monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(overaccepting_notebooks))
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "m", "defaults": {"preset": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.5}, "k": [2]}
+        )
+    )
+    args = ["sweep", str(path), "--results", str(tmp_path / "r"), "--workers", "1"]
+    assert main(args) == 1
+    assert "0 ok, 1 mismatch, 0 failed of 1 points" in capsys.readouterr().out
+    df = store.load(tmp_path / "r" / "m")
+    assert list(df.status) == ["mismatch"] and not df.lossless.iloc[0] and df.speedup.notna().all()
+    assert json.loads((tmp_path / "r" / "m" / "sweep.json").read_text())["mismatch"] == 1
+    assert main(args + ["--resume", "--allow-mismatch"]) == 0
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, monkeypatch, failing_notebooks):
@@ -114,15 +247,53 @@ def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, mon
     [
         ({"k": [1], "alpah": [0.5]}, "unknown key 'alpah'"),
         ({"k": []}, "'k' in the spec is an empty list"),
-        ({"policy": ["tiled"]}, "policy: unknown policy 'tiled'"),
-        ({"grids": [{"commit": ["rewind"]}]}, "commit: unknown commit 'rewind'"),
+        ({"k": [1], "policy": ["nope"]}, r"^grid spec: policy in the spec: unknown policy 'nope'"),
+        ({"grids": [{"commit": ["rewind"]}]}, r"commit in grids\[0\]: unknown commit 'rewind'"),
         ({"k": 3}, "'k' in the spec must be a list"),
         ({"repeats": 0}, "'repeats' must be an integer >= 1"),
+        ({"defaults": [1, 2]}, r"defaults must be a mapping of dimension: values \(got \[1, 2\]\)"),
+        ({"grids": [[1, 2]]}, r"grids\[0\] must be a mapping"),
+        ({"alpha": ["0.5"]}, r"alpha in the spec: alpha='0.5': must be within \[0, 1\], a number"),
+        ({"seed": ["x", 1, -1]}, r"seed in the spec: seed='x', -1: must be an integer >= 0"),
+        ({"int4": ["no"]}, r"int4 in the spec: int4='no': must be true or false"),
+        ({"k": [0, "x", 2]}, r"k in the spec: k=0, 'x': must be an integer >= 1"),
+        ({"drafter": ["mtp"], "alpha": [0.5, 0.7]}, r"point id tiny-k3-mtp-\S+ names two different points .*alpha"),
+        ({"name": "../escaped"}, r"name='../escaped': must be a folder name"),
+        ({"tokens": [300]}, r"tokens=300: .*exceeds the tiny model's max_seq_len 256 .*\(in grids\[0\]\)"),
     ],
 )
 def test_bad_grid_spec_fails_before_any_point_naming_the_key(source, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as err:
         grid.parse({"defaults": {"preset": "tiny"}} | source)
+    assert "\n" not in str(err.value)
+
+
+def test_every_problem_of_a_spec_is_reported_at_once():
+    with pytest.raises(ValueError) as err:
+        grid.parse({"defaults": {"preset": "tiny"}, "k": [0], "policy": ["nope"], "repeats": 0, "name": "a/b"})
+    assert [m in str(err.value) for m in ("k in the spec", "policy in the spec", "'repeats'", "name='a/b'")] == [
+        True
+    ] * 4
+
+
+def test_distinct_floats_make_distinct_points():
+    spec = grid.parse({"defaults": {"preset": "tiny", "drafter": "oracle"}, "alpha": [0.7, 0.70000001]})
+    assert sorted(p.id.split("-")[2] for p in spec.points) == ["oracle0.7", "oracle0.70000001"]
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_line(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("name: g\nk: [1, 2\npolicy: [shared-max]\n")
+    with pytest.raises(ValueError, match=r"^grid spec .*g\.yaml: YAML syntax error at line 3, column \d+: [^\n]+$"):
+        grid.load(path)
+
+
+def test_an_engine_whose_package_is_missing_is_refused_with_the_install_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # as if not installed
+    spec = grid.parse({"defaults": {"preset": "tiny"}, "engine": ["ort-genai"]})
+    with pytest.raises(ValueError, match=r"engine: .*pip install 'mtplab\[peer\]'"):
+        run_sweep(spec, tmp_path / "results", quiet=True)
+    assert not (tmp_path / "results").exists()
 
 
 def test_default_grid_covers_every_policy_commit_k_and_alpha():

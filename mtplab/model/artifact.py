@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,29 +111,107 @@ def behaviour_line(b: dict) -> str:
     )
 
 
-def _write_atomic_dir(final: Path, files: dict[str, bytes]) -> None:
+# The code that decides an artifact's bytes besides its config: its source is part of the cache key,
+# so a change to how weights or graphs are generated never reuses an artifact built by the old code.
+BUILD_CODE = ("weights.py", "graph.py", "config.py", "forms.py", "behaviour.py", "stepper.py")
+BUILD_LOCK_WAIT = 3600.0  # seconds a build waits for another process building the same artifact
+
+
+def code_version() -> str:
+    """A hash of the model-building code (BUILD_CODE)."""
+    h = hashlib.sha256()
+    for name in BUILD_CODE:
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def cache_key(cfg: ModelConfig) -> str:
+    """What decides an artifact's bytes: the config (with the graph version) and the building code's version."""
+    return hashlib.sha256(f"{cfg.config_hash()}/{code_version()}".encode()).hexdigest()[:16]
+
+
+def content_hash(path: Path, files: dict) -> str:
+    """sha256 over the target and MTP files as stored (first 16 hex digits), read in chunks."""
+    h = hashlib.sha256()
+    for part in ("target", "mtp"):
+        with open(path / files[part], "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _replace_dir(final: Path, files: dict[str, bytes]) -> None:
+    """Write files into a temporary folder beside final, then swap it into place (callers hold the build lock)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     for name, blob in files.items():
         (tmp / name).write_bytes(blob)
-    try:
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+        os.rename(final, old / final.name)
         os.rename(tmp, final)
-    except OSError:  # built concurrently by another process: keep theirs
-        for p in tmp.iterdir():
-            p.unlink()
-        tmp.rmdir()
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+
+
+def _reusable(final: Path, cfg: ModelConfig, key: str, explicit: bool) -> tuple[Artifact | None, str]:
+    """(the artifact at final if it can be used as is, else None and why it must be rebuilt).
+
+    Another config in an explicit --out folder is refused (ValueError), never overwritten silently.
+    """
+    try:
+        manifest = json.loads((final / "manifest.json").read_text())
+    except (OSError, ValueError) as err:
+        return None, f"unreadable manifest.json ({err})"
+    if explicit and manifest.get("config") != cfg.to_dict():
+        have = manifest.get("config", {})
+        diff = {k: (have.get(k), v) for k, v in cfg.to_dict().items() if have.get(k) != v}
+        raise ValueError(
+            f"{final} holds an artifact of another config (differs in {diff}, as (there, asked)): "
+            "choose another --out, or pass --force to replace it"
+        )
+    if manifest.get("cache_key") != key:
+        return None, "built by another version of the model code"
+    try:
+        return load_artifact(final), ""
+    except ValueError as err:
+        return None, str(err)
 
 
 def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = False) -> Artifact:
-    """Build target.onnx + mtp.onnx + manifest.json for cfg, cached under cache_dir() by config hash."""
-    import onnxruntime
+    """Build target.onnx + mtp.onnx + manifest.json for cfg, cached under cache_dir() by cache_key(cfg).
+
+    A cached artifact is verified when loaded (content hash, files readable) and rebuilt with a
+    message if it is not intact. Builds of one folder are serialised by a lock and swapped in
+    atomically, so concurrent builds (and --force) never expose a half-built artifact.
+    """
+    from ..lock import folder_lock
 
     if cfg.graph_form is None:  # the installed runtime's form, recorded in the config (manifest, cache key)
         cfg = cfg.replace(graph_form=choose_form()[0].name)
     check_runtime(cfg.form)
-    final = Path(out) if out else cache_dir() / f"{cfg.name}-{cfg.config_hash()}"
-    if (final / "manifest.json").exists() and not force:
+    key = cache_key(cfg)
+    final = Path(out) if out else cache_dir() / f"{cfg.name}-{key}"
+    if out and final.exists() and any(final.iterdir()) and not (final / "manifest.json").exists():
+        raise ValueError(f"{final} exists and is not an mtplab artifact (no manifest.json): choose another --out")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with folder_lock(final.parent / f".{final.name}.lock", f"model {final}", wait=BUILD_LOCK_WAIT, quiet=True):
+        for stale in final.parent.glob(f".{final.name}.tmp-*"):  # left by a killed build
+            shutil.rmtree(stale, ignore_errors=True)
+        if (final / "manifest.json").exists() and not force:
+            art, why = _reusable(final, cfg, key, explicit=out is not None)
+            if art is not None:
+                return art
+            print(f"model {final}: {why}; rebuilding it", file=sys.stderr)
+        _replace_dir(final, _build(cfg, key))
         return load_artifact(final)
+
+
+def _build(cfg: ModelConfig, key: str) -> dict[str, bytes]:
+    """The artifact's files: target.onnx, mtp.onnx and manifest.json."""
+    import onnxruntime
+
     check_ops()
     tw = target_weights(cfg)
     target, ops_t, effective = build_target(cfg, tw)
@@ -147,6 +227,8 @@ def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = F
         "builtin": True,
         "config": cfg.to_dict(),
         "config_hash": cfg.config_hash(),
+        "code_version": code_version(),
+        "cache_key": key,
         "files": {"target": "target.onnx", "mtp": "mtp.onnx"},
         "io": {
             "target": {"inputs": _io_table(t_in), "outputs": _io_table(t_out)},
@@ -160,12 +242,7 @@ def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = F
         "content_hash": hashlib.sha256(blobs["target.onnx"] + blobs["mtp.onnx"]).hexdigest()[:16],
     }
     blobs["manifest.json"] = json.dumps(manifest, indent=1).encode()
-    if final.exists() and force:
-        for p in final.iterdir():
-            p.unlink()
-        final.rmdir()
-    _write_atomic_dir(final, blobs)
-    return load_artifact(final)
+    return blobs
 
 
 def builtin_names() -> dict:
@@ -210,7 +287,10 @@ def load_artifact(path: str | Path) -> Artifact:
     mf = path / "manifest.json"
     if not mf.exists():
         raise ValueError(f"{path}: no manifest.json (build one with `mtplab model build` or write one for your model)")
-    manifest = json.loads(mf.read_text())
+    try:
+        manifest = json.loads(mf.read_text())
+    except ValueError as err:
+        raise ValueError(f"{mf}: not valid JSON ({err})") from None
     art = Artifact(path, manifest)
     validate_manifest(art)
     return art
@@ -225,7 +305,17 @@ def validate_manifest(art: Artifact) -> None:
         file = art.path / art.manifest["files"][part]
         if not file.exists():
             raise ValueError(f"{art.path}/manifest.json: files.{part} names {file.name}, which does not exist")
-        model = onnx.load(str(file), load_external_data=False)
+    want = art.manifest.get("content_hash")
+    if want is not None and (have := content_hash(art.path, art.manifest["files"])) != want:
+        raise ValueError(
+            f"{art.path}: the model files' content hash is {have}, the manifest says {want} (changed or truncated)"
+        )
+    for part in ("target", "mtp"):
+        file = art.path / art.manifest["files"][part]
+        try:
+            model = onnx.load(str(file), load_external_data=False)
+        except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: name the file instead
+            raise ValueError(f"{file}: not a readable ONNX model ({type(err).__name__}: {err})") from None
         real = {
             "inputs": {v["name"]: v for v in _io_table(model.graph.input)},
             "outputs": {v["name"]: v for v in _io_table(model.graph.output)},

@@ -16,8 +16,6 @@ INT4_BLOCK = 32
 MAX_TRANSITION_CAPACITY = 8
 # Bumped whenever the ONNX graphs' form changes, so that cached builds of the old form are not reused.
 GRAPH_VERSION = 3
-# Bumped whenever the weights a config produces change (scales, the MTP head fit).
-WEIGHTS_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -96,7 +94,6 @@ class ModelConfig:
         d = self.to_dict()
         d.pop("name")
         d["graph_version"] = GRAPH_VERSION
-        d["weights_version"] = WEIGHTS_VERSION
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
