@@ -20,7 +20,8 @@ SEEDS = (0, 1, 2, 3, 4)  # prompt seeds the figures are taken over
 FIGURE_TOKENS = 64
 WARM_POSITIONS = 16  # teacher-forced sensitivity counts positions after this many tokens
 PROMPT_LEN = 8
-HEAD_RIDGE = 1e-2  # relative to the mean diagonal of each fit's Gram matrix
+HEAD_RIDGE = 0.05  # relative to the mean diagonal of each fit's Gram matrix
+NEARBY_COPIES = 3  # teacher-forced variants of each greedy trace the head is also fitted on
 
 
 def prompt(cfg: ModelConfig, seed: int, length: int = PROMPT_LEN) -> list[int]:
@@ -101,6 +102,26 @@ def head_training_text(step: Stepper, tokens: int, length: int = 128) -> list[di
     return [greedy_trace(step, prompt(step.cfg, seed), n) for seed in seeds]
 
 
+def nearby_text(step: Stepper, traces: list[dict], copies: int, share: float = 0.1) -> list[dict]:
+    """Teacher-forced variants of greedy text with `share` of its tokens replaced at random.
+
+    One forward over a whole sequence gives a hidden state per position, so these are cheap
+    samples of contexts near the ones greedy decoding visits (the head must map any context).
+    """
+    cfg, out = step.cfg, []
+    rng = np.random.default_rng(cfg.seed)
+    for _ in range(copies):
+        for i, t in enumerate(traces):
+            seq = np.asarray(prompt(cfg, 10_000 + i) + t["tokens"], dtype=np.int64)
+            swap = rng.random(seq.size) < share
+            swap[:PROMPT_LEN] = False
+            seq[swap] = rng.integers(0, cfg.vocab_size, int(swap.sum()))
+            step.reset()
+            hidden = step.forward(seq)["hidden"]
+            out.append({"tokens": [int(x) for x in seq[PROMPT_LEN:]], "hidden": hidden[PROMPT_LEN - 1 : -1]})
+    return out
+
+
 def _ridge(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
     gram = X.T @ X
     gram[np.diag_indices_from(gram)] += HEAD_RIDGE * np.trace(gram) / len(gram)
@@ -150,5 +171,6 @@ def fitted_head(cfg: ModelConfig, target: Weights, target_model: bytes | str) ->
     target: the target's weights (effective ones where quantized); target_model: its ONNX graph.
     """
     step = Stepper(cfg, target_model)
-    head = fit_head(cfg, mtp_weights(cfg, target), head_training_text(step, cfg.head_fit_tokens))
+    traces = head_training_text(step, cfg.head_fit_tokens)
+    head = fit_head(cfg, mtp_weights(cfg, target), traces + nearby_text(step, traces, NEARBY_COPIES))
     return head, state_sensitivity(step, head=head)

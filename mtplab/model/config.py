@@ -44,11 +44,11 @@ class ModelConfig:
     layer_scale: float = 0.45
     logit_scale: float = 6.0
     bigram_peak: float = 20.0
-    state_gain: float = 12.0  # how much the GatedDeltaNet layers write into the residual stream
-    key_alignment: float = 2.0  # shared query/key direction: the state's readout depends on the history
-    decay_shift: float = -4.0  # added to a_log: longer recurrent memory
-    beta_bias: float = -3.0  # GatedDeltaNet write strength (sigmoid): lower keeps a longer memory
-    conv_memory: float = 0.6  # size of the causal conv's taps on the previous tokens (the current one's is ~1)
+    state_gain: float = 16.0  # how much the GatedDeltaNet layers write into the residual stream
+    key_alignment: float = 2.5  # shared query/key direction: the state's readout depends on the history
+    decay_shift: float = -5.0  # added to a_log: longer recurrent memory
+    beta_bias: float = -3.5  # GatedDeltaNet write strength (sigmoid): lower keeps a longer memory
+    conv_memory: float = 0.5  # size of the causal conv's taps on the previous tokens (the current one's is ~1)
     head_fit_tokens: int = 2048  # generated tokens the MTP head's input projection is fitted on
     conv_kernel: int = field(default=CONV_KERNEL)
     graph_form: str | None = None  # mtplab.model.forms; None: the installed onnxruntime's (set at build)
