@@ -46,9 +46,9 @@ def main() -> None:
                 tokens=args.tokens,
                 backend=args.backend,
             )
-            engine = engines.setdefault((commit, k), Engine(run, art))
-            engine.run_cfg = run
-            r = run_point(run, art, engine)
+            if (sched, commit, k) not in engines:  # one engine (three sessions) per configuration, reused by rounds
+                engines[(sched, commit, k)] = Engine(run, art)
+            r = run_point(run, art, engines[(sched, commit, k)])
             assert r.lossless, r.verdict
             rows[(sched, commit, k)].append(r)
     print(

@@ -27,9 +27,6 @@ class Slot(enum.IntEnum):
         return int(self)
 
 
-Slot.COUNT = 2  # type: ignore[attr-defined]
-
-
 class Status(enum.Enum):
     NEEDS_WARMUP = "needs-warmup"
     ARMED = "armed"
@@ -102,7 +99,6 @@ class SlotCaptureState:
     signature: tuple | None = None
     warm_signature: tuple | None = None
     warm_shapes: dict[str, tuple] | None = None
-    seeded: bool = False
     plan: Any = None
     plan_blocks: list[tuple[Block, str | None]] = field(default_factory=list)
     reason: str = ""
@@ -251,16 +247,9 @@ class Executor:
         self.validate = validate
         self.retain = retain_decode_graph_across_spec
         self.state = {s: SlotCaptureState() for s in sessions}
-        self.slot = Slot.PRIMARY
         self.address = AddressCache()
 
     # -- retarget and lifecycle -------------------------------------------------------------
-    def set_slot(self, slot: Slot) -> None:
-        """Pure retarget: the other slot's capture state is untouched."""
-        if slot not in self.sessions:
-            raise ValueError(f"slot {slot!r} is not configured on this executor: it has {list(self.sessions)}")
-        self.slot = slot
-
     def new_generation(self) -> None:
         """Start a generation: per-generation recapture budgets reset; counters and plans stay."""
         for st in self.state.values():
@@ -329,7 +318,8 @@ class Executor:
         placed by the slot's memory. bound: caller-owned persistent buffers (KV, recurrent state),
         as (name, array, is_output). Returns the output arrays of this run.
         """
-        self.set_slot(slot)
+        if slot not in self.sessions:  # each run names its slot: that is the whole retarget
+            raise ValueError(f"slot {slot!r} is not configured on this executor: it has {list(self.sessions)}")
         st, mem, session = self.state[slot], self.memory[slot], self.sessions[slot]
         try:
             staged, outs = mem.stage(feeds), mem.outputs(outputs)
@@ -370,7 +360,7 @@ class Executor:
             st.fallbacks += 1
             self.backend.eager(session, binds)
             return result
-        st.signature, st.seeded = sig, sig == st.warm_signature
+        st.signature = sig
         st.plan_blocks = [(b.block, b.block.owner) for b in binds if b.block is not None]
         st.captures += 1
         st.status = Status.READY

@@ -69,7 +69,7 @@ def test_oracle_tokens_per_step_matches_theory(tiny, alpha):
     acc = np.asarray(accepted, dtype=float)
     steps, total = acc.size, acc.sum()
     # n accepted ~ truncated geometric: P(n >= i) = alpha^i, i <= k
-    p = np.array([alpha**i for i in range(k + 1)]) - np.array([alpha**i for i in range(1, k + 2)] if True else [])
+    p = np.array([alpha**i for i in range(k + 1)]) - np.array([alpha**i for i in range(1, k + 2)])
     p[-1] = alpha**k
     values = np.arange(k + 1)
     mean, var = float((p * values).sum()), float((p * values**2).sum() - (p * values).sum() ** 2)

@@ -36,7 +36,7 @@ def _call(ex, cfg, state, slot, tokens, **kw):
 
 
 def test_slots_are_primary_zero_and_verify_one():
-    assert (Slot.PRIMARY.index, Slot.VERIFY.index, Slot.COUNT) == (0, 1, 2)
+    assert (Slot.PRIMARY.index, Slot.VERIFY.index, len(Slot)) == (0, 1, 2)
 
 
 def test_warmup_then_capture_then_replay(setup):
@@ -45,7 +45,7 @@ def test_warmup_then_capture_then_replay(setup):
     _call(ex, cfg, state, Slot.PRIMARY, [1])
     assert st.status is Status.ARMED and st.captures == 0
     _call(ex, cfg, state, Slot.PRIMARY, [2])
-    assert st.status is Status.READY and st.captures == 1 and st.seeded
+    assert st.status is Status.READY and st.captures == 1 and st.signature == st.warm_signature
     for t in range(3):
         _call(ex, cfg, state, Slot.PRIMARY, [3 + t])
     assert st.counters() == {"captures": 1, "replays": 3, "fallbacks": 0, "invalidations": 0, "hazards": 0}
@@ -74,10 +74,8 @@ def test_pure_retarget_keeps_primary_state(setup):
     for t in (1, 2, 3):
         _call(ex, cfg, state, Slot.PRIMARY, [t])
     before = copy.copy(ex.state[Slot.PRIMARY])
-    ex.set_slot(Slot.VERIFY)
+    _call(ex, cfg, state, Slot.VERIFY, [4, 5, 6])  # a run names its slot: that is the retarget
     _call(ex, cfg, state, Slot.VERIFY, [4, 5, 6])
-    _call(ex, cfg, state, Slot.VERIFY, [4, 5, 6])
-    ex.set_slot(Slot.PRIMARY)
     after = ex.state[Slot.PRIMARY]
     assert after.signature == before.signature and after.plan is before.plan
     assert after.counters() == before.counters() and after.status is Status.READY
