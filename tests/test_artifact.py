@@ -76,3 +76,13 @@ def test_concurrent_forced_builds_of_one_model_all_succeed(cache):
     built = load_artifact(paths.pop()).config.replace(graph_form=None)  # the build records its form
     assert len(paths) == 0 and built.config_hash() == preset("tiny").config_hash()
     assert not [p for p in (cache / "models").iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_loading_a_model_built_for_a_newer_runtime_names_the_form(cache, monkeypatch, tiny):
+    from mtplab.model import forms
+
+    art = load_artifact(tiny.path)
+    # A stand-in for an older runtime's schemas: none of the newer inputs and attributes exist.
+    monkeypatch.setattr(forms, "schema_features", lambda: dict.fromkeys(forms.FEATURE_TEXT, False))
+    with pytest.raises(ValueError, match=rf"{tiny.path}: graph form {art.config.graph_form} needs onnxruntime >="):
+        load_artifact(tiny.path)

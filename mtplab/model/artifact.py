@@ -293,6 +293,11 @@ def load_artifact(path: str | Path) -> Artifact:
         raise ValueError(f"{mf}: not valid JSON ({err})") from None
     art = Artifact(path, manifest)
     validate_manifest(art)
+    if manifest["config"].get("graph_form"):  # built for a form this runtime may not accept
+        try:
+            check_runtime(art.config.form)
+        except RuntimeError as err:
+            raise ValueError(f"{path}: {err}") from None
     return art
 
 
