@@ -83,7 +83,7 @@ def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
         ax.axvline(lim, color="gray", lw=0.8, ls=":")
     ax.set_yticks(y, label.loc[both.index], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("speculative tokens/s, B / A  (1 = unchanged; dotted: the 'changed' band)")
+    ax.set_xlabel("speculative tokens/s, B / A\n(1: unchanged; between the dotted lines: not counted as changed)")
     ax.set_title("What B did to each point's speculative throughput")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -118,7 +118,11 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
     joined, key, differ = match(a, b)
     label = _label(joined, key)
     both = joined[joined.only == ""]
-    parts = [CSS, f"<h1>Sweep B <code>{html.escape(b_dir.name)}</code> against A <code>{html.escape(a_dir.name)}</code></h1>"]
+    parts = [
+        CSS,
+        f"<h1>mtplab compare: <code>{html.escape(b_dir.name)}</code> (B) against "
+        f"<code>{html.escape(a_dir.name)}</code> (A)</h1>",
+    ]
     parts.append("<ul>" + _env_line("A", a_dir, sa) + _env_line("B", b_dir, sb) + "</ul>")
     if differ:
         parts.append(
@@ -150,7 +154,8 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
     )
     if len(both):
         parts.append(_ratio_figure(both, label))
-    head = ["point (A id)", "changed", "spec tok/s A", "spec tok/s B", "ratio", "speedup A", "speedup B", "ratio"]
+    head = ["point (parameters, A's id)", "changed", "spec tok/s A", "spec tok/s B", "tok/s B/A"]
+    head += ["speedup A", "speedup B", "speedup B/A"]
     ci = "speedup_ci_a" in joined or "speedup_ci_b" in joined
     if ci:
         head += ["speedup CI A", "speedup CI B"]
@@ -169,7 +174,7 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
             cells.append(f"<td>{row.get('speedup_ci_a', '') or ''}</td><td>{row.get('speedup_ci_b', '') or ''}</td>")
         cells.append(f"<td class='text'>{row.counters_changed}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    parts.append("<h2>Matched points</h2><table class='points'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")
+    parts.append("<h2>Matched points</h2><table class='points'><tr>" + "".join(f"<th style='text-align:left'>{h}</th>" for h in head) + "</tr>")
     parts.append("".join(rows) + "</table>")
     for side in ("A", "B"):
         only = joined[joined.only == side]
