@@ -53,7 +53,7 @@ def match(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, list[str], di
             out["speedup_ci"] = df.groupby(key, dropna=False).speedup_ci.first().map(ci_text)
         return out
 
-    joined = agg(a).join(agg(b), how="outer", lsuffix="_a", rsuffix="_b").reset_index()
+    joined = agg(a).merge(agg(b), how="outer", left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
     joined["only"] = np.where(joined.point_id_a.isna(), "B", np.where(joined.point_id_b.isna(), "A", ""))
     joined["tokens_per_s_ratio"] = joined.tokens_per_s_b / joined.tokens_per_s_a
     joined["speedup_ratio"] = joined.speedup_b / joined.speedup_a
