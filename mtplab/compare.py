@@ -87,7 +87,7 @@ def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
     ax.set_title("What B did to each point's speculative throughput")
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return f"<img alt='tokens/s ratio B/A per point' src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
 
@@ -132,7 +132,7 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
         )
     r = both.tokens_per_s_ratio
     summary = [
-        f"{plural(len(both), 'point')} matched by {', '.join(key)}; "
+        f"{plural(len(both), 'point')} matched by their parameters ({', '.join(key)}); "
         f"{(joined.only == 'A').sum()} only in A, {(joined.only == 'B').sum()} only in B.",
     ]
     if len(both):
@@ -174,7 +174,7 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
             cells.append(f"<td>{row.get('speedup_ci_a', '') or ''}</td><td>{row.get('speedup_ci_b', '') or ''}</td>")
         cells.append(f"<td class='text'>{row.counters_changed}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    parts.append("<h2>Matched points</h2><table class='points'><tr>" + "".join(f"<th style='text-align:left'>{h}</th>" for h in head) + "</tr>")
+    parts.append("<h2>Matched points</h2><table class='points'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")
     parts.append("".join(rows) + "</table>")
     for side in ("A", "B"):
         only = joined[joined.only == side]

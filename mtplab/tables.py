@@ -29,7 +29,8 @@ table.points, table.provenance, table.counters {border-collapse: collapse; font-
   max-width: 1220px; margin: 0.5em 0 !important; table-layout: auto}
 table.points td, table.points th, table.counters td, table.counters th, table.provenance td, table.provenance th
   {padding: 2px 6px !important; border-bottom: 1px solid #ddd; text-align: right !important; vertical-align: top}
-table.provenance th, table.provenance td, table.points td.text, table.counters td.text {text-align: left !important}
+table.provenance th, table.provenance td, table.points td.text, table.counters td.text,
+  table.points th, table.counters th {text-align: left !important}
 table.provenance th, table.points td.text, table.points th {white-space: nowrap}
 table.points td.id {text-align: left !important; word-break: break-all; max-width: 330px; font-family: monospace;
   font-size: 11px}
