@@ -13,9 +13,9 @@ import pandas as pd
 
 from . import store
 from .plots import COUNTERS, SLOTS
-from .provenance import PARAMETERS, fixed_and_varied, plural
+from .provenance import PARAMETERS, blank_inapplicable, fixed_and_varied, plural
 from .result import write_atomic
-from .tables import CSS, blank_inapplicable, ci_text
+from .tables import CSS, ci_text
 
 METRICS = ("greedy_tokens_per_s", "tokens_per_s", "speedup")
 CHANGED = (0.8, 1.25)  # a tokens/s ratio B/A outside this band marks a point changed (when no CIs are recorded)

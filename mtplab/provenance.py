@@ -28,6 +28,23 @@ PARAMETERS = (
     "max_recaptures",
 )
 
+# Parameters that mean nothing for a row: the peer engine has no mtplab policy, commit or schedule;
+# alpha belongs to the oracle drafter.
+PEER_ONLY_BLANK = ("policy", "commit", "schedule", "validate", "retain_decode_graph_across_spec", "max_recaptures")
+
+
+def blank_inapplicable(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy with cells that do not apply to their row set to NA (alpha off the oracle; mtplab's knobs on the peer)."""
+    out = df.copy()
+    if "alpha" in out and "drafter" in out:
+        out["alpha"] = out["alpha"].astype(object).where(out.drafter == "oracle", None)
+    if "engine" in out:
+        peer = out.engine != "mtplab"
+        for c in PEER_ONLY_BLANK:
+            if c in out:
+                out[c] = out[c].astype(object).where(~peer, None)
+    return out
+
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
@@ -36,6 +53,7 @@ def plural(n: int, word: str) -> str:
 def fixed_and_varied(df: pd.DataFrame) -> tuple[dict, dict]:
     """Parameters with one value over every point (fixed) and those with several (varied, sorted values)."""
     fixed, varied = {}, {}
+    df = blank_inapplicable(df)
     for p in PARAMETERS:
         if p not in df:
             continue

@@ -10,11 +10,8 @@ import numpy as np
 import pandas as pd
 
 from .plots import COUNTERS, count_text
-from .provenance import fixed_and_varied
+from .provenance import blank_inapplicable, fixed_and_varied
 
-# Parameters that mean nothing for a row: the peer engine has no mtplab policy, commit or schedule;
-# alpha belongs to the oracle drafter.
-PEER_ONLY_BLANK = ("policy", "commit", "schedule", "validate", "retain_decode_graph_across_spec", "max_recaptures")
 METRICS = {
     "greedy_tokens_per_s": "greedy tok/s",
     "tokens_per_s": "spec tok/s",
@@ -35,19 +32,6 @@ table.provenance th, table.points td.text, table.points th {white-space: nowrap}
 table.points td.id {text-align: left !important; word-break: break-all; max-width: 330px; font-family: monospace;
   font-size: 11px}
 </style>"""
-
-
-def blank_inapplicable(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy with cells that do not apply to their row set to NA (alpha off the oracle; mtplab's knobs on the peer)."""
-    out = df.copy()
-    if "alpha" in out and "drafter" in out:
-        out["alpha"] = out["alpha"].astype(object).where(out.drafter == "oracle", None)
-    if "engine" in out:
-        peer = out.engine != "mtplab"
-        for c in PEER_ONLY_BLANK:
-            if c in out:
-                out[c] = out[c].astype(object).where(~peer, None)
-    return out
 
 
 def ci_text(value) -> str:
@@ -81,6 +65,8 @@ def _cell(column: str, value) -> str:
         return f"<td class='id'>{html.escape(value)}</td>"
     if isinstance(value, (bool, np.bool_)):
         return f"<td class='text'>{'yes' if value else '<b>NO</b>'}</td>"
+    if isinstance(value, (int, np.integer)):
+        return f"<td>{value}</td>"
     if isinstance(value, (float, np.floating)):
         text = f"{value:.0%}" if column == "draft_acceptance" else f"{value:.2f}"
         return f"<td>{text}</td>"
