@@ -24,7 +24,7 @@ def test_cells_that_do_not_apply_are_empty_and_ids_are_whole():
     other = ROWS[0] | {"point_id": "tiny-k1-oracle0.9-shared-max-select-decode-verify-t32-s0-r0", "alpha": 0.9}
     html = points_html(pd.DataFrame([*ROWS, other]))
     assert html.count("<td>0.70</td>") == 1 and html.count("<td>0.80</td>") == 0  # alpha: oracle rows only
-    assert "sibling-pinned" not in html  # the peer row has no mtplab policy
+    assert "<td class='text'>sibling-pinned</td>" not in html  # the peer row has no mtplab policy
     assert all(r["point_id"] in html for r in ROWS) and "..." not in html
     assert "Download every point as CSV" in html
 
