@@ -110,7 +110,7 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
     top_k = own.k.max() if len(own) else None
     split = own[(own.drafter == "oracle") & (own.schedule == "decode-verify")]
     return {
-        "alpha_grid": len(g) > 0,
+        "alpha_grid": g.alpha.nunique() >= 2,  # a curve against alpha needs two alphas at least
         "acceptance": len(g) > 0 or len(_own_head(own)) > 0,
         "per_position": len(g[g.k == top_k]) > 0 or len(_own_head(own)[lambda m: m.k == top_k]) > 0,
         "counters": len(own) > 0,

@@ -28,7 +28,7 @@ table.points td, table.points th, table.counters td, table.counters th, table.pr
   {padding: 2px 6px !important; border-bottom: 1px solid #ddd; text-align: right !important; vertical-align: top}
 table.provenance th, table.provenance td, table.points td.text, table.counters td.text,
   table.points th, table.counters th {text-align: left !important}
-table.provenance th, table.points td.text, table.points th {white-space: nowrap}
+table.provenance th, table.points td.text, table.points th, table.counters td.text {white-space: nowrap}
 table.points td.id {text-align: left !important; word-break: break-all; max-width: 330px; font-family: monospace;
   font-size: 11px}
 </style>"""
@@ -100,7 +100,8 @@ def counters_html(long: pd.DataFrame) -> str:
         return ""
     idx = ["policy", "commit"] if "commit" in long else ["policy"]
     wide = long.pivot_table(index=idx, columns="slot", values=list(COUNTERS), aggfunc="mean")
-    wide = wide.swaplevel(0, 1, axis=1).sort_index(axis=1, level=0, sort_remaining=False)
+    slots = [s for s in ("primary", "verify", "mtp") if s in set(long.slot)]
+    wide = wide.swaplevel(0, 1, axis=1)[[(s, c) for s in slots for c in COUNTERS]]
     head = "".join(f"<th>{h}</th>" for h in idx) + "".join(f"<th>{s} {c}</th>" for s, c in wide.columns)
     rows = []
     for key, r in wide.iterrows():
