@@ -239,8 +239,14 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_run)
 
     s = sub.add_parser("sweep", help="run a grid of points through papermill", **fmt)
-    s.add_argument("spec", nargs="?", help="grid spec YAML (or use --preset)")
-    s.add_argument("--preset", help=_help("named grid, instead of a spec", sweep_presets()))
+    s.add_argument("spec", nargs="?", help="grid spec YAML (or use --grid)")
+    s.add_argument(
+        "--grid",
+        "--preset",
+        dest="preset",
+        metavar="GRID",
+        help=_help("named grid, instead of a spec (--preset: its older name; a spec's `preset` is the model's)", sweep_presets()),
+    )
     s.add_argument("--name", help="sweep name, the folder under --results (default: the spec's name)")
     s.add_argument("--results", default="results", help="results root")
     s.add_argument(

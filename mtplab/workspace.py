@@ -18,7 +18,7 @@ def make_command(name: str) -> str:
     """The command that makes the sweep results/<name>."""
     if name == "demo":
         return "make demo"
-    return f"mtplab sweep --preset smoke --name {name}"
+    return f"mtplab sweep --grid smoke --name {name}"
 
 
 def sweep_folder(results: str, quick: bool = False) -> Path:
@@ -39,7 +39,7 @@ def sweep_folder(results: str, quick: bool = False) -> Path:
     if not (folder / "results.parquet").exists():
         command = make_command(folder.name)
         if folder.parent != results_root():
-            command = f"mtplab sweep --preset smoke --name {folder.name} --results {folder.parent}"
+            command = f"mtplab sweep --grid smoke --name {folder.name} --results {folder.parent}"
         raise ValueError(
             f"{folder}: no sweep there yet. Make it with `{command}`, "
             "or set quick=True to run the smoke sweep (seconds) and use that."

@@ -133,6 +133,7 @@ def test_help_gives_every_options_default_and_the_choices():
     assert "choices: tiny, small, base" in helps["run --preset"]
     assert "choices: cpu, cuda" in helps["run --backend"]
     assert "cuda" in helps["sweep --preset"] and "smoke" in helps["sweep --preset"]
+    assert parser().parse_args(["sweep", "--grid", "smoke"]).preset == "smoke"  # --grid: a spec's preset is the model
 
 
 def test_sweep_runs_one_point_at_a_time_by_default_and_says_why(capsys):

@@ -109,5 +109,5 @@ def test_a_missing_sweep_names_the_command_that_makes_it(tmp_path, monkeypatch):
     monkeypatch.setenv("MTPLAB_RESULTS", str(tmp_path))
     with pytest.raises(ValueError, match="`make demo`"):
         workspace.sweep_folder("demo")
-    with pytest.raises(ValueError, match="`mtplab sweep --preset smoke --name mine`"):
+    with pytest.raises(ValueError, match="`mtplab sweep --grid smoke --name mine`"):
         workspace.sweep_folder("mine")
