@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/mtplab sweep --preset default --name demo --resume --workers 1
+	$(BIN)/mtplab sweep --grid default --name demo --resume --workers 1
 	$(BIN)/mtplab report results/demo
 
 test: $(STAMP) $(OLD_STAMPS)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .config import COMMITS, DRAFTERS, SCHEDULES, RunConfig, run_problems
+from .config import BACKENDS, COMMITS, DRAFTERS, ENGINES, SCHEDULES, RunConfig, run_problems
 from .policy import POLICIES
 
 
@@ -77,6 +77,8 @@ def _run_config(args) -> tuple[RunConfig | None, list[str]]:
         "commit": args.commit,
         "schedule": args.schedule,
         "tokens": args.tokens,
+        "prompt_len": args.prompt_len,
+        "max_recaptures": args.max_recaptures,
         "backend": args.backend,
         "seed": args.seed,
         "oracle_free_drafts": args.oracle_free_drafts,
@@ -132,53 +134,100 @@ def _report(args) -> int:
     return 0
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help: `off` for a flag; none added where the help says it already."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.default is None:
+            return text + " (default: none)"
+        if action.default is False:
+            return text + " (default: off)"
+        return super()._get_help_string(action)
+
+
+def _help(text: str, choices=None) -> str:
+    """An option's help with its choices; the formatter appends the default."""
+    return text + (f" (choices: {', '.join(choices)})" if choices else "")
+
+
+def _compare(args) -> int:
+    from .compare import make_compare
+
+    try:
+        path = make_compare(args.a, args.b, args.out)
+    except ValueError as err:
+        print(f"mtplab compare: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
+    from .grid import presets as sweep_presets
+    from .model import PRESETS
+    from .pool import EXECUTORS
+
+    fmt = {"formatter_class": _Formatter}
     p = argparse.ArgumentParser(
-        prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models"
+        prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models", **fmt
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    model = sub.add_parser("model", help="build and inspect models").add_subparsers(dest="model_command", required=True)
-    b = model.add_parser("build", help="build the built-in model (cached by config hash)")
-    b.add_argument("--preset", default="small")
+    model = sub.add_parser("model", help="build and inspect models", **fmt).add_subparsers(
+        dest="model_command", required=True
+    )
+    b = model.add_parser("build", help="build the built-in model (cached by config hash)", **fmt)
+    b.add_argument("--preset", default="small", choices=list(PRESETS), help="model preset")
     b.add_argument("--int4", action="store_true", help="int4 weights through MatMulNBits (block 32)")
-    b.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
+    b.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"], help="activation dtype")
     b.add_argument("--out", help="artifact directory (default: the cache)")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     b.set_defaults(func=_model_build)
 
-    e = model.add_parser("export-genai", help="write the model in onnxruntime-genai's form (target/ and mtp/)")
-    e.add_argument("--preset", default="small")
-    e.add_argument("--int4", action="store_true")
-    e.add_argument("--out", required=True)
+    e = model.add_parser(
+        "export-genai", help="write the model in onnxruntime-genai's form (target/ and mtp/)", **fmt
+    )
+    e.add_argument("--preset", default="small", choices=list(PRESETS), help="model preset")
+    e.add_argument("--int4", action="store_true", help="int4 weights through MatMulNBits")
+    e.add_argument("--out", required=True, help="output folder (required)")
     e.set_defaults(func=_export_genai)
 
-    d = sub.add_parser("doctor", help="report runtime, ops, CUDA and kernel status")
-    d.add_argument("--json", action="store_true")
+    d = sub.add_parser("doctor", help="report runtime, ops, CUDA and kernel status", **fmt)
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
     d.add_argument("--gpu-check", action="store_true", help="run the CUDA backend's device check (see README)")
     d.add_argument("--presets", nargs="+", default=["small", "base"], help="gpu-check: presets to build and run")
     d.add_argument("--ks", nargs="+", type=int, default=[1, 2, 3], help="gpu-check: draft lengths")
     d.add_argument("--tokens", type=int, default=64, help="gpu-check: tokens per run")
-    d.add_argument("--backend", default="cuda", help="gpu-check: cuda, or cpu to rehearse it on the CPU EP")
+    d.add_argument(
+        "--backend", default="cuda", choices=list(BACKENDS), help="gpu-check: cuda, or cpu to rehearse it on the CPU EP"
+    )
     d.add_argument("--budget", type=float, default=270.0, help="gpu-check: seconds after which no run starts")
     d.add_argument("--out", default="gpu-check.json", help="gpu-check: result JSON")
     d.set_defaults(func=_doctor)
 
-    r = sub.add_parser("run", help="greedy baseline vs speculative decoding, one point")
-    r.add_argument("--preset", default="small")
-    r.add_argument("--k", type=_number, default=3)
-    r.add_argument("--drafter", default="mtp", help=f"one of {list(DRAFTERS)}")
+    # Options are named as the spec's keys (--prompt-len is prompt_len); validation reports every bad one.
+    r = sub.add_parser("run", help="greedy baseline vs speculative decoding, one point", **fmt)
+    r.add_argument("--preset", default="small", help=_help("model preset", PRESETS))
+    r.add_argument("--k", type=_number, default=3, help="drafts per step, 1..8")
+    r.add_argument("--drafter", default="mtp", help=_help("who drafts", DRAFTERS))
     r.add_argument(
-        "--alpha", type=_number, help="oracle drafter acceptance per position (default 0.8; not with --drafter mtp)"
+        "--alpha",
+        type=_number,
+        help="oracle drafter acceptance per position, in [0, 1] (default 0.8; not with --drafter mtp)",
     )
-    r.add_argument("--policy", default="sibling-pinned", help=f"one of {list(POLICIES)}")
-    r.add_argument("--commit", default="select", help=f"one of {list(COMMITS)}")
-    r.add_argument("--schedule", default="decode-verify", help=f"one of {list(SCHEDULES)}")
-    r.add_argument("--tokens", type=_number, default=128)
-    r.add_argument("--backend", default="cpu")
+    r.add_argument("--policy", default="sibling-pinned", help=_help("arena policy", POLICIES))
+    r.add_argument("--commit", default="select", help=_help("commit strategy", COMMITS))
+    r.add_argument("--schedule", default="decode-verify", help=_help("step schedule", SCHEDULES))
+    r.add_argument("--tokens", type=_number, default=128, help="tokens to generate")
+    r.add_argument("--prompt-len", type=_number, default=8, help="prompt tokens")
+    r.add_argument("--backend", default="cpu", help=_help("where the graphs run", BACKENDS))
     r.add_argument("--seed", type=_number, default=0, help="prompt seed, an integer >= 0")
-    r.add_argument("--int4", action="store_true")
-    r.add_argument("--engine", default="mtplab", help="mtplab, or ort-genai (the onnxruntime-genai peer)")
+    r.add_argument("--max-recaptures", type=_number, default=3, help="invalidations before a slot falls back for good")
+    r.add_argument("--int4", action="store_true", help="int4 weights")
+    r.add_argument("--engine", default="mtplab", help=_help("whose decoder (ort-genai: the onnxruntime-genai peer)", ENGINES))
     r.add_argument("--oracle-free-drafts", action="store_true", help="oracle drafter skips the MTP head")
     r.add_argument("--no-validate", action="store_true", help="negative control: replay without the signature check")
     r.add_argument(
@@ -189,24 +238,42 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="also save the RunResult JSON here")
     r.set_defaults(func=_run)
 
-    s = sub.add_parser("sweep", help="run a grid of points through papermill")
-    s.add_argument("spec", nargs="?", help="grid spec YAML (or use --preset)")
-    s.add_argument("--preset", help="named grid: smoke or default")
-    s.add_argument("--name", help="sweep name (folder under results/)")
+    s = sub.add_parser("sweep", help="run a grid of points through papermill", **fmt)
+    s.add_argument("spec", nargs="?", help="grid spec YAML (or use --grid)")
+    s.add_argument(
+        "--grid",
+        "--preset",
+        dest="preset",
+        metavar="GRID",
+        help=_help("named grid, instead of a spec (--preset: its older name; a spec's `preset` is the model's)", sweep_presets()),
+    )
+    s.add_argument("--name", help="sweep name, the folder under --results (default: the spec's name)")
     s.add_argument("--results", default="results", help="results root")
-    s.add_argument("--workers", type=_number, help="processes, at least 1 (default: the core count)")
+    s.add_argument(
+        "--workers",
+        type=_number,
+        default=1,
+        help="points run at once; 1 gives each point every core and timings you can trust "
+        "(more points at once share the memory bandwidth and slow each other)",
+    )
     s.add_argument("--timeout", type=_number, default=600, help="seconds per point, at least 1")
     s.add_argument("--resume", action="store_true", help="skip points already finished")
-    s.add_argument("--executor", default="local", help="where points run: local (process pool) or ray")
+    s.add_argument("--executor", default="local", help=_help("where points run", EXECUTORS))
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray sized to this machine)")
     s.add_argument(
         "--allow-mismatch", action="store_true", help="exit 0 even if a point's lossless check fails (as for run)"
     )
     s.set_defaults(func=_sweep)
 
-    rep = sub.add_parser("report", help="render a sweep into report.html")
-    rep.add_argument("sweep_dir")
+    rep = sub.add_parser("report", help="render a sweep into report.html", **fmt)
+    rep.add_argument("sweep_dir", help="a finished sweep's folder, e.g. results/demo")
     rep.set_defaults(func=_report)
+
+    c = sub.add_parser("compare", help="two sweeps side by side, points matched by their parameters", **fmt)
+    c.add_argument("a", help="the baseline sweep's folder (A)")
+    c.add_argument("b", help="the sweep compared with it (B): ratios are B/A")
+    c.add_argument("--out", help="HTML file to write (default: <B>/compare-<A's name>.html)")
+    c.set_defaults(func=_compare)
     return p
 
 

@@ -61,7 +61,7 @@ def report() -> dict:
         require_cuda()
         out["cuda_backend"] = "available (mtplab run --backend cuda; scripts/gpu-check)"
     except ValueError as err:
-        out["cuda_backend"] = f"not available: {err}"
+        out["cuda_backend"] = "not available: " + str(err).replace(" (mtplab doctor says what is installed)", "")
     out["kernel_mtplab"] = _kernel_registered()
     return out
 

@@ -19,6 +19,27 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def package_version(name: str) -> str | None:
+    """The installed version of a distribution, or None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def memory_gib() -> float | None:
+    """Physical memory of this machine in GiB (None where /proc/meminfo is missing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def git_revision() -> str | None:
     root = Path(__file__).resolve().parent.parent
     try:
@@ -31,7 +52,7 @@ def git_revision() -> str | None:
 
 
 def environment(backend: str = "cpu") -> dict:
-    """onnxruntime version and provider, device, threads, Python and the git revision if any."""
+    """Versions (mtplab, onnxruntime, onnxruntime-genai, numpy, Python), provider, device, machine, threads, git revision."""
     import onnxruntime
 
     device = _cpu_name()
@@ -43,10 +64,15 @@ def environment(backend: str = "cpu") -> dict:
         except Exception:  # noqa: BLE001 - report what we can
             device = "cuda (unknown)"
     return {
+        "mtplab": package_version("mtplab"),
         "onnxruntime": onnxruntime.__version__,
+        "onnxruntime_genai": package_version("onnxruntime-genai"),
+        "numpy": package_version("numpy"),
         "provider": "CUDAExecutionProvider" if backend == "cuda" else "CPUExecutionProvider",
         "device": device,
         "cpu_count": os.cpu_count(),
+        "memory_gib": memory_gib(),
+        "hostname": platform.node(),
         "threads": int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .plots import alpha_grid, policy_grid
-
-
-def header(sweep: dict) -> str:
-    env = sweep.get("env", {})
-    return (
-        f"# mtplab sweep `{sweep['name']}`\n\n"
-        f"{sweep['ok']} points ok, {sweep.get('mismatch', 0)} mismatch, {sweep['failed']} failed, of {sweep['points']}; finished {sweep['finished']} "
-        f"in {sweep['wall_seconds']} s with {sweep['workers']} worker(s) x {sweep['threads_per_point']} thread(s).\n\n"
-        f"Environment: {env.get('device')}, onnxruntime {env.get('onnxruntime')} ({env.get('provider')}), "
-        f"Python {env.get('python')}, git {env.get('git_revision') or 'n/a'}."
-    )
+from .plots import alpha_grid, count_text, counters_long
+from .provenance import plural
 
 
 def summary(df: pd.DataFrame) -> str:
@@ -34,8 +24,14 @@ def summary(df: pd.DataFrame) -> str:
             + (" (all are negative controls with validation off)" if expected else "")
         )
     else:
+        out.append(f"- **Every one of the {plural(len(ok), 'point')} is token-identical to greedy.**")
+    if len(ok):
+        checked = ok.get("identity.state_commits_checked", pd.Series(0, index=ok.index)).fillna(0) > 0
+        state_ok = checked & ok.lossless.astype(bool)
         out.append(
-            f"- **Every one of the {len(ok)} points is token-identical to greedy**, with the recurrent state checked too."
+            f"- Recurrent state checked after every commit at {checked.sum()} of {plural(len(ok), 'point')}"
+            f" ({state_ok.sum()} matching the reference)"
+            + (f"; not checked at {(~checked).sum()} (peer engine rows)." if (~checked).any() else ".")
         )
     if len(ok):
         beats = ok[ok.speedup > 1.0]
@@ -62,17 +58,7 @@ def summary(df: pd.DataFrame) -> str:
                 f"- Built-in MTP head, `{sched}`: draft acceptance {s.draft_acceptance.mean():.0%} "
                 f"(fitted alpha {s['theory.alpha'].mean():.2f}); best k={b.k} at {b.speedup:.2f}x."
             )
-    pol = (
-        policy_grid(ok)
-        .groupby("policy")[[f"slots.verify.{c}" for c in ("replays", "fallbacks", "invalidations", "hazards")]]
-        .mean()
-    )
-    for policy, r in pol.iterrows():
-        out.append(
-            f"- `{policy}`: verify slot replays {r['slots.verify.replays']:.1f}, fallbacks {r['slots.verify.fallbacks']:.1f}, "
-            f"invalidations {r['slots.verify.invalidations']:.1f}, hazards {r['slots.verify.hazards']:.1f} per run "
-            f"(mean over the policy x commit grid)."
-        )
+    out.extend(policy_findings(counters_long(ok)))
     if len(ok):
         err = (ok.speedup / ok["theory.speedup"] - 1).abs()
         out.append(
@@ -84,6 +70,29 @@ def summary(df: pd.DataFrame) -> str:
             f"- A verify forward costs {vr:.2f}x a greedy decode here (median over points), a draft {ok['theory.draft_cost_ratio'].median():.3f}x."
         )
     return "\n".join(out)
+
+
+def policy_findings(long: pd.DataFrame) -> list[str]:
+    """Per policy: under which commit strategies both slots replayed with no fallback or invalidation, and the rest."""
+    out = []
+    if long.empty:
+        return out
+    for policy in long.policy.unique():
+        clean, other = [], []
+        for commit, c in long[long.policy == policy].groupby("commit"):
+            bad = []
+            for slot, r in c.groupby("slot")[["replays", "fallbacks", "invalidations", "hazards"]].mean().iterrows():
+                trouble = [f"{count_text(r[n])} {n}" for n in ("fallbacks", "invalidations", "hazards") if r[n]]
+                if trouble or not r.replays:
+                    bad.append(f"{slot} " + (", ".join(trouble) or "never replays"))
+            (other.append(f"`{commit}`: " + "; ".join(bad)) if bad else clean.append(f"`{commit}`"))
+        text = f"- `{policy}` (per run): "
+        if clean:
+            text += "both slots replay with 0 fallbacks, 0 invalidations, 0 hazards under " + ", ".join(clean)
+        if other:
+            text += ("; under " if clean else "under ") + "; ".join(other)
+        out.append(text + ".")
+    return out
 
 
 def peer(df: pd.DataFrame) -> str:
@@ -106,26 +115,3 @@ def peer(df: pd.DataFrame) -> str:
             text += f"; mtplab best {best.tokens_per_s:.1f} tok/s ({best.schedule}, {best.speedup:.2f}x)"
         out.append(text + ("; identical to greedy." if p.lossless.all() else "; **NOT identical to greedy**."))
     return "\n".join(out)
-
-
-def table(df: pd.DataFrame) -> pd.DataFrame:
-    cols = [
-        "point_id",
-        "status",
-        "k",
-        "drafter",
-        "alpha",
-        "policy",
-        "commit",
-        "schedule",
-        "greedy_tokens_per_s",
-        "tokens_per_s",
-        "speedup",
-        "theory.speedup",
-        "tokens_per_step",
-        "acceptance_length",
-        "draft_acceptance",
-        "lossless",
-    ]
-    t = df[[c for c in cols if c in df.columns]].copy()
-    return t.round(3).sort_values("point_id").reset_index(drop=True)

@@ -214,7 +214,7 @@ def require_engines(spec: GridSpec) -> None:
 def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
     """A spec from a YAML file, or a named preset (smoke, default)."""
     if (spec is None) == (preset is None):
-        raise ValueError("give a grid spec file or --preset (one of " + ", ".join(presets()) + ")")
+        raise ValueError("give a grid spec file or --grid (one of " + ", ".join(presets()) + ")")
     if preset is not None:
         if preset not in presets():
             raise ValueError(f"unknown sweep preset {preset!r}: allowed presets are {presets()}")

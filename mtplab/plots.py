@@ -103,6 +103,23 @@ def peer_comparison(df: pd.DataFrame):
     return fig
 
 
+def figures_for(df: pd.DataFrame) -> dict[str, bool]:
+    """Which standard figures this sweep's points can fill (a report shows only those: no empty panels)."""
+    own = df[df.engine == "mtplab"] if "engine" in df else df
+    g = alpha_grid(own)
+    top_k = own.k.max() if len(own) else None
+    split = own[(own.drafter == "oracle") & (own.schedule == "decode-verify")]
+    return {
+        "alpha_grid": g.alpha.nunique() >= 2,  # a curve against alpha needs two alphas at least
+        "acceptance": len(g) > 0 or len(_own_head(own)) > 0,
+        "per_position": len(g[g.k == top_k]) > 0 or len(_own_head(own)[lambda m: m.k == top_k]) > 0,
+        "counters": len(own) > 0,
+        "time_split": len(split) > 0,
+        "memory": len(own) > 0 and "arena" in own,
+        "peer": "engine" in df and (df.engine == "ort-genai").any(),
+    }
+
+
 def _empty(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} in this sweep", ha="center", va="center", transform=ax.transAxes, color="gray")
 
@@ -227,27 +244,45 @@ def counters_long(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def slot_counters(long: pd.DataFrame):
-    """Replays, fallbacks, invalidations and hazards per slot, by policy (mean per point)."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    """Replays, fallbacks, invalidations and hazards per point: a row per slot, a column per commit strategy.
+
+    Each panel holds one commit strategy's points (no averaging across strategies), bars labelled
+    with their counts; the legend sits above the panels, clear of the bars.
+    """
     shown = ("replays", "fallbacks", "invalidations", "hazards")
     colors = {"replays": "#2ca02c", "fallbacks": "#d62728", "invalidations": "#ff7f0e", "hazards": "#000000"}
-    for ax, slot in zip(axes, ("primary", "verify")):
-        s = long[long.slot == slot].groupby("policy")[list(shown)].mean()
-        s = s.loc[_policy_order(s.index)]
-        if s.empty:
-            _empty(ax, "counters")
-            continue
-        x = np.arange(len(s))
-        w = 0.8 / len(shown)
-        for j, c in enumerate(shown):
-            ax.bar(x + (j - 1.5) * w, s[c], w, label=c, color=colors[c])
-        ax.set_xticks(x, s.index, rotation=15)
-        ax.set_title(f"{slot} slot")
-        ax.set_xlabel("arena policy")
-        ax.set_ylabel("count per run (mean)")
-    axes[1].legend(title="counter", loc="upper right")
-    fig.tight_layout()
+    commits = sorted(long.commit.unique()) if "commit" in long else [None]
+    slots = [s for s in ("primary", "verify") if s in set(long.slot)]
+    policies = _policy_order(long.policy.unique())
+    width = max(3.6, 0.9 * len(policies) + 1.2)
+    fig, axes = plt.subplots(
+        len(slots), len(commits), figsize=(width * len(commits), 2.9 * len(slots) + 0.6), squeeze=False, sharey="row"
+    )
+    for i, slot in enumerate(slots):
+        for j, commit in enumerate(commits):
+            ax = axes[i][j]
+            s = long[(long.slot == slot) & ((long.commit == commit) if commit else True)]
+            s = s.groupby("policy")[list(shown)].mean()
+            s = s.loc[[p for p in policies if p in s.index]]
+            x = np.arange(len(s))
+            w = 0.8 / len(shown)
+            for n, c in enumerate(shown):
+                bars = ax.bar(x + (n - 1.5) * w, s[c], w, label=c, color=colors[c])
+                ax.bar_label(bars, labels=[count_text(v) for v in s[c]], fontsize=7, padding=1)
+            ax.set_xticks(x, s.index, rotation=15 if len(s) > 2 else 0, fontsize=8)
+            ax.margins(y=0.15)
+            ax.set_title(f"{slot} slot" + (f", commit={commit}" if commit else ""), fontsize=10)
+            if j == 0:
+                ax.set_ylabel("count per run")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(shown), title="counter", frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / fig.get_figheight()))
     return fig
+
+
+def count_text(v: float) -> str:
+    """A counter as an integer; a mean over repeats keeps one decimal."""
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
 
 
 def time_split(df: pd.DataFrame):
@@ -277,22 +312,35 @@ def time_split(df: pd.DataFrame):
 
 
 def memory_by_policy(df: pd.DataFrame):
-    """Bytes held by all arenas (named buffers, pool blocks, persistent state) per policy."""
+    """Peak bytes held by all mtplab arenas (named buffers, pool blocks, persistent state) per policy."""
     fig, ax = plt.subplots(figsize=(5.6, 3.4))
     g = policy_grid(df)
-    held = _json(g.arena).map(lambda a: sum(v["bytes_held"] for v in a.values()) / 2**20)
-    m = held.groupby(g.policy).mean()
+    peak = _json(g.arena).map(lambda a: sum(v.get("peak_bytes", v["bytes_held"]) for v in a.values()) / 2**20)
+    m = peak.groupby(g.policy).mean()
     m = m.loc[_policy_order(m.index)]
     ax.bar(m.index, m.values, color=[POLICY_COLORS.get(p, "gray") for p in m.index])
-    ax.set_ylabel("MiB held by mtplab arenas\n(state, buffers, pool blocks)")
+    ax.set_ylabel("peak MiB held by mtplab arenas\n(state, buffers, pool blocks)")
     ax.set_xlabel("arena policy")
-    ax.set_title("Memory held per policy")
+    where = f"k={g.k.iloc[0]}" + (f", alpha={g.alpha.iloc[0]:g}" if (g.drafter == "oracle").all() else "")
+    ax.set_title(f"Peak arena memory per policy\n({where}, mean over {g.commit.nunique()} commit strategies)")
     fig.tight_layout()
     return fig
 
 
+def point_title(config: dict) -> str:
+    """The point's parameters in one line (what a figure of it is titled with)."""
+    c = config
+    drafter = f"oracle alpha={c['alpha']:g}" if c["drafter"] == "oracle" else c["drafter"]
+    if c.get("engine", "mtplab") != "mtplab":
+        return f"{c['engine']}: k={c['k']}, {c['preset']}, {c['tokens']} tokens, seed {c['seed']}"
+    return (
+        f"k={c['k']}, {drafter}, {c['policy']}, {c['commit']}, {c['schedule']}, "
+        f"{c['preset']}, {c['tokens']} tokens, seed {c['seed']}" + ("" if c.get("validate", True) else ", validation off")
+    )
+
+
 def point_figure(result: dict):
-    """One point: the step's time split and per-position acceptance against theory."""
+    """One point, titled with its parameters: the step's time split and per-position acceptance against theory."""
     if not result["theory"]:  # a peer run: no step split or per-position acceptance to show
         fig, a = plt.subplots(figsize=(4.8, 3.2))
         a.bar(
@@ -301,10 +349,8 @@ def point_figure(result: dict):
             color=["gray", "#2ca02c"],
         )
         a.set_ylabel("tokens/s")
-        a.set_title(
-            f"{result['config']['engine']}: speedup {result['speedup']:.2f}x, "
-            f"draft acceptance {result['draft_acceptance']:.0%}"
-        )
+        a.set_title(f"speedup {result['speedup']:.2f}x, draft acceptance {result['draft_acceptance']:.0%}")
+        fig.suptitle(point_title(result["config"]), fontsize=9)
         fig.tight_layout()
         return fig
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
@@ -324,5 +370,6 @@ def point_figure(result: dict):
     b.set_xlabel("draft position i")
     b.set_ylabel("P(accepted >= i)")
     b.legend()
+    fig.suptitle(point_title(result["config"]), fontsize=10)
     fig.tight_layout()
     return fig

@@ -148,13 +148,15 @@ def check_fresh(sweep_dir: str | Path) -> None:
 
 
 def load(sweep_dir: str | Path) -> pd.DataFrame:
-    """The sweep's table, with the config columns under short names (k, alpha, policy, ...)."""
+    """The sweep's table, config columns under short names (k, alpha, policy, ...); the output ids are generated_tokens."""
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / "results.parquet"
     if not path.exists():
         raise ValueError(f"{sweep_dir}: no results.parquet (run `mtplab sweep` first)")
     check_fresh(sweep_dir)
     df = pd.read_parquet(path)
+    # The generated token ids would collide with config.tokens (how many to generate).
+    df = df.rename(columns={"tokens": "generated_tokens"})
     return df.rename(columns={c: c.split(".", 1)[1] for c in df.columns if c.startswith("config.")})
 
 

@@ -78,7 +78,7 @@ def run_sweep(
     spec: grid.GridSpec,
     results_root: str | Path = "results",
     name: str | None = None,
-    workers: int = 0,
+    workers: int = 1,
     timeout: int = 600,
     resume: bool = False,
     quiet: bool = False,
@@ -89,7 +89,6 @@ def run_sweep(
 
     sweep.json's `interrupted` is true when a signal stopped the sweep before every point ran.
     """
-    workers = workers or os.cpu_count() or 1
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r}: must be an integer >= 1")
     if executor not in EXECUTORS:
@@ -124,10 +123,15 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
     quarantine_corrupt(spec, points_dir)
     done = {p.name for p in store.point_folders(points_dir) if (p / store.RESULT).exists()}
     todo = [p for p in spec.points if p.id not in done]
-    if not quiet:
-        print(f"sweep {sweep_dir.name}: {len(todo)} of {len(spec.points)} points to run", file=sys.stderr)
-    started = datetime.now(UTC).isoformat(timespec="seconds")
     threads = max(1, (os.cpu_count() or 1) // workers)
+    if not quiet:
+        print(
+            f"sweep {sweep_dir.name}: {len(todo)} of {len(spec.points)} points to run, {workers} at a time with "
+            f"{threads} thread(s) each" + (" (one at a time: timings you can trust)" if workers == 1 else ""),
+            file=sys.stderr,
+        )
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     interrupted = False
     if todo:
@@ -171,6 +175,8 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
         "executor": executor,
         "workers": workers,
         "threads_per_point": threads,
+        "load_start": round(load_start, 2),
+        "load_end": round(os.getloadavg()[0], 2),
         "env": environment(),
     }
     write_atomic(sweep_dir / "sweep.json", json.dumps(summary, indent=1))
@@ -230,7 +236,7 @@ def main(args) -> int:
             spec,
             args.results,
             args.name,
-            args.workers or 0,
+            args.workers,
             args.timeout,
             args.resume,
             executor=args.executor,

@@ -24,11 +24,15 @@
 preset = "tiny"
 k = 3
 tokens = 64
+results = "two-slot-executor"  # folder under results/ for the table (CSV) and the figure (PNG)
 
 # %%
 import pandas as pd
 
-from mtplab import plots
+from mtplab import plots, workspace
+
+pd.set_option("display.max_colwidth", None)  # the reasons in full
+out = workspace.output_folder(results)
 from mtplab.config import RunConfig
 from mtplab.experiment import run_point
 
@@ -45,7 +49,10 @@ table = pd.DataFrame(rows)
 table[["case", "slot", "captures", "replays", "fallbacks", "invalidations", "hazards", "lossless", "first_divergence"]]
 
 # %%
+table.to_csv(out / "counters.csv", index=False)
 fig = plots.slot_counters(table.rename(columns={"case": "policy"}))
+fig.savefig(out / "counters.png", dpi=110, bbox_inches="tight")
+print(f"written: {out / 'counters.csv'}, {out / 'counters.png'}")
 
 # %% [markdown]
 # Why each slot did what it did (the executor's last recorded reason):

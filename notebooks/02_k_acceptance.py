@@ -17,22 +17,30 @@
 # dashed; acceptance length against Leviathan's formula; per-position acceptance.
 
 # %% tags=["parameters"]
-sweep_dir = "../results/demo"
+results = "demo"  # a sweep under results/ (`make demo` makes results/demo), or a path to one
+quick = False  # True: use the smoke sweep results/smoke instead, running it first if missing (seconds)
 
 # %%
-from mtplab import plots, store
+from mtplab import plots, store, workspace
 
+sweep_dir = workspace.sweep_folder(results, quick)
 df = store.load(sweep_dir)
 df = df[df.status == "ok"]
+show = plots.figures_for(df)
+print(f"{sweep_dir}: {len(df)} points")
 
 # %%
-fig = plots.speedup_vs_alpha(df)
+if show["alpha_grid"]:
+    fig = plots.speedup_vs_alpha(df)
 
 # %%
-fig = plots.tokens_per_s_vs_alpha(df)
+if show["alpha_grid"]:
+    fig = plots.tokens_per_s_vs_alpha(df)
 
 # %%
-fig = plots.acceptance_vs_theory(df)
+if show["acceptance"]:
+    fig = plots.acceptance_vs_theory(df)
 
 # %%
-fig = plots.per_position(df)
+if show["per_position"]:
+    fig = plots.per_position(df)

@@ -13,23 +13,31 @@
 
 # %% [markdown]
 # # Arena policies and commit strategies
-# Replays, fallbacks and invalidations per slot by policy; the time of a speculative step split
-# into decode, draft, verify and commit, by commit strategy; memory held per policy.
+# Replays, fallbacks and invalidations per slot by policy, one panel per commit strategy; the time of
+# a speculative step split into decode, draft, verify and commit, by commit strategy; peak memory
+# held per policy.
 
 # %% tags=["parameters"]
-sweep_dir = "../results/demo"
+results = "demo"  # a sweep under results/ (`make demo` makes results/demo), or a path to one
+quick = False  # True: use the smoke sweep results/smoke instead, running it first if missing (seconds)
 
 # %%
-from mtplab import plots, store
+from mtplab import plots, store, workspace
 
+sweep_dir = workspace.sweep_folder(results, quick)
 df = store.load(sweep_dir)
 df = df[df.status == "ok"]
+show = plots.figures_for(df)
+print(f"{sweep_dir}: {len(df)} points")
 
 # %%
-fig = plots.slot_counters(plots.counters_long(df))
+if show["counters"]:
+    fig = plots.slot_counters(plots.counters_long(df))
 
 # %%
-fig = plots.time_split(df)
+if show["time_split"]:
+    fig = plots.time_split(df)
 
 # %%
-fig = plots.memory_by_policy(df)
+if show["memory"]:
+    fig = plots.memory_by_policy(df)

@@ -18,13 +18,16 @@ sweep_dir = "../results/demo"
 import json
 from pathlib import Path
 
-from IPython.display import Markdown, display
+from IPython.display import HTML, Markdown, display
 
-from mtplab import findings, plots, store
+from mtplab import findings, plots, provenance, store, tables
 
 sweep = json.loads((Path(sweep_dir) / "sweep.json").read_text())
 df = store.load(sweep_dir)
-display(Markdown(findings.header(sweep)))
+ok = df[df.status == "ok"]
+show = plots.figures_for(ok)
+display(HTML(tables.CSS + provenance.header_html(sweep, df)))
+display(Markdown(provenance.HOW_TO_READ))
 
 # %% [markdown]
 # ## Findings
@@ -32,53 +35,66 @@ display(Markdown(findings.header(sweep)))
 # %%
 display(Markdown(findings.summary(df)))
 
-# %% [markdown]
-# ## Speedup against acceptance
-# Oracle drafter (controlled per-position acceptance alpha; performance only, never accuracy).
-# Solid: measured. Dashed: predicted from alpha and the step's measured cost ratios.
+# %%
+if show["alpha_grid"]:
+    display(Markdown(
+        "## Speedup against acceptance\n"
+        "Oracle drafter (controlled per-position acceptance alpha; performance only, never accuracy). "
+        "Solid: measured. Dashed: predicted from alpha and the step's measured cost ratios."
+    ))
+    fig = plots.speedup_vs_alpha(ok)
 
 # %%
-ok = df[df.status == "ok"]
-fig = plots.speedup_vs_alpha(ok)
+if show["alpha_grid"]:
+    fig = plots.tokens_per_s_vs_alpha(ok)
 
 # %%
-fig = plots.tokens_per_s_vs_alpha(ok)
-
-# %% [markdown]
-# ## Acceptance
-# Acceptance length = 1 + accepted/steps (vLLM's definition); per-position acceptance = P(accepted >= i).
-
-# %%
-fig = plots.acceptance_vs_theory(ok)
+if show["acceptance"]:
+    display(Markdown(
+        "## Acceptance\n"
+        "Acceptance length = 1 + accepted/steps (vLLM's definition); per-position acceptance = P(accepted >= i)."
+    ))
+    fig = plots.acceptance_vs_theory(ok)
 
 # %%
-fig = plots.per_position(ok)
-
-# %% [markdown]
-# ## The two slots under each arena policy
+if show["per_position"]:
+    fig = plots.per_position(ok)
 
 # %%
-fig = plots.slot_counters(plots.counters_long(ok))
-
-# %% [markdown]
-# ## Where a speculative step's time goes, by commit strategy
-
-# %%
-fig = plots.time_split(ok)
-
-# %%
-fig = plots.memory_by_policy(ok)
-
-# %% [markdown]
-# ## Side by side with onnxruntime-genai
-# The same model exported in genai's form; og.Generator for greedy, og.MtpGenerator with the real head.
+if show["counters"]:
+    long, grid = plots.counters_long(ok), plots.policy_grid(ok)
+    display(Markdown(
+        "## The two slots under each arena policy\n"
+        "Counts per run, one panel per slot and commit strategy (nothing averaged across strategies), "
+        f"for the {provenance.plural(len(grid), 'point')} at k={grid.k.iloc[0]}"
+        + (f", alpha={grid.alpha.iloc[0]:g}" if (grid.drafter == "oracle").all() else "") + "."
+    ))
+    fig = plots.slot_counters(long)
 
 # %%
-display(Markdown(findings.peer(df)))
-fig = plots.peer_comparison(ok)
+if show["counters"]:
+    display(HTML(tables.counters_html(long)))
+
+# %%
+if show["time_split"]:
+    display(Markdown("## Where a speculative step's time goes, by commit strategy"))
+    fig = plots.time_split(ok)
+
+# %%
+if show["memory"]:
+    fig = plots.memory_by_policy(ok)
+
+# %%
+if show["peer"]:
+    display(Markdown(
+        "## Side by side with onnxruntime-genai\n"
+        "The same model exported in genai's form; og.Generator for greedy, og.MtpGenerator with the real head."
+    ))
+    display(Markdown(findings.peer(df)))
+    fig = plots.peer_comparison(ok)
 
 # %% [markdown]
 # ## All points
 
 # %%
-display(findings.table(df))
+display(HTML(tables.points_html(df)))

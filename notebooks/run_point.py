@@ -13,7 +13,8 @@
 
 # %% [markdown]
 # # One sweep point
-# Greedy baseline and speculative run in one process; writes `result.json` and `point.png` into `run_dir`.
+# Greedy baseline and speculative run in one process; writes `result.json` and `point.png` into
+# `run_dir` (a sweep passes the point's folder; run by hand, results/run_point/<point id>/).
 
 # %% tags=["parameters"]
 preset = "tiny"
@@ -33,14 +34,15 @@ validate = True
 retain_decode_graph_across_spec = True
 max_recaptures = 3
 int4 = False
-run_dir = "."
+run_dir = ""  # empty: results/run_point/<point id>/
 
 # %%
 from pathlib import Path
 
-from mtplab import plots
+from mtplab import plots, workspace
 from mtplab.config import RunConfig
 from mtplab.experiment import run_point, summary
+from mtplab.grid import Point
 
 run = RunConfig(
     preset=preset, k=k, alpha=alpha, drafter=drafter, policy=policy, commit=commit, schedule=schedule,
@@ -48,10 +50,11 @@ run = RunConfig(
     oracle_free_drafts=oracle_free_drafts, validate=validate,
     retain_decode_graph_across_spec=retain_decode_graph_across_spec, max_recaptures=max_recaptures, int4=int4,
 )
+run_dir = Path(run_dir) if run_dir else workspace.output_folder(f"run_point/{Point(run).id}")
 result = run_point(run)
-result.save(Path(run_dir) / "result.json")
+result.save(run_dir / "result.json")
 print(summary(result))
 
 # %%
 fig = plots.point_figure(result.to_dict())
-fig.savefig(Path(run_dir) / "point.png", dpi=110, bbox_inches="tight")
+fig.savefig(run_dir / "point.png", dpi=110, bbox_inches="tight")

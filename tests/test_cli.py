@@ -110,3 +110,37 @@ def test_the_unvalidated_negative_control_runs_to_a_result(tiny, commit, capsys)
     assert main(args + ["--json"]) == 1
     obj = json.loads(capsys.readouterr().out)
     assert obj["lossless"] is False and obj["slots"]["verify"]["hazards"] > 0
+
+
+def _options(parser):
+    """(command, option help) for every option of every subcommand, nested ones too."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from ((f"{name} {c}", h) for c, h in _options(sub))
+        elif action.option_strings and action.dest != "help":
+            yield action.option_strings[-1], parser.formatter_class(parser.prog)._get_help_string(action)
+
+
+def test_help_gives_every_options_default_and_the_choices():
+    from mtplab.cli import parser
+
+    helps = dict(_options(parser()))
+    missing = [name for name, text in helps.items() if "(default" not in text]
+    assert not missing, f"options without a default in --help: {missing}"
+    assert "choices: tiny, small, base" in helps["run --preset"]
+    assert "choices: cpu, cuda" in helps["run --backend"]
+    assert "cuda" in helps["sweep --preset"] and "smoke" in helps["sweep --preset"]
+    assert parser().parse_args(["sweep", "--grid", "smoke"]).preset == "smoke"  # --grid: a spec's preset is the model
+
+
+def test_sweep_runs_one_point_at_a_time_by_default_and_says_why(capsys):
+    from mtplab.cli import parser
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["sweep", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "timings you can trust" in text and "(default: 1)" in text
+    assert parser().parse_args(["sweep", "--preset", "smoke"]).workers == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import jupytext
@@ -33,33 +35,79 @@ def test_parameters_cell_and_jupytext_twin(path):
     )
 
 
-def test_two_slot_story_notebook_runs(tmp_path, tiny):
-    out = tmp_path / "01.ipynb"
-    pm.execute_notebook(
-        str(NB / "01_two_slot_executor.ipynb"),
-        str(out),
-        parameters={"preset": "tiny", "tokens": 48},
-        kernel_name="mtplab",
-        progress_bar=False,
-        cwd=str(tmp_path),
-    )
-    text = out.read_text()
-    assert "sibling (validation off)" in text and "image/png" in text
+def _clone(tmp_path: Path) -> Path:
+    """A fresh clone's files (tracked and untracked, nothing ignored): no results, no executed notebooks."""
+    root = NB.parent
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    clone = tmp_path / "clone"
+    for f in files:
+        if (root / f).is_file():
+            (clone / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / f, clone / f)
+    return clone
 
 
-def test_sweep_notebooks_run_on_a_sweep(tmp_path, tiny):
-    from mtplab import grid
-    from mtplab.sweep import run_sweep
+def _outside_results(clone: Path) -> dict:
+    return {
+        str(p.relative_to(clone)): p.stat().st_mtime_ns
+        for p in clone.rglob("*")
+        if p.is_file() and p.relative_to(clone).parts[0] != "results" and "__pycache__" not in p.parts
+    }
 
-    sweep_dir = run_sweep(grid.load(preset="smoke"), tmp_path / "r", quiet=True)
-    for name in ("02_k_acceptance", "03_arena_and_commit"):
-        out = tmp_path / f"{name}.ipynb"
+
+def test_notebooks_run_from_a_fresh_clone_and_write_only_under_results(tmp_path, tiny, monkeypatch):
+    clone = _clone(tmp_path)
+    monkeypatch.setenv("MTPLAB_RESULTS", str(clone / "results"))  # the clone's results/ (mtplab is the one under test)
+    before = _outside_results(clone)
+    out = clone / "results" / "executed"
+    out.mkdir()
+
+    def run(name: str, **parameters) -> str:
         pm.execute_notebook(
-            str(NB / f"{name}.ipynb"),
-            str(out),
-            parameters={"sweep_dir": str(sweep_dir)},
+            str(clone / "notebooks" / f"{name}.ipynb"),
+            str(out / f"{name}.ipynb"),
+            parameters=parameters,
             kernel_name="mtplab",
             progress_bar=False,
-            cwd=str(tmp_path),
+            cwd=str(clone / "notebooks"),  # as JupyterLab runs them
         )
-        assert out.read_text().count("image/png") >= 3
+        return (out / f"{name}.ipynb").read_text()
+
+    with pytest.raises(pm.PapermillExecutionError, match="make demo"):
+        run("02_k_acceptance")  # results="demo" does not exist yet: the error names the command
+    assert run("02_k_acceptance", quick=True).count("image/png") >= 3  # runs the smoke sweep itself
+    assert run("03_arena_and_commit", quick=True).count("image/png") >= 3
+    text = run("01_two_slot_executor", tokens=32)
+    assert "sibling (validation off)" in text and "image/png" in text
+    assert (clone / "results" / "two-slot-executor" / "counters.png").exists()
+    assert _outside_results(clone) == before
+
+
+def test_run_point_by_hand_writes_its_files_under_results_not_the_cwd(tmp_path, tiny, monkeypatch):
+    monkeypatch.setenv("MTPLAB_RESULTS", str(tmp_path / "results"))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (tmp_path / "results").mkdir()
+    pm.execute_notebook(
+        str(NB / "run_point.ipynb"),
+        str(tmp_path / "results" / "run_point.ipynb"),
+        parameters={"k": 2, "tokens": 16},
+        kernel_name="mtplab",
+        progress_bar=False,
+        cwd=str(cwd),
+    )
+    assert list(cwd.iterdir()) == []
+    point = tmp_path / "results" / "run_point" / "tiny-k2-oracle0.8-sibling-pinned-select-decode-verify-t16-s0-r0"
+    assert {"result.json", "point.png"} <= {f.name for f in point.iterdir()}
+
+
+def test_a_missing_sweep_names_the_command_that_makes_it(tmp_path, monkeypatch):
+    from mtplab import workspace
+
+    monkeypatch.setenv("MTPLAB_RESULTS", str(tmp_path))
+    with pytest.raises(ValueError, match="`make demo`"):
+        workspace.sweep_folder("demo")
+    with pytest.raises(ValueError, match="`mtplab sweep --grid smoke --name mine`"):
+        workspace.sweep_folder("mine")

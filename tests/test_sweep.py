@@ -50,6 +50,19 @@ def test_report_html_embeds_the_figures(smoke):
     assert (smoke.parent / "index.html").read_text().count("report.html") >= 1
 
 
+def test_a_small_sweeps_report_stands_alone_with_no_empty_panel(smoke):
+    html = make_report(smoke).read_text()
+    assert "in this sweep" not in html  # no placeholder panel ("no ... in this sweep")
+    assert "1 points" not in html
+    for provenance in ("fixed parameters", "varied parameters", "repeats", "onnxruntime-genai", "numpy", "load average"):
+        assert provenance in html
+    assert "How to read this report" in html and "Download every point as CSV" in html
+    assert "Recurrent state checked after every commit at 6 of 6 points" in html
+    spec = grid.load(preset="smoke")
+    assert all(p.id in html for p in spec.points)  # full ids, never truncated
+    assert "11.0" not in html  # counters are integers
+
+
 def test_a_relative_results_folder_works(tmp_path, tiny, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = grid.parse({"name": "rel", "defaults": {"preset": "tiny", "tokens": 8}, "k": [1]})

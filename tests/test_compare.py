@@ -1,0 +1,79 @@
+"""`mtplab compare A B`: points matched by their parameters, the ratio B/A, counters that changed, points only in one."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+
+from mtplab import grid
+from mtplab.cli import main
+from mtplab.compare import make_compare, match
+from mtplab.sweep import run_sweep
+
+
+def _spec(name: str, ks: list[int]) -> grid.GridSpec:
+    defaults = {"preset": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.7, "policy": "sibling-pinned"}
+    return grid.parse({"name": name, "defaults": defaults, "k": ks})
+
+
+@pytest.fixture(scope="module")
+def two_sweeps(tmp_path_factory, tiny):
+    """A: k 1, 2. B: k 1, 3 on an engine planted to sleep 5 ms in every commit (a slower engine)."""
+    from conftest import planted_notebooks
+
+    root = tmp_path_factory.mktemp("compare")
+    slow = planted_notebooks(
+        root / "slow-notebooks",
+        [
+            "import time\n",
+            "import mtplab.engine as planted\n",
+            "true_commit = planted.Engine.commit\n",
+            "def slow_commit(self, *a, **kw):\n",
+            "    time.sleep(0.005)\n",
+            "    return true_commit(self, *a, **kw)\n",
+            "planted.Engine.commit = slow_commit\n",
+        ],
+    )
+    a = run_sweep(_spec("a", [1, 2]), root, quiet=True)
+    os.environ["MTPLAB_NOTEBOOKS"] = str(slow)
+    try:
+        b = run_sweep(_spec("b", [1, 3]), root, quiet=True)
+    finally:
+        del os.environ["MTPLAB_NOTEBOOKS"]
+    return a, b
+
+
+def test_compare_shows_the_ratio_the_changed_point_and_points_only_in_one(two_sweeps):
+    a, b = two_sweeps
+    page = make_compare(a, b).read_text()
+    assert "tok/s B/A" in page and "speedup B/A" in page and "data:image/png;base64" in page
+    assert "1 point matched" in page and "1 point changed" in page
+    assert "1 only in A, 1 only in B" in page
+    assert "tiny-k2-oracle0.7" in page.split("Points only in A")[1].split("Points only in B")[0]
+    assert "tiny-k3-oracle0.7" in page.split("Points only in B")[1]
+
+
+def test_the_planted_slow_engine_is_slower_by_the_ratio(two_sweeps):
+    from mtplab import store
+
+    a, b = two_sweeps
+    joined, key, differ = match(store.load(a), store.load(b))
+    k1 = joined[joined.k == 1].iloc[0]
+    assert k1.tokens_per_s_ratio < 0.8 and k1.changed
+    assert "k" in key and differ == {}
+
+
+def test_counters_that_changed_are_named_and_a_differing_fixed_parameter_is_left_out_of_the_key():
+    base = {"point_id": "p", "preset": "tiny", "k": 1, "drafter": "oracle", "alpha": 0.7, "policy": "shared-jit"}
+    a = pd.DataFrame([base | {"backend": "cpu", "tokens_per_s": 100.0, "speedup": 1.0, "slots.verify.fallbacks": 0}])
+    b = pd.DataFrame([base | {"backend": "cuda", "tokens_per_s": 100.0, "speedup": 1.0, "slots.verify.fallbacks": 11}])
+    joined, key, differ = match(a, b)
+    assert differ == {"backend": ("cpu", "cuda")} and "backend" not in key
+    assert joined.counters_changed.iloc[0] == "verify.fallbacks 0&rarr;11" and joined.changed.iloc[0]
+
+
+def test_compare_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path, capsys):
+    assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
+    assert "not a finished sweep" in capsys.readouterr().err

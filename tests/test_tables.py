@@ -1,0 +1,42 @@
+"""Report tables: inapplicable cells empty, full ids, confidence intervals shown when the data has them."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mtplab.provenance import fixed_and_varied
+from mtplab.tables import ci_text, points_html
+
+ROWS = [
+    {"point_id": "tiny-k1-oracle0.7-shared-max-select-decode-verify-t32-s0-r0", "status": "ok", "engine": "mtplab",
+     "drafter": "oracle", "k": 1, "alpha": 0.7, "policy": "shared-max", "commit": "select", "tokens": 32,
+     "speedup": 1.2, "tokens_per_s": 120.0, "lossless": True},
+    {"point_id": "tiny-k2-mtp-shared-max-select-decode-verify-t32-s0-r0", "status": "ok", "engine": "mtplab",
+     "drafter": "mtp", "k": 2, "alpha": 0.8, "policy": "shared-max", "commit": "select", "tokens": 32,
+     "speedup": 1.1, "tokens_per_s": 110.0, "lossless": True},
+    {"point_id": "ort-genai-tiny-k2-mtp-sibling-pinned-select-decode-verify-t32-s0-r0", "status": "ok",
+     "engine": "ort-genai", "drafter": "mtp", "k": 2, "alpha": 0.8, "policy": "sibling-pinned", "commit": "select",
+     "tokens": 32, "speedup": 0.9, "tokens_per_s": 90.0, "lossless": True},
+]
+
+
+def test_cells_that_do_not_apply_are_empty_and_ids_are_whole():
+    other = ROWS[0] | {"point_id": "tiny-k1-oracle0.9-shared-max-select-decode-verify-t32-s0-r0", "alpha": 0.9}
+    html = points_html(pd.DataFrame([*ROWS, other]))
+    assert html.count("<td>0.70</td>") == 1 and html.count("<td>0.80</td>") == 0  # alpha: oracle rows only
+    assert "<td class='text'>sibling-pinned</td>" not in html  # the peer row has no mtplab policy
+    assert all(r["point_id"] in html for r in ROWS) and "..." not in html
+    assert "Download every point as CSV" in html
+
+
+def test_the_header_lists_what_was_fixed_and_what_varied_over_applicable_cells():
+    fixed, varied = fixed_and_varied(pd.DataFrame(ROWS))
+    assert fixed["tokens"] == 32 and fixed["alpha"] == 0.7  # the MTP rows' unused alpha is not a second value
+    assert varied["engine"] == ["mtplab", "ort-genai"] and "policy" not in varied
+
+
+def test_a_speedup_confidence_interval_gets_its_own_column_when_recorded():
+    rows = [r | {"speedup_ci": [r["speedup"] - 0.05, r["speedup"] + 0.05]} for r in ROWS]
+    html = points_html(pd.DataFrame(rows))
+    assert "speedup CI" in html and "1.15-1.25" in html
+    assert ci_text({"low": 0.9, "high": 1.1}) == "0.90-1.10" and ci_text(None) == ""
