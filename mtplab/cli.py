@@ -84,6 +84,7 @@ def _run_config(args) -> tuple[RunConfig | None, list[str]]:
         "retain_decode_graph_across_spec": not args.no_retain,
         "int4": args.int4,
         "engine": args.engine,
+        "rounds": args.rounds,
     }
     problems = [f"--{p}" for p in run_problems(values)]
     if args.alpha is not None and args.drafter == "mtp":
@@ -178,6 +179,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", default="cpu")
     r.add_argument("--seed", type=_number, default=0, help="prompt seed, an integer >= 0")
     r.add_argument("--int4", action="store_true")
+    r.add_argument("--rounds", type=_number, default=3, help="paired greedy/speculative timed rounds (>= 1)")
     r.add_argument("--engine", default="mtplab", help="mtplab, or ort-genai (the onnxruntime-genai peer)")
     r.add_argument("--oracle-free-drafts", action="store_true", help="oracle drafter skips the MTP head")
     r.add_argument("--no-validate", action="store_true", help="negative control: replay without the signature check")

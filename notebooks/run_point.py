@@ -33,6 +33,7 @@ validate = True
 retain_decode_graph_across_spec = True
 max_recaptures = 3
 int4 = False
+rounds = 3
 run_dir = "."
 
 # %%
@@ -47,6 +48,7 @@ run = RunConfig(
     tokens=tokens, backend=backend, seed=seed, engine=engine, prompt_len=prompt_len,
     oracle_free_drafts=oracle_free_drafts, validate=validate,
     retain_decode_graph_across_spec=retain_decode_graph_across_spec, max_recaptures=max_recaptures, int4=int4,
+    rounds=rounds,
 )
 result = run_point(run)
 result.save(Path(run_dir) / "result.json")
