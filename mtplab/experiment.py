@@ -47,6 +47,11 @@ def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> N
         raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
 
 
+def _rate(a: float, b: float) -> float:
+    """a / b, NaN when b is 0 or a is 0 (no tokens timed: nothing to say)."""
+    return a / b if a and b else float("nan")
+
+
 def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, reference: list[int]) -> dict:
     """`rounds` paired rounds of greedy and speculative, the order alternating (G S, S G, G S, ...).
 
@@ -62,17 +67,17 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, referen
         for side in order:
             if side == "greedy":
                 g = engine.greedy(prompt, n, margins=False)
-                sample["greedy_tokens_per_s"] = counted / g.seconds
+                sample["greedy_tokens_per_s"] = _rate(counted, g.seconds)
             else:
                 spec = engine.speculative(prompt, n, reference=reference)
-                sample["tokens_per_s"] = counted / spec["seconds"]
+                sample["tokens_per_s"] = _rate(counted, spec["seconds"])
                 sample["steps"] = len(spec["accepted"])
                 split = {key: split.get(key, 0.0) + v for key, v in spec["split"].items()}
                 accepted, sample["seconds"] = spec["accepted"], spec["seconds"]
                 generated = len(spec["tokens"]) - 1  # after the prefill's token, overshoot included
                 if diverged is None and spec["tokens"][:n] != reference[:n]:
                     diverged = (r, spec["tokens"][:n])
-        sample["speedup"] = sample["tokens_per_s"] / sample["greedy_tokens_per_s"]
+        sample["speedup"] = _rate(sample["tokens_per_s"], sample["greedy_tokens_per_s"])
         samples.append(sample)
     return {"samples": samples, "diverged": diverged, "split": split, "accepted": accepted, "counted": counted,
             "generated": generated}
@@ -138,7 +143,7 @@ def run_mtplab_point(
     calibration = calibration if calibration is not None else calibration_for(run)
     alpha = run.alpha if run.drafter == "oracle" else calibration["mtp_acceptance"]["alpha"]
     predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration)
-    efficiency = [s["speedup"] / predicted["speedup"] for s in samples]
+    efficiency = [_rate(s["speedup"], predicted["speedup"]) for s in samples]
     split = {key: v / run.rounds for key, v in timed["split"].items()}  # per speculative run
     spec_seconds = float(np.mean([s["seconds"] for s in samples]))
     return RunResult(
@@ -153,7 +158,7 @@ def run_mtplab_point(
         tokens=reference.tokens[:n],
         seconds=spec_seconds,
         tokens_per_s=spec_tps["median"],
-        greedy_seconds=timed["counted"] / greedy_tps["median"],
+        greedy_seconds=_rate(timed["counted"], greedy_tps["median"]),
         greedy_tokens_per_s=greedy_tps["median"],
         speedup=speedup["median"],
         steps=steps,
