@@ -35,12 +35,11 @@ def cache_key(preset: str, threads: int) -> dict:
     """What a calibration is valid for: model, machine, threads and onnxruntime version."""
     import onnxruntime
 
-    from .engine import model_for
+    from .model import preset as model_preset
 
-    art = model_for(RunConfig(preset=preset))
     return {
         "preset": preset,
-        "model": art.config.config_hash(),
+        "model": model_preset(preset).config_hash(),
         "machine": f"{platform.node()} / {_cpu_name()}",
         "threads": threads,
         "onnxruntime": onnxruntime.__version__,
@@ -82,7 +81,7 @@ def _acceptance(preset: str, tokens: int) -> dict:
         counts += engine.speculative(prompt_tokens(engine.cfg.vocab_size, PROMPT_LEN, seed), tokens)["accepted"]
     acc = np.asarray(counts, dtype=float)
     per_pos = [float((acc >= i).mean()) for i in range(1, ACCEPTANCE_K + 1)]
-    return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": ACCEPTANCE_SEEDS}
+    return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
 
 
 def measure(preset: str, repeats: int = 5, reps: int = 5, acceptance_tokens: int = 48) -> dict:

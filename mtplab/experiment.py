@@ -23,13 +23,15 @@ def _counters(engine: Engine) -> dict:
     return engine.target.counters() | engine.mtp.counters()
 
 
-def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None) -> RunResult:
+def run_point(
+    run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None, calibration: dict | None = None
+) -> RunResult:
     """One point on the engine the config names: mtplab's own, or the onnxruntime-genai peer."""
     if run.engine == "ort-genai":
         from .peer import run_peer_point
 
         return run_peer_point(run, artifact)
-    return run_mtplab_point(run, artifact, engine)
+    return run_mtplab_point(run, artifact, engine, calibration)
 
 
 # A supplied engine runs its own config; only the run's length may differ from it.
@@ -67,7 +69,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, referen
         for side in order:
             if side == "greedy":
                 g = engine.greedy(prompt, n, margins=False)
-                sample["greedy_tokens_per_s"] = _rate(counted, g.seconds)
+                sample["greedy_tokens_per_s"], sample["greedy_seconds"] = _rate(counted, g.seconds), g.seconds
             else:
                 spec = engine.speculative(prompt, n, reference=reference)
                 sample["tokens_per_s"] = _rate(counted, spec["seconds"])
