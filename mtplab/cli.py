@@ -220,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="measure the cost model's forward, head and commit times (cached)")
     c.add_argument("--preset", default="small")
-    c.add_argument("--repeats", type=_number, default=5, help="interleaved repeats, at least 1")
+    c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
     c.set_defaults(func=_calibrate)
 

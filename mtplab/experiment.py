@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -183,7 +184,7 @@ def run_mtplab_point(
             "acceptance_per_position": theory.per_position(alpha, k),
             "alpha_source": "oracle setting" if run.drafter == "oracle" else "acceptance calibration",
         },
-        env=environment(run.backend) | {"loadavg": list(os.getloadavg())},
+        env=environment(run.backend) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
         lossless=ok,
         verdict=verdict,
         extra={

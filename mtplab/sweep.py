@@ -27,7 +27,7 @@ from .env import environment
 from .kernel import ensure_kernel
 from .lock import folder_lock
 from .pool import EXECUTORS, make_pool
-from .result import write_atomic
+from .result import dumps, write_atomic
 
 LOCK = ".sweep.lock"
 INTERRUPTED = 130  # exit status of a sweep stopped by SIGINT/SIGTERM (128 + SIGINT)
@@ -128,9 +128,11 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
         print(f"sweep {sweep_dir.name}: {len(todo)} of {len(spec.points)} points to run", file=sys.stderr)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     threads = max(1, (os.cpu_count() or 1) // workers)
+    load_start = list(os.getloadavg())
     t0 = time.perf_counter()
     interrupted = False
     if todo:
+        calibrate_sweep(spec, sweep_dir, threads, quiet)
         pool = make_pool(executor, min(workers, len(todo)), sweep_dir, spec, address)
         stopper = Stopper(pool)
         previous = stopper.install()
@@ -171,11 +173,36 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
         "executor": executor,
         "workers": workers,
         "threads_per_point": threads,
+        "loadavg_start": load_start,
+        "loadavg_end": list(os.getloadavg()),
         "env": environment(),
     }
     write_atomic(sweep_dir / "sweep.json", json.dumps(summary, indent=1))
     store.write_index(results_root)
     return sweep_dir
+
+
+def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool) -> None:
+    """The cost model's calibration for every CPU mtplab preset of the sweep, on the points' threads.
+
+    Cached per model, machine, threads and onnxruntime version; written to calibration.json beside the sweep.
+    """
+    from .calibrate import load_or_measure
+
+    presets = sorted({p.run.preset for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"})
+    if not presets:
+        return
+    before = os.environ.get("MTPLAB_THREADS")
+    os.environ["MTPLAB_THREADS"] = str(threads)
+    try:
+        say = (lambda m: None) if quiet else (lambda m: print(f"sweep {sweep_dir.name}: {m}", file=sys.stderr))
+        calibrations = {name: load_or_measure(name, say=say) for name in presets}
+    finally:
+        if before is None:
+            os.environ.pop("MTPLAB_THREADS", None)
+        else:
+            os.environ["MTPLAB_THREADS"] = before
+    write_atomic(sweep_dir / "calibration.json", dumps(calibrations, indent=1))
 
 
 def progress(counts: dict) -> str:
