@@ -117,13 +117,16 @@ def to_genai_form(model: onnx.ModelProto, cfg: ModelConfig, part: str) -> onnx.M
 
 
 def session_options(threads: int) -> dict:
-    """genai's session_options matching mtplab's sessions: same intra-op threads, one inter-op, no spinning."""
+    """genai's session_options matching mtplab's sessions: same intra-op threads, one inter-op thread.
+
+    genai 0.18's session_options take no session config entries, so mtplab's
+    `session.intra_op.allow_spinning=0` cannot be passed: genai decides spinning itself.
+    """
     return {
         "log_id": "onnxruntime-genai",
         "provider_options": [],
         "intra_op_num_threads": threads,
         "inter_op_num_threads": 1,
-        "config_entries": {"session.intra_op.allow_spinning": "0"},
     }
 
 

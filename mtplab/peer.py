@@ -19,7 +19,7 @@ from .result import RunResult
 def exported(art: Artifact):
     """The genai export of an artifact for this process's threads, cached beside it."""
     threads = int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
-    folder = cache_dir() / f"{art.path.name}-genai-t{threads}"
+    folder = cache_dir() / f"{art.path.name}-genai-v2-t{threads}"
     if not (folder / "manifest.json").exists():
         export_genai(art, folder, threads)
     return folder

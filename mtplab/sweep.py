@@ -187,21 +187,22 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool) -> None:
 
     Cached per model, machine, threads and onnxruntime version; written to calibration.json beside the sweep.
     """
-    from .calibrate import load_or_measure
+    import subprocess
+
+    from .calibrate import cache_key, cache_path
 
     presets = sorted({p.run.preset for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"})
     if not presets:
         return
-    before = os.environ.get("MTPLAB_THREADS")
-    os.environ["MTPLAB_THREADS"] = str(threads)
-    try:
-        say = (lambda m: None) if quiet else (lambda m: print(f"sweep {sweep_dir.name}: {m}", file=sys.stderr))
-        calibrations = {name: load_or_measure(name, say=say) for name in presets}
-    finally:
-        if before is None:
-            os.environ.pop("MTPLAB_THREADS", None)
-        else:
-            os.environ["MTPLAB_THREADS"] = before
+    calibrations = {}
+    for name in presets:
+        path = cache_path(cache_key(name, threads))
+        if not path.exists():  # in a child process: onnxruntime's threads must not exist before the pool forks
+            if not quiet:
+                print(f"sweep {sweep_dir.name}: no calibration for {name} on {threads} threads: measuring it", file=sys.stderr)
+            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--preset", name]
+            subprocess.run(cmd, env=os.environ | {"MTPLAB_THREADS": str(threads)}, check=True, capture_output=True)
+        calibrations[name] = json.loads(path.read_text())
     write_atomic(sweep_dir / "calibration.json", dumps(calibrations, indent=1))
 
 
