@@ -7,13 +7,13 @@ import os
 import numpy as np
 
 from . import oracle
-from .stats import summarize
 from .config import RunConfig
 from .engine import Engine, model_for, prompt_tokens
 from .env import environment
 from .genai import GenaiPeer, export_genai, require_genai
 from .model import Artifact, cache_dir
 from .result import RunResult
+from .stats import summarize
 
 
 def exported(art: Artifact):
