@@ -317,3 +317,19 @@ def test_a_cuda_sweep_without_a_gpu_fails_before_writing_anything(tmp_path):
     with pytest.raises(ValueError, match=r"pip install 'mtplab\[gpu\]'"):
         run_sweep(grid.load(preset="cuda"), tmp_path / "results", quiet=True)
     assert not (tmp_path / "results").exists()
+
+
+def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
+    from mtplab import quality, store
+
+    calibration = quality.load_calibration(smoke)
+    assert set(calibration) == {"tiny"} and "target" in calibration["tiny"]
+    summary = json.loads((smoke / "sweep.json").read_text())
+    assert len(summary["loadavg_start"]) == len(summary["loadavg_end"]) == 3
+    df = store.load(smoke)
+    assert (df.rounds.map(lambda v: len(json.loads(v)) if isinstance(v, str) else len(v)) == 3).all()
+    text = quality.quality_markdown(df, summary, calibration)
+    assert "points stable" in text and "T(M)/T(1)" in text and "Threads per point" in text
+    assert not quality.efficiency_table(df).empty
+    for fig in (quality.speedup_with_ci(df, calibration), quality.drift(df)):
+        assert fig.axes
