@@ -10,8 +10,16 @@ import numpy as np
 import pandas as pd
 
 from . import theory
-from .calibrate import format_table
 from .stats import STABLE_HALF_WIDTH
+
+
+def _format_table(calib: dict) -> str:
+    import warnings
+
+    with warnings.catch_warnings():  # a dependency imports tqdm.auto, which warns inside notebooks
+        warnings.simplefilter("ignore")
+        from .calibrate import format_table
+    return format_table(calib)
 
 
 def _ci(col: pd.Series) -> np.ndarray:
@@ -94,7 +102,7 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
         lines.append(f"- Load average (1, 5, 15 min) at start {load[0]}, at end {load[1]}.")
     lines.append(f"- Threads per point: {sweep.get('threads_per_point', 'unknown')}.")
     for calib in calibration.values():
-        lines.append("\n```\n" + format_table(calib) + "\n```")
+        lines.append("\n```\n" + _format_table(calib) + "\n```")
     return "\n".join(lines)
 
 
