@@ -194,7 +194,7 @@ def run_mtplab_point(
             "accounting": accounting(samples, split, steps),
         },
         accepted_per_step=[int(a) for a in timed["accepted"]],
-        rounds=samples,
+        round_samples=samples,
         speedup_ci=speedup["ci"],
         tokens_per_s_ci=spec_tps["ci"],
         greedy_tokens_per_s_ci=greedy_tps["ci"],
@@ -228,7 +228,7 @@ def summary(r: RunResult) -> str:
         + f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']} tokens={c['tokens']} backend={c['backend']}",
         f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
         f"  speculative {r.tokens_per_s:8.1f} tok/s {_ci(r.tokens_per_s_ci, '.1f')}",
-        f"  speedup {r.speedup:.2f}x {_ci(r.speedup_ci, '.2f')}   {len(r.rounds)} paired rounds"
+        f"  speedup {r.speedup:.2f}x {_ci(r.speedup_ci, '.2f')}   {len(r.round_samples)} paired rounds"
         + ("" if r.stable else "   UNSTABLE (CI half-width > 5% of the median)"),
     ]
     if r.predicted:

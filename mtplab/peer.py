@@ -126,7 +126,7 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
             "mtplab_greedy_tokens_per_s": mtplab_greedy["median"],
             "mtplab_greedy_tokens_per_s_ci": mtplab_greedy["ci"],
         },
-        rounds=samples,
+        round_samples=samples,
         speedup_ci=speedup["ci"],
         tokens_per_s_ci=spec_tps["ci"],
         greedy_tokens_per_s_ci=greedy_tps["ci"],

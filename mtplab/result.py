@@ -43,7 +43,7 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
     accepted_per_step: list[int] = field(default_factory=list)
     # Paired timed rounds: every round's samples, medians' 95% bootstrap CIs, stable = CI half-width <= 5%.
-    rounds: list[dict] = field(default_factory=list)
+    round_samples: list[dict] = field(default_factory=list)
     speedup_ci: list[float] = field(default_factory=list)
     tokens_per_s_ci: list[float] = field(default_factory=list)
     greedy_tokens_per_s_ci: list[float] = field(default_factory=list)
@@ -84,7 +84,7 @@ JSON_COLUMNS = (
     "greedy_slots",
     "slot_reasons",
     "model",
-    "rounds",
+    "round_samples",
 )
 
 

@@ -39,19 +39,19 @@ def _calibration(t1: float = 1e-3) -> dict:
 def test_paired_rounds_count_the_same_tokens_on_both_sides(tiny):
     run = RunConfig(preset="tiny", k=2, tokens=20, drafter="oracle", alpha=0.7, rounds=3)
     r = run_point(run, tiny, calibration=_calibration())
-    assert len(r.rounds) == 3 and [s["order"] for s in r.rounds] == [
+    assert len(r.round_samples) == 3 and [s["order"] for s in r.round_samples] == [
         "greedy-speculative",
         "speculative-greedy",
         "greedy-speculative",
     ]
-    for s in r.rounds:  # both rates are (tokens - 1) over their own time from after the prefill
+    for s in r.round_samples:  # both rates are (tokens - 1) over their own time from after the prefill
         assert s["tokens_per_s"] * s["seconds"] == pytest.approx(run.tokens - 1)
         assert s["greedy_tokens_per_s"] * s["greedy_seconds"] == pytest.approx(run.tokens - 1)
         assert s["speedup"] == pytest.approx(s["greedy_seconds"] / s["seconds"])
-    assert r.speedup == pytest.approx(float(np.median([s["speedup"] for s in r.rounds])))
+    assert r.speedup == pytest.approx(float(np.median([s["speedup"] for s in r.round_samples])))
     assert r.speedup_ci[0] <= r.speedup <= r.speedup_ci[1]
     assert len(r.tokens_per_s_ci) == len(r.greedy_tokens_per_s_ci) == 2
-    assert json.loads(r.to_json())["rounds"][0]["round"] == 0
+    assert json.loads(r.to_json())["round_samples"][0]["round"] == 0
 
 
 def test_timed_greedy_without_margins_decodes_the_same_tokens(tiny):

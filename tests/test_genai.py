@@ -85,8 +85,8 @@ def test_without_the_package_the_engine_says_how_to_install(monkeypatch, tiny):
 
 def test_the_peer_point_measures_paired_rounds_with_cis(tiny):
     r = run_point(RunConfig(preset="tiny", k=2, tokens=24, engine="ort-genai", rounds=3), tiny)
-    assert [s["order"] for s in r.rounds] == ["greedy-mtp", "mtp-greedy", "greedy-mtp"]
-    assert all(s["mtplab_greedy_tokens_per_s"] > 0 for s in r.rounds)
+    assert [s["order"] for s in r.round_samples] == ["greedy-mtp", "mtp-greedy", "greedy-mtp"]
+    assert all(s["mtplab_greedy_tokens_per_s"] > 0 for s in r.round_samples)
     assert r.speedup_ci[0] <= r.speedup <= r.speedup_ci[1]
     assert "evaluated" in r.extra["draft_acceptance_denominator"]
 
