@@ -2,7 +2,10 @@
 
 Greedy tokens/s (mtplab's Primary plan replays vs og.Generator) and MTP tokens/s at k = 1..4 with
 the real head (mtplab's `select` commit on both schedules vs og.MtpGenerator), every output checked
-against greedy. Runs are interleaved (A B A B ...) and medians reported, so drift cancels out.
+against greedy. Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
+drift cancels out. Both engines run on the same intra-op threads (genai through genai_config
+session_options), both generators are warmed up, and every run counts the n - 1 tokens after the
+prefill's token, timed from after the prefill.
 
     python benchmarks/peer.py [--rounds 3] [--tokens 128]
 """
@@ -11,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
 from mtplab.config import RunConfig
 from mtplab.engine import Engine, prompt_tokens
 from mtplab.genai import GenaiPeer
 from mtplab.model import build_model, preset
 from mtplab.peer import exported
+from mtplab.stats import summarize
 
 
 def main() -> None:
@@ -37,7 +39,11 @@ def main() -> None:
     }
     greedy_engine = engines[("fused", args.ks[0])]
     reference = greedy_engine.greedy(prompt, n).tokens
-    peer.greedy(prompt, 16)
+    peer.greedy(prompt, 16)  # warm-ups: both genai generators, every mtplab engine
+    for k in args.ks:
+        peer.mtp(prompt, 16, k)
+    for e in engines.values():
+        e.speculative(prompt, 16)
     rates: dict[str, list[float]] = {}
     identical: dict[str, bool] = {}
 
@@ -46,25 +52,31 @@ def main() -> None:
         identical[name] = identical.get(name, True) and tokens[: len(reference)] == reference[: len(tokens)]
 
     for _ in range(args.rounds):
-        g = greedy_engine.greedy(prompt, n)
+        g = greedy_engine.greedy(prompt, n, margins=False)
         record("greedy mtplab", g.tokens, g.seconds, g.decodes)
         tokens, seconds = peer.greedy(prompt, n)
-        record("greedy genai", tokens, seconds, len(tokens))
+        record("greedy genai", tokens, seconds, len(tokens) - 1)
         for k in args.ks:
             for sched in ("decode-verify", "fused"):
                 out = engines[(sched, k)].speculative(prompt, n)
-                record(f"mtp k={k} mtplab {sched}", out["tokens"][:n], out["seconds"], len(out["tokens"]) - 1)
+                record(f"mtp k={k} mtplab {sched}", out["tokens"][:n], out["seconds"], n - 1)
             tokens, seconds, _ = peer.mtp(prompt, n, k)
-            record(f"mtp k={k} genai", tokens, seconds, len(tokens))
-    med = {name: float(np.median(v)) for name, v in rates.items()}
-    print(f"small preset, {n} tokens, medians of {args.rounds} interleaved rounds, tokens/s; identity against greedy")
-    print(f"{'run':34} {'tok/s':>8} {'vs genai greedy':>16} {'identical':>10}")
-    for name, rate in med.items():
-        print(f"{name:34} {rate:8.1f} {rate / med['greedy genai']:15.2f}x {str(identical[name]):>10}")
-    print(f"\nmtplab greedy / genai greedy: {med['greedy mtplab'] / med['greedy genai']:.2f}x")
+            record(f"mtp k={k} genai", tokens, seconds, len(tokens) - 1)
+    med = {name: summarize(v) for name, v in rates.items()}
+    print(f"small preset, {n} tokens, medians [95% CI] of {args.rounds} interleaved rounds, tokens/s; identity")
+    print(f"{'run':34} {'tok/s':>8} {'95% CI':>16} {'identical':>10}")
+    for name, s in med.items():
+        lo, hi = s["ci"]
+        print(f"{name:34} {s['median']:8.1f} [{lo:6.1f}, {hi:6.1f}] {str(identical[name]):>10}")
+
+    def ratio(a: str, b: str) -> str:  # median and CI of the per-round ratios (rounds are paired)
+        r = summarize([x / y for x, y in zip(rates[a], rates[b])])
+        return f"{r['median']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
+
+    print(f"\ngreedy mtplab / genai: {ratio('greedy mtplab', 'greedy genai')}")
     for k in args.ks:
-        best = max(med[f"mtp k={k} mtplab decode-verify"], med[f"mtp k={k} mtplab fused"])
-        print(f"k={k}: mtplab MTP (best schedule) / genai MTP: {best / med[f'mtp k={k} genai']:.2f}x")
+        for sched in ("decode-verify", "fused"):
+            print(f"k={k}: mtplab MTP {sched} / genai MTP: {ratio(f'mtp k={k} mtplab {sched}', f'mtp k={k} genai')}")
 
 
 if __name__ == "__main__":

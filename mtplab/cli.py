@@ -86,6 +86,7 @@ def _run_config(args) -> tuple[RunConfig | None, list[str]]:
         "retain_decode_graph_across_spec": not args.no_retain,
         "int4": args.int4,
         "engine": args.engine,
+        "rounds": args.rounds,
     }
     problems = [f"--{p}" for p in run_problems(values)]
     if args.alpha is not None and args.drafter == "mtp":
@@ -104,6 +105,10 @@ def _run(args) -> int:
     from .experiment import run_point, summary
 
     try:
+        if run.engine == "mtplab":  # the cached calibration, measured first when missing (and said so)
+            from .calibrate import load_or_measure
+
+            load_or_measure(run.preset, say=lambda m: print(f"mtplab run: {m}", file=sys.stderr))
         result = run_point(run)
     except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
         print(f"mtplab run: {err}", file=sys.stderr)
@@ -113,6 +118,29 @@ def _run(args) -> int:
     print(result.to_json() if args.json else summary(result))
     if not result.lossless and not args.allow_mismatch:
         return 1
+    return 0
+
+
+def _calibrate(args) -> int:
+    from .calibrate import cache_key, cache_path, format_table, measure, threads_now
+    from .model.config import PRESETS
+    from .result import dumps, write_atomic
+
+    if args.preset not in PRESETS or not (isinstance(args.repeats, int) and args.repeats >= 1):
+        print(
+            f"mtplab calibrate: --preset {args.preset!r} must be one of {list(PRESETS)} and --repeats "
+            f"{args.repeats!r} an integer >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    calib = measure(args.preset, repeats=args.repeats)
+    text = dumps(calib, indent=1)
+    write_atomic(cache_path(cache_key(args.preset, threads_now())), text)
+    if args.out:
+        from pathlib import Path
+
+        write_atomic(Path(args.out), text)
+    print(format_table(calib))
     return 0
 
 
@@ -227,6 +255,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=_number, default=0, help="prompt seed, an integer >= 0")
     r.add_argument("--max-recaptures", type=_number, default=3, help="invalidations before a slot falls back for good")
     r.add_argument("--int4", action="store_true", help="int4 weights")
+    r.add_argument("--rounds", type=_number, default=3, help="paired greedy/speculative timed rounds (>= 1)")
     r.add_argument("--engine", default="mtplab", help=_help("whose decoder (ort-genai: the onnxruntime-genai peer)", ENGINES))
     r.add_argument("--oracle-free-drafts", action="store_true", help="oracle drafter skips the MTP head")
     r.add_argument("--no-validate", action="store_true", help="negative control: replay without the signature check")
@@ -237,6 +266,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print exactly one JSON object")
     r.add_argument("--out", help="also save the RunResult JSON here")
     r.set_defaults(func=_run)
+
+    c = sub.add_parser("calibrate", help="measure the cost model's forward, head and commit times (cached)", **fmt)
+    c.add_argument("--preset", default="small", help=_help("model", sorted(PRESETS)))
+    c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
+    c.add_argument("--out", help="also write calibration.json here")
+    c.set_defaults(func=_calibrate)
 
     s = sub.add_parser("sweep", help="run a grid of points through papermill", **fmt)
     s.add_argument("spec", nargs="?", help="grid spec YAML (or use --grid)")

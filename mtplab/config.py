@@ -36,6 +36,7 @@ class RunConfig:
     max_recaptures: int = 3
     int4: bool = False
     engine: str = "mtplab"
+    rounds: int = 3  # paired greedy/speculative rounds, timed after the untimed checked pass
 
     def __post_init__(self) -> None:
         validate_run(self)
@@ -77,6 +78,7 @@ RULES = {
     "seed": (_integer(0), "an integer >= 0"),
     "prompt_len": (_integer(1), "an integer >= 1"),
     "max_recaptures": (_integer(0), "an integer >= 0"),
+    "rounds": (_integer(1), "an integer >= 1"),
     "oracle_free_drafts": (_boolean, "true or false (a boolean)"),
     "validate": (_boolean, "true or false (a boolean)"),
     "retain_decode_graph_across_spec": (_boolean, "true or false (a boolean)"),

@@ -198,17 +198,22 @@ class Engine:
         return {n: to_numpy(a) for n, a in self.state.recurrent().items()}
 
     # -- greedy --------------------------------------------------------------------------------
-    def greedy(self, prompt: list[int], n: int, eager: bool = False, keep_logits: int = 0) -> Greedy:
+    def greedy(
+        self, prompt: list[int], n: int, eager: bool = False, keep_logits: int = 0, margins: bool = True
+    ) -> Greedy:
         """Greedy decoding of n tokens at M=1 on Slot.PRIMARY.
 
         Tokens and margins stay on the device until the end: the loop never waits for it (each
         argmax feeds the next decode directly). eager=True runs every decode outside the slot's plan.
         keep_logits=m keeps the first m logits rows (prefill's last, then each decode) for the anchor.
+        margins=False skips the top-2 margins (a timed run: the decoder it measures computes none).
+        Time starts after the prefill; `decodes` = n - 1 tokens are timed (the first is the prefill's).
         """
         xp = self.xp
         out = self._start(prompt)
         row = out["logits"][0, -1]
-        tokens, margins, rows = [xp.argmax(row)], [oracle.top2_margin_xp(xp, row)], [row.copy()][:keep_logits]
+        tokens, rows = [xp.argmax(row)], [row.copy()][:keep_logits]
+        gaps = [oracle.top2_margin_xp(xp, row)] if margins else []
         t0 = time.perf_counter()
         while len(tokens) < n:
             out = self.forward(Slot.PRIMARY, tokens[-1].reshape(1), eager=eager)
@@ -217,8 +222,12 @@ class Engine:
             if len(rows) < keep_logits:
                 rows.append(row.copy())
             tokens.append(xp.argmax(row))
-            margins.append(oracle.top2_margin_xp(xp, row))
-        host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(margins)]))
+            if margins:
+                gaps.append(oracle.top2_margin_xp(xp, row))
+        if margins:
+            host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(gaps)]))
+        else:
+            host = [self.device.read(xp.stack(tokens)), []]
         seconds = time.perf_counter() - t0
         logits = [to_numpy(r) for r in rows]
         return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, logits)

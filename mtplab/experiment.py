@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
-from . import lossless, oracle, theory
+from . import lossless, oracle, stats, theory
 from .config import RunConfig
 from .engine import Engine, prompt_tokens
 from .env import environment
@@ -21,13 +24,15 @@ def _counters(engine: Engine) -> dict:
     return engine.target.counters() | engine.mtp.counters()
 
 
-def run_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None) -> RunResult:
+def run_point(
+    run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None, calibration: dict | None = None
+) -> RunResult:
     """One point on the engine the config names: mtplab's own, or the onnxruntime-genai peer."""
     if run.engine == "ort-genai":
         from .peer import run_peer_point
 
         return run_peer_point(run, artifact)
-    return run_mtplab_point(run, artifact, engine)
+    return run_mtplab_point(run, artifact, engine, calibration)
 
 
 # A supplied engine runs its own config; only the run's length may differ from it.
@@ -45,12 +50,57 @@ def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> N
         raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
 
 
-def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None) -> RunResult:
-    """The lossless check, then greedy, speculative and greedy again, timed, in one RunResult.
+def _rate(a: float, b: float) -> float:
+    """a / b, NaN when b is 0 or a is 0 (no tokens timed: nothing to say)."""
+    return a / b if a and b else float("nan")
+
+
+def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, reference: list[int]) -> dict:
+    """`rounds` paired rounds of greedy and speculative, the order alternating (G S, S G, G S, ...).
+
+    Both sides count exactly the n - 1 tokens after the prefill's token, timed from after the
+    prefill to the n-th token (speculative's overshoot in its last step is not counted). Timed
+    runs do only what their decoders do; the speculative tokens are compared afterwards.
+    """
+    samples, diverged, split, accepted, generated = [], None, {}, [], 0
+    counted = n - 1
+    for r in range(rounds):
+        order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
+        sample = {"round": r, "order": "-".join(order)}
+        for side in order:
+            if side == "greedy":
+                g = engine.greedy(prompt, n, margins=False)
+                sample["greedy_tokens_per_s"], sample["greedy_seconds"] = _rate(counted, g.seconds), g.seconds
+            else:
+                spec = engine.speculative(prompt, n, reference=reference)
+                sample["tokens_per_s"] = _rate(counted, spec["seconds"])
+                sample["steps"] = len(spec["accepted"])
+                split = {key: split.get(key, 0.0) + v for key, v in spec["split"].items()}
+                accepted, sample["seconds"] = spec["accepted"], spec["seconds"]
+                generated = len(spec["tokens"]) - 1  # after the prefill's token, overshoot included
+                if diverged is None and spec["tokens"][:n] != reference[:n]:
+                    diverged = (r, spec["tokens"][:n])
+        sample["speedup"] = _rate(sample["tokens_per_s"], sample["greedy_tokens_per_s"])
+        samples.append(sample)
+    return {"samples": samples, "diverged": diverged, "split": split, "accepted": accepted, "counted": counted,
+            "generated": generated}
+
+
+def calibration_for(run: RunConfig, say=print) -> dict:
+    """The cached cost-model calibration for the run's model, this machine and threads (measured when missing)."""
+    from .calibrate import load_or_measure
+
+    return load_or_measure(run.preset, say=say)
+
+
+def run_mtplab_point(
+    run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None, calibration: dict | None = None
+) -> RunResult:
+    """The lossless check, then `run.rounds` paired timed rounds, in one RunResult.
 
     The checked pass (untimed) runs first and warms every plan up; its counters are the point's
-    slot counters. The greedy baseline is measured before and after the timed speculative run and
-    pooled, so drift over the point cancels out of the speedup.
+    slot counters. The speedup is the median of the rounds' paired ratios, with a bootstrap CI.
+    The prediction comes from the calibration (`mtplab.calibrate`), never from this run's times.
     """
     if engine is not None:
         check_engine(run, engine, artifact)
@@ -68,44 +118,37 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
     slots = _diff(_counters(engine), greedy_slots)
     forwards = {key: v - mark["forwards"].get(key, 0) for key, v in engine.forwards.items()}
     forwards = {key: v for key, v in forwards.items() if v}
-    # Timed: greedy, speculative, greedy again; they do only what the decoders they measure do.
-    greedy = engine.greedy(prompt, n + k + 1)
+    # Timed: paired rounds; they do only what the decoders they measure do.
+    primary = engine.target.state[Slot.PRIMARY]
+    fallbacks = primary.fallbacks
     timed_before = _counters(engine)
-    spec = engine.speculative(prompt, n, reference=reference.tokens)
+    timed = timed_rounds(engine, prompt, n, run.rounds, reference.tokens)
     timed_slots = _diff(_counters(engine), timed_before)
-    tokens = spec["tokens"][:n]
-    timed = oracle.token_identity(tokens, reference.tokens[:n], reference.margins)
-    if identity["token_identical"] and not timed["token_identical"]:
-        identity |= timed | {"diverged_in": "timed run"}
+    if timed["diverged"] is not None:
+        r, tokens = timed["diverged"]
+        check = oracle.token_identity(tokens, reference.tokens[:n], reference.margins)
+        if identity["token_identical"] and not check["token_identical"]:
+            identity |= check | {"diverged_in": f"timed run (round {r})"}
     ok, verdict = oracle.verdict(identity, run.commit, cfg.dtype)
     if not ok:
         oracle.shout(verdict)
-    # Greedy again after the speculative run (A B A): the baseline brackets the measurement.
-    # (After the identity check: it resets the engine's state.)
-    primary = engine.target.state[Slot.PRIMARY]
-    fallbacks = primary.fallbacks
-    again = engine.greedy(prompt, n + k + 1)
-    if primary.fallbacks == fallbacks:
-        baseline = "before and after"
-        greedy_tokens_per_s = (greedy.decodes + again.decodes) / (greedy.seconds + again.seconds)
-    else:  # the Primary slot lost its plan for good (CUDA graph ids spent): not the same baseline any more
-        baseline = "before only: the Primary slot ran eager after the speculative run"
-        greedy_tokens_per_s = greedy.decodes / greedy.seconds
+    baseline = "paired rounds"
+    if primary.fallbacks != fallbacks:  # the Primary slot lost its plan for good (CUDA graph ids spent)
+        baseline = "paired rounds; the Primary slot ran eager in some of them"
+    samples = timed["samples"]
+    speedup = stats.summarize([s["speedup"] for s in samples])
+    spec_tps = stats.summarize([s["tokens_per_s"] for s in samples])
+    greedy_tps = stats.summarize([s["greedy_tokens_per_s"] for s in samples])
 
-    steps = len(spec["accepted"])
-    acc = np.asarray(spec["accepted"], dtype=float)
-    accepted = int(acc.sum())
-    generated = len(spec["tokens"]) - 1  # after the prefill's token, as for greedy
-    tokens_per_s = generated / spec["seconds"]
+    acc = np.asarray(timed["accepted"], dtype=float)
+    steps, accepted = len(acc), int(acc.sum())
     per_position = [float((acc >= i).mean()) if steps else 0.0 for i in range(1, k + 1)]
-    alpha = run.alpha if run.drafter == "oracle" else theory.fit_alpha(per_position)
-    split = spec["split"]
-    per_step = {name: (t / steps if steps else 0.0) for name, t in split.items()}
-    t_draft = per_step["draft"] / k
-    t_greedy = 1.0 / greedy_tokens_per_s
-    predicted = theory.predicted_speedup(
-        alpha, k, t_greedy, per_step["decode"], t_draft, per_step["verify"], per_step["commit"], run.schedule
-    )
+    calibration = calibration if calibration is not None else calibration_for(run)
+    alpha = run.alpha if run.drafter == "oracle" else calibration["mtp_acceptance"]["alpha"]
+    predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration)
+    efficiency = [_rate(s["speedup"], predicted["speedup"]) for s in samples]
+    split = {key: v / run.rounds for key, v in timed["split"].items()}  # per speculative run
+    spec_seconds = float(np.mean([s["seconds"] for s in samples]))
     return RunResult(
         config=run.to_dict(),
         model={
@@ -115,14 +158,14 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
             "parameters": engine.art.manifest["parameters"],
         },
         prompt=prompt,
-        tokens=tokens,
-        seconds=spec["seconds"],
-        tokens_per_s=tokens_per_s,
-        greedy_seconds=(greedy.seconds + again.seconds) / 2,
-        greedy_tokens_per_s=greedy_tokens_per_s,
-        speedup=tokens_per_s / greedy_tokens_per_s,
+        tokens=reference.tokens[:n],
+        seconds=spec_seconds,
+        tokens_per_s=spec_tps["median"],
+        greedy_seconds=_rate(timed["counted"], greedy_tps["median"]),
+        greedy_tokens_per_s=greedy_tps["median"],
+        speedup=speedup["median"],
         steps=steps,
-        tokens_per_step=(generated / steps) if steps else float("nan"),
+        tokens_per_step=timed["generated"] / steps if steps else float("nan"),
         acceptance_length=1.0 + (accepted / steps if steps else 0.0),
         draft_acceptance=accepted / (steps * k) if steps else 0.0,
         acceptance_per_position=per_position,
@@ -136,23 +179,44 @@ def run_mtplab_point(run: RunConfig, artifact: Artifact | None = None, engine: E
         arena={name: a.stats() for name, a in engine.arenas.items()}
         | ({"cuda_graphs": graphs} if (graphs := engine.device.graph_stats()) else {}),
         identity=identity,
-        theory={
-            "alpha": alpha,
-            "tokens_per_step": theory.tokens_per_step(alpha, k, run.schedule),
+        theory=predicted | {
             "acceptance_length": theory.acceptance_length(alpha, k),
             "acceptance_per_position": theory.per_position(alpha, k),
-            "speedup": predicted,
-            "verify_cost_ratio": per_step["verify"] / t_greedy,
-            "draft_cost_ratio": t_draft / t_greedy,
-            "commit_cost_ratio": per_step["commit"] / t_greedy,
-            "decode_cost_ratio": per_step["decode"] / t_greedy,
+            "alpha_source": "oracle setting" if run.drafter == "oracle" else "acceptance calibration",
         },
-        env=environment(run.backend),
+        env=environment(run.backend) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
         lossless=ok,
         verdict=verdict,
-        extra={"greedy_baseline": baseline, "timed_slots": timed_slots},
-        accepted_per_step=[int(a) for a in spec["accepted"]],
+        extra={
+            "greedy_baseline": baseline,
+            "timed_slots": timed_slots,
+            "calibration": calibration["key"],
+            "accounting": accounting(samples, split, steps),
+        },
+        accepted_per_step=[int(a) for a in timed["accepted"]],
+        round_samples=samples,
+        speedup_ci=speedup["ci"],
+        tokens_per_s_ci=spec_tps["ci"],
+        greedy_tokens_per_s_ci=greedy_tps["ci"],
+        stable=speedup["stable"],
+        predicted={"speedup": predicted["speedup"], "alpha": alpha},
+        efficiency=stats.median(efficiency),
+        efficiency_ci=stats.bootstrap_ci(efficiency),
     )
+
+
+def accounting(samples: list[dict], split: dict, steps: int) -> dict:
+    """Accounting check (not a prediction): wall time per step against the sum of the measured split."""
+    if not steps:
+        return {"wall_per_step": float("nan"), "split_per_step": float("nan"), "unaccounted": float("nan")}
+    wall = float(np.mean([s["seconds"] for s in samples])) / steps
+    summed = sum(split.values()) / steps
+    return {"wall_per_step": wall, "split_per_step": summed, "unaccounted": (wall - summed) / wall}
+
+
+def _ci(ci, fmt: str) -> str:
+    lo, hi = (float("nan") if v is None else v for v in ci) if ci else (float("nan"), float("nan"))
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
 def summary(r: RunResult) -> str:
@@ -162,9 +226,17 @@ def summary(r: RunResult) -> str:
         f"mtplab run  engine={c['engine']} preset={c['preset']} k={c['k']} drafter={c['drafter']}"
         + (f" alpha={c['alpha']}" if c["drafter"] == "oracle" else "")
         + f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']} tokens={c['tokens']} backend={c['backend']}",
-        f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s",
-        f"  speculative {r.tokens_per_s:8.1f} tok/s   speedup {r.speedup:.2f}x"
-        + (f"   (theory {r.theory['speedup']:.2f}x)" if "speedup" in r.theory else ""),
+        f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
+        f"  speculative {r.tokens_per_s:8.1f} tok/s {_ci(r.tokens_per_s_ci, '.1f')}",
+        f"  speedup {r.speedup:.2f}x {_ci(r.speedup_ci, '.2f')}   {len(r.round_samples)} paired rounds"
+        + ("" if r.stable else "   UNSTABLE (CI half-width > 5% of the median)"),
+    ]
+    if r.predicted:
+        lines.append(
+            f"  predicted {r.predicted['speedup']:.2f}x from the calibration   efficiency {r.efficiency:.2f} "
+            f"{_ci(r.efficiency_ci, '.2f')}"
+        )
+    lines += [
         f"  tokens/step {r.tokens_per_step:.2f}"
         + (f" (theory {r.theory['tokens_per_step']:.2f})" if "tokens_per_step" in r.theory else "")
         + "   acceptance length "

@@ -14,6 +14,7 @@ The export is the same network with the same weights; only the form differs wher
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -115,7 +116,21 @@ def to_genai_form(model: onnx.ModelProto, cfg: ModelConfig, part: str) -> onnx.M
     return model
 
 
-def genai_config(cfg: ModelConfig, part: str) -> dict:
+def session_options(threads: int) -> dict:
+    """genai's session_options matching mtplab's sessions: same intra-op threads, one inter-op thread.
+
+    genai 0.18's session_options take no session config entries, so mtplab's
+    `session.intra_op.allow_spinning=0` cannot be passed: genai decides spinning itself.
+    """
+    return {
+        "log_id": "onnxruntime-genai",
+        "provider_options": [],
+        "intra_op_num_threads": threads,
+        "inter_op_num_threads": 1,
+    }
+
+
+def genai_config(cfg: ModelConfig, part: str, threads: int = 1) -> dict:
     """genai_config.json for the target (hybrid state keys included) or the MTP head."""
     inputs = {
         "input_ids": "input_ids",
@@ -145,7 +160,7 @@ def genai_config(cfg: ModelConfig, part: str) -> dict:
             "pad_token_id": 0,
             "eos_token_id": [cfg.vocab_size - 1],
             "decoder": {
-                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "session_options": session_options(threads),
                 "filename": "model.onnx",
                 "head_size": cfg.attn_head_dim,
                 "hidden_size": cfg.hidden_size,
@@ -169,15 +184,19 @@ def genai_config(cfg: ModelConfig, part: str) -> dict:
     }
 
 
-def export_genai(art: Artifact, out: str | Path) -> Path:
-    """Write out/target and out/mtp, each model.onnx + genai_config.json, from a built artifact."""
+def export_genai(art: Artifact, out: str | Path, threads: int | None = None) -> Path:
+    """Write out/target and out/mtp, each model.onnx + genai_config.json, from a built artifact.
+
+    threads: the sessions' intra-op threads (default: mtplab's, MTPLAB_THREADS or the core count).
+    """
+    threads = threads or int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
     out = Path(out)
     cfg = art.config
     for part, src in (("target", art.target), ("mtp", art.mtp)):
         folder = out / part
         folder.mkdir(parents=True, exist_ok=True)
         onnx.save(to_genai_form(onnx.load(str(src)), cfg, part), str(folder / "model.onnx"))
-        (folder / "genai_config.json").write_text(json.dumps(genai_config(cfg, part), indent=1))
+        (folder / "genai_config.json").write_text(json.dumps(genai_config(cfg, part, threads), indent=1))
     (out / "manifest.json").write_text(
         json.dumps({"source": str(art.path), "config_hash": cfg.config_hash()}, indent=1)
     )
@@ -199,6 +218,7 @@ class GenaiPeer:
         return params
 
     def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        """n tokens; the time covers the n - 1 after the prefill's token, as mtplab's greedy."""
         gen = self.og.Generator(self.main, self._params(len(prompt) + n))
         gen.append_tokens(np.asarray(prompt, dtype=np.int32))
         gen.generate_next_token()  # the prompt's forward: timed from the first decode, as mtplab's greedy
@@ -210,6 +230,7 @@ class GenaiPeer:
         return tokens, time.perf_counter() - t0
 
     def mtp(self, prompt: list[int], n: int, k: int) -> tuple[list[int], float, dict]:
+        """n tokens (max_length stops it: no overshoot); timed from after the prompt's forward."""
         gen = self.og.MtpGenerator(self.main, self.head, self._params(len(prompt) + n, k))
         gen.append_tokens(np.asarray(prompt, dtype=np.int32))
         t0 = time.perf_counter()

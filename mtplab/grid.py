@@ -26,6 +26,7 @@ DIMENSIONS = (
     "engine",
     "oracle_free_drafts",
     "int4",
+    "rounds",
 )
 TOP_KEYS = ("name", "defaults", "grids", "repeats", "resources", "allow_mismatch", *DIMENSIONS)
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
@@ -67,6 +68,8 @@ class Point:
             parts.insert(0, r.backend)
         if r.int4:
             parts.append("int4")
+        if r.rounds != RunConfig.rounds:
+            parts.append(f"n{r.rounds}")
         if r.oracle_free_drafts:
             parts.append("free")
         return "-".join(parts)

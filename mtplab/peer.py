@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
+
 from . import oracle
 from .config import RunConfig
 from .engine import Engine, model_for, prompt_tokens
@@ -9,14 +13,39 @@ from .env import environment
 from .genai import GenaiPeer, export_genai, require_genai
 from .model import Artifact, cache_dir
 from .result import RunResult
+from .stats import summarize
 
 
 def exported(art: Artifact):
-    """The genai export of an artifact, cached beside it."""
-    folder = cache_dir() / f"{art.path.name}-genai"
+    """The genai export of an artifact for this process's threads, cached beside it."""
+    threads = int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
+    folder = cache_dir() / f"{art.path.name}-genai-v2-t{threads}"
     if not (folder / "manifest.json").exists():
-        export_genai(art, folder)
+        export_genai(art, folder, threads)
     return folder
+
+
+def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, rounds: int) -> dict:
+    """Paired rounds: genai greedy and genai MTP (order alternating), then mtplab's greedy, each round.
+
+    Every side counts the n - 1 tokens after the prefill's token, timed from after the prefill.
+    """
+    samples, last = [], None
+    for r in range(rounds):
+        order = ("greedy", "mtp") if r % 2 == 0 else ("mtp", "greedy")
+        sample: dict = {"round": r, "order": "-".join(order)}
+        for side in order:
+            if side == "greedy":
+                tokens, seconds = peer.greedy(prompt, n)
+                sample["greedy_tokens_per_s"], sample["greedy_tokens"] = (len(tokens) - 1) / seconds, tokens
+            else:
+                tokens, seconds, stats = peer.mtp(prompt, n, k)
+                sample["tokens_per_s"], sample["seconds"], last = (len(tokens) - 1) / seconds, seconds, (tokens, stats)
+        g = engine.greedy(prompt, n, margins=False)
+        sample["mtplab_greedy_tokens_per_s"] = g.decodes / g.seconds
+        sample["speedup"] = sample["tokens_per_s"] / sample["greedy_tokens_per_s"]
+        samples.append(sample)
+    return {"samples": samples, "tokens": last[0], "stats": last[1]}
 
 
 def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResult:
@@ -26,13 +55,20 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
     art = artifact or model_for(run)
     cfg, n = art.config, run.tokens
     prompt = prompt_tokens(cfg.vocab_size, run.prompt_len, run.seed)
-    reference = Engine(run.replace(engine="mtplab"), art).greedy(prompt, n)
+    engine = Engine(run.replace(engine="mtplab"), art)
+    reference = engine.greedy(prompt, n)
     peer = GenaiPeer(exported(art))
-    peer.greedy(prompt, 16)  # warm-up
-    greedy_tokens, greedy_s = peer.greedy(prompt, n)
-    tokens, seconds, stats = peer.mtp(prompt, n, run.k)
-    again_tokens, again_s = peer.greedy(prompt, n)
-    greedy_rate = (len(greedy_tokens) + len(again_tokens)) / (greedy_s + again_s)
+    peer.greedy(prompt, 16)  # warm-ups, both generators
+    peer.mtp(prompt, 16, run.k)
+    measured = peer_rounds(peer, engine, prompt, n, run.k, run.rounds)
+    samples, tokens, stats = measured["samples"], measured["tokens"], measured["stats"]
+    greedy_tokens = samples[0].pop("greedy_tokens")
+    for sample in samples[1:]:
+        sample.pop("greedy_tokens")
+    speedup = summarize([s["speedup"] for s in samples])
+    spec_tps = summarize([s["tokens_per_s"] for s in samples])
+    greedy_tps = summarize([s["greedy_tokens_per_s"] for s in samples])
+    mtplab_greedy = summarize([s["mtplab_greedy_tokens_per_s"] for s in samples])
     identity = oracle.token_identity(tokens, reference.tokens[: len(tokens)], reference.margins)
     greedy_identity = oracle.token_identity(greedy_tokens, reference.tokens[: len(greedy_tokens)], reference.margins)
     identity |= {
@@ -48,7 +84,6 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
         oracle.shout(verdict)
     rounds = max(1, int(stats.get("rounds", 0)))
     accepted, evaluated = int(stats.get("draft_tokens_accepted", 0)), int(stats.get("draft_tokens_evaluated", 0))
-    tokens_per_s = len(tokens) / seconds
     return RunResult(
         config=run.to_dict(),
         model={
@@ -59,11 +94,11 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
         },
         prompt=prompt,
         tokens=tokens,
-        seconds=seconds,
-        tokens_per_s=tokens_per_s,
-        greedy_seconds=(greedy_s + again_s) / 2,
-        greedy_tokens_per_s=greedy_rate,
-        speedup=tokens_per_s / greedy_rate,
+        seconds=float(np.median([s["seconds"] for s in samples])),
+        tokens_per_s=spec_tps["median"],
+        greedy_seconds=(n - 1) / greedy_tps["median"],
+        greedy_tokens_per_s=greedy_tps["median"],
+        speedup=speedup["median"],
         steps=int(stats.get("rounds", 0)),
         tokens_per_step=len(tokens) / rounds,
         acceptance_length=1.0 + accepted / rounds,
@@ -85,7 +120,17 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
         env=environment(run.backend) | {"engine": "onnxruntime-genai " + _genai_version()},
         lossless=ok,
         verdict=verdict,
-        extra={"genai_stats": {k: v for k, v in stats.items() if isinstance(v, (int, float))}},
+        extra={
+            "genai_stats": {k: v for k, v in stats.items() if isinstance(v, (int, float))},
+            "draft_acceptance_denominator": "draft tokens evaluated (og.MtpGenerator.get_stats), last round",
+            "mtplab_greedy_tokens_per_s": mtplab_greedy["median"],
+            "mtplab_greedy_tokens_per_s_ci": mtplab_greedy["ci"],
+        },
+        round_samples=samples,
+        speedup_ci=speedup["ci"],
+        tokens_per_s_ci=spec_tps["ci"],
+        greedy_tokens_per_s_ci=greedy_tps["ci"],
+        stable=speedup["stable"],
     )
 
 

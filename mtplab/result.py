@@ -42,6 +42,16 @@ class RunResult:
     verdict: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     accepted_per_step: list[int] = field(default_factory=list)
+    # Paired timed rounds: every round's samples, medians' 95% bootstrap CIs, stable = CI half-width <= 5%.
+    round_samples: list[dict] = field(default_factory=list)
+    speedup_ci: list[float] = field(default_factory=list)
+    tokens_per_s_ci: list[float] = field(default_factory=list)
+    greedy_tokens_per_s_ci: list[float] = field(default_factory=list)
+    stable: bool = False
+    # From the calibration alone (mtplab.theory.predict); efficiency = measured / predicted speedup.
+    predicted: dict[str, Any] = field(default_factory=dict)
+    efficiency: float = float("nan")
+    efficiency_ci: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,6 +84,7 @@ JSON_COLUMNS = (
     "greedy_slots",
     "slot_reasons",
     "model",
+    "round_samples",
 )
 
 

@@ -27,7 +27,7 @@ from .env import environment
 from .kernel import ensure_kernel
 from .lock import folder_lock
 from .pool import EXECUTORS, make_pool
-from .result import write_atomic
+from .result import dumps, write_atomic
 
 LOCK = ".sweep.lock"
 INTERRUPTED = 130  # exit status of a sweep stopped by SIGINT/SIGTERM (128 + SIGINT)
@@ -135,6 +135,7 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
     t0 = time.perf_counter()
     interrupted = False
     if todo:
+        calibrate_sweep(spec, sweep_dir, threads, quiet)
         pool = make_pool(executor, min(workers, len(todo)), sweep_dir, spec, address)
         stopper = Stopper(pool)
         previous = stopper.install()
@@ -182,6 +183,30 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
     write_atomic(sweep_dir / "sweep.json", json.dumps(summary, indent=1))
     store.write_index(results_root)
     return sweep_dir
+
+
+def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool) -> None:
+    """The cost model's calibration for every CPU mtplab preset of the sweep, on the points' threads.
+
+    Cached per model, machine, threads and onnxruntime version; written to calibration.json beside the sweep.
+    """
+    import subprocess
+
+    from .calibrate import cache_key, cache_path
+
+    presets = sorted({p.run.preset for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"})
+    if not presets:
+        return
+    calibrations = {}
+    for name in presets:
+        path = cache_path(cache_key(name, threads))
+        if not path.exists():  # in a child process: onnxruntime's threads must not exist before the pool forks
+            if not quiet:
+                print(f"sweep {sweep_dir.name}: no calibration for {name} on {threads} threads: measuring it", file=sys.stderr)
+            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--preset", name]
+            subprocess.run(cmd, env=os.environ | {"MTPLAB_THREADS": str(threads)}, check=True, capture_output=True)
+        calibrations[name] = json.loads(path.read_text())
+    write_atomic(sweep_dir / "calibration.json", dumps(calibrations, indent=1))
 
 
 def progress(counts: dict) -> str:

@@ -56,3 +56,33 @@ def predicted_speedup(
     """
     step = t_decode + k * t_draft + t_verify + t_commit
     return tokens_per_step(alpha, k, schedule) * t_greedy / step if step > 0 else float("nan")
+
+
+def accepted_distribution(alpha: float, k: int) -> list[float]:
+    """P(n accepted drafts = j) for j = 0..k under per-position acceptance alpha."""
+    return [alpha**j * (1.0 - alpha) for j in range(k)] + [alpha**k]
+
+
+def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict) -> dict:
+    """A point's speedup from alpha, k, the schedule, the commit and the calibration alone.
+
+    Greedy costs T(1) per token. A step costs [T(1) if decode-verify] + k head steps + T(k+1) +
+    the expected commit cost over the accepted count (commit of j+1 tokens when j drafts pass).
+    No time from the point's own run enters: that is what makes measured/predicted an efficiency.
+    """
+    target, commits = calibration["target"], calibration["commit"][commit]
+    t1 = target["1"]
+    commit_cost = sum(p * commits[str(j + 1)] for j, p in enumerate(accepted_distribution(alpha, k)))
+    step = (t1 if schedule == "decode-verify" else 0.0) + k * calibration["head"] + target[str(k + 1)] + commit_cost
+    per_step = tokens_per_step(alpha, k, schedule)
+    return {
+        "alpha": alpha,
+        "tokens_per_step": per_step,
+        "step_seconds": step,
+        "greedy_seconds_per_token": t1,
+        "speedup": per_step * t1 / step,
+        "verify_cost_ratio": target[str(k + 1)] / t1,
+        "draft_cost_ratio": calibration["head"] / t1,
+        "commit_cost_ratio": commit_cost / t1,
+        "decode_cost_ratio": 1.0 if schedule == "decode-verify" else 0.0,
+    }

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: mtplab
 #     language: python
@@ -98,3 +100,26 @@ if show["peer"]:
 
 # %%
 display(HTML(tables.points_html(df)))
+
+# %% [markdown]
+# ## Measurement quality
+# Every point: an untimed checked pass, then paired timed rounds (greedy and speculative, order
+# alternating); speedup = median of the rounds' ratios with a 95% bootstrap CI; a point is stable
+# when the CI half-width is at most 5% of the median. Predicted curves come from the sweep's
+# calibration (`calibration.json`: forward, head and commit times measured apart from any point),
+# never from a point's own times; efficiency = measured / predicted speedup.
+
+# %%
+from mtplab import quality
+
+calibration = quality.load_calibration(sweep_dir)
+display(Markdown(quality.quality_markdown(df, sweep, calibration)))
+
+# %%
+fig = quality.speedup_with_ci(ok, calibration)
+
+# %%
+display(quality.efficiency_table(ok))
+
+# %%
+fig = quality.drift(df)

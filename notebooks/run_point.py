@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: mtplab
 #     language: python
@@ -34,6 +36,7 @@ validate = True
 retain_decode_graph_across_spec = True
 max_recaptures = 3
 int4 = False
+rounds = 3
 run_dir = ""  # empty: results/run_point/<point id>/
 
 # %%
@@ -49,6 +52,7 @@ run = RunConfig(
     tokens=tokens, backend=backend, seed=seed, engine=engine, prompt_len=prompt_len,
     oracle_free_drafts=oracle_free_drafts, validate=validate,
     retain_decode_graph_across_spec=retain_decode_graph_across_spec, max_recaptures=max_recaptures, int4=int4,
+    rounds=rounds,
 )
 run_dir = Path(run_dir) if run_dir else workspace.output_folder(f"run_point/{Point(run).id}")
 result = run_point(run)

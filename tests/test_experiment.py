@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
-from mtplab.config import RunConfig
-from mtplab.engine import Engine
+from mtplab import theory
+from mtplab.config import COMMITS, RunConfig
+from mtplab.engine import Engine, prompt_tokens
 from mtplab.experiment import run_point
 
 
@@ -19,3 +23,64 @@ def test_an_engine_built_for_another_config_is_refused(tiny, changes):
 def test_an_engine_runs_a_point_of_its_config_at_another_length(tiny):
     built = RunConfig(preset="tiny", k=2, tokens=16)
     assert run_point(built.replace(tokens=24), tiny, Engine(built, tiny)).lossless
+
+
+def _calibration(t1: float = 1e-3) -> dict:
+    """A synthetic calibration: T(M) = t1 * (1 + 0.1 (M-1)), cheap head and commits."""
+    return {
+        "key": {"preset": "tiny", "synthetic": True},
+        "target": {str(m): t1 * (1 + 0.1 * (m - 1)) for m in range(1, 9)},
+        "head": 0.2 * t1,
+        "commit": {s: {str(n): 0.05 * t1 * n for n in range(1, 9)} for s in COMMITS},
+        "mtp_acceptance": {"alpha": 0.6, "per_position": [0.6], "steps": 1, "seeds": [1000]},
+    }
+
+
+def test_paired_rounds_count_the_same_tokens_on_both_sides(tiny):
+    run = RunConfig(preset="tiny", k=2, tokens=20, drafter="oracle", alpha=0.7, rounds=3)
+    r = run_point(run, tiny, calibration=_calibration())
+    assert len(r.round_samples) == 3 and [s["order"] for s in r.round_samples] == [
+        "greedy-speculative",
+        "speculative-greedy",
+        "greedy-speculative",
+    ]
+    for s in r.round_samples:  # both rates are (tokens - 1) over their own time from after the prefill
+        assert s["tokens_per_s"] * s["seconds"] == pytest.approx(run.tokens - 1)
+        assert s["greedy_tokens_per_s"] * s["greedy_seconds"] == pytest.approx(run.tokens - 1)
+        assert s["speedup"] == pytest.approx(s["greedy_seconds"] / s["seconds"])
+    assert r.speedup == pytest.approx(float(np.median([s["speedup"] for s in r.round_samples])))
+    assert r.speedup_ci[0] <= r.speedup <= r.speedup_ci[1]
+    assert len(r.tokens_per_s_ci) == len(r.greedy_tokens_per_s_ci) == 2
+    assert json.loads(r.to_json())["round_samples"][0]["round"] == 0
+
+
+def test_timed_greedy_without_margins_decodes_the_same_tokens(tiny):
+    engine = Engine(RunConfig(preset="tiny", k=2, tokens=16), tiny)
+    prompt = prompt_tokens(engine.cfg.vocab_size, 8, 0)
+    checked, timed = engine.greedy(prompt, 16), engine.greedy(prompt, 16, margins=False)
+    assert timed.tokens == checked.tokens and timed.decodes == checked.decodes == 15
+    assert timed.margins == [] and len(checked.margins) == 16
+
+
+def test_the_prediction_takes_nothing_from_the_points_run(tiny, monkeypatch):
+    run = RunConfig(preset="tiny", k=3, tokens=20, drafter="oracle", alpha=0.8, rounds=2)
+    calib = _calibration()
+    first = run_point(run, tiny, calibration=calib)
+    speculative = Engine.speculative
+
+    def slowed(self, *args, **kwargs):  # test double: the same run, its time split ten times longer
+        out = speculative(self, *args, **kwargs)
+        out["split"] = {key: 10 * v + 1.0 for key, v in out["split"].items()}
+        return out
+
+    monkeypatch.setattr(Engine, "speculative", slowed)
+    second = run_point(run, tiny, calibration=calib)
+    assert second.time_split != first.time_split
+    assert second.predicted == first.predicted
+    assert second.predicted["speedup"] == pytest.approx(theory.predict(0.8, 3, run.schedule, run.commit, calib)["speedup"])
+    assert second.extra["accounting"]["split_per_step"] > first.extra["accounting"]["split_per_step"]
+
+
+def test_an_mtp_point_predicts_from_the_acceptance_calibration(tiny):
+    r = run_point(RunConfig(preset="tiny", k=2, tokens=16, rounds=2), tiny, calibration=_calibration())
+    assert r.predicted["alpha"] == 0.6 and r.theory["alpha_source"] == "acceptance calibration"

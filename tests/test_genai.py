@@ -81,3 +81,21 @@ def test_without_the_package_the_engine_says_how_to_install(monkeypatch, tiny):
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)
     with pytest.raises(ValueError, match=r"pip install 'mtplab\[peer\]'"):
         run_point(RunConfig(preset="tiny", engine="ort-genai", drafter="mtp", tokens=8), tiny)
+
+
+def test_the_peer_point_measures_paired_rounds_with_cis(tiny):
+    r = run_point(RunConfig(preset="tiny", k=2, tokens=24, engine="ort-genai", rounds=3), tiny)
+    assert [s["order"] for s in r.round_samples] == ["greedy-mtp", "mtp-greedy", "greedy-mtp"]
+    assert all(s["mtplab_greedy_tokens_per_s"] > 0 for s in r.round_samples)
+    assert r.speedup_ci[0] <= r.speedup <= r.speedup_ci[1]
+    assert "evaluated" in r.extra["draft_acceptance_denominator"]
+
+
+def test_the_export_runs_genai_on_mtplabs_threads(tmp_path, tiny):
+    import json
+
+    from mtplab.genai import export_genai
+
+    folder = export_genai(tiny, tmp_path / "g", threads=3)
+    options = json.loads((folder / "target" / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    assert options["intra_op_num_threads"] == 3 and options["inter_op_num_threads"] == 1

@@ -330,3 +330,21 @@ def test_a_cuda_sweep_without_a_gpu_fails_before_writing_anything(tmp_path):
     with pytest.raises(ValueError, match=r"pip install 'mtplab\[gpu\]'"):
         run_sweep(grid.load(preset="cuda"), tmp_path / "results", quiet=True)
     assert not (tmp_path / "results").exists()
+
+
+def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
+    from mtplab import quality, store
+
+    calibration = quality.load_calibration(smoke)
+    assert set(calibration) == {"tiny"} and "target" in calibration["tiny"]
+    summary = json.loads((smoke / "sweep.json").read_text())
+    assert all(isinstance(summary[k], float) for k in ("load_start", "load_end"))
+    df = store.load(smoke)
+    assert (df.rounds == 3).all()  # the table's `rounds` is the config's; result.json keeps every round
+    for point in (smoke / "points").iterdir():
+        assert len(json.loads((point / "result.json").read_text())["round_samples"]) == 3
+    text = quality.quality_markdown(df, summary, calibration)
+    assert "points stable" in text and "T(M)/T(1)" in text and "Threads per point" in text
+    assert not quality.efficiency_table(df).empty
+    for fig in (quality.speedup_with_ci(df, calibration), quality.drift(df)):
+        assert fig.axes

@@ -25,3 +25,28 @@ def test_predicted_speedup_is_tokens_per_step_over_step_cost():
         theory.acceptance_length(0.8, 3)
     )
     assert theory.predicted_speedup(0.0, 1, 1.0, 1.0, 0.1, 1.0, 0.0) == pytest.approx(2 / 2.1)
+
+
+CALIBRATION = {
+    "target": {str(m): 1.0 + 0.2 * (m - 1) for m in range(1, 9)},
+    "head": 0.1,
+    "commit": {"select": {str(n): 0.01 * n for n in range(1, 9)}},
+}
+
+
+def test_accepted_distribution_sums_to_one():
+    p = theory.accepted_distribution(0.7, 4)
+    assert len(p) == 5 and sum(p) == pytest.approx(1.0)
+
+
+def test_prediction_from_the_calibration_is_tokens_per_step_over_step_cost():
+    got = theory.predict(0.0, 1, "decode-verify", "select", CALIBRATION)
+    # alpha 0: 2 tokens per step; step = T(1) + head + T(2) + commit(1 token)
+    assert got["speedup"] == pytest.approx(2 * 1.0 / (1.0 + 0.1 + 1.2 + 0.01))
+
+
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_predicted_speedup_rises_with_alpha(schedule, k):
+    s = [theory.predict(a, k, schedule, "select", CALIBRATION)["speedup"] for a in [i / 20 for i in range(21)]]
+    assert all(b >= a for a, b in zip(s, s[1:]))

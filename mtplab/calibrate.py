@@ -1,0 +1,191 @@
+"""The cost model's inputs, measured apart from any point: forward, head and commit times, head acceptance.
+
+`calibrate(preset)` measures, interleaved over `repeats` (each repeat visits every item once, so
+drift spreads over all of them): the target forward T(M) for M = 1..8 on replayed plans (M=1 on
+Primary as greedy decodes, M >= 2 on Verify as the select commit's verify runs), one MTP head
+step, and each commit strategy's cost for n committed tokens = 1..8. It also measures the MTP
+head's acceptance on prompts no point uses. Results are cached per model, machine, threads and
+onnxruntime version; `mtplab.theory.predict` turns them into a point's predicted speedup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import stats, theory
+from .config import COMMITS, RunConfig
+from .env import _cpu_name
+from .executor import Slot
+from .model.config import MAX_TRANSITION_CAPACITY
+from .result import dumps, write_atomic
+
+MAX_M = MAX_TRANSITION_CAPACITY  # verify sizes 1..8 cover k = 0..7
+ACCEPTANCE_SEEDS = (1000, 1001, 1002)  # prompts for the head's acceptance; sweep seeds stay below them
+ACCEPTANCE_K = 4
+PROMPT_LEN = 8
+
+
+def cache_key(preset: str, threads: int) -> dict:
+    """What a calibration is valid for: model, machine, threads and onnxruntime version."""
+    import onnxruntime
+
+    from .model import preset as model_preset
+
+    return {
+        "preset": preset,
+        "model": model_preset(preset).config_hash(),
+        "machine": f"{platform.node()} / {_cpu_name()}",
+        "threads": threads,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def threads_now() -> int:
+    """The ORT intra-op threads the sessions of this process get."""
+    return int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
+
+
+def cache_path(key: dict) -> Path:
+    import hashlib
+
+    root = Path(os.environ.get("MTPLAB_CACHE", Path.home() / ".cache" / "mtplab"))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "calibration" / f"{key['preset']}-{digest}.json"
+
+
+def _median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _acceptance(preset: str, tokens: int) -> dict:
+    """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
+    from .engine import Engine
+
+    run = RunConfig(preset=preset, k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1)
+    engine = Engine(run)
+    counts: list[int] = []
+    for seed in ACCEPTANCE_SEEDS:
+        from .engine import prompt_tokens
+
+        counts += engine.speculative(prompt_tokens(engine.cfg.vocab_size, PROMPT_LEN, seed), tokens)["accepted"]
+    acc = np.asarray(counts, dtype=float)
+    per_pos = [float((acc >= i).mean()) for i in range(1, ACCEPTANCE_K + 1)]
+    return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
+
+
+def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int = 48) -> dict:
+    """Measure the calibration of one preset on this process's threads (see the module docstring)."""
+    from .engine import Engine, prompt_tokens
+
+    t_start = time.perf_counter()
+    run = RunConfig(preset=preset, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1)
+    engine = Engine(run)
+    prompt = prompt_tokens(engine.cfg.vocab_size, PROMPT_LEN, 0)
+    engine._start(prompt)
+    L0 = engine.state.length
+    tok = int(prompt[0])
+    engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.cfg.hidden_size), np.float32))
+
+    def forward(M: int) -> dict:
+        engine.state.length = L0
+        if M == 1:
+            return engine.forward(Slot.PRIMARY, [tok])
+        return engine.forward(Slot.VERIFY, [tok] * M, in_place=False)
+
+    def head() -> None:
+        engine.head.draft(tok, engine.last_hidden, L0, 1)
+
+    def commit(strategy: str, n: int, reps: int) -> float:
+        """Median seconds of one commit of n tokens (the verify it commits from is untimed, run once)."""
+        engine.run_cfg = run.replace(commit=strategy)
+        engine.state.length = L0
+        ver = forward(MAX_M) if strategy == "select" else None  # re-advances restore a snapshot instead
+        for snap, live in zip(engine.snapshot, engine.state.recurrent_arrays()):
+            snap[...] = live
+        times = []
+        for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
+            t0 = time.perf_counter()
+            engine.commit(ver, [tok] * n, L0)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times[1:]))
+
+    samples: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        samples.setdefault(name, []).append(value)
+
+    for _ in range(repeats):
+        for M in range(1, MAX_M + 1):
+            forward(M)  # a changed size recaptures the slot's plan: untimed
+            add(f"target/{M}", _median_time(lambda M=M: forward(M), reps))
+        head()
+        add("head", _median_time(head, reps))
+        for strategy in COMMITS:
+            for n in range(1, MAX_M + 1):
+                add(f"commit/{strategy}/{n}", commit(strategy, n, reps))
+    summary = {name: stats.summarize(v) for name, v in samples.items()}
+
+    def table(prefix: str) -> dict:
+        return {name[len(prefix) :]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
+
+    return {
+        "key": cache_key(preset, threads_now()),
+        "repeats": repeats,
+        "reps_per_sample": reps,
+        "target": table("target/"),
+        "head": summary["head"]["median"],
+        "commit": {s: table(f"commit/{s}/") for s in COMMITS},
+        "ci": {name: s["ci"] for name, s in summary.items()},
+        "mtp_acceptance": _acceptance(preset, acceptance_tokens),
+        "seconds": time.perf_counter() - t_start,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def load_or_measure(preset: str, say=print, **kwargs) -> dict:
+    """The cached calibration for this preset, machine, threads and onnxruntime; measured first when missing."""
+    key = cache_key(preset, threads_now())
+    path = cache_path(key)
+    if path.exists():
+        try:
+            calib = json.loads(path.read_text())
+            if calib.get("key") == key:
+                return calib
+        except (OSError, ValueError):
+            pass
+    say(f"no calibration for {preset} on {key['threads']} threads (onnxruntime {key['onnxruntime']}): measuring it")
+    calib = measure(preset, **kwargs)
+    write_atomic(path, dumps(calib, indent=1))
+    return calib
+
+
+def format_table(calib: dict) -> str:
+    """The calibration as text: T(M) and T(M)/T(1), the head step, commit costs per n."""
+    t1 = calib["target"]["1"]
+    lines = [
+        f"calibration  preset={calib['key']['preset']} threads={calib['key']['threads']} "
+        f"onnxruntime={calib['key']['onnxruntime']} repeats={calib['repeats']}",
+        "  M        " + " ".join(f"{m:>8}" for m in calib["target"]),
+        "  T(M) ms  " + " ".join(f"{v * 1e3:8.3f}" for v in calib["target"].values()),
+        "  T(M)/T(1)" + " ".join(f"{v / t1:8.2f}" for v in calib["target"].values()),
+        f"  head step {calib['head'] * 1e3:.3f} ms ({calib['head'] / t1:.2f} T(1))",
+    ]
+    for strategy, costs in calib["commit"].items():
+        lines.append(f"  commit {strategy:17} n=1..{len(costs)} ms " + " ".join(f"{v * 1e3:.3f}" for v in costs.values()))
+    acc = calib["mtp_acceptance"]
+    lines.append(
+        f"  MTP head acceptance (seeds {list(acc['seeds'])}): alpha {acc['alpha']:.3f}, "
+        "P(accepted>=i) " + " ".join(f"{p:.2f}" for p in acc["per_position"])
+    )
+    return "\n".join(lines)

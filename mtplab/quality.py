@@ -1,0 +1,123 @@
+"""The report's measurement-quality view: CIs, the calibrated prediction, efficiency, drift and load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from . import theory
+from .stats import STABLE_HALF_WIDTH
+
+
+def _format_table(calib: dict) -> str:
+    import warnings
+
+    with warnings.catch_warnings():  # a dependency imports tqdm.auto, which warns inside notebooks
+        warnings.simplefilter("ignore")
+        from .calibrate import format_table
+    return format_table(calib)
+
+
+def _ci(col: pd.Series) -> np.ndarray:
+    """A column of [lo, hi] (lists or JSON text) as an n x 2 float array (NaN where missing)."""
+
+    def pair(v):
+        v = json.loads(v) if isinstance(v, str) else v
+        return [np.nan if x is None else x for x in v] if isinstance(v, (list, tuple)) and len(v) == 2 else [np.nan] * 2
+
+    return np.array([pair(v) for v in col], dtype=float).reshape(-1, 2)
+
+
+def load_calibration(sweep_dir: str | Path) -> dict:
+    """calibration.json beside the sweep: {preset: calibration}; {} when the sweep has none."""
+    path = Path(sweep_dir) / "calibration.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def speedup_with_ci(df: pd.DataFrame, calibration: dict):
+    """Oracle points: measured median speedup with 95% CI bars; predicted curves from the calibration alone."""
+    o = df[(df.drafter == "oracle") & (df.policy == "sibling-pinned") & (df.commit == "select")]
+    schedules = sorted(o.schedule.unique()) or ["decode-verify"]
+    fig, axes = plt.subplots(1, len(schedules), figsize=(6 * len(schedules), 4), squeeze=False)
+    alphas = np.linspace(0.0, 1.0, 51)
+    for ax, schedule in zip(axes[0], schedules):
+        s = o[o.schedule == schedule]
+        for i, k in enumerate(sorted(s.k.unique())):
+            color = plt.cm.viridis(i / max(1, s.k.nunique() - 1))
+            p = s[s.k == k].sort_values("alpha")
+            ci = _ci(p.speedup_ci)
+            err = np.abs(np.vstack([p.speedup - ci[:, 0], ci[:, 1] - p.speedup]))
+            ax.errorbar(p.alpha, p.speedup, yerr=np.nan_to_num(err), fmt="o", color=color, capsize=3, label=f"k={k}")
+            calib = calibration.get(p.preset.iloc[0]) if len(p) else None
+            if calib:
+                pred = [theory.predict(a, int(k), schedule, "select", calib)["speedup"] for a in alphas]
+                ax.plot(alphas, pred, "--", color=color)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(title=f"{schedule}: measured (95% CI) and predicted (dashed)", xlabel="alpha", ylabel="speedup")
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def efficiency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Median efficiency (measured / predicted speedup) and its spread per policy and commit."""
+    m = df[(df.engine == "mtplab") & df.efficiency.notna()]
+    if m.empty:
+        return pd.DataFrame()
+    ci = _ci(m.efficiency_ci)
+    m = m.assign(ci_lo=ci[:, 0], ci_hi=ci[:, 1])
+    return (
+        m.groupby(["policy", "commit"])
+        .agg(points=("efficiency", "size"), efficiency=("efficiency", "median"), worst=("efficiency", "min"),
+             ci_lo=("ci_lo", "median"), ci_hi=("ci_hi", "median"))
+        .round(3)
+    )
+
+
+def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
+    """Per-point CI width, unstable points, greedy drift over the sweep, load, threads and the calibration."""
+    ci = _ci(df.speedup_ci)
+    width = (ci[:, 1] - ci[:, 0]) / 2 / df.speedup.abs()
+    unstable = df[~df.stable.fillna(False).astype(bool)]
+    lines = [
+        f"- Speedup CI half-width over the points: median {np.nanmedian(width):.1%}, worst {np.nanmax(width):.1%} "
+        f"(stable: at most {STABLE_HALF_WIDTH:.0%}); {len(df) - len(unstable)} of {len(df)} points stable."
+        if len(df) and not np.all(np.isnan(width))
+        else "- No speedup CIs in this sweep.",
+    ]
+    if len(unstable):
+        lines.append("- Unstable points: " + ", ".join(f"`{p}`" for p in unstable.point_id))
+    g = df.greedy_tokens_per_s.dropna()
+    if len(g):
+        lines.append(
+            f"- Greedy tok/s over the sweep: min {g.min():.1f}, median {g.median():.1f}, max {g.max():.1f} "
+            f"(drift {g.max() / g.min() - 1:.0%})."
+        )
+    load = [sweep.get("load_start"), sweep.get("load_end")]
+    if None not in load:
+        lines.append(f"- 1-minute load average at the start {load[0]}, at the end {load[1]}.")
+    lines.append(f"- Threads per point: {sweep.get('threads_per_point', 'unknown')}.")
+    for calib in calibration.values():
+        lines.append("\n```\n" + _format_table(calib) + "\n```")
+    return "\n".join(lines)
+
+
+def drift(df: pd.DataFrame):
+    """Greedy tok/s of each point against when it was measured: the machine's drift over the sweep."""
+    fig, ax = plt.subplots(figsize=(6, 3))
+    t = pd.to_numeric(df.get("env.measured_at", pd.Series(dtype=float)), errors="coerce")
+    ok = t.notna() & df.greedy_tokens_per_s.notna()
+    if ok.any():
+        ci = _ci(df.greedy_tokens_per_s_ci[ok])
+        x = (t[ok] - t[ok].min()) / 60
+        y = df.greedy_tokens_per_s[ok]
+        err = np.abs(np.vstack([y - ci[:, 0], ci[:, 1] - y]))
+        ax.errorbar(x, y, yerr=np.nan_to_num(err), fmt="o", capsize=2)
+    ax.set(xlabel="minutes into the sweep", ylabel="greedy tok/s (95% CI)", title="Greedy throughput over the sweep")
+    fig.tight_layout()
+    return fig
+

@@ -1,0 +1,45 @@
+"""The calibration: every cost the prediction needs, measured on the tiny model, cached per key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mtplab import calibrate, theory
+from mtplab.config import COMMITS
+
+
+@pytest.fixture(scope="module")
+def calib(tiny):
+    return calibrate.measure("tiny", repeats=2, reps=2, acceptance_tokens=24)
+
+
+def test_calibration_has_every_cost_the_prediction_needs(calib):
+    assert list(calib["target"]) == [str(m) for m in range(1, 9)]
+    assert all(v > 0 for v in calib["target"].values()) and calib["head"] > 0
+    assert set(calib["commit"]) == set(COMMITS)
+    assert all(list(c) == [str(n) for n in range(1, 9)] for c in calib["commit"].values())
+    assert 0.0 <= calib["mtp_acceptance"]["alpha"] <= 1.0
+    assert all(lo <= hi for lo, hi in calib["ci"].values())
+    for k in (1, 4, 7):
+        for commit in COMMITS:
+            assert theory.predict(0.7, k, "fused", commit, calib)["speedup"] > 0
+
+
+def test_the_table_names_each_cost(calib):
+    text = calibrate.format_table(calib)
+    assert "T(M)/T(1)" in text and "head step" in text and "commit select" in text and "alpha" in text
+
+
+def test_load_or_measure_reuses_the_cache_and_says_when_it_measures(calib, tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path))
+    path = calibrate.cache_path(calibrate.cache_key("tiny", calibrate.threads_now()))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(calib))
+    said = []
+    assert calibrate.load_or_measure("tiny", say=said.append) == calib and said == []
+    monkeypatch.setenv("MTPLAB_THREADS", "1")  # another thread count: another calibration
+    monkeypatch.setattr(calibrate, "measure", lambda preset, **kw: calib | {"key": calibrate.cache_key(preset, 1)})
+    calibrate.load_or_measure("tiny", say=said.append)
+    assert said and "measuring" in said[0]
