@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m ipykernel install --sys-prefix --name mtplab --display-name "mtplab" >/dev/null
 	touch $(STAMP)
 
-.venv-ort-%/.installed:
+.venv-ort-%/.installed: Makefile
 	$(PY) -m venv .venv-ort-$*
-	.venv-ort-$*/bin/python -m pip install -q onnxruntime==$* numpy onnx pytest pytest-timeout
+	.venv-ort-$*/bin/python -m pip install -q onnxruntime==$* numpy onnx tqdm pytest pytest-timeout
 	touch $@
 
 setup: $(STAMP)

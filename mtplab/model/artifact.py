@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from .behaviour import fitted_head
+from .stepper import runnable_providers
 from .config import ModelConfig
 from .forms import check_runtime, choose_form
 from .graph import build_mtp, build_target, mtp_io, target_io
@@ -102,6 +103,8 @@ class Artifact:
 
 def behaviour_line(b: dict) -> str:
     """The build-time behaviour figures in one line (see mtplab.model.behaviour)."""
+    if not b.get("measured", True):
+        return f"NOT MEASURED: {b['why']}"
     free = ["never" if f is None else str(f) for f in b["free_running_departure"]]
     return (
         f"state sensitivity over prompt seeds {b['seeds']}: teacher-forced "
@@ -173,6 +176,8 @@ def _reusable(final: Path, cfg: ModelConfig, key: str, explicit: bool) -> tuple[
         )
     if manifest.get("cache_key") != key:
         return None, "built by another version of the model code"
+    if not manifest.get("behaviour", {}).get("measured", True) and runnable_providers() is not None:
+        return None, "built where its MTP head could not be fitted, which this runtime can do"
     try:
         return load_artifact(final), ""
     except ValueError as err:

@@ -8,12 +8,14 @@ heads do. These figures are measured at build time and stored in the manifest.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from tqdm.auto import tqdm
 
 from .config import ModelConfig
 from .reference import ReferenceMTP, rmsnorm
-from .stepper import Stepper
+from .stepper import Stepper, runnable_providers
 from .weights import Weights, mtp_weights
 
 SEEDS = (0, 1, 2, 3, 4)  # prompt seeds the figures are taken over
@@ -170,7 +172,17 @@ def fitted_head(cfg: ModelConfig, target: Weights, target_model: bytes | str) ->
 
     target: the target's weights (effective ones where quantized); target_model: its ONNX graph.
     """
-    step = Stepper(cfg, target_model)
+    providers = runnable_providers()
+    if providers is None:
+        import onnxruntime
+
+        why = (
+            f"onnxruntime {onnxruntime.__version__} has no provider here that runs GatedDeltaNet, so the target "
+            "cannot generate the head's training text: MTP head left unfitted, behaviour not measured"
+        )
+        print(f"WARNING: {why}", file=sys.stderr)
+        return mtp_weights(cfg, target), {"measured": False, "why": why}
+    step = Stepper(cfg, target_model, providers=providers)
     traces = head_training_text(step, cfg.head_fit_tokens)
     head = fit_head(cfg, mtp_weights(cfg, target), traces + nearby_text(step, traces, NEARBY_COPIES))
-    return head, state_sensitivity(step, head=head)
+    return head, {"measured": True, "provider": providers[0]} | state_sensitivity(step, head=head)

@@ -19,7 +19,7 @@ from .graph import NP
 class Stepper:
     """One sequence on the target: KV, conv and GatedDeltaNet state held as host arrays."""
 
-    def __init__(self, cfg: ModelConfig, target: str | Path | bytes, threads: int = 0):
+    def __init__(self, cfg: ModelConfig, target: str | Path | bytes, threads: int = 0, providers=None):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -29,7 +29,7 @@ class Stepper:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.cfg = cfg
         model = target if isinstance(target, bytes) else str(target)
-        self.session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(model, so, providers=providers or ["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.T = NP[cfg.dtype]
         self.reset()
@@ -98,3 +98,17 @@ class Stepper:
         for n, a in self.recurrent().items():
             a[...] = saved[n]
         return logits
+
+
+def runnable_providers() -> list[str] | None:
+    """Providers that can run the target here: the CPU when its GatedDeltaNet kernel exists (onnxruntime
+    >= 1.32), else CUDA when present (onnxruntime-gpu 1.30/1.31 ship the kernel for CUDA only), else None."""
+    import onnxruntime as ort
+
+    from .forms import cpu_runs_gated_delta_net
+
+    if cpu_runs_gated_delta_net():
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return None
