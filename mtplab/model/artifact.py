@@ -18,10 +18,10 @@ import numpy as np
 import onnx
 
 from .behaviour import fitted_head
-from .stepper import runnable_providers
 from .config import ModelConfig
 from .forms import check_runtime, choose_form
 from .graph import build_mtp, build_target, mtp_io, target_io
+from .stepper import runnable_providers
 from .weights import target_weights
 
 REQUIRED_OPS = {
