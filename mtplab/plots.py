@@ -60,7 +60,7 @@ def _policy_order(policies) -> list[str]:
 
 
 def predicted_curve(s: pd.DataFrame, k: int, schedule: str, alphas: np.ndarray) -> np.ndarray:
-    """Leviathan speedup over alphas with the median measured cost ratios of these points (greedy = 1)."""
+    """Leviathan speedup over alphas with the calibration's cost ratios recorded on these points (greedy = 1)."""
     from .theory import predicted_speedup
 
     c = {n: float(s[f"theory.{n}_cost_ratio"].median()) for n in ("decode", "draft", "verify", "commit")}
@@ -152,7 +152,7 @@ def _per_schedule(df: pd.DataFrame, metric: str, scale, ylabel: str, title: str,
 
 
 def speedup_vs_alpha(df: pd.DataFrame):
-    """Speedup over greedy against alpha, one line per k; theory dashed (Leviathan with measured cost ratios)."""
+    """Speedup over greedy against alpha, one line per k; theory dashed (Leviathan with the calibration's cost ratios)."""
 
     def greedy_line(ax, s):
         ax.axhline(1.0, color="gray", lw=1)

@@ -29,7 +29,7 @@ table.points td, table.points th, table.counters td, table.counters th, table.pr
 table.provenance th, table.provenance td, table.points td.text, table.counters td.text,
   table.points th, table.counters th {text-align: left !important}
 table.provenance th, table.points td.text, table.points th, table.counters td.text {white-space: nowrap}
-table.points td.id {text-align: left !important; word-break: break-all; max-width: 330px; font-family: monospace;
+table.points td.id {text-align: left !important; word-break: break-all; min-width: 280px; max-width: 330px; font-family: monospace;
   font-size: 11px}
 </style>"""
 

@@ -42,7 +42,7 @@ if show["alpha_grid"]:
     display(Markdown(
         "## Speedup against acceptance\n"
         "Oracle drafter (controlled per-position acceptance alpha; performance only, never accuracy). "
-        "Solid: measured. Dashed: predicted from alpha and the step's measured cost ratios."
+        "Solid: measured. Dashed: predicted from alpha and the calibration's cost ratios (measured apart from any point)."
     ))
     fig = plots.speedup_vs_alpha(ok)
 
