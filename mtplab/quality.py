@@ -90,7 +90,9 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
         else "- No speedup CIs in this sweep.",
     ]
     if len(unstable):
-        lines.append("- Unstable points: " + ", ".join(f"`{p}`" for p in unstable.point_id))
+        shown = ", ".join(f"`{p}`" for p in unstable.point_id[:8])
+        more = f" and {len(unstable) - 8} more (the points table has every CI)" if len(unstable) > 8 else ""
+        lines.append(f"- Unstable points ({len(unstable)}): {shown}{more}")
     g = df.greedy_tokens_per_s.dropna()
     if len(g):
         lines.append(
@@ -109,7 +111,8 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
 def drift(df: pd.DataFrame):
     """Greedy tok/s of each point against when it was measured: the machine's drift over the sweep."""
     fig, ax = plt.subplots(figsize=(6, 3))
-    t = pd.to_numeric(df.get("env.measured_at", pd.Series(dtype=float)), errors="coerce")
+    env = df["env"] if "env" in df else pd.Series(dtype=object)
+    t = pd.to_numeric(env.map(lambda e: (json.loads(e) if isinstance(e, str) else e or {}).get("measured_at")))
     ok = t.notna() & df.greedy_tokens_per_s.notna()
     if ok.any():
         ci = _ci(df.greedy_tokens_per_s_ci[ok])
