@@ -193,10 +193,6 @@ class Engine:
         self.state.length = len(prompt)
         return out
 
-    def recurrent_state(self) -> dict[str, np.ndarray]:
-        """The committed GDN and conv states as host arrays (what the lossless check compares)."""
-        return {n: to_numpy(a) for n, a in self.state.recurrent().items()}
-
     # -- greedy --------------------------------------------------------------------------------
     def greedy(
         self, prompt: list[int], n: int, eager: bool = False, keep_logits: int = 0, margins: bool = True

@@ -23,7 +23,7 @@ from .arena import to_numpy
 from .model import Artifact
 from .model.reference import ReferenceModel, weights_from_onnx
 from .model.stepper import Stepper
-from .oracle import STATE_TOLERANCE, token_identity
+from .oracle import STATE_TOLERANCE, tensor_difference, token_identity
 
 ANCHOR_TOKENS = 4  # decoded tokens the float64 anchor checks after the prefill
 # The anchor compares ONNX Runtime's logits with float64 numpy: rounding of the run's dtype only.
@@ -114,12 +114,9 @@ class Lockstep:
         self.commits += 1
         self.advance_to(length)
         for name, ref in self.stepper.recurrent().items():
-            live = to_numpy(state[name])
-            diff = np.abs(live.astype(np.float64) - ref.astype(np.float64))
-            non_finite = not np.isfinite(diff).all()
-            worst = float("inf") if non_finite else float(diff.max())
+            worst, same = tensor_difference(to_numpy(state[name]), ref)
+            non_finite = worst == float("inf")
             self.max_abs_diff = max(self.max_abs_diff, worst)
-            same = np.array_equal(live, ref)
             self.bitwise &= same
             bad = non_finite or worst > self.tolerance or (self.bitwise_required and not same)
             if bad and self.first_divergence is None:

@@ -41,17 +41,19 @@ def token_identity(spec: list[int], greedy: list[int], greedy_margins: list[floa
     }
 
 
-def state_identity(state: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict:
-    """Max abs difference over every GDN and conv state, and whether all are bitwise equal.
+def tensor_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, bool]:
+    """(max abs difference, bitwise equal) of two tensors; a NaN or Inf makes the difference infinite,
+    so it never passes a tolerance."""
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    return (float(diff.max()) if np.isfinite(diff).all() else float("inf")), bool(np.array_equal(a, b))
 
-    A NaN or Inf anywhere makes the difference infinite: it never passes a tolerance.
-    """
+
+def state_identity(state: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict:
+    """Max abs difference over every GDN and conv state, and whether all are bitwise equal."""
     if set(state) != set(reference):
         raise ValueError(f"state names differ: {sorted(set(state) ^ set(reference))}")
-    diffs = [np.abs(np.asarray(state[n], np.float64) - np.asarray(reference[n], np.float64)) for n in state]
-    diff = max((float(d.max()) if np.isfinite(d).all() else float("inf")) for d in diffs)
-    bitwise = all(np.array_equal(state[n], reference[n]) for n in state)
-    return {"state_max_abs_diff": diff, "state_bitwise": bitwise}
+    diffs = [tensor_difference(state[n], reference[n]) for n in state]
+    return {"state_max_abs_diff": max(d for d, _ in diffs), "state_bitwise": all(same for _, same in diffs)}
 
 
 def _fmt(x) -> str:

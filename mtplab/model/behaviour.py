@@ -36,12 +36,15 @@ def _top2(row: np.ndarray) -> float:
     return float(top[1] - top[0])
 
 
-def greedy_trace(step: Stepper, tokens: list[int], n: int, zero_state: bool = False) -> dict:
+def greedy_trace(
+    step: Stepper, tokens: list[int], n: int, zero_state: bool = False, teacher_forced: bool = True
+) -> dict:
     """Greedy decoding of n tokens after `tokens` on a fresh sequence.
 
-    Returns tokens, the hidden state of every position that produced one (pre-norm, the MTP head's
-    input), top-2 margins, and (teacher-forced) whether zeroing the recurrent state for that one
-    forward changes the argmax. zero_state=True zeroes the state before every forward instead.
+    Returns the prompt, tokens, the hidden state of every position that produced one (pre-norm, the
+    MTP head's input), top-2 margins, and (teacher_forced) whether zeroing the recurrent state for
+    that one forward changes the argmax, which costs a second forward per position.
+    zero_state=True zeroes the state before every forward instead.
     """
     step.reset()
     out = step.forward(tokens)
@@ -50,14 +53,14 @@ def greedy_trace(step: Stepper, tokens: list[int], n: int, zero_state: bool = Fa
     while len(gen) < n:
         if zero_state:
             step.zero_recurrent()
-        elif len(gen) > WARM_POSITIONS:
+        elif teacher_forced and len(gen) > WARM_POSITIONS:
             flips.append(int(step.forward_without_state(gen[-1]).argmax()))
         out = step.forward([gen[-1]])
         hidden.append(out["hidden"][0])
         margins.append(_top2(out["logits"][0]))
         gen.append(int(out["logits"][0].argmax()))
     changed = [a != b for a, b in zip(flips, gen[WARM_POSITIONS + 1 :])]
-    return {"tokens": gen, "hidden": np.stack(hidden), "margins": margins, "changed": changed}
+    return {"prompt": list(tokens), "tokens": gen, "hidden": np.stack(hidden), "margins": margins, "changed": changed}
 
 
 def state_sensitivity(step: Stepper, seeds=SEEDS, n: int = FIGURE_TOKENS, head: Weights | None = None) -> dict:
@@ -101,7 +104,7 @@ def head_training_text(step: Stepper, tokens: int, length: int = 128) -> list[di
     n = min(length, step.cfg.max_seq_len - PROMPT_LEN)
     count = -(-tokens // (n - 1))
     seeds = tqdm(range(10_000, 10_000 + count), desc="head fit text", leave=False, disable=None)
-    return [greedy_trace(step, prompt(step.cfg, seed), n) for seed in seeds]
+    return [greedy_trace(step, prompt(step.cfg, seed), n, teacher_forced=False) for seed in seeds]
 
 
 def nearby_text(step: Stepper, traces: list[dict], copies: int, share: float = 0.1) -> list[dict]:
@@ -113,14 +116,15 @@ def nearby_text(step: Stepper, traces: list[dict], copies: int, share: float = 0
     cfg, out = step.cfg, []
     rng = np.random.default_rng(cfg.seed)
     for _ in range(copies):
-        for i, t in enumerate(traces):
-            seq = np.asarray(prompt(cfg, 10_000 + i) + t["tokens"], dtype=np.int64)
+        for t in traces:
+            P = len(t["prompt"])
+            seq = np.asarray(t["prompt"] + t["tokens"], dtype=np.int64)
             swap = rng.random(seq.size) < share
-            swap[:PROMPT_LEN] = False
+            swap[:P] = False
             seq[swap] = rng.integers(0, cfg.vocab_size, int(swap.sum()))
             step.reset()
             hidden = step.forward(seq)["hidden"]
-            out.append({"tokens": [int(x) for x in seq[PROMPT_LEN:]], "hidden": hidden[PROMPT_LEN - 1 : -1]})
+            out.append({"tokens": [int(x) for x in seq[P:]], "hidden": hidden[P - 1 : -1]})
     return out
 
 
