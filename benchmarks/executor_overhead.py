@@ -29,12 +29,12 @@ def main() -> None:
     art = build_model(preset("tiny"))
     cfg = art.config
     session = make_session(art.target)
-    state = TargetState.allocate(cfg, Arena("main"))
+    state = TargetState.allocate(art.description, Arena("main"))
     arena = Arena("shared")
     ex = Executor(
         {Slot.PRIMARY: session, Slot.VERIFY: session}, {Slot.PRIMARY: SlotMemory(arena), Slot.VERIFY: SlotMemory(arena)}
     )
-    big = target_io(cfg, state, np.zeros(args.k + 1, dtype=np.int64))
+    big = target_io(state.desc, state, np.zeros(args.k + 1, dtype=np.int64))
     for n, v in big[0].items():
         arena.reserve(f"feed.{n}", v.shape, v.dtype)
     for n, (s, d) in big[1].items():
@@ -44,7 +44,7 @@ def main() -> None:
     for rep in range(args.runs + 3):
         for slot, M in ((Slot.PRIMARY, 1), (Slot.VERIFY, args.k + 1)):
             state.length = 16
-            feeds, outputs, bound = target_io(cfg, state, np.arange(M) % cfg.vocab_size)
+            feeds, outputs, bound = target_io(state.desc, state, np.arange(M) % cfg.vocab_size)
             plain = dict(feeds)
             plain.update({n: a for n, a, out in bound if not out})
             for how in HOW:

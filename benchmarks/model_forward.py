@@ -26,14 +26,14 @@ def measure(name: str, repeats: int, int4: bool = False) -> dict[int, float]:
     art = build_model(preset(name, weight_format="int4" if int4 else "fp32"))
     cfg = art.config
     main = Arena("main")
-    state = TargetState.allocate(cfg, main)
+    state = TargetState.allocate(art.description, main)
     session = make_session(art.target)
     execs = {M: Executor({Slot.PRIMARY: session}, {Slot.PRIMARY: SlotMemory(Arena(f"M{M}"))}) for M in MS}
     times: dict[int, list[float]] = {M: [] for M in MS}
     for rep in range(repeats + 3):
         for M in MS:
             state.length = 16
-            feeds, outputs, bound = target_io(cfg, state, np.arange(M) % cfg.vocab_size)
+            feeds, outputs, bound = target_io(state.desc, state, np.arange(M) % cfg.vocab_size)
             t0 = time.perf_counter()
             execs[M].run(Slot.PRIMARY, feeds, outputs, bound)
             if rep >= 3:  # warm-up, capture, first replay

@@ -78,7 +78,7 @@ def _acceptance(preset: str, tokens: int) -> dict:
     for seed in ACCEPTANCE_SEEDS:
         from .engine import prompt_tokens
 
-        counts += engine.speculative(prompt_tokens(engine.cfg.vocab_size, PROMPT_LEN, seed), tokens)["accepted"]
+        counts += engine.speculative(prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, seed), tokens)["accepted"]
     acc = np.asarray(counts, dtype=float)
     per_pos = [float((acc >= i).mean()) for i in range(1, ACCEPTANCE_K + 1)]
     return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
@@ -91,11 +91,11 @@ def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int
     t_start = time.perf_counter()
     run = RunConfig(preset=preset, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1)
     engine = Engine(run)
-    prompt = prompt_tokens(engine.cfg.vocab_size, PROMPT_LEN, 0)
+    prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine._start(prompt)
     L0 = engine.state.length
     tok = int(prompt[0])
-    engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.cfg.hidden_size), np.float32))
+    engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
 
     def forward(M: int) -> dict:
         engine.state.length = L0

@@ -1,12 +1,17 @@
 """Rebuilding the recurrent state for an accepted prefix (approach B, `commit="select"`).
 
-GatedDeltaNet emits, per token, compact transition factors (decay, key, delta) laid out
+Two forms, chosen by the model description's `select`:
+- "transitions" (the built-in model): GatedDeltaNet emits, per token, compact transition factors (decay, key, delta) laid out
 struct-of-arrays over the capacity C: [C x Hv decays | C x Hk*Dk keys | C x Hv*Dv deltas].
 Replaying the first n gives the state after n tokens: S = decay*S + outer(delta, key).
+- "replay-op" (builder models): mtplab's copy of the graph also outputs each LinearAttention's
+  per-token inputs; the accepted prefix is replayed through that same op, in a graph of its own.
 The conv carry is the last (kernel-1) rows of [carry, conv inputs of the accepted tokens].
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,8 +46,13 @@ def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> Non
         state += delta[t][:, :, None] * xp.repeat(key[t], rep, axis=0)[:, None, :]
 
 
-def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int) -> None:
-    """Set a conv carry [1, k-1, C] in place to its value after the first n of conv_input [1, M, C]."""
+def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int, channels_first: bool = False) -> None:
+    """Set a conv carry [1, k-1, C] in place to its value after the first n of conv_input [1, M, C].
+
+    channels_first: the carry is [1, C, k-1] and the input [1, C, M] (the builder's CausalConvWithState).
+    """
+    if channels_first:
+        conv_state, conv_input = conv_state.transpose(0, 2, 1), conv_input.transpose(0, 2, 1)
     width = conv_state.shape[1]
     if n >= width:
         conv_state[0] = conv_input[0, n - width : n]
@@ -50,3 +60,23 @@ def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int) -> None
         kept = conv_state[0, n:].copy()
         conv_state[0, : width - n] = kept
         conv_state[0, width - n :] = conv_input[0, :n]
+
+
+def select_commit(desc, device) -> Callable:
+    """select's state update for this model on this device: apply(state, verify outputs, n accepted)."""
+    io = desc.target
+    if desc.select == "transitions":
+        cfg = desc.config
+        replay = device.transition_replay(cfg)
+
+        def apply(st, ver: dict, n: int) -> None:
+            for i, roles in io.select_outputs.items():
+                replay(st.gdn[i], ver[roles["transitions"].name], n)
+                rebuild_conv(st.conv[i], ver[roles["conv_input"].name], n)
+
+        return apply
+    if desc.select == "replay-op":
+        from .model.surgery import OpReplay
+
+        return OpReplay(desc, device)
+    raise ValueError(desc.commit_problem("select"))

@@ -62,6 +62,24 @@ class Device:
         pool = self.new_pool() if private and self.new_pool is not None else self.shared_pool
         return Arena(name, xp=self.xp, pool=pool)
 
+    def check_model(self, desc) -> None:
+        """ValueError if this device cannot run the model as described (before any session is made)."""
+        if self.name == "cuda" and desc.dtype != "float16":
+            raise ValueError(
+                f"{desc.name} is a {desc.dtype} build: the CUDA backend needs an fp16 build "
+                "(GroupQueryAttention on CUDA is fp16/bf16 only): mtplab model build --dtype fp16"
+            )
+
+    def transition_replay(self, cfg) -> Callable:
+        """select's GatedDeltaNet transition replay: one CuPy kernel per layer on CUDA, numpy on the CPU."""
+        if self.name == "cuda":
+            from .cuda import DeviceReplay
+
+            return DeviceReplay(cfg)
+        from .commit import replay_transitions
+
+        return functools.partial(replay_transitions, cfg)
+
     def graph_stats(self) -> dict:
         ids = getattr(self.backend, "ids", None)
         return ids.stats() if ids is not None else {}

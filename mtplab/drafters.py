@@ -1,50 +1,57 @@
-"""Drafters: the model's MTP head, and a controlled-acceptance oracle for performance studies."""
+"""Drafters: the model's MTP head, and a controlled-acceptance oracle for performance studies.
+
+Both take the same calls: prefill(tokens, hidden) once per generation, then
+draft(first, hidden, position, k) per step: k draft tokens following `first`, the token at
+`position + 1`, given the target's hidden state at `position`; a device array [k] (int64).
+"""
 
 from __future__ import annotations
 
 import hashlib
+from typing import Protocol
 
 import numpy as np
 
 from .arena import array_module
 from .executor import Executor, Slot
-from .model import ModelConfig
+from .model.description import ModelDescription
 from .runtime import MtpState, mtp_io
 
 
+class Drafter(Protocol):
+    def prefill(self, tokens: list[int], hidden) -> None: ...
+    def draft(self, first, hidden, position: int, k: int): ...
+
+
 class MtpDrafter:
-    """Chained drafting with the MTP head: (next token, hidden) -> logits, mtp_hidden -> next draft."""
+    """Chained drafting with the MTP head: (next token, hidden) -> logits, head hidden -> next draft."""
 
-    def __init__(self, cfg: ModelConfig, executor: Executor, state: MtpState, forwards: dict):
-        self.cfg, self.executor, self.state, self.forwards = cfg, executor, state, forwards
+    def __init__(self, desc: ModelDescription, executor: Executor, state: MtpState, forwards: dict):
+        self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
 
-    def prefill(self, tokens: list[int], hidden: np.ndarray) -> None:
+    def prefill(self, tokens: list[int], hidden) -> None:
         """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j."""
-        M = len(tokens)
-        feeds, outputs, bound = mtp_io(self.cfg, self.state, 0, np.zeros(self.cfg.hidden_size), 0)
-        feeds["input_ids"] = np.asarray(tokens, dtype=np.int64).reshape(1, M)
-        feeds["hidden_states"] = hidden.reshape(1, M, -1).astype(feeds["hidden_states"].dtype)
-        feeds["seqlens_k"] = np.array([M - 1], dtype=np.int32)
-        if "query_seqlens" in feeds:
-            feeds["query_seqlens"] = np.array([M], dtype=np.int32)
-        outputs = {n: ((1, M) + shape[2:], dt) for n, (shape, dt) in outputs.items()}
+        feeds, outputs, bound = mtp_io(self.desc, self.state, list(tokens), hidden, 0)
         self.executor.run_eager(Slot.PRIMARY, feeds, outputs, bound)
-        self.forwards[f"mtp/M={M}"] = self.forwards.get(f"mtp/M={M}", 0) + 1
+        key = f"mtp/M={len(tokens)}"
+        self.forwards[key] = self.forwards.get(key, 0) + 1
 
-    def draft(self, token, hidden, position: int, k: int):
-        """k draft tokens following `token` (an int or a device scalar) and its target hidden state.
+    def draft(self, first, hidden, position: int, k: int):
+        """k draft tokens following `first` (an int or a device scalar) and its target hidden state.
 
         Stays on the device: each draft's argmax feeds the next head step, and the k drafts come
         back as a device array [k] (int64); nothing here waits for the device.
         """
+        io = self.desc.mtp
         xp = array_module(self.state.kv[0])
         drafts = xp.empty(k, dtype=np.int64)
+        token = first
         for i in range(k):
-            feeds, outputs, bound = mtp_io(self.cfg, self.state, token, hidden, position + i)
+            feeds, outputs, bound = mtp_io(self.desc, self.state, token, hidden, position + i)
             out = self.executor.run(Slot.PRIMARY, feeds, outputs, bound)
             self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + 1
-            token = xp.argmax(out["logits"][0, 0])
-            hidden = out["mtp_hidden"][0, 0]
+            token = xp.argmax(out[io.logits][0, 0])
+            hidden = out[io.hidden][0, 0]
             drafts[i] = token
         return drafts
 
@@ -53,22 +60,26 @@ class OracleDrafter:
     """Proposes the greedy reference token with probability alpha, else a wrong one (seeded).
 
     Performance-only, like SGLang's simulated acceptance: never judge accuracy with it. By default
-    it still runs the MTP head so the draft cost is real; free_drafts skips the head.
+    it still runs the MTP head so the draft cost is real; without a head (free drafts) it skips it.
     """
 
-    def __init__(self, reference: list[int], alpha: float, seed: int, vocab: int, head: MtpDrafter | None):
-        self.reference, self.alpha, self.vocab, self.head = reference, alpha, vocab, head
+    def __init__(self, reference: list[int], alpha: float, seed: int, vocab: int, head: MtpDrafter | None, xp=np):
+        self.reference, self.alpha, self.vocab, self.head, self.xp = reference, alpha, vocab, head, xp
         digest = hashlib.sha256(f"oracle:{seed}:{alpha}".encode()).digest()
         self.rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        self.offset = 0
 
-    def prefill(self, tokens: list[int], hidden: np.ndarray) -> None:
+    def prefill(self, tokens: list[int], hidden) -> None:
+        # tokens = prompt[1:] + [the prefill's token]: position p's next token is reference[p - offset + 1].
+        self.offset = len(tokens)
         if self.head is not None:
             self.head.prefill(tokens, hidden)
 
-    def draft_at(self, index: int, token: int, hidden: np.ndarray, position: int, k: int) -> list[int]:
-        """Drafts for emitted positions index+1 .. index+k."""
+    def draft(self, first, hidden, position: int, k: int):
+        """Drafts for the reference tokens after `first` (at position + 1): right with probability alpha."""
         if self.head is not None:
-            self.head.draft(token, hidden, position, k)
+            self.head.draft(first, hidden, position, k)
+        index = position - self.offset + 1  # where `first` sits in the reference
         out = []
         for i in range(1, k + 1):
             ref = self.reference[index + i]
@@ -76,4 +87,4 @@ class OracleDrafter:
                 out.append(ref)
             else:
                 out.append(int((ref + 1 + self.rng.integers(self.vocab - 1)) % self.vocab))
-        return out
+        return self.xp.asarray(np.asarray(out, dtype=np.int64))

@@ -105,8 +105,8 @@ def run_mtplab_point(
     if engine is not None:
         check_engine(run, engine, artifact)
     engine = engine or Engine(run, artifact)
-    cfg, k, n = engine.cfg, run.k, run.tokens
-    prompt = prompt_tokens(cfg.vocab_size, run.prompt_len, run.seed)
+    desc, k, n = engine.desc, run.k, run.tokens
+    prompt = prompt_tokens(desc.vocab_size, run.prompt_len, run.seed)
     # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
     mark: dict = {}
 
@@ -129,7 +129,7 @@ def run_mtplab_point(
         check = oracle.token_identity(tokens, reference.tokens[:n], reference.margins)
         if identity["token_identical"] and not check["token_identical"]:
             identity |= check | {"diverged_in": f"timed run (round {r})"}
-    ok, verdict = oracle.verdict(identity, run.commit, cfg.dtype)
+    ok, verdict = oracle.verdict(identity, run.commit, engine.desc.precision)
     if not ok:
         oracle.shout(verdict)
     baseline = "paired rounds"
@@ -151,12 +151,7 @@ def run_mtplab_point(
     spec_seconds = float(np.mean([s["seconds"] for s in samples]))
     return RunResult(
         config=run.to_dict(),
-        model={
-            "name": cfg.name,
-            "hash": cfg.config_hash(),
-            "summary": engine.art.summary(),
-            "parameters": engine.art.manifest["parameters"],
-        },
+        model=engine.art.identity(),
         prompt=prompt,
         tokens=reference.tokens[:n],
         seconds=spec_seconds,

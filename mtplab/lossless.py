@@ -85,11 +85,11 @@ class Lockstep:
     def start(cls, art: Artifact, prompt: list[int], greedy_tokens: list[int], commit: str, same_device: bool):
         """A lockstep reference after the prompt. Bitwise equality is asked of readvance-m1 only when
         the reference runs on the engine's device (the CPU): another device rounds differently."""
-        cfg = art.config
-        step = Stepper(cfg, art.target)
+        desc = art.description
+        step = Stepper(desc)
         step.forward(prompt)
         bitwise = commit == "readvance-m1" and same_device
-        return cls(step, list(prompt) + list(greedy_tokens), STATE_TOLERANCE[cfg.dtype], bitwise)
+        return cls(step, list(prompt) + list(greedy_tokens), STATE_TOLERANCE[desc.precision], bitwise)
 
     @property
     def reference_bytes(self) -> int:
@@ -104,7 +104,7 @@ class Lockstep:
             got = int(row.argmax())
             if expected is not None and got != expected and len(self.reference_disagreements) < 8:
                 margin = float(row[got]) - float(row[expected])
-                if margin > DISAGREEMENT_MARGIN[self.stepper.cfg.dtype]:  # not a near-tie that rounding decides
+                if margin > DISAGREEMENT_MARGIN[self.stepper.desc.precision]:  # not a near-tie that rounding decides
                     self.reference_disagreements.append(
                         {"position": pos + 1, "greedy": expected, "reference": got, "margin": margin}
                     )
@@ -141,13 +141,16 @@ class Lockstep:
         }
 
 
-def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int]) -> dict:
+def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int]) -> dict | None:
     """Greedy's first logits rows (prefill's last, then each decode) against the float64 reference.
 
     logits[j] is the row that produced tokens[j]. Reports the max logit difference, the first
-    token the reference disagrees on, and whether both stay within ANCHOR_TOLERANCE.
+    token the reference disagrees on, and whether both stay within ANCHOR_TOLERANCE. None for a
+    model mtplab has no numpy reference of (builder models: the lockstep stepper is their reference).
     """
-    cfg = art.config
+    cfg = art.description.config
+    if cfg is None:
+        return None
     ref = ReferenceModel(cfg, weights_from_onnx(art.target))
     # One teacher-forced forward over the prompt and greedy's first tokens: row P-1+j produced tokens[j].
     out = ref.forward(list(prompt) + list(tokens[: len(logits) - 1]), ref.new_state())["logits"]

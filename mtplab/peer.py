@@ -53,8 +53,8 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
     checked against mtplab's greedy reference."""
     require_genai()
     art = artifact or model_for(run)
-    cfg, n = art.config, run.tokens
-    prompt = prompt_tokens(cfg.vocab_size, run.prompt_len, run.seed)
+    n = run.tokens
+    prompt = prompt_tokens(art.description.vocab_size, run.prompt_len, run.seed)
     engine = Engine(run.replace(engine="mtplab"), art)
     reference = engine.greedy(prompt, n)
     peer = GenaiPeer(exported(art))
@@ -77,7 +77,7 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
         "greedy_token_identical": greedy_identity["token_identical"],
         "stopped_at_eos": len(tokens) < n,
     }
-    ok, verdict = oracle.verdict(identity, run.commit, cfg.dtype)
+    ok, verdict = oracle.verdict(identity, run.commit, art.description.precision)
     if ok and not greedy_identity["token_identical"]:
         ok, verdict = False, "LOSSLESS CHECK FAILED: genai greedy differs from mtplab greedy: " + str(greedy_identity)
     if not ok:
@@ -86,12 +86,7 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
     accepted, evaluated = int(stats.get("draft_tokens_accepted", 0)), int(stats.get("draft_tokens_evaluated", 0))
     return RunResult(
         config=run.to_dict(),
-        model={
-            "name": cfg.name,
-            "hash": cfg.config_hash(),
-            "summary": art.summary(),
-            "parameters": art.manifest["parameters"],
-        },
+        model=art.identity(),
         prompt=prompt,
         tokens=tokens,
         seconds=float(np.median([s["seconds"] for s in samples])),

@@ -41,3 +41,41 @@ def policy(name: str | ArenaPolicy) -> ArenaPolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown arena policy {name!r}: valid policies are {list(POLICIES)}")
     return POLICIES[name]
+
+
+def slot_memory(pol: ArenaPolicy, device, main, specs, host_inputs=frozenset(), scoped=frozenset()):
+    """({slot: SlotMemory}, {arena name: Arena}) for the target's two slots under this policy.
+
+    specs: (feeds, outputs, bound) of the largest forwards any slot binds (presized where the policy
+    presizes). scoped: the Verify slot's step-scoped outputs (its logits and hidden state).
+    """
+    from .executor import Slot, SlotMemory
+
+    if pol.shared_arena:
+        arena = device.arena("shared")
+        if pol.presize:
+            for feeds, outputs, _ in specs:
+                presize(arena, feeds, outputs, skip=host_inputs)
+        memory = {slot: SlotMemory(arena, host_inputs=host_inputs) for slot in (Slot.PRIMARY, Slot.VERIFY)}
+        return memory, {"shared": arena}
+    primary, private = device.arena("primary"), device.arena("verify", private=True)
+    for feeds, outputs, _ in specs:
+        presize(primary, feeds, outputs, skip=host_inputs)
+        presize(private, feeds, outputs, skip=scoped | host_inputs)
+    memory = {
+        Slot.PRIMARY: SlotMemory(primary, host_inputs=host_inputs),
+        Slot.VERIFY: SlotMemory(
+            private, pool=main, step_scoped=scoped, pinned=pol.pin_workspace, owner="verify", host_inputs=host_inputs
+        ),
+    }
+    return memory, {"primary": primary, "verify": private}
+
+
+def presize(arena, feeds, outputs, skip=frozenset()) -> None:
+    """Reserve every named feed and output buffer at its size now (a presizing policy's up-front layout)."""
+    for name, value in feeds.items():
+        if name not in skip:
+            arena.reserve(f"feed.{name}", value.shape, value.dtype)
+    for name, (shape, dtype) in outputs.items():
+        if name not in skip:
+            arena.reserve(name, shape, dtype)

@@ -19,10 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from .arena import Arena, address
-from .model import ModelConfig
-from .model.graph import NP
-
-ACT_DTYPE = NP
+from .model.description import ModelDescription, StateTensor, length_feeds
 
 # Where an op's kernel allows an output on its input's buffer: {provider: {op: {(input, output)}}}, as the
 # kernels register it (KernelDefBuilder MayInplace) in onnxruntime 1.30-1.32. CUDA: GroupQueryAttention KV
@@ -149,32 +146,36 @@ def failing_op(err: BaseException | str) -> str | None:
 
 @dataclass
 class TargetState:
-    """Persistent state of one sequence on the target: buffers bound by address, plus its length."""
+    """Persistent state of one sequence on the target: buffers bound by address, plus its length.
 
-    cfg: ModelConfig
+    kv[layer] = (key, value) [1, heads, capacity, head_dim]; conv[layer] and gdn[layer] hold each
+    linear-attention layer's conv and recurrent state in the layouts the model description gives;
+    present[past name] is the own output buffer of a state whose kernel cannot write in place.
+    """
+
+    desc: ModelDescription
     arena: Arena
     length: int = 0
     kv: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     conv: dict[int, np.ndarray] = field(default_factory=dict)
     gdn: dict[int, np.ndarray] = field(default_factory=dict)
-    present_conv: dict[int, np.ndarray] = field(default_factory=dict)  # CausalConvWithState's output carry
+    present: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
-    def allocate(cls, cfg: ModelConfig, arena: Arena) -> TargetState:
-        st = cls(cfg, arena)
-        T = ACT_DTYPE[cfg.dtype]
-        kv_shape = (1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim)
-        for i in cfg.attention_layer_ids:
-            st.kv[i] = (
-                arena.reserve(f"state.past_key.{i}", kv_shape, T),
-                arena.reserve(f"state.past_value.{i}", kv_shape, T),
+    def allocate(cls, desc: ModelDescription, arena: Arena) -> TargetState:
+        st = cls(desc, arena)
+        T = desc.np_dtype
+        for kv in desc.target.kv:
+            shape = (1, kv.heads, desc.capacity, kv.head_dim)
+            st.kv[kv.layer] = (
+                arena.reserve(f"state.{kv.past_key}", shape, T),
+                arena.reserve(f"state.{kv.past_value}", shape, T),
             )
-        for i in cfg.gdn_layer_ids:
-            st.conv[i] = arena.reserve(f"state.conv.{i}", (1, cfg.conv_kernel - 1, cfg.gdn_conv_channels), T)
-            st.present_conv[i] = arena.reserve(f"state.present_conv.{i}", st.conv[i].shape, T)
-            st.gdn[i] = arena.reserve(
-                f"state.gdn.{i}", (1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k), np.float32
-            )
+        for s in desc.target.states:
+            buf = arena.reserve(f"state.{s.past}", s.shape, np.dtype(s.dtype))
+            (st.conv if s.kind == "conv" else st.gdn)[s.layer] = buf
+            if not s.in_place:
+                st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, np.dtype(s.dtype))
         return st
 
     def reset(self) -> None:
@@ -185,71 +186,65 @@ class TargetState:
             k[...] = 0
             v[...] = 0
 
-    def carry_conv(self) -> None:
-        """After an in-place forward: the conv carries it produced become the committed ones."""
-        for i, present in self.present_conv.items():
-            self.conv[i][...] = present
+    def array(self, s: StateTensor) -> np.ndarray:
+        return (self.conv if s.kind == "conv" else self.gdn)[s.layer]
+
+    def carry(self) -> None:
+        """After an in-place forward: the states written to buffers of their own become the committed ones."""
+        for s in self.desc.target.states:
+            if not s.in_place:
+                self.array(s)[...] = self.present[s.past]
 
     def recurrent_arrays(self) -> list[np.ndarray]:
-        return [self.conv[i] for i in self.cfg.gdn_layer_ids] + [self.gdn[i] for i in self.cfg.gdn_layer_ids]
+        return [self.array(s) for s in self.desc.target.states]
 
     def recurrent(self) -> dict[str, np.ndarray]:
-        """The GDN and conv states by name (what the lossless check compares)."""
-        out = {f"conv_state.{i}": self.conv[i] for i in self.cfg.gdn_layer_ids}
-        out.update({f"gdn_state.{i}": self.gdn[i] for i in self.cfg.gdn_layer_ids})
-        return out
+        """The conv and recurrent states by name, conv_state.{i} / gdn_state.{i} (what the lossless check compares)."""
+        return {s.key: self.array(s) for s in self.desc.target.states}
 
 
-def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_in_place: bool = True):
+def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recurrent_in_place: bool = True):
     """(feeds, outputs, bound) for a forward of `tokens` at the state's current length.
 
-    Lengths are static-shaped, as onnxruntime-genai arranges them for graph replay:
-    total_sequence_length is always the KV capacity (a host-side input that a CUDA graph bakes),
-    and the real lengths travel in seqlens_k and, where the graph form has it, query_seqlens
-    (device-side, re-read each replay).
+    Lengths are static-shaped, as onnxruntime-genai arranges them for graph replay: the attention
+    span is always the KV capacity (total_sequence_length, or the attention_mask's width), and the
+    real lengths travel in tensors the graph re-reads on every replay (seqlens_k, the mask's ones).
 
-    KV is always in place (GroupQueryAttention with past and present on one buffer). The GatedDeltaNet
-    states are in place too, and the conv carries go to TargetState.present_conv (copy them with
-    carry_conv() after the run), unless recurrent_in_place=False, when both go to outputs of their
-    own and the committed state is left untouched.
+    KV is always in place (one buffer bound as past and present). A conv or recurrent state goes in
+    place where its kernel allows it, else to a buffer of its own (copy it with carry() after the
+    run), unless recurrent_in_place=False, when every present state goes to an output of its own
+    and the committed state is left untouched.
     """
+    io = desc.target
     M = int(tokens.shape[-1])
-    T = ACT_DTYPE[cfg.dtype]
-    if st.length + M > cfg.max_seq_len:
-        raise ValueError(f"sequence would reach {st.length + M} tokens, beyond max_seq_len={cfg.max_seq_len}")
-    feeds = {
-        "input_ids": token_ids(tokens, M),
-        "seqlens_k": np.array([st.length + M - 1], dtype=np.int32),
-        "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
-        **_query_seqlens(cfg, M),
-        "capture_count": np.array([M], dtype=np.int32),
-    }
+    if st.length + M > desc.capacity:
+        raise ValueError(f"sequence would reach {st.length + M} tokens, beyond the KV capacity {desc.capacity}")
+    feeds = {io.input_ids: token_ids(tokens, M), **length_feeds(io, st.length, M, desc.capacity)}
+    T = desc.np_dtype
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
-        "logits": ((1, M, cfg.vocab_size), T),
-        "hidden": ((1, M, cfg.hidden_size), T),
+        io.logits: ((1, M, desc.vocab_size), T),
+        io.hidden: ((1, M, desc.hidden_size), T),
     }
     bound: list[tuple[str, Any, bool]] = []
-    for i, (k, v) in st.kv.items():
-        bound += [(f"past_key.{i}", k, False), (f"present_key.{i}", k, True)]
-        bound += [(f"past_value.{i}", v, False), (f"present_value.{i}", v, True)]
-    for i in cfg.gdn_layer_ids:
-        bound += [(f"conv_state.{i}", st.conv[i], False), (f"gdn_state.{i}", st.gdn[i], False)]
-        if recurrent_in_place:
-            bound += [
-                (f"present_conv_state.{i}", st.present_conv[i], True),
-                (f"present_gdn_state.{i}", st.gdn[i], True),
-            ]
+    for kv in io.kv:
+        k, v = st.kv[kv.layer]
+        bound += [(kv.past_key, k, False), (kv.present_key, k, True)]
+        bound += [(kv.past_value, v, False), (kv.present_value, v, True)]
+    for s in io.states:
+        live = st.array(s)
+        bound.append((s.past, live, False))
+        if not recurrent_in_place:
+            outputs[s.present] = (s.shape, np.dtype(s.dtype))
         else:
-            outputs[f"present_conv_state.{i}"] = (st.conv[i].shape, T)
-            outputs[f"present_gdn_state.{i}"] = (st.gdn[i].shape, np.float32)
-        outputs[f"gdn_transitions.{i}"] = ((1, cfg.transition_capacity * cfg.transition_width), np.float32)
-        outputs[f"conv_input.{i}"] = ((1, M, cfg.gdn_conv_channels), T)
+            bound.append((s.present, live if s.in_place else st.present[s.past], True))
+    outputs.update(select_output_shapes(desc, M))
     return feeds, outputs, bound
 
 
-def _query_seqlens(cfg: ModelConfig, M: int) -> dict[str, np.ndarray]:
-    """The query_seqlens feed where the graph form has that input."""
-    return {"query_seqlens": np.array([M], dtype=np.int32)} if cfg.form.query_seqlens else {}
+def select_output_shapes(desc: ModelDescription, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The extra outputs the `select` commit reads, with their shapes for a forward of M tokens."""
+    return {o.name: (o.sized(M), np.dtype(o.dtype)) for roles in desc.target.select_outputs.values()
+            for o in roles.values()}
 
 
 def token_ids(tokens: Any, M: int) -> Any:
@@ -267,28 +262,28 @@ class MtpState:
     length: int = 0
 
     @classmethod
-    def allocate(cls, cfg: ModelConfig, arena: Arena) -> MtpState:
-        shape = (1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim)
-        T = ACT_DTYPE[cfg.dtype]
+    def allocate(cls, desc: ModelDescription, arena: Arena) -> MtpState:
+        (kv,) = desc.mtp.kv
+        shape = (1, kv.heads, desc.capacity, kv.head_dim)
+        T = desc.np_dtype
         return cls((arena.reserve("state.mtp_key", shape, T), arena.reserve("state.mtp_value", shape, T)))
 
 
-def mtp_io(cfg: ModelConfig, st: MtpState, token: int, hidden: np.ndarray, position: int):
-    """(feeds, outputs, bound) for one MTP-head step: next token + hidden at `position`."""
-    T = ACT_DTYPE[cfg.dtype]
+def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray, position: int):
+    """(feeds, outputs, bound) for an MTP-head forward: M tokens + the target's hidden states from `position`.
+
+    Entry j of the head's KV pairs token j+1 with the target's hidden state j.
+    """
+    io = desc.mtp
+    M = len(tokens) if isinstance(tokens, (list, tuple)) else int(getattr(tokens, "size", 1))
+    T = desc.np_dtype
     feeds = {
-        "input_ids": token_ids(token, 1),
-        "hidden_states": hidden.astype(T, copy=False).reshape(1, 1, cfg.hidden_size),
-        "seqlens_k": np.array([position], dtype=np.int32),
-        "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
-        **_query_seqlens(cfg, 1),
+        io.input_ids: token_ids(tokens, M),
+        io.hidden_input: hidden.astype(T, copy=False).reshape(1, M, desc.hidden_size),
+        **length_feeds(io, position, M, desc.capacity),
     }
-    outputs = {"logits": ((1, 1, cfg.vocab_size), T), "mtp_hidden": ((1, 1, cfg.hidden_size), T)}
+    outputs = {io.logits: ((1, M, desc.vocab_size), T), io.hidden: ((1, M, desc.hidden_size), T)}
+    (kv,) = io.kv
     k, v = st.kv
-    bound = [
-        ("past_key.0", k, False),
-        ("present_key.0", k, True),
-        ("past_value.0", v, False),
-        ("present_value.0", v, True),
-    ]
+    bound = [(kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False), (kv.present_value, v, True)]
     return feeds, outputs, bound

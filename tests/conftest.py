@@ -35,14 +35,14 @@ class Runner:
     def __init__(self, art):
         self.cfg = art.config
         self.session = make_session(art.target)
-        self.state = TargetState.allocate(self.cfg, Arena("test"))
+        self.state = TargetState.allocate(art.description, Arena("test"))
 
     def forward(self, tokens, in_place: bool = True) -> dict:
-        feeds, outputs, bound = target_io(self.cfg, self.state, np.asarray(tokens, dtype=np.int64), in_place)
+        feeds, outputs, bound = target_io(self.state.desc, self.state, np.asarray(tokens, dtype=np.int64), in_place)
         ex = Executor({Slot.PRIMARY: self.session}, {Slot.PRIMARY: SlotMemory(Arena("io"))})
         out = ex._eager_temporaries(Slot.PRIMARY, feeds, outputs, bound)
         if in_place:
-            self.state.carry_conv()
+            self.state.carry()
         self.state.length += len(tokens)
         return out
 

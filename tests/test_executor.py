@@ -20,7 +20,7 @@ from mtplab.runtime import TargetState, make_session, target_io
 def setup(tiny):
     cfg = tiny.config
     session = make_session(tiny.target)
-    state = TargetState.allocate(cfg, Arena("main"))
+    state = TargetState.allocate(tiny.description, Arena("main"))
     arena = Arena("shared")
     ex = Executor(
         {Slot.PRIMARY: session, Slot.VERIFY: session}, {Slot.PRIMARY: SlotMemory(arena), Slot.VERIFY: SlotMemory(arena)}
@@ -29,9 +29,9 @@ def setup(tiny):
 
 
 def _call(ex, cfg, state, slot, tokens, **kw):
-    feeds, outputs, bound = target_io(cfg, state, np.asarray(tokens, dtype=np.int64))
+    feeds, outputs, bound = target_io(state.desc, state, np.asarray(tokens, dtype=np.int64))
     out = ex.run(slot, feeds, outputs, bound, **kw)
-    state.carry_conv()
+    state.carry()
     return out
 
 
@@ -63,7 +63,7 @@ def test_replay_equals_eager_bit_for_bit(tiny, setup):
         a[...] = snapshot[n]
     for i, (k, v) in state.kv.items():
         k[...], v[...] = kv[i]
-    feeds, outputs, bound = target_io(cfg, state, np.array([9]))
+    feeds, outputs, bound = target_io(state.desc, state, np.array([9]))
     eager = ex._eager_temporaries(Slot.PRIMARY, feeds, outputs, bound)
     for name in ("logits", "hidden"):
         np.testing.assert_array_equal(replayed[name], eager[name])
@@ -99,7 +99,7 @@ def test_a_changed_shape_is_detected_before_replay(setup):
     cfg, state, ex = setup
     big = Arena("big")
     ex.memory[Slot.PRIMARY] = SlotMemory(big)
-    feeds, outputs, _ = target_io(cfg, state, np.zeros(2, dtype=np.int64))
+    feeds, outputs, _ = target_io(state.desc, state, np.zeros(2, dtype=np.int64))
     for n, v in feeds.items():
         big.reserve(f"feed.{n}", v.shape, v.dtype)
     for n, (s, d) in outputs.items():

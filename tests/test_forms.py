@@ -169,7 +169,7 @@ def art_dtype(dtype: str):
 
 def _forward(session, cfg, state, tokens) -> dict:
     """One eager IOBinding forward on persistent state, as the executor binds it."""
-    feeds, outputs, bound = target_io(cfg, state, np.asarray(tokens, dtype=np.int64))
+    feeds, outputs, bound = target_io(state.desc, state, np.asarray(tokens, dtype=np.int64))
     io = session.io_binding()
     for name, value in feeds.items():
         io.bind_cpu_input(name, value)
@@ -181,7 +181,7 @@ def _forward(session, cfg, state, tokens) -> dict:
     for name, array in outs.items():
         io.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
     session.run_with_iobinding(io)
-    state.carry_conv()
+    state.carry()
     state.length += len(tokens)
     return outs
 
@@ -193,7 +193,7 @@ def test_every_accepted_form_matches_the_numpy_reference_at_m1_and_m4(models, fo
     """Prefill, then M=1 decodes and M=4 verifies after a past (GroupQueryAttention's subsequent-prompt path)."""
     art = models(form, dtype)
     cfg, ref = art.config, _reference(art.config)
-    session, state, rs = make_session(art.target), TargetState.allocate(cfg, Arena("t")), None
+    session, state, rs = make_session(art.target), TargetState.allocate(art.description, Arena("t")), None
     rs = ref.new_state()
     rng = np.random.default_rng(2)
     for M in (8, 1, 4, 1, 4, 4, 1):

@@ -60,8 +60,8 @@ def test_every_binding_the_engine_makes_is_in_place_only_where_the_kernel_allows
 
 def test_binding_the_conv_carry_in_place_is_refused_naming_the_op(tiny):
     cfg = tiny.config
-    state = TargetState.allocate(cfg, Arena("t"))
-    _, _, bound = target_io(cfg, state, np.array([1]))
+    state = TargetState.allocate(tiny.description, Arena("t"))
+    _, _, bound = target_io(state.desc, state, np.array([1]))
     i = cfg.gdn_layer_ids[0]
     aliased = [(n, state.conv[i] if n == f"present_conv_state.{i}" else a, o) for n, a, o in bound]
     with pytest.raises(ValueError, match=rf"present_conv_state.{i} on conv_state.{i} \(CausalConvWithState 3->1\)"):

@@ -91,6 +91,19 @@ class Artifact:
         d["attention_layers"] = tuple(d["attention_layers"])
         return ModelConfig(**d)
 
+    @property
+    def description(self):
+        """The runtime contract (mtplab.model.description) of this built-in model."""
+        from .description import describe_builtin
+
+        return describe_builtin(self.config, self.target, self.mtp)
+
+    def identity(self) -> dict:
+        """What a result records about the model it ran on."""
+        cfg = self.config
+        return {"name": cfg.name, "hash": cfg.config_hash(), "summary": self.summary(),
+                "parameters": self.manifest["parameters"], "kind": "built-in"}
+
     def summary(self) -> str:
         m = self.manifest
         cfg = self.config

@@ -13,13 +13,19 @@ from pathlib import Path
 import numpy as np
 
 from .config import ModelConfig
-from .graph import NP
+from .description import ModelDescription, describe_builtin, length_feeds
 
 
 class Stepper:
-    """One sequence on the target: KV, conv and GatedDeltaNet state held as host arrays."""
+    """One sequence on the target: KV, conv and recurrent state held as host arrays.
 
-    def __init__(self, cfg: ModelConfig, target: str | Path | bytes, threads: int = 0, providers=None):
+    Graphs that take an attention_mask get onnxruntime-genai's own form here: separate past and
+    present, a KV cache that grows by M each forward and a mask of length L + M. The engine binds
+    one static buffer instead; two ways of running the same graph.
+    """
+
+    def __init__(self, model: ModelDescription | ModelConfig, target: str | Path | bytes | None = None,
+                 threads: int = 0, providers=None):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -27,29 +33,29 @@ class Stepper:
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.cfg = cfg
-        model = target if isinstance(target, bytes) else str(target)
-        self.session = ort.InferenceSession(model, so, providers=providers or ["CPUExecutionProvider"])
+        if isinstance(model, ModelConfig):
+            model = describe_builtin(model, Path("target.onnx"), Path("mtp.onnx"))
+        self.desc, self.io = model, model.target
+        self.cfg = model.config  # the built-in model's config (None for other models)
+        self.original = model.original_target or model.target.path
+        target = self.original if target is None else target
+        source = target if isinstance(target, bytes) else str(target)
+        self.session = ort.InferenceSession(source, so, providers=providers or ["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
-        self.T = NP[cfg.dtype]
+        self.T = model.np_dtype
+        self.growing = self.io.lengths == "attention_mask"
         self.reset()
 
     def reset(self) -> None:
-        cfg, T = self.cfg, self.T
+        desc, T = self.desc, self.T
         self.length = 0
-        kv = (1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim)
-        self.kv = {i: (np.zeros(kv, T), np.zeros(kv, T)) for i in cfg.attention_layer_ids}
-        self.conv = {i: np.zeros((1, cfg.conv_kernel - 1, cfg.gdn_conv_channels), T) for i in cfg.gdn_layer_ids}
-        self.gdn = {
-            i: np.zeros((1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k), np.float32)
-            for i in cfg.gdn_layer_ids
-        }
+        cap = 0 if self.growing else desc.capacity
+        self.kv = {kv.layer: (np.zeros((1, kv.heads, cap, kv.head_dim), T),) * 2 for kv in self.io.kv}
+        self.states = {s.past: np.zeros(s.shape, np.dtype(s.dtype)) for s in self.io.states}
 
     def recurrent(self) -> dict[str, np.ndarray]:
-        """The GDN and conv states by the names the engine's state uses (live arrays, not copies)."""
-        out = {f"conv_state.{i}": self.conv[i] for i in self.cfg.gdn_layer_ids}
-        out.update({f"gdn_state.{i}": self.gdn[i] for i in self.cfg.gdn_layer_ids})
-        return out
+        """The conv and recurrent states by the names the engine's state uses (live arrays, not copies)."""
+        return {s.key: self.states[s.past] for s in self.io.states}
 
     def zero_recurrent(self) -> None:
         for a in self.recurrent().values():
@@ -58,40 +64,36 @@ class Stepper:
     def forward(self, tokens, advance: bool = True) -> dict[str, np.ndarray]:
         """Run `tokens` at the current length; returns logits [M, V] and hidden [M, d] (float32).
 
-        advance=False computes the outputs but keeps every state and the length as they were
-        (the KV rows it wrote are beyond the length, so the next forward overwrites them).
+        advance=False computes the outputs but keeps every state and the length as they were.
         """
-        cfg = self.cfg
+        io, desc = self.io, self.desc
         ids = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
         M = ids.shape[1]
-        if self.length + M > cfg.max_seq_len:
-            raise ValueError(f"sequence would reach {self.length + M} tokens, beyond max_seq_len={cfg.max_seq_len}")
-        feeds = {
-            "input_ids": ids,
-            "seqlens_k": np.array([self.length + M - 1], dtype=np.int32),
-            "total_sequence_length": np.array(cfg.max_seq_len, dtype=np.int32),
-            "query_seqlens": np.array([M], dtype=np.int32),
-            "capture_count": np.array([M], dtype=np.int32),
-        }
-        for i, (k, v) in self.kv.items():
-            feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = k, v
-        for i in cfg.gdn_layer_ids:
-            feeds[f"conv_state.{i}"], feeds[f"gdn_state.{i}"] = self.conv[i], self.gdn[i]
+        if self.length + M > desc.capacity:
+            raise ValueError(f"sequence would reach {self.length + M} tokens, beyond the KV capacity {desc.capacity}")
+        total = self.length + M if self.growing else desc.capacity
+        feeds = {io.input_ids: ids, **length_feeds(io, self.length, M, total)}
+        if "query_seqlens" in self.inputs:
+            feeds["query_seqlens"] = np.array([M], dtype=np.int32)
+        for kv in io.kv:
+            feeds[kv.past_key], feeds[kv.past_value] = self.kv[kv.layer]
+        for s in io.states:
+            feeds[s.past] = self.states[s.past]
         feeds = {n: a for n, a in feeds.items() if n in self.inputs}
-        names = ["logits", "hidden"]
-        names += [f"present_{part}.{i}" for i in self.kv for part in ("key", "value")]
-        names += [f"present_{part}.{i}" for i in cfg.gdn_layer_ids for part in ("conv_state", "gdn_state")]
+        names = [io.logits, io.hidden]
+        names += [name for kv in io.kv for name in (kv.present_key, kv.present_value)]
+        names += [s.present for s in io.states]
         out = dict(zip(names, self.session.run(names, feeds)))
         if advance:
-            for i in self.kv:
-                self.kv[i] = (out[f"present_key.{i}"], out[f"present_value.{i}"])
-            for i in cfg.gdn_layer_ids:
-                self.conv[i], self.gdn[i] = out[f"present_conv_state.{i}"], out[f"present_gdn_state.{i}"]
+            for kv in io.kv:
+                self.kv[kv.layer] = (out[kv.present_key], out[kv.present_value])
+            for s in io.states:
+                self.states[s.past] = out[s.present]
             self.length += M
-        return {"logits": out["logits"][0].astype(np.float32), "hidden": out["hidden"][0].astype(np.float32)}
+        return {"logits": out[io.logits][0].astype(np.float32), "hidden": out[io.hidden][0].astype(np.float32)}
 
     def forward_without_state(self, token: int) -> np.ndarray:
-        """Logits of one token with the GDN and conv state zeroed for this forward only (KV kept)."""
+        """Logits of one token with the conv and recurrent state zeroed for this forward only (KV kept)."""
         saved = {n: a.copy() for n, a in self.recurrent().items()}
         self.zero_recurrent()
         logits = self.forward([token], advance=False)["logits"][0]

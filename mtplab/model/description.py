@@ -1,0 +1,268 @@
+"""One description of a model's runtime contract, whoever made the model.
+
+The runtime (sessions, state buffers, feeds, the lossless stepper) reads only this: the graphs'
+I/O names, the KV layout, how lengths and positions are fed, the conv and recurrent state layouts,
+where the hidden state comes out, and what the `select` commit can replay. The built-in model is
+described from its ModelConfig (`describe_builtin`); a folder written by onnxruntime-genai's model
+builder from its genai_config.json and its graphs (`mtplab.model.builder`). `check_graph` holds a
+description to the graph's real inputs and outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import ModelConfig
+
+ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64"}
+
+
+@dataclass(frozen=True)
+class KvLayer:
+    """One attention layer's KV cache: [1, heads, capacity, head_dim], one buffer for past and present."""
+
+    layer: int
+    past_key: str
+    past_value: str
+    present_key: str
+    present_value: str
+    heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class StateTensor:
+    """One conv or recurrent state of a linear-attention layer (batch 1).
+
+    in_place: the op's kernel may write present onto past's buffer (else present goes to a buffer
+    of its own and is copied into past after the forward).
+    """
+
+    layer: int
+    kind: str  # "conv" | "recurrent"
+    past: str
+    present: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str  # e.g. "[B, K-1, C] channels-last", "[B, Hv, Dk, Dv] K-major"
+    op: str
+    in_place: bool
+
+    @property
+    def key(self) -> str:
+        """The name the lossless check and the engine use for it: conv_state.{i} / gdn_state.{i}."""
+        return f"{'conv_state' if self.kind == 'conv' else 'gdn_state'}.{self.layer}"
+
+
+@dataclass(frozen=True)
+class SelectOutput:
+    """An output the `select` commit reads: its name, shape (None stands for M, the tokens of the forward), dtype."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str
+
+    def sized(self, M: int) -> tuple[int, ...]:
+        return tuple(M if d is None else d for d in self.shape)
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    """One graph's I/O contract.
+
+    lengths: "seqlens" (seqlens_k + total_sequence_length [+ query_seqlens] [+ capture_count], mtplab's
+    built-in form) or "attention_mask" (a [1, total] mask; the graph derives the lengths from it).
+    positions: the leading shape of position_ids before the M axis: () for none, (1,) for [1, M],
+    (3, 1) for MRoPE's [3, 1, M].
+    """
+
+    path: Path
+    input_ids: str
+    logits: str
+    hidden: str  # the hidden-state output the MTP head takes (target) / chains on (head)
+    lengths: str
+    positions: tuple[int, ...] = ()
+    hidden_input: str | None = None  # the head's hidden-state input
+    kv: tuple[KvLayer, ...] = ()
+    states: tuple[StateTensor, ...] = ()
+    query_seqlens: bool = False
+    capture_count: bool = False
+    dtype: str = "float32"  # activations (logits, hidden, KV)
+    # Extra outputs the `select` commit reads, per linear-attention layer: {layer: {role: SelectOutput}}.
+    select_outputs: dict[int, dict[str, SelectOutput]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What mtplab needs to run a model: its target graph, its MTP head, and what each commit can do."""
+
+    kind: str  # "built-in" | "builder"
+    name: str
+    source: str
+    vocab_size: int
+    hidden_size: int
+    capacity: int  # KV positions mtplab allocates (prompt + tokens + verify headroom must fit)
+    target: GraphIO
+    mtp: GraphIO
+    select: str  # "transitions" (built-in GatedDeltaNet factors), "replay-op" (builder surgery), or ""
+    select_refused: str = ""  # why `select` cannot run, when it cannot
+    transition_capacity: int = 0  # built-in: tokens per verify the transitions hold; 0: no limit
+    config: ModelConfig | None = None  # the built-in model's config
+    layer_kinds: tuple[str, ...] = ()  # per decoder layer: "attention" | "linear-attention"
+    original_target: Path | None = None  # the user's graph, where `target` is mtplab's copy with extra outputs
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(kv.layer for kv in self.target.kv)
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(sorted({s.layer for s in self.target.states}))
+
+    @property
+    def dtype(self) -> str:
+        return self.target.dtype
+
+    @property
+    def precision(self) -> str:
+        """"fp16" or "fp32": the key of the tolerance tables (mtplab.oracle, mtplab.lossless)."""
+        return "fp16" if self.target.dtype == "float16" else "fp32"
+
+    @property
+    def np_dtype(self):
+        return np.dtype(self.target.dtype)
+
+    def max_k(self) -> int | None:
+        """The largest draft length a verify can take (None: no limit from the model)."""
+        return self.transition_capacity - 1 if self.transition_capacity else None
+
+    def commit_problem(self, commit: str) -> str | None:
+        """Why this commit strategy cannot run on the model (None: it can)."""
+        if commit == "select" and not self.select:
+            return f"commit='select' cannot run on {self.name}: {self.select_refused}"
+        return None
+
+    def layers_line(self) -> str:
+        attn, lin = len(self.attention_layers), len(self.linear_layers)
+        ops = sorted({s.op for s in self.target.states if s.kind == "recurrent"})
+        return f"{len(self.layer_kinds) or attn + lin} layers = {lin} linear-attention ({', '.join(ops)}) + {attn} attention"
+
+
+def length_feeds(io: GraphIO, length: int, M: int, total: int) -> dict[str, np.ndarray]:
+    """Feeds that tell a graph the M new tokens sit at positions length..length+M-1.
+
+    total: the attention span the graph sees (the KV capacity for a static-shape replay, or
+    length + M for a growing cache). Static shapes keep a replayed plan valid across lengths.
+    """
+    feeds: dict[str, np.ndarray] = {}
+    if io.lengths == "seqlens":
+        feeds["seqlens_k"] = np.array([length + M - 1], dtype=np.int32)
+        feeds["total_sequence_length"] = np.array(total, dtype=np.int32)
+        if io.query_seqlens:
+            feeds["query_seqlens"] = np.array([M], dtype=np.int32)
+    else:
+        mask = np.zeros((1, total), dtype=np.int64)
+        mask[0, : length + M] = 1
+        feeds["attention_mask"] = mask
+    if io.positions:
+        pos = np.arange(length, length + M, dtype=np.int64)
+        feeds["position_ids"] = np.broadcast_to(pos, (*io.positions, M)).copy()
+    if io.capture_count:
+        feeds["capture_count"] = np.array([M], dtype=np.int32)
+    return feeds
+
+
+def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescription:
+    """The built-in model in the same terms as any other: names as mtplab's graph writes them."""
+    T = "float16" if cfg.dtype == "fp16" else "float32"
+    kv = tuple(
+        KvLayer(i, f"past_key.{i}", f"past_value.{i}", f"present_key.{i}", f"present_value.{i}",
+                cfg.attn_kv_heads, cfg.attn_head_dim)
+        for i in cfg.attention_layer_ids
+    )
+    states = []
+    for i in cfg.gdn_layer_ids:
+        states.append(StateTensor(i, "conv", f"conv_state.{i}", f"present_conv_state.{i}",
+                                  (1, cfg.conv_kernel - 1, cfg.gdn_conv_channels), T,
+                                  "[B, K-1, C] channels-last", "CausalConvWithState", False))
+        states.append(StateTensor(i, "recurrent", f"gdn_state.{i}", f"present_gdn_state.{i}",
+                                  (1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k), "float32",
+                                  "[B, Hv, Dv, Dk] V-major", "GatedDeltaNet", True))
+    form = cfg.form
+    target_io = GraphIO(
+        Path(target), "input_ids", "logits", "hidden", "seqlens", kv=kv, states=tuple(states),
+        query_seqlens=form.query_seqlens, capture_count=True, dtype=T,
+        select_outputs={
+            i: {
+                "transitions": SelectOutput(
+                    f"gdn_transitions.{i}", (1, cfg.transition_capacity * cfg.transition_width), "float32"
+                ),
+                "conv_input": SelectOutput(f"conv_input.{i}", (1, None, cfg.gdn_conv_channels), T),
+            }
+            for i in cfg.gdn_layer_ids
+        },
+    )
+    head_kv = (KvLayer(0, "past_key.0", "past_value.0", "present_key.0", "present_value.0",
+                       cfg.attn_kv_heads, cfg.attn_head_dim),)
+    mtp_io = GraphIO(Path(mtp), "input_ids", "logits", "mtp_hidden", "seqlens", hidden_input="hidden_states",
+                     kv=head_kv, query_seqlens=form.query_seqlens, dtype=T)
+    kinds = tuple("attention" if i in cfg.attention_layer_ids else "linear-attention" for i in range(cfg.num_layers))
+    return ModelDescription(
+        "built-in", cfg.name, str(Path(target).parent), cfg.vocab_size, cfg.hidden_size, cfg.max_seq_len,
+        target_io, mtp_io, "transitions", transition_capacity=cfg.transition_capacity, config=cfg, layer_kinds=kinds,
+    )
+
+
+def graph_io_table(path: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """({input: (shape, dtype)}, {output: (shape, dtype)}) as the ONNX file declares them (dims: int or name)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+
+    def table(values):
+        out = {}
+        for v in values:
+            t = v.type.tensor_type
+            dims = tuple(d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim)
+            out[v.name] = (dims, ONNX_DTYPES.get(t.elem_type, str(t.elem_type)))
+        return out
+
+    return table(model.graph.input), table(model.graph.output)
+
+
+def check_graph(io: GraphIO, where: str, extra_inputs: tuple[str, ...] = ()) -> None:
+    """ValueError naming every input or output the description expects that the graph lacks or shapes otherwise."""
+    inputs, outputs = graph_io_table(io.path)
+    want_in = {io.input_ids: None, **dict.fromkeys(extra_inputs)}
+    want_in.update(length_feeds(io, 0, 1, 1))
+    if io.hidden_input:
+        want_in[io.hidden_input] = None
+    want_out = {io.logits: None, io.hidden: None}
+    for kv in io.kv:
+        want_in.update(dict.fromkeys((kv.past_key, kv.past_value)))
+        want_out.update(dict.fromkeys((kv.present_key, kv.present_value)))
+    for s in io.states:
+        want_in[s.past], want_out[s.present] = s, s
+    for roles in io.select_outputs.values():
+        want_out.update(dict.fromkeys(o.name for o in roles.values()))
+    problems = []
+    for kind, want, have in (("input", want_in, inputs), ("output", want_out, outputs)):
+        for name, s in want.items():
+            if name not in have:
+                problems.append(f"no {kind} named {name!r}")
+            elif isinstance(s, StateTensor):
+                dims, dtype = have[name]
+                fixed = [d for d in dims[1:] if isinstance(d, int) and d > 0]
+                if len(dims) != len(s.shape) or (len(fixed) == len(dims) - 1 and tuple(fixed) != s.shape[1:]):
+                    problems.append(f"{kind} {name!r} is {list(dims)}, expected {list(s.shape)} ({s.layout})")
+                elif dtype != s.dtype:
+                    problems.append(f"{kind} {name!r} is {dtype}, expected {s.dtype}")
+    unfed = sorted(set(inputs) - set(want_in))
+    if unfed:
+        problems.append(f"inputs mtplab would not feed: {unfed}")
+    if problems:
+        raise ValueError(f"{where} ({io.path.name}): " + "; ".join(problems)
+                         + f" (the graph's inputs: {sorted(inputs)}; outputs: {sorted(outputs)})")
