@@ -121,7 +121,7 @@ class Arena:
         return self.buffers[name]
 
     def view(self, name: str, shape: tuple[int, ...], dtype) -> Any:
-        """A view of the named buffer with this shape; allocated exactly on first use.
+        """A contiguous view of the named buffer with this shape; allocated exactly on first use.
 
         Raises BufferTooSmall if the buffer exists and is smaller: it cannot grow, because plans
         already captured hold its address.
@@ -140,8 +140,9 @@ class Arena:
                 f"{name}: needs {list(shape)} {np.dtype(dtype).name} but the {self.name} arena buffer "
                 f"holds {list(buf.shape)} {buf.dtype.name}"
             )
-        index = tuple(slice(0, s) for s in shape)
-        return buf[index] if shape != buf.shape else buf
+        # A contiguous view of the buffer's first n elements: a bound pointer is read as a dense array,
+        # so a strided slice (M on a later axis, e.g. position_ids [3, 1, M]) would be misread.
+        return buf.reshape(-1)[:n].reshape(shape) if shape != buf.shape else buf
 
     def acquire(self, owner: str, nbytes: int) -> Block:
         """Take a step-scoped block: the most recently freed one that fits, else a new one."""

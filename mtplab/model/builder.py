@@ -1,0 +1,261 @@
+"""Folders written by onnxruntime-genai's model builder (Qwen3.5-style hybrids with an MTP head).
+
+`open_builder(folder)` reads genai_config.json and the graphs' real inputs, outputs and nodes, and
+describes the model in mtplab's terms (mtplab.model.description): which layers hold KV and which
+hold conv and recurrent state, each state's layout (read from the op that consumes it, never
+assumed), how lengths and positions are fed, and where the hidden state comes out. Nothing in the
+user's folder is touched: the copy of the target with the outputs `select` needs lives in mtplab's
+cache (mtplab.model.surgery).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from .description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph, graph_io_table
+
+# KV capacity mtplab allocates for a builder model, at most its context length.
+DEFAULT_CAPACITY = 1024
+# Ops a builder model's graphs may hold that the op check knows, with the first onnxruntime that has them.
+BUILDER_OPS = {
+    "LinearAttention": "1.25",
+    "LinearAttentionGate": "1.25",
+    "GatedRMSNorm": "1.25",
+    "CausalConvWithState": "1.25",
+    "GatedDeltaNet": "1.30",
+    "MRotaryEmbedding": "1.25",
+    "SkipSimplifiedLayerNormalization": "1.17",
+    "GroupQueryAttention": "1.18",
+    "MatMulNBits": "1.17",
+}
+RECURRENT_LAYOUTS = {"LinearAttention": "[B, Hv, Dk, Dv] K-major", "GatedDeltaNet": "[B, Hv, Dv, Dk] V-major"}
+
+
+def is_builder_folder(path: str | Path) -> bool:
+    return (Path(path) / "genai_config.json").is_file()
+
+
+@dataclass(frozen=True)
+class BuilderModel:
+    """A builder output folder as mtplab runs it: the user's files plus mtplab's derived copies."""
+
+    path: Path
+    description: ModelDescription
+    config: dict  # genai_config.json
+    ops: dict  # {"target": {op: count}, "mtp": {...}}
+    parameters: dict  # {"target": n, "mtp": n}
+    content: str  # hash of the graphs and genai_config (not the weights' data files)
+
+    @property
+    def target(self) -> Path:
+        return self.description.target.path
+
+    @property
+    def mtp(self) -> Path:
+        return self.description.mtp.path
+
+    def identity(self) -> dict:
+        """What a result records about the model it ran on."""
+        return {"name": self.description.name, "hash": self.content, "summary": self.summary(),
+                "parameters": self.parameters, "kind": "builder", "path": str(self.path)}
+
+    def summary(self) -> str:
+        d = self.description
+        ops = sorted(set(self.ops["target"]) | set(self.ops["mtp"]))
+        return (
+            f"{d.name}: onnxruntime-genai builder model ({self.config['model'].get('type', '?')}), "
+            f"{self.parameters['target'] / 1e6:.2f}M params (MTP head {self.parameters['mtp'] / 1e6:.2f}M), "
+            f"{d.layers_line()}, {d.dtype}, ops: {', '.join(o.split(':')[-1] for o in ops)}"
+        )
+
+
+def _template(pattern: str) -> re.Pattern:
+    return re.compile("^" + re.escape(pattern).replace("%d", r"(\d+)") + "$")
+
+
+def _layers(names, pattern: str | None) -> dict[int, str]:
+    if not pattern:
+        return {}
+    rx = _template(pattern)
+    return {int(m.group(1)): n for n in names if (m := rx.match(n))}
+
+
+def _fail(folder: Path, what: str) -> ValueError:
+    return ValueError(f"{folder}: {what}")
+
+
+def _external_files(model: onnx.ModelProto) -> set[str]:
+    files = set()
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            files |= {e.value for e in t.external_data if e.key == "location"}
+    return files
+
+
+def _load_graph(folder: Path, filename: str, role: str) -> onnx.ModelProto:
+    path = folder / filename
+    if not path.is_file():
+        raise _fail(folder, f"missing file {filename} (genai_config.json names it as the {role} graph)")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: name the file instead
+        raise _fail(folder, f"{filename} is not a readable ONNX model ({type(err).__name__}: {err})") from None
+    missing = sorted(f for f in _external_files(model) if not (folder / f).is_file())
+    if missing:
+        raise _fail(folder, f"missing file {', '.join(missing)} (external weights of {filename})")
+    return model
+
+
+def _parameters(model: onnx.ModelProto) -> int:
+    n = 0
+    for t in model.graph.initializer:
+        size = 1
+        for d in t.dims:
+            size *= d
+        n += size
+    return n
+
+
+def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    return dict(Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node))
+
+
+def _state_op(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
+    return next((n for n in model.graph.node if name in n.input), None)
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _dims(folder: Path, name: str, dims: tuple, rank: int) -> tuple[int, ...]:
+    """A state's shape at batch 1: every dim after the batch must be a number in the graph."""
+    if len(dims) != rank or not all(isinstance(d, int) and d > 0 for d in dims[1:]):
+        raise _fail(folder, f"unknown state layout: {name} is declared {list(dims)}, mtplab needs rank {rank} "
+                            "with every dim after the batch fixed")
+    return (1, *dims[1:])
+
+
+def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> BuilderModel:
+    """Read and check a builder output folder; ValueError naming the problem, before any session is made."""
+    from .surgery import select_copy
+
+    folder = Path(folder)
+    cfg_path = folder / "genai_config.json"
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such folder (expected an onnxruntime-genai model builder output folder)")
+    if not cfg_path.is_file():
+        raise _fail(folder, "missing file genai_config.json (not an onnxruntime-genai model builder output folder)")
+    try:
+        config = json.loads(cfg_path.read_text())
+        model_cfg, dec = config["model"], config["model"]["decoder"]
+        vocab, hidden = int(model_cfg["vocab_size"]), int(dec["hidden_size"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise _fail(folder, f"genai_config.json lacks what mtplab reads ({type(err).__name__}: {err})") from None
+    mtp_cfg = model_cfg.get("mtp")
+    if not mtp_cfg or not mtp_cfg.get("enabled", True):
+        raise _fail(folder, "genai_config.json has no enabled `mtp` section: mtplab needs the model's MTP head "
+                            "(build it with the model builder from a checkpoint that has mtp.* weights)")
+    target_model = _load_graph(folder, dec.get("filename", "model.onnx"), "decoder")
+    mtp_model = _load_graph(folder, mtp_cfg.get("filename", "mtp.onnx"), "mtp")
+    target_path, mtp_path = folder / dec.get("filename", "model.onnx"), folder / mtp_cfg.get("filename", "mtp.onnx")
+    t_in, t_out = graph_io_table(target_path)
+    dtype = t_out.get(dec.get("outputs", {}).get("logits", "logits"), ((), "float32"))[1]
+    hidden_dtype = t_out.get(dec["outputs"].get("hidden_states", "hidden_states"), ((), dtype))[1]
+    cap = min(capacity, int(model_cfg.get("context_length") or capacity))
+
+    target = _graph_io(folder, target_path, target_model, dec, t_in, t_out, head_size=dec.get("head_size"))
+    m_in, m_out = graph_io_table(mtp_path)
+    head = _graph_io(folder, mtp_path, mtp_model, mtp_cfg, m_in, m_out, head_size=mtp_cfg.get("head_size", dec.get("head_size")))
+    if len(head.kv) != 1:
+        raise _fail(folder, f"{mtp_path.name}: mtplab runs a one-layer MTP head, this one has {len(head.kv)} KV layers")
+    kinds = tuple(
+        "attention" if i in {kv.layer for kv in target.kv} else "linear-attention"
+        for i in range(int(dec.get("num_hidden_layers", len(target.kv) + len({s.layer for s in target.states}))))
+    )
+    name = folder.name
+    desc = ModelDescription("builder", name, str(folder), vocab, hidden, cap, target, head, "", layer_kinds=kinds)
+    for io, where in ((target, f"{folder.name}/{target_path.name}"), (head, f"{folder.name}/{mtp_path.name}")):
+        check_graph(io, where)
+    if hidden_dtype != m_in.get(head.hidden_input, ((), hidden_dtype))[1]:
+        raise _fail(folder, f"the head's {head.hidden_input} is {m_in[head.hidden_input][1]}, "
+                            f"the target's hidden states are {hidden_dtype}")
+    blob = cfg_path.read_bytes() + target_path.read_bytes() + mtp_path.read_bytes()
+    content = hashlib.sha256(blob).hexdigest()[:16]
+    desc = select_copy(desc, target_model, content)
+    return BuilderModel(
+        folder, desc, config, {"target": _op_counts(target_model), "mtp": _op_counts(mtp_model)},
+        {"target": _parameters(target_model), "mtp": _parameters(mtp_model)}, content,
+    )
+
+
+def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, ins: dict, outs: dict,
+              head_size) -> GraphIO:
+    names_in, names_out = section.get("inputs", {}), section.get("outputs", {})
+    where = f"{folder.name}/{path.name}"
+
+    def need(table: dict, key: str, default: str, kind: str) -> str:
+        name = (names_in if kind == "input" else names_out).get(key, default)
+        if name not in table:
+            raise _fail(folder, f"{where} has no {kind} named {name!r} (genai_config.json: {key}; "
+                                f"the graph's {kind}s: {sorted(table)})")
+        return name
+
+    input_ids = need(ins, "input_ids", "input_ids", "input")
+    logits = need(outs, "logits", "logits", "output")
+    hidden = need(outs, "hidden_states", "hidden_states", "output")
+    hidden_input = need(ins, "hidden_states", "hidden_states", "input") if "hidden_states" in names_in else None
+    if "attention_mask" not in ins:
+        raise _fail(folder, f"{where} has no input named 'attention_mask' (mtplab feeds builder graphs their "
+                            f"lengths through it; the graph's inputs: {sorted(ins)})")
+    positions: tuple[int, ...] = ()
+    if "position_ids" in ins:
+        dims = ins["position_ids"][0]
+        positions = (3, 1) if len(dims) == 3 else (1,)
+    past_k, past_v = _layers(ins, names_in.get("past_key_names")), _layers(ins, names_in.get("past_value_names"))
+    pres_k, pres_v = _layers(outs, names_out.get("present_key_names")), _layers(outs, names_out.get("present_value_names"))
+    kv = []
+    for i in sorted(past_k):
+        for table, what in ((past_v, "past value"), (pres_k, "present key"), (pres_v, "present value")):
+            if i not in table:
+                raise _fail(folder, f"{where}: attention layer {i} has a past key but no {what} "
+                                    f"(genai_config.json names: {names_in.get('past_key_names')}, ...)")
+        dims = ins[past_k[i]][0]
+        heads = dims[1] if len(dims) == 4 and isinstance(dims[1], int) else None
+        size = dims[3] if len(dims) == 4 and isinstance(dims[3], int) and dims[3] > 0 else head_size
+        if heads is None or not size:
+            raise _fail(folder, f"unknown KV layout: {past_k[i]} is declared {list(dims)} (mtplab needs "
+                                "[B, kv_heads, past, head_size] with kv_heads fixed and head_size known)")
+        kv.append(KvLayer(i, past_k[i], past_v[i], pres_k[i], pres_v[i], int(heads), int(size)))
+    states = []
+    for kind, key_in, key_out in (("conv", "past_conv_names", "present_conv_names"),
+                                  ("recurrent", "past_recurrent_names", "present_recurrent_names")):
+        past, present = _layers(ins, names_in.get(key_in)), _layers(outs, names_out.get(key_out))
+        for i in sorted(past):
+            if i not in present:
+                raise _fail(folder, f"{where}: {past[i]} has no present output ({names_out.get(key_out)} for layer {i})")
+            node = _state_op(model, past[i])
+            op = node.op_type if node is not None else "none"
+            dims, dtype = ins[past[i]]
+            shape = _dims(folder, past[i], dims, 3 if kind == "conv" else 4)
+            if kind == "conv":
+                if op != "CausalConvWithState":
+                    raise _fail(folder, f"unknown state layout: {past[i]} feeds {op}, mtplab knows CausalConvWithState")
+                last = _attrs(node).get("channels_last", 0) or _attrs(node).get("state_channels_last", 0)
+                layout = "[B, K-1, C] channels-last" if last else "[B, C, K-1] channels-first"
+            else:
+                if op not in RECURRENT_LAYOUTS:
+                    raise _fail(folder, f"unknown state layout: {past[i]} feeds {op}, mtplab knows "
+                                        f"{sorted(RECURRENT_LAYOUTS)}")
+                layout = RECURRENT_LAYOUTS[op]
+            states.append(StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, False))
+    dtype = outs[logits][1]
+    return GraphIO(path, input_ids, logits, hidden, "attention_mask", positions, hidden_input, tuple(kv),
+                   tuple(states), dtype=dtype)
