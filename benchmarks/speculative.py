@@ -2,7 +2,7 @@
 
 One process; each point runs its own greedy baseline right before its speculative run, and the
 points are repeated in interleaved rounds (A B C ... A B C ...) so machine drift cancels out.
-Medians of measured and predicted speedup are printed side by side.
+Medians of measured and predicted speedup are printed side by side (each point's rates: mtplab.measure).
 
     python benchmarks/speculative.py [--rounds 3] [--tokens 128] [--alpha 0.8] [--backend cuda] [--preset small]
 """
@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-import numpy as np
-
+from mtplab import measure, stats
 from mtplab.config import COMMITS, SCHEDULES, RunConfig
 from mtplab.engine import Engine, model_for
 from mtplab.experiment import run_point
@@ -62,12 +61,12 @@ def main() -> None:
     for (sched, commit, k), rs in rows.items():
 
         def med(f, rs=rs):
-            return float(np.median([f(r) for r in rs]))
+            return stats.median([f(r) for r in rs])
 
         sp, pr = med(lambda r: r.speedup), med(lambda r: r.theory["speedup"])
         print(
             f"{sched:14} {commit:18} {k:2d} {med(lambda r: r.greedy_tokens_per_s):12.1f} {med(lambda r: r.tokens_per_s):10.1f} "
-            f"{sp:7.2f}x {pr:8.2f}x {sp / pr:9.2f} {med(lambda r: r.tokens_per_step):8.2f} "
+            f"{sp:7.2f}x {pr:8.2f}x {measure.rate(sp, pr):9.2f} {med(lambda r: r.tokens_per_step):8.2f} "
             f"{med(lambda r: r.theory['verify_cost_ratio']):14.2f}"
         )
 

@@ -25,7 +25,8 @@ def _model_build(args) -> int:
 
 
 def _export_genai(args) -> int:
-    from .genai import export_genai, require_genai
+    from .genai_export import export_genai
+    from .genai_runner import require_genai
     from .model import build_model, preset
 
     try:
@@ -102,7 +103,7 @@ def _run(args) -> int:
     if problems:
         print("mtplab run: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
-    from .experiment import run_point, summary
+    from .experiment import result_text, run_point
 
     try:
         if run.engine == "mtplab":  # the cached calibration, measured first when missing (and said so)
@@ -115,7 +116,7 @@ def _run(args) -> int:
         return 2
     if args.out:
         result.save(args.out)
-    print(result.to_json() if args.json else summary(result))
+    print(result.to_json() if args.json else result_text(result))
     if not result.lossless and not args.allow_mismatch:
         return 1
     return 0
@@ -151,7 +152,7 @@ def _sweep(args) -> int:
 
 
 def _report(args) -> int:
-    from .report import make_report
+    from .publish import make_report
 
     try:
         path = make_report(args.sweep_dir)

@@ -26,7 +26,7 @@ def require_ray():
 
 def run_point_task(point, timeout: int, threads: int) -> tuple[str, str, str | None, dict[str, bytes]]:
     """Body of a Ray task: execute one point in scratch space and hand back its files."""
-    from .pool import execute_point
+    from .point_exec import execute_point
 
     scratch = Path(tempfile.mkdtemp(prefix="mtplab-point-"))
     try:
@@ -98,7 +98,7 @@ class RayPool:
             except Exception as err:  # noqa: BLE001 - the worker died past its retries: record the cause
                 if self.cancelled:
                     continue
-                from .pool import record_failure
+                from .point_exec import record_failure
 
                 point_id, status = point.id, "failed"
                 error = f"worker lost after {WORKER_RETRIES} retries: {type(err).__name__}: {err}"[:4000]

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from . import store
-from .plots import COUNTERS, SLOTS
 from .provenance import PARAMETERS, blank_inapplicable, fixed_and_varied, plural
 from .result import write_atomic
+from .selection import COUNTERS, SLOTS
 from .tables import CSS, ci_text
 
 METRICS = ("greedy_tokens_per_s", "tokens_per_s", "speedup")

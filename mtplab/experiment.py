@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from . import lossless, oracle, stats, theory
+from . import lossless, measure, oracle, theory
 from .config import RunConfig
 from .engine import Engine, prompt_tokens
 from .env import environment
@@ -29,9 +29,9 @@ def run_point(
 ) -> RunResult:
     """One point on the engine the config names: mtplab's own, or the onnxruntime-genai peer."""
     if run.engine == "ort-genai":
-        from .peer import run_peer_point
+        from .genai_point import run_genai_point
 
-        return run_peer_point(run, artifact)
+        return run_genai_point(run, artifact)
     return run_mtplab_point(run, artifact, engine, calibration)
 
 
@@ -50,40 +50,32 @@ def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> N
         raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
 
 
-def _rate(a: float, b: float) -> float:
-    """a / b, NaN when b is 0 or a is 0 (no tokens timed: nothing to say)."""
-    return a / b if a and b else float("nan")
-
-
 def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, reference: list[int]) -> dict:
     """`rounds` paired rounds of greedy and speculative, the order alternating (G S, S G, G S, ...).
 
-    Both sides count exactly the n - 1 tokens after the prefill's token, timed from after the
-    prefill to the n-th token (speculative's overshoot in its last step is not counted). Timed
-    runs do only what their decoders do; the speculative tokens are compared afterwards.
+    Both sides count as mtplab.measure says (the n - 1 tokens after the prefill's token, timed from
+    after the prefill; speculative's overshoot in its last step is not counted). Timed runs do only
+    what their decoders do; the speculative tokens are compared afterwards.
     """
     samples, diverged, split, accepted, generated = [], None, {}, [], 0
-    counted = n - 1
     for r in range(rounds):
         order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
-        sample = {"round": r, "order": "-".join(order)}
+        sample = measure.paired_round(r, order)
         for side in order:
             if side == "greedy":
                 g = engine.greedy(prompt, n, margins=False)
-                sample["greedy_tokens_per_s"], sample["greedy_seconds"] = _rate(counted, g.seconds), g.seconds
+                measure.record_side(sample, side, g.tokens, n, g.seconds)
             else:
                 spec = engine.speculative(prompt, n, reference=reference)
-                sample["tokens_per_s"] = _rate(counted, spec["seconds"])
+                measure.record_side(sample, side, spec["tokens"], n, spec["seconds"])
                 sample["steps"] = len(spec["accepted"])
                 split = {key: split.get(key, 0.0) + v for key, v in spec["split"].items()}
-                accepted, sample["seconds"] = spec["accepted"], spec["seconds"]
+                accepted = spec["accepted"]
                 generated = len(spec["tokens"]) - 1  # after the prefill's token, overshoot included
                 if diverged is None and spec["tokens"][:n] != reference[:n]:
                     diverged = (r, spec["tokens"][:n])
-        sample["speedup"] = _rate(sample["tokens_per_s"], sample["greedy_tokens_per_s"])
-        samples.append(sample)
-    return {"samples": samples, "diverged": diverged, "split": split, "accepted": accepted, "counted": counted,
-            "generated": generated}
+        samples.append(measure.close_round(sample))
+    return {"samples": samples, "diverged": diverged, "split": split, "accepted": accepted, "generated": generated}
 
 
 def calibration_for(run: RunConfig, say=print) -> dict:
@@ -136,36 +128,23 @@ def run_mtplab_point(
     if primary.fallbacks != fallbacks:  # the Primary slot lost its plan for good (CUDA graph ids spent)
         baseline = "paired rounds; the Primary slot ran eager in some of them"
     samples = timed["samples"]
-    speedup = stats.summarize([s["speedup"] for s in samples])
-    spec_tps = stats.summarize([s["tokens_per_s"] for s in samples])
-    greedy_tps = stats.summarize([s["greedy_tokens_per_s"] for s in samples])
-
-    acc = np.asarray(timed["accepted"], dtype=float)
-    steps, accepted = len(acc), int(acc.sum())
-    per_position = [float((acc >= i).mean()) if steps else 0.0 for i in range(1, k + 1)]
+    steps = len(timed["accepted"])
     calibration = calibration if calibration is not None else calibration_for(run)
     alpha = run.alpha if run.drafter == "oracle" else calibration["mtp_acceptance"]["alpha"]
     predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration)
-    efficiency = [_rate(s["speedup"], predicted["speedup"]) for s in samples]
     split = {key: v / run.rounds for key, v in timed["split"].items()}  # per speculative run
-    spec_seconds = float(np.mean([s["seconds"] for s in samples]))
-    return RunResult(
+    acceptance = measure.acceptance(
+        steps, int(sum(timed["accepted"])), steps * k, timed["generated"], timed["accepted"], k
+    )
+    return measure.run_result(
+        samples,
+        n,
+        acceptance,
+        predicted={"speedup": predicted["speedup"], "alpha": alpha},
         config=run.to_dict(),
         model=engine.art.identity(),
         prompt=prompt,
         tokens=reference.tokens[:n],
-        seconds=spec_seconds,
-        tokens_per_s=spec_tps["median"],
-        greedy_seconds=_rate(timed["counted"], greedy_tps["median"]),
-        greedy_tokens_per_s=greedy_tps["median"],
-        speedup=speedup["median"],
-        steps=steps,
-        tokens_per_step=timed["generated"] / steps if steps else float("nan"),
-        acceptance_length=1.0 + (accepted / steps if steps else 0.0),
-        draft_acceptance=accepted / (steps * k) if steps else 0.0,
-        acceptance_per_position=per_position,
-        drafted=steps * k,
-        accepted=accepted,
         forwards=forwards,
         time_split=split,
         slots=slots,
@@ -188,15 +167,6 @@ def run_mtplab_point(
             "calibration": calibration["key"],
             "accounting": accounting(samples, split, steps),
         },
-        accepted_per_step=[int(a) for a in timed["accepted"]],
-        round_samples=samples,
-        speedup_ci=speedup["ci"],
-        tokens_per_s_ci=spec_tps["ci"],
-        greedy_tokens_per_s_ci=greedy_tps["ci"],
-        stable=speedup["stable"],
-        predicted={"speedup": predicted["speedup"], "alpha": alpha},
-        efficiency=stats.median(efficiency),
-        efficiency_ci=stats.bootstrap_ci(efficiency),
     )
 
 
@@ -214,8 +184,8 @@ def _ci(ci, fmt: str) -> str:
     return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
-def summary(r: RunResult) -> str:
-    """A human summary: throughput, acceptance, per-slot counters in the seed's form, identity."""
+def result_text(r: RunResult) -> str:
+    """One RunResult as text: throughput, acceptance, per-slot counters in the seed's form, identity."""
     c = r.config
     lines = [
         f"mtplab run  engine={c['engine']} preset={c['preset']} k={c['k']} drafter={c['drafter']}"

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .plots import alpha_grid, count_text, counters_long
 from .provenance import plural
+from .selection import alpha_grid, counters_long, own_head, peer_rows
+from .tables import count_text
 
 
-def summary(df: pd.DataFrame) -> str:
-    """Markdown bullet list: identity, where MTP beats greedy, best k per alpha, policies, theory fit."""
+def sweep_findings(df: pd.DataFrame) -> str:
+    """A sweep's findings as a markdown bullet list: identity, where MTP beats greedy, best k per alpha, policies, theory fit."""
     out = []
     ok = df[df.status != "failed"]  # every point that ran: ok, or mismatch (its lossless check failed)
     failed = df[df.status == "failed"]
@@ -50,7 +51,7 @@ def summary(df: pd.DataFrame) -> str:
             m = a.groupby("k").speedup.mean()
             parts.append(f"alpha={alpha:g}: k={m.idxmax()} ({m.max():.2f}x)")
         out.append(f"- Best k per alpha, schedule `{sched}`: " + "; ".join(parts) + ".")
-    mtp = ok[(ok.drafter == "mtp") & (ok.get("engine", "mtplab") == "mtplab")]
+    mtp = own_head(ok)
     if len(mtp):
         for sched, s in mtp.groupby("schedule"):
             b = s.loc[s.speedup.idxmax()]
@@ -98,16 +99,16 @@ def policy_findings(long: pd.DataFrame) -> list[str]:
 def peer(df: pd.DataFrame) -> str:
     """Markdown: mtplab next to onnxruntime-genai, where the sweep has peer rows."""
     ok = df[df.status == "ok"]
-    if "engine" not in ok or not (ok.engine == "ort-genai").any():
+    peer = peer_rows(ok)
+    if peer.empty:
         return "_This sweep has no onnxruntime-genai rows (add `engine: [ort-genai]` to a grid)._"
-    peer_rows = ok[ok.engine == "ort-genai"]
-    own = ok[(ok.engine == "mtplab") & (ok.drafter == "mtp")]
+    own = own_head(ok)
     out = [
         f"- Greedy: mtplab {own.greedy_tokens_per_s.median():.1f} tok/s vs onnxruntime-genai "
-        f"{peer_rows.greedy_tokens_per_s.median():.1f} tok/s (medians; "
-        f"{own.greedy_tokens_per_s.median() / peer_rows.greedy_tokens_per_s.median():.2f}x)."
+        f"{peer.greedy_tokens_per_s.median():.1f} tok/s (medians; "
+        f"{own.greedy_tokens_per_s.median() / peer.greedy_tokens_per_s.median():.2f}x)."
     ]
-    for k, p in peer_rows.groupby("k"):
+    for k, p in peer.groupby("k"):
         mine = own[own.k == k]
         best = mine.loc[mine.tokens_per_s.idxmax()] if len(mine) else None
         text = f"- k={k}: genai MTP {p.tokens_per_s.mean():.1f} tok/s ({p.speedup.mean():.2f}x its greedy, draft acceptance {p.draft_acceptance.mean():.0%})"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import measure
 from .config import BACKENDS, COMMITS, RunConfig
 from .model.config import MAX_TRANSITION_CAPACITY
 from .policy import POLICIES
@@ -59,8 +60,8 @@ def capture_check(art, backend: str, tokens: int) -> dict:
     return {
         "identical": planned.tokens == eager.tokens,
         "tokens": tokens,
-        "replay_tok_s": planned.tokens_per_s,
-        "eager_tok_s": eager.tokens_per_s,
+        "replay_tok_s": measure.tokens_per_s(planned.tokens, tokens, planned.seconds),
+        "eager_tok_s": measure.tokens_per_s(eager.tokens, tokens, eager.seconds),
         "captures": st.captures,
         "replays": st.replays,
         "graphs": eng.device.graph_stats(),

@@ -206,7 +206,7 @@ def _fail(problems: list[str]) -> None:
 def require_engines(spec: GridSpec) -> None:
     """Refuse a spec whose engines' packages are not installed, with the install line."""
     if any(p.run.engine == "ort-genai" for p in spec.points):
-        from .genai import require_genai
+        from .genai_runner import require_genai
 
         try:
             require_genai()

@@ -1,18 +1,26 @@
-"""The standard figures, as functions of a sweep DataFrame (see store.load), shared by notebooks and reports."""
+"""The standard figures, drawn from the rows mtplab.selection picks out of a sweep DataFrame (see store.load)."""
 
 from __future__ import annotations
-
-import json
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from .selection import (
+    alpha_grid,
+    own_head,
+    own_head_beside_peer,
+    parse_json,
+    peak_arena_mib,
+    peer_rows,
+    policy_grid,
+    split_points,
+)
+from .tables import count_text
+
 POLICY_COLORS = {"shared-jit": "#d62728", "shared-max": "#1f77b4", "sibling": "#ff7f0e", "sibling-pinned": "#2ca02c"}
 COMMIT_COLORS = {"readvance-batched": "#9467bd", "readvance-m1": "#8c564b", "select": "#17becf"}
 PHASE_COLORS = {"decode": "#4c72b0", "draft": "#dd8452", "verify": "#55a868", "commit": "#c44e52"}
-COUNTERS = ("captures", "replays", "fallbacks", "invalidations", "hazards")
-SLOTS = ("primary", "verify", "mtp")
 
 plt.rcParams.update(
     {
@@ -32,28 +40,6 @@ def _k_color(k: int, ks) -> tuple:
     return plt.cm.viridis(0.1 + 0.8 * ks.index(k) / max(1, len(ks) - 1))
 
 
-def _json(col: pd.Series) -> pd.Series:
-    return col.map(lambda v: json.loads(v) if isinstance(v, str) else v)
-
-
-def alpha_grid(df: pd.DataFrame) -> pd.DataFrame:
-    """Oracle points of the (policy, commit) pair swept over the most alphas: the k x alpha grid."""
-    o = df[df.drafter == "oracle"]
-    if o.empty:
-        return o
-    best = o.groupby(["policy", "commit"])["alpha"].nunique().idxmax()
-    return o[(o.policy == best[0]) & (o.commit == best[1])]
-
-
-def policy_grid(df: pd.DataFrame) -> pd.DataFrame:
-    """Oracle decode-verify points at the (k, alpha) swept over the most policies: the policy x commit grid."""
-    o = df[(df.drafter == "oracle") & (df.schedule == "decode-verify")]
-    if o.empty:
-        return df
-    k, alpha = o.groupby(["k", "alpha"])["policy"].nunique().idxmax()
-    return o[(o.k == k) & (o.alpha == alpha)]
-
-
 def _policy_order(policies) -> list[str]:
     known = [p for p in POLICY_COLORS if p in set(policies)]
     return known + sorted(set(policies) - set(known))
@@ -69,21 +55,14 @@ def predicted_curve(s: pd.DataFrame, k: int, schedule: str, alphas: np.ndarray) 
     )
 
 
-def _own_head(df: pd.DataFrame) -> pd.DataFrame:
-    """mtplab's own runs with the built-in MTP head (not the onnxruntime-genai peer)."""
-    engine = df.engine if "engine" in df else pd.Series("mtplab", index=df.index)
-    return df[(df.drafter == "mtp") & (engine == "mtplab")]
-
-
 def peer_comparison(df: pd.DataFrame):
     """Tokens/s with the real MTP head per k: mtplab (each schedule) next to onnxruntime-genai; greedy dotted."""
     fig, ax = plt.subplots(figsize=(7.2, 3.8))
-    peer = df[df.engine == "ort-genai"] if "engine" in df else df.iloc[:0]
+    peer = peer_rows(df)
     if peer.empty:
         _empty(ax, "onnxruntime-genai rows")
         return fig
-    own = _own_head(df)
-    own = own[own.policy == "sibling-pinned"] if "sibling-pinned" in set(own.policy) else own
+    own = own_head_beside_peer(df)
     series = [(f"mtplab {s}", own[own.schedule == s]) for s in sorted(own.schedule.unique())]
     series.append(("onnxruntime-genai MtpGenerator", peer))
     ks = sorted(set(peer.k))
@@ -101,23 +80,6 @@ def peer_comparison(df: pd.DataFrame):
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
-
-
-def figures_for(df: pd.DataFrame) -> dict[str, bool]:
-    """Which standard figures this sweep's points can fill (a report shows only those: no empty panels)."""
-    own = df[df.engine == "mtplab"] if "engine" in df else df
-    g = alpha_grid(own)
-    top_k = own.k.max() if len(own) else None
-    split = own[(own.drafter == "oracle") & (own.schedule == "decode-verify")]
-    return {
-        "alpha_grid": g.alpha.nunique() >= 2,  # a curve against alpha needs two alphas at least
-        "acceptance": len(g) > 0 or len(_own_head(own)) > 0,
-        "per_position": len(g[g.k == top_k]) > 0 or len(_own_head(own)[lambda m: m.k == top_k]) > 0,
-        "counters": len(own) > 0,
-        "time_split": len(split) > 0,
-        "memory": len(own) > 0 and "arena" in own,
-        "peer": "engine" in df and (df.engine == "ort-genai").any(),
-    }
 
 
 def _empty(ax, what: str) -> None:
@@ -208,13 +170,13 @@ def per_position(df: pd.DataFrame):
     g = g[g.k == k]
     pos = np.arange(1, k + 1)
     for alpha, s in g.groupby("alpha"):
-        measured = np.mean(np.stack(_json(s.acceptance_per_position).map(np.asarray).values), axis=0)
+        measured = np.mean(np.stack(parse_json(s.acceptance_per_position).map(np.asarray).values), axis=0)
         line = ax.plot(pos, measured, "o-", label=f"oracle alpha={alpha:g}")[0]
         ax.plot(pos, alpha**pos, "--", color=line.get_color(), alpha=0.7)
-    mtp = _own_head(df)
+    mtp = own_head(df)
     mtp = mtp[mtp.k == k]
     if len(mtp):
-        measured = np.mean(np.stack(_json(mtp.acceptance_per_position).map(np.asarray).values), axis=0)
+        measured = np.mean(np.stack(parse_json(mtp.acceptance_per_position).map(np.asarray).values), axis=0)
         ax.plot(pos, measured, "*-", color="black", ms=10, label="built-in MTP head")
     ax.set_xticks(pos)
     ax.set_ylim(0, 1.05)
@@ -224,23 +186,6 @@ def per_position(df: pd.DataFrame):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
-
-
-def counters_long(df: pd.DataFrame) -> pd.DataFrame:
-    """Per-slot counters of the policy x commit grid in long form (policy, commit, slot, counters)."""
-    rows = []
-    for _, r in policy_grid(df).iterrows():
-        for slot in ("primary", "verify"):
-            if f"slots.{slot}.replays" in r and pd.notna(r[f"slots.{slot}.replays"]):
-                rows.append(
-                    {
-                        "policy": r.policy,
-                        "commit": r.commit,
-                        "slot": slot,
-                        **{c: r[f"slots.{slot}.{c}"] for c in COUNTERS},
-                    }
-                )
-    return pd.DataFrame(rows)
 
 
 def slot_counters(long: pd.DataFrame):
@@ -280,23 +225,15 @@ def slot_counters(long: pd.DataFrame):
     return fig
 
 
-def count_text(v: float) -> str:
-    """A counter as an integer; a mean over repeats keeps one decimal."""
-    return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
-
-
 def time_split(df: pd.DataFrame):
     """Milliseconds per speculative step in decode, draft, verify and commit, stacked, by commit strategy."""
-    s = df[df.drafter == "oracle"]
-    if "sibling-pinned" in set(s.policy):
-        s = s[s.policy == "sibling-pinned"]
-    k = int(s.k.mode().iloc[0]) if len(s) else 0
-    s = s[(s.k == k) & (s.schedule == "decode-verify")]
+    s = split_points(df)
+    k = int(s.k.iloc[0]) if len(s) else 0
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     if s.empty:
         _empty(ax, "points")
         return fig
-    splits = _json(s.time_split)
+    splits = parse_json(s.time_split)
     per_step = pd.DataFrame([{p: v / r * 1e3 for p, v in sp.items()} for sp, r in zip(splits, s.steps)], index=s.index)
     table = per_step.groupby(s.commit).mean()
     bottom = np.zeros(len(table))
@@ -315,7 +252,7 @@ def memory_by_policy(df: pd.DataFrame):
     """Peak bytes held by all mtplab arenas (named buffers, pool blocks, persistent state) per policy."""
     fig, ax = plt.subplots(figsize=(5.6, 3.4))
     g = policy_grid(df)
-    peak = _json(g.arena).map(lambda a: sum(v.get("peak_bytes", v["bytes_held"]) for v in a.values()) / 2**20)
+    peak = peak_arena_mib(g)
     m = peak.groupby(g.policy).mean()
     m = m.loc[_policy_order(m.index)]
     ax.bar(m.index, m.values, color=[POLICY_COLORS.get(p, "gray") for p in m.index])

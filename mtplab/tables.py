@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from .plots import COUNTERS, count_text
 from .provenance import blank_inapplicable, fixed_and_varied
+from .selection import COUNTERS
 
 METRICS = {
     "greedy_tokens_per_s": "greedy tok/s",
@@ -32,6 +32,11 @@ table.provenance th, table.points td.text, table.points th, table.counters td.te
 table.points td.id {text-align: left !important; word-break: break-all; min-width: 280px; max-width: 330px; font-family: monospace;
   font-size: 11px}
 </style>"""
+
+
+def count_text(v: float) -> str:
+    """A counter as an integer; a mean over repeats keeps one decimal."""
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
 
 
 def ci_text(value) -> str:

@@ -23,26 +23,21 @@ results = "demo"  # a sweep under results/ (`make demo` makes results/demo), or 
 quick = False  # True: use the smoke sweep results/smoke instead, running it first if missing (seconds)
 
 # %%
-from mtplab import plots, store, workspace
+from mtplab import figures, store, workspace
 
 sweep_dir = workspace.sweep_folder(results, quick)
 df = store.load(sweep_dir)
 df = df[df.status == "ok"]
-show = plots.figures_for(df)
 print(f"{sweep_dir}: {len(df)} points")
 
 # %%
-if show["alpha_grid"]:
-    fig = plots.speedup_vs_alpha(df)
+fig = figures.speedup_vs_alpha(df)
 
 # %%
-if show["alpha_grid"]:
-    fig = plots.tokens_per_s_vs_alpha(df)
+fig = figures.tokens_per_s_vs_alpha(df)
 
 # %%
-if show["acceptance"]:
-    fig = plots.acceptance_vs_theory(df)
+fig = figures.acceptance(df)
 
 # %%
-if show["per_position"]:
-    fig = plots.per_position(df)
+fig = figures.per_position(df)

@@ -24,22 +24,18 @@ results = "demo"  # a sweep under results/ (`make demo` makes results/demo), or 
 quick = False  # True: use the smoke sweep results/smoke instead, running it first if missing (seconds)
 
 # %%
-from mtplab import plots, store, workspace
+from mtplab import figures, store, workspace
 
 sweep_dir = workspace.sweep_folder(results, quick)
 df = store.load(sweep_dir)
 df = df[df.status == "ok"]
-show = plots.figures_for(df)
 print(f"{sweep_dir}: {len(df)} points")
 
 # %%
-if show["counters"]:
-    fig = plots.slot_counters(plots.counters_long(df))
+fig = figures.slot_counters(df)
 
 # %%
-if show["time_split"]:
-    fig = plots.time_split(df)
+fig = figures.time_split(df)
 
 # %%
-if show["memory"]:
-    fig = plots.memory_by_policy(df)
+fig = figures.memory(df)

@@ -22,12 +22,11 @@ from pathlib import Path
 
 from IPython.display import HTML, Markdown, display
 
-from mtplab import findings, plots, provenance, store, tables
+from mtplab import figures, findings, provenance, store, tables
 
 sweep = json.loads((Path(sweep_dir) / "sweep.json").read_text())
 df = store.load(sweep_dir)
 ok = df[df.status == "ok"]
-show = plots.figures_for(ok)
 display(HTML(tables.CSS + provenance.header_html(sweep, df)))
 display(Markdown(provenance.HOW_TO_READ))
 
@@ -35,65 +34,34 @@ display(Markdown(provenance.HOW_TO_READ))
 # ## Findings
 
 # %%
-display(Markdown(findings.summary(df)))
+display(Markdown(findings.sweep_findings(df)))
 
 # %%
-if show["alpha_grid"]:
-    display(Markdown(
-        "## Speedup against acceptance\n"
-        "Oracle drafter (controlled per-position acceptance alpha; performance only, never accuracy). "
-        "Solid: measured. Dashed: predicted from alpha and the calibration's cost ratios (measured apart from any point)."
-    ))
-    fig = plots.speedup_vs_alpha(ok)
+fig = figures.speedup_vs_alpha(ok)
 
 # %%
-if show["alpha_grid"]:
-    fig = plots.tokens_per_s_vs_alpha(ok)
+fig = figures.tokens_per_s_vs_alpha(ok)
 
 # %%
-if show["acceptance"]:
-    display(Markdown(
-        "## Acceptance\n"
-        "Acceptance length = 1 + accepted/steps (vLLM's definition); per-position acceptance = P(accepted >= i)."
-    ))
-    fig = plots.acceptance_vs_theory(ok)
+fig = figures.acceptance(ok)
 
 # %%
-if show["per_position"]:
-    fig = plots.per_position(ok)
+fig = figures.per_position(ok)
 
 # %%
-if show["counters"]:
-    long, grid = plots.counters_long(ok), plots.policy_grid(ok)
-    display(Markdown(
-        "## The two slots under each arena policy\n"
-        "Counts per run, one panel per slot and commit strategy (nothing averaged across strategies), "
-        f"for the {provenance.plural(len(grid), 'point')} at k={grid.k.iloc[0]}"
-        + (f", alpha={grid.alpha.iloc[0]:g}" if (grid.drafter == "oracle").all() else "") + "."
-    ))
-    fig = plots.slot_counters(long)
+fig = figures.slot_counters(ok)
 
 # %%
-if show["counters"]:
-    display(HTML(tables.counters_html(long)))
+figures.counters_table(ok)
 
 # %%
-if show["time_split"]:
-    display(Markdown("## Where a speculative step's time goes, by commit strategy"))
-    fig = plots.time_split(ok)
+fig = figures.time_split(ok)
 
 # %%
-if show["memory"]:
-    fig = plots.memory_by_policy(ok)
+fig = figures.memory(ok)
 
 # %%
-if show["peer"]:
-    display(Markdown(
-        "## Side by side with onnxruntime-genai\n"
-        "The same model exported in genai's form; og.Generator for greedy, og.MtpGenerator with the real head."
-    ))
-    display(Markdown(findings.peer(df)))
-    fig = plots.peer_comparison(ok)
+fig = figures.peer(ok)
 
 # %% [markdown]
 # ## All points

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from mtplab import plots, workspace
 from mtplab.config import RunConfig
-from mtplab.experiment import run_point, summary
+from mtplab.experiment import result_text, run_point
 from mtplab.grid import Point
 
 run = RunConfig(
@@ -57,7 +57,7 @@ run = RunConfig(
 run_dir = Path(run_dir) if run_dir else workspace.output_folder(f"run_point/{Point(run).id}")
 result = run_point(run)
 result.save(run_dir / "result.json")
-print(summary(result))
+print(result_text(result))
 
 # %%
 fig = plots.point_figure(result.to_dict())

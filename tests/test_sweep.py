@@ -16,7 +16,7 @@ import yaml
 
 from mtplab import grid, store
 from mtplab.device import cuda_available
-from mtplab.report import make_report
+from mtplab.publish import make_report
 from mtplab.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
-from . import oracle
+from . import measure, oracle
 from .config import RunConfig
 from .engine import Engine, model_for, prompt_tokens
 from .env import environment
-from .genai import GenaiPeer, export_genai, require_genai
+from .genai_export import export_genai
+from .genai_runner import GenaiPeer, genai_version, require_genai
 from .model import Artifact, cache_dir
 from .result import RunResult
-from .stats import summarize
 
 
 def exported(art: Artifact):
@@ -28,27 +26,28 @@ def exported(art: Artifact):
 def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, rounds: int) -> dict:
     """Paired rounds: genai greedy and genai MTP (order alternating), then mtplab's greedy, each round.
 
-    Every side counts the n - 1 tokens after the prefill's token, timed from after the prefill.
+    Every side counts and is timed as mtplab.measure says.
     """
-    samples, last = [], None
+    samples, last, greedy_tokens = [], None, None
     for r in range(rounds):
         order = ("greedy", "mtp") if r % 2 == 0 else ("mtp", "greedy")
-        sample: dict = {"round": r, "order": "-".join(order)}
+        sample = measure.paired_round(r, order)
         for side in order:
             if side == "greedy":
                 tokens, seconds = peer.greedy(prompt, n)
-                sample["greedy_tokens_per_s"], sample["greedy_tokens"] = (len(tokens) - 1) / seconds, tokens
+                measure.record_side(sample, side, tokens, n, seconds)
+                greedy_tokens = greedy_tokens or tokens
             else:
                 tokens, seconds, stats = peer.mtp(prompt, n, k)
-                sample["tokens_per_s"], sample["seconds"], last = (len(tokens) - 1) / seconds, seconds, (tokens, stats)
+                measure.record_side(sample, side, tokens, n, seconds)
+                last = (tokens, stats)
         g = engine.greedy(prompt, n, margins=False)
-        sample["mtplab_greedy_tokens_per_s"] = g.decodes / g.seconds
-        sample["speedup"] = sample["tokens_per_s"] / sample["greedy_tokens_per_s"]
-        samples.append(sample)
-    return {"samples": samples, "tokens": last[0], "stats": last[1]}
+        sample["mtplab_greedy_tokens_per_s"] = measure.tokens_per_s(g.tokens, n, g.seconds)
+        samples.append(measure.close_round(sample))
+    return {"samples": samples, "tokens": last[0], "stats": last[1], "greedy_tokens": greedy_tokens}
 
 
-def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResult:
+def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResult:
     """Greedy (og.Generator) and MTP (og.MtpGenerator, real head, k drafts) on the same model and prompt,
     checked against mtplab's greedy reference."""
     require_genai()
@@ -62,13 +61,7 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
     peer.mtp(prompt, 16, run.k)
     measured = peer_rounds(peer, engine, prompt, n, run.k, run.rounds)
     samples, tokens, stats = measured["samples"], measured["tokens"], measured["stats"]
-    greedy_tokens = samples[0].pop("greedy_tokens")
-    for sample in samples[1:]:
-        sample.pop("greedy_tokens")
-    speedup = summarize([s["speedup"] for s in samples])
-    spec_tps = summarize([s["tokens_per_s"] for s in samples])
-    greedy_tps = summarize([s["greedy_tokens_per_s"] for s in samples])
-    mtplab_greedy = summarize([s["mtplab_greedy_tokens_per_s"] for s in samples])
+    greedy_tokens = measured["greedy_tokens"]
     identity = oracle.token_identity(tokens, reference.tokens[: len(tokens)], reference.margins)
     greedy_identity = oracle.token_identity(greedy_tokens, reference.tokens[: len(greedy_tokens)], reference.margins)
     identity |= {
@@ -82,25 +75,18 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
         ok, verdict = False, "LOSSLESS CHECK FAILED: genai greedy differs from mtplab greedy: " + str(greedy_identity)
     if not ok:
         oracle.shout(verdict)
-    rounds = max(1, int(stats.get("rounds", 0)))
     accepted, evaluated = int(stats.get("draft_tokens_accepted", 0)), int(stats.get("draft_tokens_evaluated", 0))
-    return RunResult(
+    mtplab_greedy = measure.summary_of(samples, "mtplab_greedy_tokens_per_s")
+    # genai reports no per-step acceptance: per-position acceptance stays empty
+    acceptance = measure.acceptance(int(stats.get("rounds", 0)), accepted, evaluated, len(tokens) - 1)
+    return measure.run_result(
+        samples,
+        n,
+        acceptance,
         config=run.to_dict(),
         model=art.identity(),
         prompt=prompt,
         tokens=tokens,
-        seconds=float(np.median([s["seconds"] for s in samples])),
-        tokens_per_s=spec_tps["median"],
-        greedy_seconds=(n - 1) / greedy_tps["median"],
-        greedy_tokens_per_s=greedy_tps["median"],
-        speedup=speedup["median"],
-        steps=int(stats.get("rounds", 0)),
-        tokens_per_step=len(tokens) / rounds,
-        acceptance_length=1.0 + accepted / rounds,
-        draft_acceptance=accepted / evaluated if evaluated else 0.0,
-        acceptance_per_position=[],
-        drafted=evaluated,
-        accepted=accepted,
         forwards={
             "target": int(stats.get("target_forward_passes", 0)),
             "draft": int(stats.get("draft_forward_passes", 0)),
@@ -112,7 +98,7 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
         arena={},
         identity=identity,
         theory={},
-        env=environment(run.backend) | {"engine": "onnxruntime-genai " + _genai_version()},
+        env=environment(run.backend) | {"engine": "onnxruntime-genai " + genai_version()},
         lossless=ok,
         verdict=verdict,
         extra={
@@ -121,15 +107,4 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
             "mtplab_greedy_tokens_per_s": mtplab_greedy["median"],
             "mtplab_greedy_tokens_per_s_ci": mtplab_greedy["ci"],
         },
-        round_samples=samples,
-        speedup_ci=speedup["ci"],
-        tokens_per_s_ci=spec_tps["ci"],
-        greedy_tokens_per_s_ci=greedy_tps["ci"],
-        stable=speedup["stable"],
     )
-
-
-def _genai_version() -> str:
-    import importlib.metadata as md
-
-    return md.version("onnxruntime-genai")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from . import store
 from .kernel import ensure_kernel
-from .pool import notebooks_dir
+from .point_exec import notebooks_dir
 from .result import write_atomic
 
 

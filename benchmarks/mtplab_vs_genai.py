@@ -5,20 +5,21 @@ the real head (mtplab's `select` commit on both schedules vs og.MtpGenerator), e
 against greedy. Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
 drift cancels out. Both engines run on the same intra-op threads (genai through genai_config
 session_options), both generators are warmed up, and every run counts the n - 1 tokens after the
-prefill's token, timed from after the prefill.
+prefill's token, timed from after the prefill (mtplab.measure's rates).
 
-    python benchmarks/peer.py [--rounds 3] [--tokens 128]
+    python benchmarks/mtplab_vs_genai.py [--rounds 3] [--tokens 128]
 """
 
 from __future__ import annotations
 
 import argparse
 
+from mtplab import measure
 from mtplab.config import RunConfig
 from mtplab.engine import Engine, prompt_tokens
-from mtplab.genai import GenaiPeer
+from mtplab.genai_point import exported
+from mtplab.genai_runner import GenaiPeer
 from mtplab.model import build_model, preset
-from mtplab.peer import exported
 from mtplab.stats import summarize
 
 
@@ -47,21 +48,21 @@ def main() -> None:
     rates: dict[str, list[float]] = {}
     identical: dict[str, bool] = {}
 
-    def record(name: str, tokens: list[int], seconds: float, count: int) -> None:
-        rates.setdefault(name, []).append(count / seconds)
+    def record(name: str, tokens: list[int], seconds: float) -> None:
+        rates.setdefault(name, []).append(measure.tokens_per_s(tokens, n, seconds))
         identical[name] = identical.get(name, True) and tokens[: len(reference)] == reference[: len(tokens)]
 
     for _ in range(args.rounds):
         g = greedy_engine.greedy(prompt, n, margins=False)
-        record("greedy mtplab", g.tokens, g.seconds, g.decodes)
+        record("greedy mtplab", g.tokens, g.seconds)
         tokens, seconds = peer.greedy(prompt, n)
-        record("greedy genai", tokens, seconds, len(tokens) - 1)
+        record("greedy genai", tokens, seconds)
         for k in args.ks:
             for sched in ("decode-verify", "fused"):
                 out = engines[(sched, k)].speculative(prompt, n)
-                record(f"mtp k={k} mtplab {sched}", out["tokens"][:n], out["seconds"], n - 1)
+                record(f"mtp k={k} mtplab {sched}", out["tokens"][:n], out["seconds"])
             tokens, seconds, _ = peer.mtp(prompt, n, k)
-            record(f"mtp k={k} genai", tokens, seconds, len(tokens) - 1)
+            record(f"mtp k={k} genai", tokens, seconds)
     med = {name: summarize(v) for name, v in rates.items()}
     print(f"small preset, {n} tokens, medians [95% CI] of {args.rounds} interleaved rounds, tokens/s; identity")
     print(f"{'run':34} {'tok/s':>8} {'95% CI':>16} {'identical':>10}")
@@ -70,7 +71,7 @@ def main() -> None:
         print(f"{name:34} {s['median']:8.1f} [{lo:6.1f}, {hi:6.1f}] {str(identical[name]):>10}")
 
     def ratio(a: str, b: str) -> str:  # median and CI of the per-round ratios (rounds are paired)
-        r = summarize([x / y for x, y in zip(rates[a], rates[b])])
+        r = measure.paired_ratio(rates[a], rates[b])
         return f"{r['median']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
 
     print(f"\ngreedy mtplab / genai: {ratio('greedy mtplab', 'greedy genai')}")

@@ -1,4 +1,4 @@
-"""onnxruntime-genai as a side-by-side peer: export the built-in model in its form, run its loops.
+"""The built-in model exported in onnxruntime-genai's form, for the side-by-side peer (mtplab.genai_runner).
 
 The export is the same network with the same weights; only the form differs where genai needs it:
 - I/O names: input_ids, attention_mask, position_ids, past_key_values.%d.key/value (attention
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .model import Artifact, ModelConfig
 
-INSTALL_HINT = "the ort-genai engine needs onnxruntime-genai: pip install 'mtplab[peer]'"
 LENGTH_INPUTS = ("seqlens_k", "total_sequence_length", "query_seqlens", "capture_count")
-
-
-def require_genai():
-    try:
-        import onnxruntime_genai as og
-    except ImportError as err:
-        raise ValueError(INSTALL_HINT) from err
-    return og
 
 
 def _names(cfg: ModelConfig, part: str) -> dict[str, str]:
@@ -201,40 +191,3 @@ def export_genai(art: Artifact, out: str | Path, threads: int | None = None) -> 
         json.dumps({"source": str(art.path), "config_hash": cfg.config_hash()}, indent=1)
     )
     return out
-
-
-class GenaiPeer:
-    """og.Generator (greedy) and og.MtpGenerator (MTP, real head) on an exported model."""
-
-    def __init__(self, folder: str | Path):
-        og = self.og = require_genai()
-        self.main, self.head = og.Model(str(Path(folder) / "target")), og.Model(str(Path(folder) / "mtp"))
-
-    def _params(self, total: int, k: int | None = None):
-        params = self.og.GeneratorParams(self.main)
-        params.set_search_options(max_length=total, do_sample=False)
-        if k is not None:
-            params.set_speculative_options(max_draft_tokens=k)
-        return params
-
-    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float]:
-        """n tokens; the time covers the n - 1 after the prefill's token, as mtplab's greedy."""
-        gen = self.og.Generator(self.main, self._params(len(prompt) + n))
-        gen.append_tokens(np.asarray(prompt, dtype=np.int32))
-        gen.generate_next_token()  # the prompt's forward: timed from the first decode, as mtplab's greedy
-        tokens = [int(gen.get_next_tokens()[0])]
-        t0 = time.perf_counter()
-        while not gen.is_done() and len(tokens) < n:
-            gen.generate_next_token()
-            tokens.append(int(gen.get_next_tokens()[0]))
-        return tokens, time.perf_counter() - t0
-
-    def mtp(self, prompt: list[int], n: int, k: int) -> tuple[list[int], float, dict]:
-        """n tokens (max_length stops it: no overshoot); timed from after the prompt's forward."""
-        gen = self.og.MtpGenerator(self.main, self.head, self._params(len(prompt) + n, k))
-        gen.append_tokens(np.asarray(prompt, dtype=np.int32))
-        t0 = time.perf_counter()
-        while not gen.is_done():
-            gen.generate_next_token()
-        seconds = time.perf_counter() - t0
-        return [int(t) for t in gen.get_sequence()[len(prompt) :]][:n], seconds, gen.get_stats()

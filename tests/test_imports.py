@@ -1,0 +1,86 @@
+"""The package's modules import each other without a cycle (function-level imports included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mtplab"
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name, from its __init__.py)."""
+    mods = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+def imported(node: ast.ImportFrom | ast.Import, module: str, is_package: bool) -> list[str]:
+    """The dotted names an import statement may load: the module itself and each name as a submodule."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    return [target] + [f"{target}.{a.name}" for a in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports, at any level of the file (functions included)."""
+    mods = module_files()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [n for n in imported(node, module, path.name == "__init__.py") if n in mods and n != module]
+            submodules = [n for n in names if n.rsplit(".", 1)[0] in names]
+            # `from . import store` loads the submodule store, not a cycle through the package itself
+            graph[module].update(submodules or names)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if not state.get(nxt) and (cycle := visit(nxt, path)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if not state.get(start) and (cycle := visit(start, [])):
+            return cycle
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "mtplab.pool" in graph and graph["mtplab.pool"]  # the graph is read, not empty
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_a_cycle_is_named():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_function_level_imports_count():
+    graph = import_graph()
+    assert "mtplab.cluster" in graph["mtplab.pool"]  # make_pool imports RayPool inside the function

@@ -1,0 +1,86 @@
+"""One definition of each rate: counting, paired rounds, acceptance, and the one RunResult builder."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+from mtplab import measure
+from mtplab.result import RunResult
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mtplab"
+
+
+def test_a_run_counts_the_tokens_after_the_prefills_up_to_n():
+    assert measure.counted(list(range(10)), 8) == 7  # a speculative overshoot is not counted
+    assert measure.counted(list(range(5)), 8) == 4  # stopped early (EOS): what it made
+    assert measure.counted([], 8) == 0
+    assert measure.tokens_per_s(list(range(9)), 9, 2.0) == 4.0
+    assert math.isnan(measure.tokens_per_s([1], 9, 2.0)) and math.isnan(measure.rate(3, 0))
+
+
+def test_a_paired_round_has_both_sides_and_their_ratio():
+    sample = measure.paired_round(1, ("speculative", "greedy"))
+    measure.record_side(sample, "speculative", list(range(12)), 9, 1.0)
+    measure.record_side(sample, "greedy", list(range(9)), 9, 2.0)
+    measure.close_round(sample)
+    assert sample == {
+        "round": 1,
+        "order": "speculative-greedy",
+        "tokens_per_s": 8.0,
+        "seconds": 1.0,
+        "greedy_tokens_per_s": 4.0,
+        "greedy_seconds": 2.0,
+        "speedup": 2.0,
+    }
+
+
+def test_acceptance_per_step_and_without_it():
+    a = measure.acceptance(steps=4, accepted=6, drafted=12, generated=10, per_step=[3, 0, 2, 1], k=3)
+    assert a["tokens_per_step"] == 2.5 and a["acceptance_length"] == 2.5 and a["draft_acceptance"] == 0.5
+    assert a["acceptance_per_position"] == [0.75, 0.5, 0.25] and a["accepted_per_step"] == [3, 0, 2, 1]
+    b = measure.acceptance(steps=0, accepted=0, drafted=0, generated=0)
+    assert math.isnan(b["tokens_per_step"]) and b["acceptance_length"] == 1.0 and b["draft_acceptance"] == 0.0
+    assert b["acceptance_per_position"] == [] and b["accepted_per_step"] == []
+
+
+def _samples(speedups):
+    out = []
+    for r, s in enumerate(speedups):
+        sample = measure.paired_round(r, ("greedy", "speculative"))
+        measure.record_side(sample, "greedy", list(range(9)), 9, 1.0)
+        measure.record_side(sample, "speculative", list(range(9)), 9, 1.0 / s)
+        out.append(measure.close_round(sample))
+    return out
+
+
+def test_the_builder_takes_medians_with_cis_and_the_efficiency():
+    fields = dict.fromkeys(("config", "model", "forwards", "time_split", "slots", "greedy_slots"), {})
+    fields |= dict.fromkeys(("slot_reasons", "arena", "identity", "theory", "env"), {})
+    r = measure.run_result(
+        _samples([1.5, 2.0, 2.5]),
+        9,
+        measure.acceptance(2, 2, 4, 6),
+        predicted={"speedup": 2.0, "alpha": 0.8},
+        prompt=[1],
+        tokens=[1],
+        **fields,
+    )
+    assert isinstance(r, RunResult)
+    assert r.speedup == 2.0 and r.speedup_ci[0] <= 2.0 <= r.speedup_ci[1]
+    assert r.greedy_tokens_per_s == 8.0 and r.greedy_seconds == 1.0 and r.tokens_per_s == 16.0
+    assert r.seconds == 0.5 and len(r.round_samples) == 3
+    assert r.efficiency == 1.0 and r.predicted["alpha"] == 0.8 and len(r.efficiency_ci) == 2
+
+
+def test_every_engine_builds_its_result_here():
+    """A RunResult is built from measurements in mtplab.measure only, so no engine counts its own way
+    (one re-made from a saved result.json, RunResult(**data), builds nothing)."""
+    builders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "RunResult":
+                if node.args or any(k.arg is not None for k in node.keywords):
+                    builders.append(path.name)
+    assert set(builders) == {"measure.py"}

@@ -1,0 +1,67 @@
+"""Which rows each figure, table and finding is computed on."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from mtplab import selection
+
+
+def _row(**kw) -> dict:
+    row = {"engine": "mtplab", "drafter": "oracle", "k": 2, "alpha": 0.8, "policy": "sibling-pinned",
+           "commit": "select", "schedule": "decode-verify"}
+    return row | kw
+
+
+def _frame() -> pd.DataFrame:
+    rows = [_row(alpha=a) for a in (0.6, 0.7, 0.8)]
+    rows += [_row(policy=p, commit=c) for p in ("shared-jit", "sibling") for c in ("select", "readvance-m1")]
+    rows += [_row(drafter="mtp", alpha=None, k=3), _row(engine="ort-genai", drafter="mtp", alpha=None, k=3)]
+    rows += [_row(k=4, schedule="fused")]
+    return pd.DataFrame(rows)
+
+
+def test_the_alpha_grid_is_the_pair_swept_over_the_most_alphas():
+    g = selection.alpha_grid(_frame())
+    assert set(g.alpha) == {0.6, 0.7, 0.8} and set(g.policy) == {"sibling-pinned"} and set(g.commit) == {"select"}
+    assert selection.alpha_grid(_frame()[lambda d: d.drafter == "mtp"]).empty
+
+
+def test_the_policy_grid_is_decode_verify_at_the_k_alpha_with_the_most_policies():
+    g = selection.policy_grid(_frame())
+    assert set(g.policy) == {"sibling-pinned", "shared-jit", "sibling"} and set(g.schedule) == {"decode-verify"}
+    assert (g.k == 2).all() and (g.alpha == 0.8).all()
+
+
+def test_own_head_and_peer_rows():
+    df = _frame()
+    assert len(selection.own_head(df)) == 1 and (selection.own_head(df).engine == "mtplab").all()
+    assert len(selection.peer_rows(df)) == 1
+    no_engine = df[df.engine == "mtplab"].drop(columns="engine")
+    assert selection.peer_rows(no_engine).empty and len(selection.own_head(no_engine)) == 1
+    assert len(selection.own_engine(no_engine)) == len(no_engine)
+
+
+def test_split_points_are_the_pinned_policy_at_the_commonest_k():
+    s = selection.split_points(_frame())
+    assert set(s.policy) == {"sibling-pinned"} and set(s.k) == {2} and set(s.schedule) == {"decode-verify"}
+
+
+def test_counters_long_and_peak_memory():
+    df = _frame()
+    for slot in ("primary", "verify"):
+        for c in selection.COUNTERS:
+            df[f"slots.{slot}.{c}"] = 1
+    df["arena"] = json.dumps({"main": {"bytes_held": 2**20, "peak_bytes": 2**21}, "verify": {"bytes_held": 2**20}})
+    long = selection.counters_long(df)
+    assert len(long) == 2 * len(selection.policy_grid(df)) and set(long.slot) == {"primary", "verify"}
+    assert (selection.peak_arena_mib(df) == 3.0).all()
+
+
+def test_figures_for_says_what_the_sweep_can_fill():
+    show = selection.figures_for(_frame())
+    assert show["alpha_grid"] and show["acceptance"] and show["counters"] and show["time_split"] and show["peer"]
+    only_peer = selection.figures_for(_frame()[lambda d: d.engine == "ort-genai"])
+    assert only_peer["peer"] and not only_peer["alpha_grid"] and not only_peer["counters"]
