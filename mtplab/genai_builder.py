@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from .genai import session_options
+from .genai_export import session_options
 from .model import cache_dir
 
 

@@ -8,6 +8,7 @@ from . import measure, oracle
 from .config import RunConfig
 from .engine import Engine, model_for, prompt_tokens
 from .env import environment
+from .genai_builder import builder_peer_folder
 from .genai_export import export_genai
 from .genai_runner import GenaiPeer, genai_version, require_genai
 from .model import Artifact, cache_dir
@@ -15,8 +16,13 @@ from .result import RunResult
 
 
 def exported(art: Artifact):
-    """The genai export of an artifact for this process's threads, cached beside it."""
+    """The og.Model folders (target/, mtp/) of a model for this process's threads, made once in the cache.
+
+    A builder folder gets the copy genai needs (mtplab.genai_builder); the built-in model its export.
+    """
     threads = int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
+    if art.description.kind == "builder":
+        return builder_peer_folder(art, threads)
     folder = cache_dir() / f"{art.path.name}-genai-v2-t{threads}"
     if not (folder / "manifest.json").exists():
         export_genai(art, folder, threads)

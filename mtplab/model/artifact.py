@@ -252,7 +252,6 @@ def _build(cfg: ModelConfig, key: str) -> dict[str, bytes]:
             "target": {"inputs": _io_table(t_in), "outputs": _io_table(t_out)},
             "mtp": {"inputs": _io_table(m_in), "outputs": _io_table(m_out)},
         },
-        "names": builtin_names(),
         "ops": sorted(ops_t | ops_m),
         "parameters": {"target": n_params(target), "mtp": n_params(mtp)},
         "behaviour": behaviour,
@@ -261,42 +260,6 @@ def _build(cfg: ModelConfig, key: str) -> dict[str, bytes]:
     }
     blobs["manifest.json"] = json.dumps(manifest, indent=1).encode()
     return blobs
-
-
-def builtin_names() -> dict:
-    """The I/O name mapping: role -> graph name ({i} is the layer index)."""
-    return {
-        "target": {
-            "input_ids": "input_ids",
-            "seqlens_k": "seqlens_k",
-            "total_sequence_length": "total_sequence_length",
-            "capture_count": "capture_count",
-            "logits": "logits",
-            "hidden": "hidden",
-            "past_key": "past_key.{i}",
-            "past_value": "past_value.{i}",
-            "present_key": "present_key.{i}",
-            "present_value": "present_value.{i}",
-            "conv_state": "conv_state.{i}",
-            "present_conv_state": "present_conv_state.{i}",
-            "gdn_state": "gdn_state.{i}",
-            "present_gdn_state": "present_gdn_state.{i}",
-            "gdn_transitions": "gdn_transitions.{i}",
-            "conv_input": "conv_input.{i}",
-        },
-        "mtp": {
-            "input_ids": "input_ids",
-            "hidden_states": "hidden_states",
-            "seqlens_k": "seqlens_k",
-            "total_sequence_length": "total_sequence_length",
-            "logits": "logits",
-            "mtp_hidden": "mtp_hidden",
-            "past_key": "past_key.0",
-            "past_value": "past_value.0",
-            "present_key": "present_key.0",
-            "present_value": "present_value.0",
-        },
-    }
 
 
 def load_artifact(path: str | Path) -> Artifact:

@@ -1,0 +1,175 @@
+"""Builder output folders: described from genai_config.json and the graphs, run losslessly, refused when wrong.
+
+All on tests/data/builder-tiny (onnxruntime-genai's model builder output for a tiny random-weight
+Qwen3.5 hybrid: 3 LinearAttention layers, 1 attention layer, one MTP layer).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from mtplab import oracle
+from mtplab.config import RunConfig
+from mtplab.engine import Engine, prompt_tokens
+from mtplab.lossless import checked_pass
+from mtplab.model.builder import open_builder
+from mtplab.model.inspect import inspect_text
+
+FIXTURE = Path(__file__).parent / "data" / "builder-tiny"
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return open_builder(FIXTURE)
+
+
+def _run(**changes) -> RunConfig:
+    return RunConfig(**({"preset": "tiny", "drafter": "oracle", "alpha": 0.7, "tokens": 24} | changes))
+
+
+def _checked(model, run: RunConfig):
+    engine = Engine(run, model)
+    prompt = prompt_tokens(model.description.vocab_size, run.prompt_len, run.seed)
+    greedy, spec, identity = checked_pass(engine, prompt, run.tokens)
+    ok, verdict = oracle.verdict(identity, run.commit, model.description.precision)
+    return engine, greedy, spec, identity, ok, verdict
+
+
+def test_inspect_lists_the_layers_the_head_and_the_state_layouts(builder):
+    text = inspect_text(builder)
+    assert "4 layers = 3 linear-attention (LinearAttention) + 1 attention" in text
+    assert [line.split(": ")[1] for line in text.splitlines() if line.startswith("  layer ")][:4] == [
+        "linear-attention", "linear-attention", "linear-attention", "attention"]
+    assert "MTP head mtp.onnx: tokens input_ids, hidden hidden_states -> logits logits, hidden hidden_states_out" in text
+    assert "past.0.conv -> present.0.conv [1, 192, 3] float32, [B, C, K-1] channels-first" in text
+    assert "past.0.recurrent -> present.0.recurrent [1, 4, 16, 32] float32, [B, Hv, Dk, Dv] K-major (from LinearAttention)" in text
+    assert "position_ids [3, 1, M] (MRoPE)" in text
+    assert "select: runs" in text and "ops CPUExecutionProvider lacks in model.onnx: none" in text
+
+
+def test_the_users_folder_is_left_as_the_builder_wrote_it(builder):
+    assert builder.description.target.path.parent != FIXTURE  # select's copy lives in the cache
+    assert builder.description.original_target == FIXTURE / "model.onnx"
+    outputs = {o.name for o in onnx.load(str(FIXTURE / "model.onnx"), load_external_data=False).graph.output}
+    assert not any(o.name in outputs for roles in builder.description.target.select_outputs.values()
+                   for o in roles.values())
+
+
+def test_greedy_equals_onnxruntime_genai_generator_on_the_same_folder(builder):
+    pytest.importorskip("onnxruntime_genai")
+    from mtplab.genai_builder import builder_peer_folder
+    from mtplab.genai_runner import GenaiPeer
+
+    prompt = prompt_tokens(builder.description.vocab_size, 8, 0)
+    ours = Engine(_run(k=1), builder).greedy(prompt, 48).tokens
+    theirs, _ = GenaiPeer(builder_peer_folder(builder, 1)).greedy(prompt, 48)
+    assert ours == theirs and len(set(ours)) > 16
+
+
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+@pytest.mark.parametrize("commit", ["readvance-m1", "readvance-batched", "select"])
+def test_oracle_drafts_are_lossless_at_k_1_to_4_for_every_commit(builder, commit, schedule):
+    for k in (1, 2, 3, 4):
+        _, greedy, spec, identity, ok, verdict = _checked(builder, _run(k=k, commit=commit, schedule=schedule))
+        assert ok, verdict
+        assert spec["tokens"][:24] == greedy.tokens[:24]
+        assert identity["state_commits_checked"] == len(spec["accepted"]) + 1
+        assert sum(spec["accepted"]) > 0  # alpha 0.7: some drafts accepted, the commit path exercised
+
+
+def test_select_keeps_the_state_readvance_m1_keeps(builder):
+    states = {}
+    for commit in ("readvance-m1", "select"):
+        engine, *_, ok, verdict = _checked(builder, _run(k=3, commit=commit))
+        assert ok, verdict
+        states[commit] = {n: a.copy() for n, a in engine.state.recurrent().items()}
+    for name, a in states["select"].items():
+        assert np.max(np.abs(a - states["readvance-m1"][name])) <= 1e-5, name
+
+
+def test_the_mtp_head_drafts_losslessly(builder):
+    engine, greedy, spec, _, ok, verdict = _checked(builder, _run(k=2, drafter="mtp"))
+    assert ok, verdict
+    assert engine.forwards["mtp/M=1"] == 2 * len(spec["accepted"])
+
+
+@pytest.mark.parametrize("policy", ["sibling-pinned", "shared-max"])
+def test_both_slots_replay_with_no_fallbacks(builder, policy):
+    engine, *_, ok, verdict = _checked(builder, _run(k=3, policy=policy))
+    assert ok, verdict
+    counters = engine.target.counters()
+    for slot in ("primary", "verify"):
+        assert counters[slot]["replays"] > 0 and counters[slot]["fallbacks"] == 0, (slot, counters)
+
+
+def test_shared_jit_declines_the_verify_capture(builder):
+    engine, *_, ok, verdict = _checked(builder, _run(k=3, policy="shared-jit"))
+    assert ok, verdict
+    counters = engine.target.counters()
+    assert counters["verify"]["replays"] == 0 and counters["verify"]["fallbacks"] > 0
+
+
+# -- refused folders --------------------------------------------------------------------------------
+@pytest.fixture
+def copy(tmp_path):
+    out = tmp_path / "model"
+    shutil.copytree(FIXTURE, out)
+    return out
+
+
+def _rename_input(folder: Path, old: str, new: str) -> None:
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    for v in model.graph.input:
+        if v.name == old:
+            v.name = new
+    for node in model.graph.node:
+        node.input[:] = [new if i == old else i for i in node.input]
+    onnx.save(model, str(folder / "model.onnx"))
+
+
+def test_a_missing_weights_file_is_refused_naming_it(copy):
+    (copy / "mtp.onnx.data").unlink()
+    with pytest.raises(ValueError, match=r"missing file mtp\.onnx\.data \(external weights of mtp\.onnx\)"):
+        open_builder(copy)
+
+
+def test_a_folder_without_genai_config_is_refused(copy):
+    (copy / "genai_config.json").unlink()
+    with pytest.raises(ValueError, match="missing file genai_config.json"):
+        open_builder(copy)
+
+
+def test_a_renamed_input_is_refused_naming_it(copy):
+    _rename_input(copy, "attention_mask", "mask")
+    with pytest.raises(ValueError, match=r"model\.onnx has no input named 'attention_mask'"):
+        open_builder(copy)
+
+
+def test_a_renamed_state_input_is_refused_naming_it(copy):
+    _rename_input(copy, "past.1.recurrent", "past.1.state")
+    with pytest.raises(ValueError, match=r"past\.1\.state"):
+        open_builder(copy)
+
+
+def test_an_unknown_state_layout_is_refused(copy):
+    model = onnx.load(str(copy / "model.onnx"), load_external_data=False)
+    for v in model.graph.input:
+        if v.name == "past.0.recurrent":
+            v.type.tensor_type.shape.dim[2].dim_param = "d_state"
+    onnx.save(model, str(copy / "model.onnx"))
+    with pytest.raises(ValueError, match=r"unknown state layout: past\.0\.recurrent is declared \['batch_size', 4, 'd_state', 32\]"):
+        open_builder(copy)
+
+
+def test_a_config_without_an_mtp_head_is_refused(copy):
+    cfg = json.loads((copy / "genai_config.json").read_text())
+    del cfg["model"]["mtp"]
+    (copy / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no enabled `mtp` section"):
+        open_builder(copy)
