@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .arena import array_module
+from .arena import array_module, to_numpy
 from .model import ModelConfig
 
 
@@ -76,7 +76,34 @@ def select_commit(desc, device) -> Callable:
 
         return apply
     if desc.select == "replay-op":
-        from .model.surgery import OpReplay
-
         return OpReplay(desc, device)
     raise ValueError(desc.commit_problem("select"))
+
+
+class OpReplay:
+    """select on a builder model: LinearAttention replayed on the accepted prefix (mtplab.model.surgery), conv rebuilt."""
+
+    def __init__(self, desc, device):
+        import onnxruntime as ort
+
+        from .model.surgery import replay_graph
+        from .runtime import session_options
+
+        self.desc, self.xp = desc, device.xp
+        graph, self.layers = replay_graph(desc)
+        self.session = ort.InferenceSession(graph, session_options(1), providers=["CPUExecutionProvider"])
+
+    def __call__(self, st, ver: dict, n: int) -> None:
+        io, feeds = self.desc.target, {}
+        for s, roles in self.layers:
+            feeds[f"past_state.{s.layer}"] = to_numpy(st.gdn[s.layer])
+            for role in roles:
+                prefix = to_numpy(ver[io.select_outputs[s.layer][role].name])[:, :n]
+                feeds[f"{role}.{s.layer}"] = np.ascontiguousarray(prefix)
+        names = [f"present.{s.layer}" for s, _ in self.layers]
+        for (s, _), present in zip(self.layers, self.session.run(names, feeds)):
+            st.gdn[s.layer][...] = self.xp.asarray(present)
+        for s in io.states:
+            if s.kind == "conv":
+                conv_input = ver[io.select_outputs[s.layer]["conv_input"].name]
+                rebuild_conv(st.conv[s.layer], conv_input, n, channels_first="channels-first" in s.layout)

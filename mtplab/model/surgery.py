@@ -4,8 +4,9 @@ The builder's CPU graph updates its recurrent state with LinearAttention and exp
 transitions. mtplab's copy (in its cache, never the user's folder) adds as graph outputs each
 LinearAttention's per-token inputs (query, key, value, decay, beta) and each CausalConvWithState's
 input. After a verify of k+1 tokens, `OpReplay` runs the same LinearAttention op (same attributes)
-on the first n of those inputs from the committed state, in a small graph of its own, and rebuilds
-the conv carry from the first n conv inputs: no re-advance forward of the target.
+on the first n of those inputs from the committed state, in a small graph of its own (the
+replay graph, `replay_graph`), and rebuilds the conv carry from the first n conv inputs: no
+re-advance forward of the target.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ LINEAR_ROLES = ("query", "key", "value", "past_state", "decay", "beta")
 NP_TO_ONNX = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 
 
-def _node(model: onnx.ModelProto, past: str) -> onnx.NodeProto:
+def consumer(model: onnx.ModelProto, past: str) -> onnx.NodeProto:
     return next(n for n in model.graph.node if past in n.input)
 
 
 def refusal(desc: ModelDescription, model: onnx.ModelProto) -> str:
     """Why this model's form cannot give `select` what it needs ("" when it can)."""
     for s in desc.target.states:
-        node = _node(model, s.past)
+        node = consumer(model, s.past)
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if s.kind == "recurrent" and s.op != "LinearAttention":
             return (f"its recurrent state goes through {s.op}, whose per-token transitions this export does not "
@@ -69,7 +70,7 @@ def _exposed(desc: ModelDescription, model: onnx.ModelProto) -> dict[int, dict[s
     """{layer: {role: (tensor name, axis of the tokens)}} of what select needs."""
     out: dict[int, dict[str, tuple[str, int]]] = {}
     for s in desc.target.states:
-        node = _node(model, s.past)
+        node = consumer(model, s.past)
         roles = out.setdefault(s.layer, {})
         if s.kind == "conv":
             roles["conv_input"] = (node.input[0], 1 if "channels-last" in s.layout else 2)
@@ -135,59 +136,31 @@ def _probe(desc: ModelDescription, path: Path, exposed) -> dict:
     return shapes
 
 
-class OpReplay:
-    """select's state update on a builder model: LinearAttention replayed on the accepted prefix, conv rebuilt."""
-
-    def __init__(self, desc: ModelDescription, device):
-        from .. import runtime
-
-        self.desc = desc
-        model = onnx.load(str(desc.target.path), load_external_data=False)
-        graph_in, graph_out, nodes, self.layers = [], [], [], []
-        for s in desc.target.states:
-            if s.kind != "recurrent":
-                continue
-            node = _node(model, s.past)
-            roles = desc.target.select_outputs[s.layer]
-            names = []
-            for role, name in zip(LINEAR_ROLES, node.input):
-                if not name:
-                    names.append("")
-                    continue
-                local = f"{role}.{s.layer}"
-                if role == "past_state":
-                    graph_in.append(helper.make_tensor_value_info(local, NP_TO_ONNX[s.dtype], list(s.shape)))
-                else:
-                    o = roles[role]
-                    graph_in.append(helper.make_tensor_value_info(local, NP_TO_ONNX[o.dtype], [
-                        d if d is not None else "T" for d in o.shape]))
-                names.append(local)
-            out = f"present.{s.layer}"
-            graph_out.append(helper.make_tensor_value_info(out, NP_TO_ONNX[s.dtype], list(s.shape)))
-            nodes.append(helper.make_node(node.op_type, names, [f"output.{s.layer}", out], domain=node.domain,
-                                          **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
-            self.layers.append((s, [r for r, n in zip(LINEAR_ROLES, names) if n and r != "past_state"]))
-        graph = helper.make_graph(nodes, "select_replay", graph_in, graph_out)
-        replay = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-        so = runtime.session_options(1)
-        import onnxruntime as ort
-
-        self.session = ort.InferenceSession(replay.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        self.xp = device.xp
-
-    def __call__(self, st, ver: dict, n: int) -> None:
-        from ..arena import to_numpy
-        from ..commit import rebuild_conv
-
-        io, feeds = self.desc.target, {}
-        for s, roles in self.layers:
-            feeds[f"past_state.{s.layer}"] = to_numpy(st.gdn[s.layer])
-            for role in roles:
-                feeds[f"{role}.{s.layer}"] = np.ascontiguousarray(to_numpy(ver[io.select_outputs[s.layer][role].name])[:, :n])
-        names = [f"present.{s.layer}" for s, _ in self.layers]
-        for (s, _), present in zip(self.layers, self.session.run(names, feeds)):
-            st.gdn[s.layer][...] = self.xp.asarray(present)
-        for s in io.states:
-            if s.kind == "conv":
-                rebuild_conv(st.conv[s.layer], ver[io.select_outputs[s.layer]["conv_input"].name], n,
-                             channels_first="channels-first" in s.layout)
+def replay_graph(desc: ModelDescription) -> tuple[bytes, list]:
+    """The replay graph: each linear-attention layer's LinearAttention node (same attributes) fed from
+    past_state.{i} and the prefix's inputs {role}.{i}, giving present.{i}; and [(state, roles fed)]."""
+    model = onnx.load(str(desc.target.path), load_external_data=False)
+    graph_in, graph_out, nodes, layers = [], [], [], []
+    for s in desc.target.states:
+        if s.kind != "recurrent":
+            continue
+        node = consumer(model, s.past)
+        roles = desc.target.select_outputs[s.layer]
+        names = []
+        for role, name in zip(LINEAR_ROLES, node.input):
+            local = f"{role}.{s.layer}" if name else ""
+            if role == "past_state":
+                graph_in.append(helper.make_tensor_value_info(local, NP_TO_ONNX[s.dtype], list(s.shape)))
+            elif name:
+                o = roles[role]
+                dims = [d if d is not None else "T" for d in o.shape]
+                graph_in.append(helper.make_tensor_value_info(local, NP_TO_ONNX[o.dtype], dims))
+            names.append(local)
+        out = f"present.{s.layer}"
+        graph_out.append(helper.make_tensor_value_info(out, NP_TO_ONNX[s.dtype], list(s.shape)))
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes.append(helper.make_node(node.op_type, names, [f"output.{s.layer}", out], domain=node.domain, **attrs))
+        layers.append((s, [r for r, n in zip(LINEAR_ROLES, names) if n and r != "past_state"]))
+    graph = helper.make_graph(nodes, "select_replay", graph_in, graph_out)
+    replay = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    return replay.SerializeToString(), layers
