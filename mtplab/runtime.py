@@ -10,6 +10,7 @@ own and carry_conv() copies it into the past carry after the run (on the device,
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -230,21 +231,32 @@ def target_io(cfg: ModelConfig, st: TargetState, tokens: np.ndarray, recurrent_i
     }
     bound: list[tuple[str, Any, bool]] = []
     for i, (k, v) in st.kv.items():
-        bound += [(f"past_key.{i}", k, False), (f"present_key.{i}", k, True)]
-        bound += [(f"past_value.{i}", v, False), (f"present_value.{i}", v, True)]
+        past_k, present_k, past_v, present_v = _attention_names(i)
+        bound += [(past_k, k, False), (present_k, k, True), (past_v, v, False), (present_v, v, True)]
     for i in cfg.gdn_layer_ids:
-        bound += [(f"conv_state.{i}", st.conv[i], False), (f"gdn_state.{i}", st.gdn[i], False)]
+        conv, gdn, present_conv, present_gdn, transitions, conv_input = _gdn_names(i)
+        bound += [(conv, st.conv[i], False), (gdn, st.gdn[i], False)]
         if recurrent_in_place:
-            bound += [
-                (f"present_conv_state.{i}", st.present_conv[i], True),
-                (f"present_gdn_state.{i}", st.gdn[i], True),
-            ]
+            bound += [(present_conv, st.present_conv[i], True), (present_gdn, st.gdn[i], True)]
         else:
-            outputs[f"present_conv_state.{i}"] = (st.conv[i].shape, T)
-            outputs[f"present_gdn_state.{i}"] = (st.gdn[i].shape, np.float32)
-        outputs[f"gdn_transitions.{i}"] = ((1, cfg.transition_capacity * cfg.transition_width), np.float32)
-        outputs[f"conv_input.{i}"] = ((1, M, cfg.gdn_conv_channels), T)
+            outputs[present_conv] = (st.conv[i].shape, T)
+            outputs[present_gdn] = (st.gdn[i].shape, np.float32)
+        outputs[transitions] = ((1, cfg.transition_capacity * cfg.transition_width), np.float32)
+        outputs[conv_input] = ((1, M, cfg.gdn_conv_channels), T)
     return feeds, outputs, bound
+
+
+@functools.cache
+def _attention_names(i: int) -> tuple[str, ...]:
+    """Binding names of attention layer i, formatted once (target_io runs on every forward)."""
+    return f"past_key.{i}", f"present_key.{i}", f"past_value.{i}", f"present_value.{i}"
+
+
+@functools.cache
+def _gdn_names(i: int) -> tuple[str, ...]:
+    """Binding and output names of GatedDeltaNet layer i, formatted once."""
+    names = ("conv_state", "gdn_state", "present_conv_state", "present_gdn_state", "gdn_transitions", "conv_input")
+    return tuple(f"{name}.{i}" for name in names)
 
 
 def _query_seqlens(cfg: ModelConfig, M: int) -> dict[str, np.ndarray]:
