@@ -1,32 +1,49 @@
-"""Host cost per run on the tiny preset: eager session.run, an eager one-shot IOBinding, and a plan replay.
+"""Host cost on the tiny preset: per run (eager vs plan replay), and per token in the engine's loops.
 
-Per slot (Primary M=1, Verify M=k+1), interleaved, medians over many runs; ratios printed side by side.
-The tiny model's forward is a few hundred microseconds, so this is mostly host overhead.
+The tiny model's forward is about a hundred microseconds, so Python overhead decides throughput.
 
-    python benchmarks/executor_overhead.py [--k 3] [--runs 400]
+Per run, per slot (Primary M=1, Verify M=k+1), interleaved, medians over many runs: eager
+session.run, an eager one-shot IOBinding, Executor.run replaying its plan (staging + signature
+check + run_with_iobinding), and run_with_iobinding on the captured plan alone ("raw replay").
+
+Per token, on one Engine (tiny, k, default policy and commit), interleaved rounds, medians:
+- bare replay loop: session.run_with_iobinding(plan) of the engine's captured Primary plan, n times
+  in a plain loop (no staging, no argmax, no bookkeeping): the floor a greedy loop could reach.
+- engine greedy: Engine.greedy(prompt, n, margins=False), its timed seconds / its timed decodes
+  (the timed baseline's setting). Goal: engine greedy / bare loop <= 1.3x.
+- speculative host share: a speculative run with the oracle drafter (alpha, head running, as the
+  default oracle config). Every session's run_with_iobinding is wrapped to sum the time spent inside
+  it (the forwards); each step's wall runs from one commit callback to the next. Over the steps
+  after the first three (warm-up and captures), host share = (sum of step walls - sum of forward
+  times inside them) / sum of step walls: the part of a step the host spends outside the forwards.
+  Goal: <= 25%.
+On a machine shared with other work, MTPLAB_THREADS=1 keeps each forward on the calling thread
+(no intra-op pool waiting for a busy core), which steadies both ratios.
+
+    MTPLAB_THREADS=1 python benchmarks/executor_overhead.py [--k 3] [--runs 400] [--rounds 11] [--tokens 128]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 
 from mtplab.arena import Arena
+from mtplab.config import RunConfig
+from mtplab.engine import Engine, prompt_tokens
 from mtplab.executor import Executor, Slot, SlotMemory
 from mtplab.model import build_model, preset
 from mtplab.runtime import TargetState, make_session, target_io
 
 HOW = ("session.run", "eager IOBinding", "executor replay", "raw replay")
+GREEDY_GOAL, HOST_SHARE_GOAL = 1.3, 0.25
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--runs", type=int, default=400)
-    args = ap.parse_args()
-    art = build_model(preset("tiny"))
+def per_run(art, k: int, runs: int) -> dict[tuple[str, str], float]:
+    """Median microseconds per run, per (slot, how)."""
     cfg = art.config
     session = make_session(art.target)
     state = TargetState.allocate(art.description, Arena("main"))
@@ -34,15 +51,15 @@ def main() -> None:
     ex = Executor(
         {Slot.PRIMARY: session, Slot.VERIFY: session}, {Slot.PRIMARY: SlotMemory(arena), Slot.VERIFY: SlotMemory(arena)}
     )
-    big = target_io(state.desc, state, np.zeros(args.k + 1, dtype=np.int64))
+    big = target_io(state.desc, state, np.zeros(k + 1, dtype=np.int64))
     for n, v in big[0].items():
         arena.reserve(f"feed.{n}", v.shape, v.dtype)
     for n, (s, d) in big[1].items():
         arena.reserve(n, s, d)
     names = [o.name for o in session.get_outputs()]
     times: dict[tuple[str, str], list[float]] = {}
-    for rep in range(args.runs + 3):
-        for slot, M in ((Slot.PRIMARY, 1), (Slot.VERIFY, args.k + 1)):
+    for rep in range(runs + 3):
+        for slot, M in ((Slot.PRIMARY, 1), (Slot.VERIFY, k + 1)):
             state.length = 16
             feeds, outputs, bound = target_io(state.desc, state, np.arange(M) % cfg.vocab_size)
             plain = dict(feeds)
@@ -60,22 +77,115 @@ def main() -> None:
                     ex.run(slot, feeds, outputs, bound)
                 if rep >= 3:
                     times.setdefault((slot.name.lower(), how), []).append(time.perf_counter() - t0)
-    print(f"tiny preset, k={args.k}, {args.runs} interleaved runs each, median microseconds per run")
-    print("executor replay = signature check of every binding + input staging + run_with_iobinding;")
-    print("raw replay = run_with_iobinding on the captured plan alone (what a device graph replay replaces)")
-    print(
-        f"{'slot':8} "
-        + " ".join(f"{h:>16}" for h in HOW)
-        + f" {'run/raw':>8} {'run/executor':>12} {'eager/executor':>14}"
-    )
-    for slot in ("primary", "verify"):
-        m = {how: np.median(times[(slot, how)]) * 1e6 for how in HOW}
-        cells = " ".join(f"{m[h]:16.1f}" for h in HOW)
-        print(
-            f"{slot:8} {cells} {m['session.run'] / m['raw replay']:7.2f}x "
-            f"{m['session.run'] / m['executor replay']:11.2f}x {m['eager IOBinding'] / m['executor replay']:13.2f}x"
-        )
     print(ex.format_counters())
+    return {key: float(np.median(v)) * 1e6 for key, v in times.items()}
+
+
+class ForwardClock:
+    """Wraps a session's run_with_iobinding: every call's duration goes into `spans` as (start, seconds)."""
+
+    def __init__(self, sessions):
+        self.spans: list[tuple[float, float]] = []
+        self.on = False
+        for s in {id(s): s for s in sessions}.values():
+            s.run_with_iobinding = self._wrap(s.run_with_iobinding)
+
+    def _wrap(self, real):
+        spans, clock = self.spans, time.perf_counter
+
+        def run_with_iobinding(*args):
+            t0 = clock()
+            real(*args)
+            if self.on:
+                spans.append((t0, clock() - t0))
+
+        return run_with_iobinding
+
+
+def per_token(art, k: int, alpha: float, rounds: int, n: int) -> dict[str, float]:
+    run = RunConfig(preset="tiny", k=k, drafter="oracle", alpha=alpha)
+    eng = Engine(run, art)
+    prompt = prompt_tokens(art.config.vocab_size, run.prompt_len, 0)
+    reference = eng.greedy(prompt, n + k + 1, margins=False).tokens  # also captures the Primary plan
+    session, plan = eng.target.sessions[Slot.PRIMARY], eng.target.state[Slot.PRIMARY].plan
+    clock = ForwardClock(
+        [eng.target.sessions[Slot.PRIMARY], eng.target.sessions[Slot.VERIFY], eng.mtp.sessions[Slot.PRIMARY]]
+    )
+    bare, greedy, share, step_us = [], [], [], []
+    for r in range(rounds + 1):
+        order = ("bare", "greedy", "spec") if r % 2 else ("spec", "greedy", "bare")
+        for what in order:
+            if what == "bare":
+                t0 = time.perf_counter()
+                for _ in range(n - 1):
+                    session.run_with_iobinding(plan)
+                seconds = time.perf_counter() - t0
+                if r:
+                    bare.append(seconds / (n - 1) * 1e6)
+            elif what == "greedy":
+                g = eng.greedy(prompt, n, margins=False)
+                if r:
+                    greedy.append(g.seconds / g.decodes * 1e6)
+            else:
+                commits: list[float] = []
+                clock.spans.clear()
+                clock.on = True
+                spec = eng.speculative(
+                    prompt, n, reference, on_commit=lambda step, length, c=commits: c.append(time.perf_counter())
+                )
+                clock.on = False
+                assert spec["tokens"][:n] == reference[:n], "speculative output differs from greedy"
+                t_from, t_to = commits[2], commits[-1]
+                wall = t_to - t_from
+                inside = sum(d for t, d in clock.spans if t_from <= t and t + d <= t_to)
+                if r:
+                    share.append((wall - inside) / wall)
+                    step_us.append(wall / (len(commits) - 3) * 1e6)
+    return {
+        "bare": float(np.median(bare)),
+        "greedy": float(np.median(greedy)),
+        "ratio": float(np.median(np.asarray(greedy) / np.asarray(bare))),
+        "share": float(np.median(share)),
+        "step_us": float(np.median(step_us)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--alpha", type=float, default=0.8)
+    ap.add_argument("--runs", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--tokens", type=int, default=128)
+    args = ap.parse_args()
+    art = build_model(preset("tiny"))
+    m = per_run(art, args.k, args.runs)
+    print(f"tiny preset, k={args.k}, {args.runs} interleaved runs each, median microseconds per run")
+    print("executor replay = staging + signature check of every binding + run_with_iobinding")
+    print("(the feeds, outputs and bindings are built once, outside the timing);")
+    print("raw replay = run_with_iobinding on the captured plan alone (what a device graph replay replaces)")
+    print(f"{'slot':8} " + " ".join(f"{h:>16}" for h in HOW) + f" {'executor/raw':>12}")
+    for slot in ("primary", "verify"):
+        cells = " ".join(f"{m[(slot, h)]:16.1f}" for h in HOW)
+        print(f"{slot:8} {cells} {m[(slot, 'executor replay')] / m[(slot, 'raw replay')]:11.2f}x")
+    t = per_token(art, args.k, args.alpha, args.rounds, args.tokens)
+    print()
+    print(
+        f"engine on tiny, k={args.k}, oracle alpha={args.alpha}, {args.tokens} tokens, median of {args.rounds} rounds, "
+        f"MTPLAB_THREADS={os.environ.get('MTPLAB_THREADS', '0')}"
+    )
+    rows = [
+        ("bare replay loop (us/token)", f"{t['bare']:.1f}", ""),
+        ("Executor.run replay, primary (us)", f"{m[('primary', 'executor replay')]:.1f}", ""),
+        ("raw replay, primary (us)", f"{m[('primary', 'raw replay')]:.1f}", ""),
+        ("engine greedy (us/token)", f"{t['greedy']:.1f}", ""),
+        ("engine greedy / bare loop", f"{t['ratio']:.2f}x", f"<= {GREEDY_GOAL}x"),
+        ("speculative step wall (us)", f"{t['step_us']:.1f}", ""),
+        ("speculative host share outside forwards", f"{t['share']:.1%}", f"<= {HOST_SHARE_GOAL:.0%}"),
+    ]
+    print(f"{'measure':42} {'value':>10} {'goal':>8}")
+    for name, value, goal in rows:
+        print(f"{name:42} {value:>10} {goal:>8}")
 
 
 if __name__ == "__main__":

@@ -41,9 +41,12 @@ def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> Non
 
     state [Hv, Dv, Dk]; decay [C, Hv]; key [C, Hk, Dk]; delta [C, Hv, Dv]; rep = Hv // Hk.
     """
+    if n <= 0:
+        return
+    keys = xp.repeat(key[:n], rep, axis=1)  # [n, Hv, Dk]: each key head repeated for its value heads, once
     for t in range(n):
         state *= decay[t][:, None, None]
-        state += delta[t][:, :, None] * xp.repeat(key[t], rep, axis=0)[:, None, :]
+        state += delta[t][:, :, None] * keys[t][:, None, :]
 
 
 def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int, channels_first: bool = False) -> None:

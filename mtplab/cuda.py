@@ -20,8 +20,8 @@ Stream order: one CuPy stream is made current for the process and handed to ever
 `user_compute_stream`; runs carry `disable_synchronize_execution_providers=1`, so a run returns
 once its work is queued. CuPy's work (staging feeds, snapshots, select's state replay, argmax and
 acceptance) and ORT's runs are therefore ordered by that single stream, in program order; the
-host waits when it reads the step's accepted count and tokens (STEP_PLAN, Device.read), and when a
-run captures a graph.
+host waits when it reads the step's accepted count and tokens (Device.read), and when a run
+captures a graph.
 """
 
 from __future__ import annotations
@@ -34,29 +34,9 @@ import numpy as np
 from .commit import split_transitions
 from .executor import Binding, CaptureDeclined
 
-# The order of one speculative step on the device. Every device op runs on the one stream; the
-# host waits for the stream only where `host_wait` is True. The first row happens only on a step
-# that captures (GraphIds.captures counts them); every other row happens on every step.
-CAPTURE_SYNC = "capture of a new graph id (CaptureBegin synchronises the stream)"
-STEP_PLAN: tuple[tuple[str, str, bool], ...] = (
-    (CAPTURE_SYNC, "ort", True),
-    ("stage decode inputs", "cupy", False),
-    ("decode (Primary graph replay)", "ort", False),
-    ("draft: k head replays, argmax on device feeding the next", "ort+cupy", False),
-    ("snapshot recurrent state (readvance) ", "cupy", False),
-    ("verify (Verify graph replay)", "ort", False),
-    ("argmax + accepted count on device", "cupy", False),
-    ("read the accepted count and the step's tokens", "host", True),
-    ("commit: select replay / restore + re-advance", "cupy+ort", False),
-)
-
-# Run config entries of every run on this backend.
-RUN_CONFIG = {"disable_synchronize_execution_providers": "1"}
-
-
-def host_waits(plan=STEP_PLAN) -> list[str]:
-    """The steps at which the host waits for the device: one per speculative step, plus one per capture."""
-    return [name for name, _, wait in plan if wait]
+# Run config entries of every run on this backend: a run returns once its work is queued.
+NO_SYNC = "disable_synchronize_execution_providers"
+RUN_CONFIG = {NO_SYNC: "1"}
 
 
 def expected_host_waits(steps: int, captures: int) -> int:

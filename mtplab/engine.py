@@ -166,19 +166,20 @@ class Engine:
         margins=False skips the top-2 margins (a timed run: the decoder it measures computes none).
         Time starts after the prefill; `decodes` = n - 1 tokens are timed (the first is the prefill's).
         """
-        xp = self.xp
+        xp, state, forward = self.xp, self.state, self.forward
+        argmax = np.ndarray.argmax if xp is np else xp.argmax  # numpy: the method, without np.argmax's dispatch
         out = self._start(prompt)
         row = out["logits"][0, -1]
-        tokens, rows = [xp.argmax(row)], [row.copy()][:keep_logits]
+        tokens, rows = [argmax(row)], [row.copy()][:keep_logits]
         gaps = [oracle.top2_margin_xp(xp, row)] if margins else []
         t0 = time.perf_counter()
         while len(tokens) < n:
-            out = self.forward(Slot.PRIMARY, tokens[-1].reshape(1), eager=eager)
-            self.state.length += 1
+            out = forward(Slot.PRIMARY, tokens[-1].reshape(1), eager=eager)
+            state.length += 1
             row = out["logits"][0, 0]
             if len(rows) < keep_logits:
                 rows.append(row.copy())
-            tokens.append(xp.argmax(row))
+            tokens.append(argmax(row))
             if margins:
                 gaps.append(oracle.top2_margin_xp(xp, row))
         if margins:

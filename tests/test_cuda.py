@@ -182,29 +182,35 @@ def test_device_state_replay_matches_select(tiny):
     np.testing.assert_array_equal(host[0], device)
 
 
-def test_stream_order_plan_has_one_host_wait_per_step_and_one_per_capture():
-    assert cuda.host_waits() == [cuda.CAPTURE_SYNC, "read the accepted count and the step's tokens"]
-    assert cuda.expected_host_waits(steps=10, captures=3) == 13
-    assert all(where != "host" or wait for _, where, wait in cuda.STEP_PLAN)
-    assert cuda.RUN_CONFIG == {"disable_synchronize_execution_providers": "1"}  # runs return once queued
+def test_every_run_is_queued_without_a_stream_sync_and_the_host_waits_once_per_step(tiny):
+    """The engine on the CuPy test double through the CUDA plan backend: every run handed to ONNX Runtime
+    carries the entry that returns once queued, and the host waits for the device (a transfer from the
+    double) once per speculative step, plus once for the prefill's token."""
+    import fake_cupy
 
+    from mtplab.engine import prompt_tokens
 
-def test_every_run_is_queued_without_a_stream_sync_and_host_inputs_are_bound_on_the_host():
-    ex, session, ids, state = _setup()
-    seen = []
-    session.io_binding = lambda: seen.append(FakeIoBinding()) or seen[-1]
-    real_run = session.run_with_iobinding
-    options = []
-    session.run_with_iobinding = lambda io, ro: options.append(dict(ro.entries)) or real_run(io, ro)
-    for _ in range(3):
-        ex.run(
-            Slot.PRIMARY,
-            {"input_ids": np.zeros((1, 1), np.int64), "total_sequence_length": np.array(8, np.int32)},
-            {"logits": ((1, 1, 8), np.float32)},
-            [("state", state, False), ("present_state", state, True)],
-        )
-    assert all(o["disable_synchronize_execution_providers"] == "1" for o in options)
-    assert [o["gpu_graph_id"] for o in options] == ["-1", "1", "1", "1"]  # eager warm-up, capture (+replay), replay
+    backend = cuda.CudaGraphBackend(cuda.GraphIds(per_slot=4), ort.RunOptions, device_type="cpu")
+    eng = Engine(RunConfig(preset="tiny", k=3, drafter="mtp"), tiny, device=Device("fake-cuda", fake_cupy, backend))
+    entries = []  # (no-sync entry, graph id) of every run
+    sessions = [*eng.target.sessions.values(), *eng.mtp.sessions.values()]
+    for session in {id(s): s for s in sessions}.values():
+
+        def record(io, ro, real=session.run_with_iobinding):
+            entries.append((ro.get_run_config_entry(cuda.NO_SYNC), ro.get_run_config_entry("gpu_graph_id")))
+            return real(io, ro)
+
+        session.run_with_iobinding = record
+    transfers = [fake_cupy.transfers]
+    spec = eng.speculative(
+        prompt_tokens(tiny.config.vocab_size, 8, 0),
+        32,
+        on_commit=lambda step, length: transfers.append(fake_cupy.transfers),
+    )
+    assert len(entries) > 3 * len(spec["accepted"]) and all(sync == "1" for sync, _ in entries)
+    assert {gid for _, gid in entries} == {"-1", "1", "2", "3"}  # eager prefills, then each slot's one graph
+    per_step = np.diff(transfers).tolist()
+    assert per_step == [2] + [1] * (len(spec["accepted"]) - 1)  # the prefill's token, then one read per step
 
 
 class FakeDeviceArray:

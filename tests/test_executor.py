@@ -214,3 +214,134 @@ def test_without_retain_every_rollback_costs_the_primary_plan(tiny):
     r = _point(tiny, "sibling-pinned", retain_decode_graph_across_spec=False)
     p = r.slots["primary"]
     assert p["invalidations"] >= 1 and p["fallbacks"] > 0 and r.lossless
+
+
+# -- the replay check: the same decisions as the full signature, every run ----------------------
+
+
+def test_replays_take_the_replay_check_and_a_buffer_moved_after_replays_is_still_caught(setup):
+    cfg, state, ex = setup
+    for t in range(5):
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    st = ex.state[Slot.PRIMARY]
+    assert st.replays == 3 and st.check is not None  # replays in this generation went through the check
+    i = cfg.gdn_layer_ids[-1]
+    state.gdn[i] = state.gdn[i].copy()  # same generation, new address
+    _call(ex, cfg, state, Slot.PRIMARY, [7])
+    assert st.invalidations == 1 and st.replays == 3 and st.captures == 2
+    assert f"gdn_state.{i}: address moved" in st.reason
+
+
+def test_a_bound_array_reshaped_in_place_is_caught_though_it_is_the_same_object(setup):
+    cfg, state, ex = setup
+    for t in range(4):
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    st = ex.state[Slot.PRIMARY]
+    i = cfg.gdn_layer_ids[0]
+    feeds, outputs, bound = target_io(cfg, state, np.array([5]))
+    shape = state.gdn[i].shape
+    state.gdn[i].shape = shape[1:]  # the very object the plan holds, now of another shape
+    assert not st.check.stage(ex.memory[Slot.PRIMARY], feeds, outputs, bound)
+    state.gdn[i].shape = shape
+    assert st.check.stage(ex.memory[Slot.PRIMARY], feeds, outputs, bound)
+
+
+def test_an_output_reshaped_in_place_by_the_caller_is_caught(setup):
+    cfg, state, ex = setup
+    for t in range(3):
+        out = _call(ex, cfg, state, Slot.PRIMARY, [t])
+    st, mem = ex.state[Slot.PRIMARY], ex.memory[Slot.PRIMARY]
+    feeds, outputs, bound = target_io(cfg, state, np.array([4]))
+    assert st.check.stage(mem, feeds, outputs, bound)
+    shape = out["hidden"].shape
+    out["hidden"].shape = (out["hidden"].size,)  # the slot's own output buffer, reshaped by the caller
+    assert not st.check.stage(mem, feeds, outputs, bound)
+    out["hidden"].shape = shape
+    assert st.check.stage(mem, feeds, outputs, bound)
+
+
+def test_a_new_array_object_at_the_same_address_replays_as_before(setup):
+    cfg, state, ex = setup
+    for t in range(3):
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    st = ex.state[Slot.PRIMARY]
+    i = cfg.gdn_layer_ids[0]
+    state.gdn[i] = state.gdn[i][...]  # another view object, same memory, shape and dtype: the same signature
+    _call(ex, cfg, state, Slot.PRIMARY, [4])
+    _call(ex, cfg, state, Slot.PRIMARY, [5])
+    assert st.replays == 3 and st.invalidations == 0
+    assert any(a is state.gdn[i] for a in st.check.bound_arrays)  # the check now holds the new object
+
+
+class NullSession:
+    """Test double for a session: binds and runs nothing, so any binding (any shape or dtype) is accepted."""
+
+    def io_binding(self):
+        return self
+
+    def bind_input(self, *args):
+        pass
+
+    bind_output = bind_input
+
+    def run_with_iobinding(self, io, run_options=None):
+        pass
+
+
+def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
+    """Two executors take the same runs and the same disturbances; one always builds the full signature."""
+    cfg = tiny.config
+    state = TargetState.allocate(cfg, Arena("main"))
+    executors = []
+    for _ in range(2):
+        arena = Arena("slot")
+        ex = Executor({Slot.PRIMARY: NullSession()}, {Slot.PRIMARY: SlotMemory(arena)}, max_recaptures=20)
+        feeds, outputs, _ = target_io(cfg, state, np.zeros(2, dtype=np.int64))
+        for n, v in feeds.items():
+            arena.reserve(f"feed.{n}", v.shape, v.dtype)
+        for n, (s, d) in outputs.items():
+            arena.reserve(n, s, d)
+        executors.append(ex)
+    full, checked = executors
+    i, j = cfg.gdn_layer_ids[0], cfg.gdn_layer_ids[-1]
+    k, _ = state.kv[cfg.attention_layer_ids[0]]
+
+    def set_attr(a, name, value):
+        setattr(a, name, value)
+
+    def squeeze_or_back(shape):
+        return shape[1:] if len(shape) == 3 else (1,) + shape
+
+    disturbances = [
+        ("none", lambda: None),
+        ("moved gdn", lambda: state.gdn.__setitem__(i, state.gdn[i].copy())),
+        ("same memory, new object", lambda: state.gdn.__setitem__(j, state.gdn[j][...])),
+        ("reshaped in place, or back", lambda: set_attr(state.conv[i], "shape", squeeze_or_back(state.conv[i].shape))),
+        ("dtype in place, or back", lambda: set_attr(k, "dtype", np.int32 if k.dtype == np.float32 else np.float32)),
+    ]
+    rng = np.random.default_rng(0)
+    for step in range(60):
+        name, disturb = disturbances[int(rng.integers(len(disturbances)))] if step % 3 == 0 else ("none", None)
+        if disturb is not None:
+            disturb()
+        M = 2 if rng.random() < 0.1 else 1
+        outs = []
+        for ex in executors:
+            if ex is full:
+                ex.state[Slot.PRIMARY].check = None  # never the replay check: the full signature, every run
+            feeds, outputs, bound = target_io(cfg, state, np.arange(M, dtype=np.int64))
+            outs.append(ex.run(Slot.PRIMARY, feeds, outputs, bound))
+        a, b = full.state[Slot.PRIMARY], checked.state[Slot.PRIMARY]
+        assert (a.counters(), a.status, a.reason, a.signature is None) == (
+            b.counters(),
+            b.status,
+            b.reason,
+            b.signature is None,
+        ), (step, name)
+        assert [(n, o.shape, o.dtype) for n, o in outs[0].items()] == [
+            (n, o.shape, o.dtype) for n, o in outs[1].items()
+        ]
+        if rng.random() < 0.05:  # the caller reshapes a returned output in place
+            for out in outs:
+                out["hidden"].shape = (out["hidden"].size,)
+    assert checked.state[Slot.PRIMARY].replays > 10 and checked.state[Slot.PRIMARY].invalidations > 3
