@@ -238,7 +238,7 @@ def test_a_bound_array_reshaped_in_place_is_caught_though_it_is_the_same_object(
         _call(ex, cfg, state, Slot.PRIMARY, [t])
     st = ex.state[Slot.PRIMARY]
     i = cfg.gdn_layer_ids[0]
-    feeds, outputs, bound = target_io(cfg, state, np.array([5]))
+    feeds, outputs, bound = target_io(state.desc, state, np.array([5]))
     shape = state.gdn[i].shape
     state.gdn[i].shape = shape[1:]  # the very object the plan holds, now of another shape
     assert not st.check.stage(ex.memory[Slot.PRIMARY], feeds, outputs, bound)
@@ -251,7 +251,7 @@ def test_an_output_reshaped_in_place_by_the_caller_is_caught(setup):
     for t in range(3):
         out = _call(ex, cfg, state, Slot.PRIMARY, [t])
     st, mem = ex.state[Slot.PRIMARY], ex.memory[Slot.PRIMARY]
-    feeds, outputs, bound = target_io(cfg, state, np.array([4]))
+    feeds, outputs, bound = target_io(state.desc, state, np.array([4]))
     assert st.check.stage(mem, feeds, outputs, bound)
     shape = out["hidden"].shape
     out["hidden"].shape = (out["hidden"].size,)  # the slot's own output buffer, reshaped by the caller
@@ -291,12 +291,12 @@ class NullSession:
 def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
     """Two executors take the same runs and the same disturbances; one always builds the full signature."""
     cfg = tiny.config
-    state = TargetState.allocate(cfg, Arena("main"))
+    state = TargetState.allocate(tiny.description, Arena("main"))
     executors = []
     for _ in range(2):
         arena = Arena("slot")
         ex = Executor({Slot.PRIMARY: NullSession()}, {Slot.PRIMARY: SlotMemory(arena)}, max_recaptures=20)
-        feeds, outputs, _ = target_io(cfg, state, np.zeros(2, dtype=np.int64))
+        feeds, outputs, _ = target_io(state.desc, state, np.zeros(2, dtype=np.int64))
         for n, v in feeds.items():
             arena.reserve(f"feed.{n}", v.shape, v.dtype)
         for n, (s, d) in outputs.items():
@@ -329,7 +329,7 @@ def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
         for ex in executors:
             if ex is full:
                 ex.state[Slot.PRIMARY].check = None  # never the replay check: the full signature, every run
-            feeds, outputs, bound = target_io(cfg, state, np.arange(M, dtype=np.int64))
+            feeds, outputs, bound = target_io(state.desc, state, np.arange(M, dtype=np.int64))
             outs.append(ex.run(Slot.PRIMARY, feeds, outputs, bound))
         a, b = full.state[Slot.PRIMARY], checked.state[Slot.PRIMARY]
         assert (a.counters(), a.status, a.reason, a.signature is None) == (
