@@ -160,6 +160,8 @@ class TargetState:
     conv: dict[int, np.ndarray] = field(default_factory=dict)
     gdn: dict[int, np.ndarray] = field(default_factory=dict)
     present: dict[str, np.ndarray] = field(default_factory=dict)
+    carries: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (committed, present) copies
+    io_cache: dict[tuple[int, bool], tuple[dict, list]] = field(default_factory=dict)  # target_io's fixed part
 
     @classmethod
     def allocate(cls, desc: ModelDescription, arena: Arena) -> TargetState:
@@ -176,6 +178,7 @@ class TargetState:
             (st.conv if s.kind == "conv" else st.gdn)[s.layer] = buf
             if not s.in_place:
                 st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, np.dtype(s.dtype))
+                st.carries.append((buf, st.present[s.past]))
         return st
 
     def reset(self) -> None:
@@ -191,9 +194,8 @@ class TargetState:
 
     def carry(self) -> None:
         """After an in-place forward: the states written to buffers of their own become the committed ones."""
-        for s in self.desc.target.states:
-            if not s.in_place:
-                self.array(s)[...] = self.present[s.past]
+        for committed, present in self.carries:
+            committed[...] = present
 
     def recurrent_arrays(self) -> list[np.ndarray]:
         return [self.array(s) for s in self.desc.target.states]
@@ -220,7 +222,14 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     if st.length + M > desc.capacity:
         raise ValueError(f"sequence would reach {st.length + M} tokens, beyond the KV capacity {desc.capacity}")
     feeds = {io.input_ids: token_ids(tokens, M), **length_feeds(io, st.length, M, desc.capacity)}
-    T = desc.np_dtype
+    fixed = st.io_cache.get((M, recurrent_in_place))
+    if fixed is None:  # outputs and bindings depend only on M and the mode: the state's buffers never move
+        fixed = st.io_cache[(M, recurrent_in_place)] = _fixed_io(desc, st, M, recurrent_in_place)
+    return feeds, fixed[0], fixed[1]
+
+
+def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[dict, list]:
+    io, T = desc.target, desc.np_dtype
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
         io.logits: ((1, M, desc.vocab_size), T),
         io.hidden: ((1, M, desc.hidden_size), T),
@@ -238,7 +247,7 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
         else:
             bound.append((s.present, live if s.in_place else st.present[s.past], True))
     outputs.update(select_output_shapes(desc, M))
-    return feeds, outputs, bound
+    return outputs, bound
 
 
 def select_output_shapes(desc: ModelDescription, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -260,6 +269,7 @@ class MtpState:
 
     kv: tuple[np.ndarray, np.ndarray]
     length: int = 0
+    io_cache: dict[int, tuple[dict, list]] = field(default_factory=dict)  # mtp_io's fixed part, by M
 
     @classmethod
     def allocate(cls, desc: ModelDescription, arena: Arena) -> MtpState:
@@ -282,8 +292,12 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
         io.hidden_input: hidden.astype(T, copy=False).reshape(1, M, desc.hidden_size),
         **length_feeds(io, position, M, desc.capacity),
     }
-    outputs = {io.logits: ((1, M, desc.vocab_size), T), io.hidden: ((1, M, desc.hidden_size), T)}
-    (kv,) = io.kv
-    k, v = st.kv
-    bound = [(kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False), (kv.present_value, v, True)]
-    return feeds, outputs, bound
+    fixed = st.io_cache.get(M)
+    if fixed is None:
+        outputs = {io.logits: ((1, M, desc.vocab_size), T), io.hidden: ((1, M, desc.hidden_size), T)}
+        (kv,) = io.kv
+        k, v = st.kv
+        bound = [(kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
+                 (kv.present_value, v, True)]
+        fixed = st.io_cache[M] = (outputs, bound)
+    return feeds, fixed[0], fixed[1]
