@@ -191,8 +191,16 @@ def where(cond, x, y):
     return _wrap(np.where(_unwrap(cond), _unwrap(x), _unwrap(y)))
 
 
-def cumprod(a):
-    return ndarray(np.cumprod(_unwrap(a)))
+def cumprod(a, axis=None):
+    return ndarray(np.cumprod(_unwrap(a), axis=axis))
+
+
+def ones_like(a):
+    return ndarray(np.ones_like(_unwrap(a)))
+
+
+def einsum(subscripts, *operands):
+    return ndarray(np.einsum(subscripts, *[_unwrap(o) for o in operands]))
 
 
 def repeat(a, repeats, axis=None):
