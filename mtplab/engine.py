@@ -79,7 +79,7 @@ class Engine:
 
     def __init__(self, run: RunConfig, artifact: Artifact | None = None, device: Device | None = None):
         self.run_cfg = run
-        dev = self.device = device or device_for(run.backend, run.max_recaptures)
+        dev = self.device = device or device_for(run.backend, run.max_recaptures, threads=run.threads)
         self.art = artifact or model_for(run)
         self.xp = dev.xp
         cfg = self.cfg = self.art.config

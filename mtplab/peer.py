@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from . import oracle
-from .config import RunConfig
+from .config import RunConfig, threads_used
 from .engine import Engine, model_for, prompt_tokens
 from .env import environment
 from .genai import GenaiPeer, export_genai, require_genai
@@ -16,9 +14,9 @@ from .result import RunResult
 from .stats import summarize
 
 
-def exported(art: Artifact):
-    """The genai export of an artifact for this process's threads, cached beside it."""
-    threads = int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
+def exported(art: Artifact, threads: int = 0):
+    """The genai export of an artifact for `threads` intra-op threads (RunConfig.threads), cached beside it."""
+    threads = threads_used(threads)
     folder = cache_dir() / f"{art.path.name}-genai-v2-t{threads}"
     if not (folder / "manifest.json").exists():
         export_genai(art, folder, threads)
@@ -57,7 +55,7 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
     prompt = prompt_tokens(cfg.vocab_size, run.prompt_len, run.seed)
     engine = Engine(run.replace(engine="mtplab"), art)
     reference = engine.greedy(prompt, n)
-    peer = GenaiPeer(exported(art))
+    peer = GenaiPeer(exported(art, run.threads))
     peer.greedy(prompt, 16)  # warm-ups, both generators
     peer.mtp(prompt, 16, run.k)
     measured = peer_rounds(peer, engine, prompt, n, run.k, run.rounds)
@@ -117,7 +115,7 @@ def run_peer_point(run: RunConfig, artifact: Artifact | None = None) -> RunResul
         arena={},
         identity=identity,
         theory={},
-        env=environment(run.backend) | {"engine": "onnxruntime-genai " + _genai_version()},
+        env=environment(run.backend, run.threads) | {"engine": "onnxruntime-genai " + _genai_version()},
         lossless=ok,
         verdict=verdict,
         extra={
