@@ -17,16 +17,15 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   after the first three (warm-up and captures), host share = (sum of step walls - sum of forward
   times inside them) / sum of step walls: the part of a step the host spends outside the forwards.
   Goal: <= 25%.
-On a machine shared with other work, MTPLAB_THREADS=1 keeps each forward on the calling thread
+On a machine shared with other work, --threads 1 keeps each forward on the calling thread
 (no intra-op pool waiting for a busy core), which steadies both ratios.
 
-    MTPLAB_THREADS=1 python benchmarks/executor_overhead.py [--k 3] [--runs 400] [--rounds 11] [--tokens 128]
+    python benchmarks/executor_overhead.py --threads 1 [--k 3] [--runs 400] [--rounds 11] [--tokens 128]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
@@ -42,10 +41,10 @@ HOW = ("session.run", "eager IOBinding", "executor replay", "raw replay")
 GREEDY_GOAL, HOST_SHARE_GOAL = 1.3, 0.25
 
 
-def per_run(art, k: int, runs: int) -> dict[tuple[str, str], float]:
+def per_run(art, k: int, runs: int, threads: int) -> dict[tuple[str, str], float]:
     """Median microseconds per run, per (slot, how)."""
     cfg = art.config
-    session = make_session(art.target)
+    session = make_session(art.target, threads=threads)
     state = TargetState.allocate(art.description, Arena("main"))
     arena = Arena("shared")
     ex = Executor(
@@ -102,8 +101,8 @@ class ForwardClock:
         return run_with_iobinding
 
 
-def per_token(art, k: int, alpha: float, rounds: int, n: int) -> dict[str, float]:
-    run = RunConfig(preset="tiny", k=k, drafter="oracle", alpha=alpha)
+def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int) -> dict[str, float]:
+    run = RunConfig(preset="tiny", k=k, drafter="oracle", alpha=alpha, threads=threads)
     eng = Engine(run, art)
     prompt = prompt_tokens(art.config.vocab_size, run.prompt_len, 0)
     reference = eng.greedy(prompt, n + k + 1, margins=False).tokens  # also captures the Primary plan
@@ -157,9 +156,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: onnxruntime's default)")
     args = ap.parse_args()
     art = build_model(preset("tiny"))
-    m = per_run(art, args.k, args.runs)
+    m = per_run(art, args.k, args.runs, args.threads)
     print(f"tiny preset, k={args.k}, {args.runs} interleaved runs each, median microseconds per run")
     print("executor replay = staging + signature check of every binding + run_with_iobinding")
     print("(the feeds, outputs and bindings are built once, outside the timing);")
@@ -168,11 +168,11 @@ def main() -> None:
     for slot in ("primary", "verify"):
         cells = " ".join(f"{m[(slot, h)]:16.1f}" for h in HOW)
         print(f"{slot:8} {cells} {m[(slot, 'executor replay')] / m[(slot, 'raw replay')]:11.2f}x")
-    t = per_token(art, args.k, args.alpha, args.rounds, args.tokens)
+    t = per_token(art, args.k, args.alpha, args.rounds, args.tokens, args.threads)
     print()
     print(
         f"engine on tiny, k={args.k}, oracle alpha={args.alpha}, {args.tokens} tokens, median of {args.rounds} rounds, "
-        f"MTPLAB_THREADS={os.environ.get('MTPLAB_THREADS', '0')}"
+        f"threads={args.threads or 'default'}"
     )
     rows = [
         ("bare replay loop (us/token)", f"{t['bare']:.1f}", ""),

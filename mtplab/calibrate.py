@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import stats, theory
-from .config import COMMITS, RunConfig
+from .config import COMMITS, RunConfig, threads_used
 from .env import _cpu_name
 from .executor import Slot
 from .model.config import MAX_TRANSITION_CAPACITY
@@ -46,11 +46,6 @@ def cache_key(preset: str, threads: int) -> dict:
     }
 
 
-def threads_now() -> int:
-    """The ORT intra-op threads the sessions of this process get."""
-    return int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
-
-
 def cache_path(key: dict) -> Path:
     import hashlib
 
@@ -68,11 +63,11 @@ def _median_time(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def _acceptance(preset: str, tokens: int) -> dict:
+def _acceptance(preset: str, tokens: int, threads: int) -> dict:
     """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
     from .engine import Engine
 
-    run = RunConfig(preset=preset, k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1)
+    run = RunConfig(preset=preset, k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1, threads=threads)
     engine = Engine(run)
     counts: list[int] = []
     for seed in ACCEPTANCE_SEEDS:
@@ -84,12 +79,14 @@ def _acceptance(preset: str, tokens: int) -> dict:
     return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
 
 
-def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int = 48) -> dict:
-    """Measure the calibration of one preset on this process's threads (see the module docstring)."""
+def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0) -> dict:
+    """Measure the calibration of one preset on `threads` intra-op threads (RunConfig.threads: 0 is every core)."""
     from .engine import Engine, prompt_tokens
 
     t_start = time.perf_counter()
-    run = RunConfig(preset=preset, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1)
+    run = RunConfig(
+        preset=preset, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1, threads=threads
+    )
     engine = Engine(run)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine._start(prompt)
@@ -140,22 +137,22 @@ def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int
         return {name[len(prefix) :]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
 
     return {
-        "key": cache_key(preset, threads_now()),
+        "key": cache_key(preset, threads_used(threads)),
         "repeats": repeats,
         "reps_per_sample": reps,
         "target": table("target/"),
         "head": summary["head"]["median"],
         "commit": {s: table(f"commit/{s}/") for s in COMMITS},
         "ci": {name: s["ci"] for name, s in summary.items()},
-        "mtp_acceptance": _acceptance(preset, acceptance_tokens),
+        "mtp_acceptance": _acceptance(preset, acceptance_tokens, threads),
         "seconds": time.perf_counter() - t_start,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def load_or_measure(preset: str, say=print, **kwargs) -> dict:
+def load_or_measure(preset: str, say=print, threads: int = 0, **kwargs) -> dict:
     """The cached calibration for this preset, machine, threads and onnxruntime; measured first when missing."""
-    key = cache_key(preset, threads_now())
+    key = cache_key(preset, threads_used(threads))
     path = cache_path(key)
     if path.exists():
         try:
@@ -165,7 +162,7 @@ def load_or_measure(preset: str, say=print, **kwargs) -> dict:
         except (OSError, ValueError):
             pass
     say(f"no calibration for {preset} on {key['threads']} threads (onnxruntime {key['onnxruntime']}): measuring it")
-    calib = measure(preset, **kwargs)
+    calib = measure(preset, threads=threads, **kwargs)
     write_atomic(path, dumps(calib, indent=1))
     return calib
 

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from .config import BACKENDS, COMMITS, DRAFTERS, ENGINES, SCHEDULES, RunConfig, run_problems
-from .policy import POLICIES
+from . import config
+from .config import BACKENDS, RunConfig, run_problems
 
 
 def _model_build(args) -> int:
@@ -67,35 +67,54 @@ def _number(text: str):
     return text
 
 
-def _run_config(args) -> tuple[RunConfig | None, list[str]]:
-    """The run's RunConfig, or every problem with the options at once."""
-    values = {
-        "preset": args.preset,
-        "k": args.k,
-        "alpha": RunConfig.alpha if args.alpha is None else args.alpha,
-        "drafter": args.drafter,
-        "policy": args.policy,
-        "commit": args.commit,
-        "schedule": args.schedule,
-        "tokens": args.tokens,
-        "prompt_len": args.prompt_len,
-        "max_recaptures": args.max_recaptures,
-        "backend": args.backend,
-        "seed": args.seed,
-        "oracle_free_drafts": args.oracle_free_drafts,
-        "validate": not args.no_validate,
-        "retain_decode_graph_across_spec": not args.no_retain,
-        "int4": args.int4,
-        "engine": args.engine,
-        "rounds": args.rounds,
+def _flag(f) -> str:
+    """A RunConfig field's option: its metadata's, else --name-with-dashes (--no-... for a boolean defaulting True)."""
+    if f.metadata["flag"]:
+        return f.metadata["flag"]
+    name = f.name.replace("_", "-")
+    return f"--no-{name}" if f.default is True else f"--{name}"
+
+
+def add_run_options(p: argparse.ArgumentParser, cls=RunConfig, only: tuple[str, ...] | None = None) -> None:
+    """One option per field of a RunConfig(-like) dataclass (or those named in `only`), from its metadata.
+
+    Numbers are parsed leniently (a bad one reaches validation, which names it with the others);
+    a boolean is a switch turning its default around.
+    """
+    for f in config.fields(cls):
+        if only is not None and f.name not in only:
+            continue
+        meta = f.metadata
+        if isinstance(f.default, bool):
+            action = "store_false" if f.default else "store_true"
+            text = f"turns {f.name} off: {meta['help']}" if f.default else meta["help"]
+            p.add_argument(_flag(f), dest=f.name, action=action, help=text)
+            continue
+        kind = _number if isinstance(f.default, (int, float)) else None
+        text = _help(meta["help"], meta["choices"])
+        if meta["cli_unset"]:  # None when not given: the run tells the two apart
+            p.add_argument(_flag(f), dest=f.name, type=kind, help=f"{text} (default {f.default} when not given)")
+        else:
+            p.add_argument(_flag(f), dest=f.name, type=kind, default=f.default, help=text)
+
+
+def run_values(args, cls=RunConfig) -> dict:
+    """The field values the options give (an unset option's field: its default)."""
+    return {
+        f.name: f.default if getattr(args, f.name) is None else getattr(args, f.name) for f in config.fields(cls)
     }
-    problems = [f"--{p}" for p in run_problems(values)]
+
+
+def _run_config(args, cls=RunConfig) -> tuple[RunConfig | None, list[str]]:
+    """The run's RunConfig, or every problem with the options at once."""
+    values = run_values(args, cls)
+    problems = [f"--{p}" for p in run_problems(values, cls)]
     if args.alpha is not None and args.drafter == "mtp":
         problems.append(
             f"--alpha {args.alpha} with --drafter mtp: alpha is the oracle drafter's acceptance; the MTP head's "
             "is measured (drop --alpha, or use --drafter oracle)"
         )
-    return (None if problems else RunConfig(**values)), problems
+    return (None if problems else cls(**values)), problems
 
 
 def _run(args) -> int:
@@ -109,7 +128,7 @@ def _run(args) -> int:
         if run.engine == "mtplab":  # the cached calibration, measured first when missing (and said so)
             from .calibrate import load_or_measure
 
-            load_or_measure(run.preset, say=lambda m: print(f"mtplab run: {m}", file=sys.stderr))
+            load_or_measure(run.preset, say=lambda m: print(f"mtplab run: {m}", file=sys.stderr), threads=run.threads)
         result = run_point(run)
     except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
         print(f"mtplab run: {err}", file=sys.stderr)
@@ -123,20 +142,19 @@ def _run(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from .calibrate import cache_key, cache_path, format_table, measure, threads_now
-    from .model.config import PRESETS
+    from .calibrate import cache_key, cache_path, format_table, measure
+    from .config import field_problem, threads_used
     from .result import dumps, write_atomic
 
-    if args.preset not in PRESETS or not (isinstance(args.repeats, int) and args.repeats >= 1):
-        print(
-            f"mtplab calibrate: --preset {args.preset!r} must be one of {list(PRESETS)} and --repeats "
-            f"{args.repeats!r} an integer >= 1",
-            file=sys.stderr,
-        )
+    problems = [f"--{p}" for name in ("preset", "threads") if (p := field_problem(name, [getattr(args, name)]))]
+    if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
+        problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
+    if problems:
+        print("mtplab calibrate: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
-    calib = measure(args.preset, repeats=args.repeats)
+    calib = measure(args.preset, repeats=args.repeats, threads=args.threads)
     text = dumps(calib, indent=1)
-    write_atomic(cache_path(cache_key(args.preset, threads_now())), text)
+    write_atomic(cache_path(cache_key(args.preset, threads_used(args.threads))), text)
     if args.out:
         from pathlib import Path
 
@@ -172,8 +190,8 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
             return text
         if action.default is None:
             return text + " (default: none)"
-        if action.default is False:
-            return text + " (default: off)"
+        if action.default is False or (isinstance(action, argparse._StoreFalseAction) and action.default is True):
+            return text + " (default: off)"  # a switch: off unless given
         return super()._get_help_string(action)
 
 
@@ -239,37 +257,14 @@ def parser() -> argparse.ArgumentParser:
 
     # Options are named as the spec's keys (--prompt-len is prompt_len); validation reports every bad one.
     r = sub.add_parser("run", help="greedy baseline vs speculative decoding, one point", **fmt)
-    r.add_argument("--preset", default="small", help=_help("model preset", PRESETS))
-    r.add_argument("--k", type=_number, default=3, help="drafts per step, 1..8")
-    r.add_argument("--drafter", default="mtp", help=_help("who drafts", DRAFTERS))
-    r.add_argument(
-        "--alpha",
-        type=_number,
-        help="oracle drafter acceptance per position, in [0, 1] (default 0.8; not with --drafter mtp)",
-    )
-    r.add_argument("--policy", default="sibling-pinned", help=_help("arena policy", POLICIES))
-    r.add_argument("--commit", default="select", help=_help("commit strategy", COMMITS))
-    r.add_argument("--schedule", default="decode-verify", help=_help("step schedule", SCHEDULES))
-    r.add_argument("--tokens", type=_number, default=128, help="tokens to generate")
-    r.add_argument("--prompt-len", type=_number, default=8, help="prompt tokens")
-    r.add_argument("--backend", default="cpu", help=_help("where the graphs run", BACKENDS))
-    r.add_argument("--seed", type=_number, default=0, help="prompt seed, an integer >= 0")
-    r.add_argument("--max-recaptures", type=_number, default=3, help="invalidations before a slot falls back for good")
-    r.add_argument("--int4", action="store_true", help="int4 weights")
-    r.add_argument("--rounds", type=_number, default=3, help="paired greedy/speculative timed rounds (>= 1)")
-    r.add_argument("--engine", default="mtplab", help=_help("whose decoder (ort-genai: the onnxruntime-genai peer)", ENGINES))
-    r.add_argument("--oracle-free-drafts", action="store_true", help="oracle drafter skips the MTP head")
-    r.add_argument("--no-validate", action="store_true", help="negative control: replay without the signature check")
-    r.add_argument(
-        "--no-retain", action="store_true", help="retain_decode_graph_across_spec off (the seed before its fix)"
-    )
+    add_run_options(r)
     r.add_argument("--allow-mismatch", action="store_true", help="exit 0 even if the lossless check fails")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object")
     r.add_argument("--out", help="also save the RunResult JSON here")
     r.set_defaults(func=_run)
 
     c = sub.add_parser("calibrate", help="measure the cost model's forward, head and commit times (cached)", **fmt)
-    c.add_argument("--preset", default="small", help=_help("model", sorted(PRESETS)))
+    add_run_options(c, only=("preset", "threads"))
     c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
     c.set_defaults(func=_calibrate)

@@ -1,11 +1,18 @@
-"""Run configuration: one frozen dataclass, validated before any work starts."""
+"""Run configuration: one frozen dataclass, the single source of every run parameter, validated before any work starts.
+
+Each field carries its metadata (`param`): help text, choices or rule, whether a sweep may vary it
+and how it shows in a point id, and its command-line form. The `mtplab run` options
+(`mtplab.cli`), the sweep's dimensions (`mtplab.grid`) and the parameters of
+notebooks/run_point.ipynb are derived from the fields, so a new field appears in all of them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
-from .model.config import MAX_TRANSITION_CAPACITY, PRESETS
+from .model.config import MAX_TRANSITION_CAPACITY, PRESETS, k_problem
 from .policy import POLICIES
 
 DRAFTERS = ("mtp", "oracle")
@@ -15,28 +22,108 @@ ENGINES = ("mtplab", "ort-genai")
 SCHEDULES = ("decode-verify", "fused")
 
 
+def _integer(lo: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _boolean(v) -> bool:
+    return isinstance(v, bool)
+
+
+INTEGER_1 = (_integer(1), "an integer >= 1")
+INTEGER_0 = (_integer(0), "an integer >= 0")
+BOOLEAN = (_boolean, "true or false (a boolean)")
+UNIT_INTERVAL = (
+    lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
+    "within [0, 1], a number",
+)
+
+
+def threads_used(threads: int) -> int:
+    """The intra-op threads a session gets for a RunConfig's `threads` (0: onnxruntime's default, every core)."""
+    return threads or os.cpu_count() or 1
+
+
+def param(
+    default,
+    help: str,
+    *,
+    choices: tuple | None = None,
+    rule: tuple | None = None,
+    sweep: bool = True,
+    flag: str | None = None,
+    cli_unset: bool = False,
+    tag: str | None = None,
+):
+    """A RunConfig field with its metadata.
+
+    help: the one help text (the command line, the notebook and the docs read it);
+    choices: the allowed values, or rule: (accepts(value) -> bool, what is allowed);
+    sweep: whether a grid spec may vary it (a dimension);
+    flag: the command-line option when not `--name-with-dashes` (booleans: `--name` turns on a
+    field defaulting False; a field defaulting True gets `--no-...`);
+    cli_unset: the option has no default on the command line (given or not is told apart);
+    tag: how a point id shows a value other than the default (`tag` + the value; a boolean: the tag
+    alone), for a dimension the id does not name otherwise (default: the field's name, and for a
+    boolean defaulting True `no` + the name).
+    """
+    if rule is None and choices is None:
+        rule = BOOLEAN if isinstance(default, bool) else None
+    meta = {
+        "help": help,
+        "choices": choices,
+        "rule": rule,
+        "sweep": sweep,
+        "flag": flag,
+        "cli_unset": cli_unset,
+        "tag": tag,
+    }
+    return dataclasses.field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One experiment point: greedy baseline + speculative run on one model preset."""
 
-    preset: str = "small"
-    k: int = 3
-    alpha: float = 0.8
-    drafter: str = "mtp"
-    policy: str = "sibling-pinned"
-    commit: str = "select"
-    schedule: str = "decode-verify"
-    tokens: int = 128
-    backend: str = "cpu"
-    seed: int = 0
-    prompt_len: int = 8
-    oracle_free_drafts: bool = False
-    validate: bool = True
-    retain_decode_graph_across_spec: bool = True
-    max_recaptures: int = 3
-    int4: bool = False
-    engine: str = "mtplab"
-    rounds: int = 3  # paired greedy/speculative rounds, timed after the untimed checked pass
+    preset: str = param("small", "model preset", choices=tuple(PRESETS))
+    k: int = param(3, f"drafts per step, 1..{MAX_TRANSITION_CAPACITY - 1}", rule=INTEGER_1)
+    alpha: float = param(
+        0.8,
+        "oracle drafter acceptance per position, in [0, 1]; not with --drafter mtp",
+        rule=UNIT_INTERVAL,
+        cli_unset=True,
+    )
+    drafter: str = param("mtp", "who drafts", choices=DRAFTERS)
+    policy: str = param("sibling-pinned", "arena policy", choices=tuple(POLICIES))
+    commit: str = param("select", "commit strategy", choices=COMMITS)
+    schedule: str = param("decode-verify", "step schedule", choices=SCHEDULES)
+    tokens: int = param(128, "tokens to generate", rule=INTEGER_1)
+    backend: str = param("cpu", "where the graphs run", choices=BACKENDS)
+    seed: int = param(0, "prompt seed, an integer >= 0", rule=INTEGER_0)
+    prompt_len: int = param(8, "prompt tokens", rule=INTEGER_1, tag="p")
+    oracle_free_drafts: bool = param(False, "oracle drafter skips the MTP head")
+    validate: bool = param(
+        True, "check each plan's binding signature before replay (off: the negative control)"
+    )
+    retain_decode_graph_across_spec: bool = param(
+        True,
+        "keep the decode graph captured across speculative steps (off: the seed before its fix)",
+        flag="--no-retain",
+        tag="noretain",
+    )
+    max_recaptures: int = param(3, "invalidations before a slot falls back for good", rule=INTEGER_0, tag="mr")
+    int4: bool = param(False, "int4 weights")
+    engine: str = param("mtplab", "whose decoder (ort-genai: the onnxruntime-genai peer)", choices=ENGINES)
+    rounds: int = param(
+        3, "paired greedy/speculative timed rounds (>= 1), timed after the untimed checked pass", rule=INTEGER_1
+    )
+    threads: int = param(
+        0,
+        "ONNX Runtime intra-op threads per session (0: onnxruntime's default, every core; a sweep gives each "
+        "point cores / workers)",
+        rule=INTEGER_0,
+        tag="th",
+    )
 
     def __post_init__(self) -> None:
         validate_run(self)
@@ -48,63 +135,45 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-CHOICES = {
-    "preset": tuple(PRESETS),
-    "policy": tuple(POLICIES),
-    "commit": COMMITS,
-    "drafter": DRAFTERS,
-    "backend": BACKENDS,
-    "schedule": SCHEDULES,
-    "engine": ENGINES,
-}
+def fields(cls=RunConfig) -> tuple[dataclasses.Field, ...]:
+    """The run parameters of a RunConfig(-like) dataclass: its fields that carry `param` metadata."""
+    return tuple(f for f in dataclasses.fields(cls) if "help" in f.metadata)
 
 
-def _integer(lo: int):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
+def dimensions(cls=RunConfig) -> tuple[str, ...]:
+    """The fields a grid spec may vary, in field order."""
+    return tuple(f.name for f in fields(cls) if f.metadata["sweep"])
 
 
-def _boolean(v) -> bool:
-    return isinstance(v, bool)
+def defaults(cls=RunConfig) -> dict:
+    return {f.name: f.default for f in fields(cls)}
 
 
-# Per-field rules for the fields that are not choices: (accepts, what is allowed).
-RULES = {
-    "k": (_integer(1), "an integer >= 1"),
-    "alpha": (
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
-        "within [0, 1], a number",
-    ),
-    "tokens": (_integer(1), "an integer >= 1"),
-    "seed": (_integer(0), "an integer >= 0"),
-    "prompt_len": (_integer(1), "an integer >= 1"),
-    "max_recaptures": (_integer(0), "an integer >= 0"),
-    "rounds": (_integer(1), "an integer >= 1"),
-    "oracle_free_drafts": (_boolean, "true or false (a boolean)"),
-    "validate": (_boolean, "true or false (a boolean)"),
-    "retain_decode_graph_across_spec": (_boolean, "true or false (a boolean)"),
-    "int4": (_boolean, "true or false (a boolean)"),
-}
+def _field(name: str, cls=RunConfig) -> dataclasses.Field:
+    return {f.name: f for f in dataclasses.fields(cls)}[name]
 
 
-def field_problem(name: str, values: list) -> str | None:
+def field_problem(name: str, values: list, cls=RunConfig) -> str | None:
     """What is wrong with these values of one RunConfig field, naming every bad one; None if all are fine."""
-    if name in CHOICES:
-        bad = [v for v in values if not (isinstance(v, str) and v in CHOICES[name])]
-        rule = f"allowed values are {list(CHOICES[name])}"
+    meta = _field(name, cls).metadata
+    if meta["choices"] is not None:
+        choices = meta["choices"]
+        bad = [v for v in values if not (isinstance(v, str) and v in choices)]
+        rule = f"allowed values are {list(choices)}"
         shown = ", ".join(repr(v) for v in bad)
         return f"unknown {name} {shown}: {rule}" if bad else None
-    accepts, rule = RULES[name]
+    accepts, rule = meta["rule"]
     bad = [v for v in values if not accepts(v)]
     return f"{name}={', '.join(repr(v) for v in bad)}: must be {rule}" if bad else None
 
 
-def run_problems(values: dict) -> list[str]:
+def run_problems(values: dict, cls=RunConfig) -> list[str]:
     """Every problem with a RunConfig's field values (defaults for the missing ones), each naming the field."""
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(RunConfig)})
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         return [f"unknown RunConfig fields {unknown}"]
-    cfg = {f.name: f.default for f in dataclasses.fields(RunConfig)} | values
-    problems = [p for name, value in cfg.items() if (p := field_problem(name, [value]))]
+    cfg = defaults(cls) | values
+    problems = [p for name, value in cfg.items() if (p := field_problem(name, [value], cls))]
     if problems:  # the checks across fields need valid fields
         return problems
     if cfg["engine"] == "ort-genai" and (cfg["drafter"] != "mtp" or cfg["backend"] != "cpu"):
@@ -120,11 +189,8 @@ def run_problems(values: dict) -> list[str]:
             "commit 'readvance-m1' or 'select'"
         )
     k = cfg["k"]
-    if k + 1 > MAX_TRANSITION_CAPACITY:
-        problems.append(
-            f"k={k}: k+1={k + 1} exceeds the GatedDeltaNet transition capacity {MAX_TRANSITION_CAPACITY} "
-            f"(allowed: k in 1..{MAX_TRANSITION_CAPACITY - 1})"
-        )
+    if problem := k_problem(k):
+        problems.append(problem)
     model = PRESETS[cfg["preset"]]
     need = cfg["prompt_len"] + cfg["tokens"] + 2 * (k + 1)
     if need > model.max_seq_len:
@@ -136,8 +202,13 @@ def run_problems(values: dict) -> list[str]:
     return problems
 
 
-def validate_run(cfg: RunConfig) -> None:
+def max_recaptures_problem(value) -> str | None:
+    """Why a max_recaptures value is not allowed (RunConfig's rule, which the executor applies too), or None."""
+    return field_problem("max_recaptures", [value])
+
+
+def validate_run(cfg) -> None:
     """Every RunConfig check; errors say what was wrong and what is allowed (all of them, joined by '; ')."""
-    problems = run_problems(cfg.to_dict())
+    problems = run_problems(dataclasses.asdict(cfg), type(cfg))
     if problems:
         raise ValueError("; ".join(problems))

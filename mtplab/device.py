@@ -40,7 +40,8 @@ class Device:
     backend: PlanBackend
     provider: str | tuple[str, dict] = "CPUExecutionProvider"
     ort_device: str = "cpu"  # where ONNX Runtime finds shared weights and bound buffers
-    host_inputs: frozenset[str] = frozenset()
+    host_inputs: frozenset[str] = frozenset()  # set by whoever makes the device (cuda_device: CUDA_HOST_INPUTS)
+    threads: int = 0  # intra-op threads of every session it makes (RunConfig.threads; 0: onnxruntime's default)
     new_pool: Callable[[], Any] | None = None  # a fresh memory pool (CuPy's MemoryPool), for private arenas
     shared_pool: Any = None
     reads: int = 0
@@ -51,7 +52,7 @@ class Device:
         return to_numpy(a)
 
     def session(self, path, shared: dict | None = None):
-        return make_session(path, shared, provider=self.provider)
+        return make_session(path, shared, threads=self.threads, provider=self.provider)
 
     def shared_weights(self, path) -> dict:
         """The model's weights as OrtValues on this device, for sessions that share them."""
@@ -85,8 +86,8 @@ class Device:
         return ids.stats() if ids is not None else {}
 
 
-def cpu_device() -> Device:
-    return Device("cpu", np, CpuPlanBackend())
+def cpu_device(threads: int = 0) -> Device:
+    return Device("cpu", np, CpuPlanBackend(), threads=threads)
 
 
 def require_cuda() -> None:
@@ -112,7 +113,7 @@ def cuda_available() -> bool:
     return True
 
 
-def cuda_device(graphs_per_slot: int) -> Device:
+def cuda_device(graphs_per_slot: int, threads: int = 0) -> Device:
     """CuPy arrays on one non-blocking stream, the CUDA EP with graphs enabled on that same stream."""
     require_cuda()
     import cupy
@@ -131,6 +132,7 @@ def cuda_device(graphs_per_slot: int) -> Device:
         provider=("CUDAExecutionProvider", options),
         ort_device="cuda",
         host_inputs=CUDA_HOST_INPUTS,
+        threads=threads,
         new_pool=cupy.cuda.MemoryPool,
         shared_pool=cupy.cuda.MemoryPool(),
     )
@@ -146,10 +148,13 @@ def _process_stream():
     return stream
 
 
-def device_for(backend: str, max_recaptures: int = 3) -> Device:
-    """The Device for a RunConfig backend; CUDA gets max_recaptures + 1 graph ids per slot."""
+def device_for(backend: str, max_recaptures: int = 3, threads: int = 0) -> Device:
+    """The Device for a RunConfig backend; CUDA gets max_recaptures + 1 graph ids per slot.
+
+    threads: the sessions' intra-op threads (RunConfig.threads; 0: onnxruntime's default).
+    """
     if backend == "cpu":
-        return cpu_device()
+        return cpu_device(threads)
     if backend == "cuda":
-        return cuda_device(max_recaptures + 1)
+        return cuda_device(max_recaptures + 1, threads)
     raise ValueError(f"unknown backend {backend!r}: allowed values are ['cpu', 'cuda']")

@@ -71,7 +71,7 @@ class Engine:
 
     def __init__(self, run: RunConfig, artifact=None, device: Device | None = None):
         self.run_cfg = run
-        dev = self.device = device or device_for(run.backend, run.max_recaptures)
+        dev = self.device = device or device_for(run.backend, run.max_recaptures, threads=run.threads)
         self.art = artifact or model_for(run)
         desc = self.desc = self.art.description
         self.cfg = desc.config  # the built-in model's ModelConfig (None for other models)

@@ -51,9 +51,14 @@ def git_revision() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def environment(backend: str = "cpu") -> dict:
-    """Versions (mtplab, onnxruntime, onnxruntime-genai, numpy, Python), provider, device, machine, threads, git revision."""
+def environment(backend: str = "cpu", threads: int = 0) -> dict:
+    """Versions (mtplab, onnxruntime, onnxruntime-genai, numpy, Python), provider, device, machine, threads, git revision.
+
+    threads: the run's RunConfig.threads; recorded as the intra-op threads its sessions used.
+    """
     import onnxruntime
+
+    from .config import threads_used
 
     device = _cpu_name()
     if backend == "cuda":
@@ -73,7 +78,7 @@ def environment(backend: str = "cpu") -> dict:
         "cpu_count": os.cpu_count(),
         "memory_gib": memory_gib(),
         "hostname": platform.node(),
-        "threads": int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count(),
+        "threads": threads_used(threads),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "git_revision": git_revision(),

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from .arena import Arena, Block, BufferTooSmall, address, layout_bytes, put
+from .config import max_recaptures_problem
 
 
 class Slot(enum.IntEnum):
@@ -319,8 +320,8 @@ class Executor:
         validate: bool = True,
         retain_decode_graph_across_spec: bool = True,
     ):
-        if max_recaptures < 0:
-            raise ValueError(f"max_recaptures={max_recaptures}: must be >= 0")
+        if problem := max_recaptures_problem(max_recaptures):
+            raise ValueError(problem)
         self.sessions = sessions
         self.memory = memory
         self.labels = labels or {s: s.name.lower() for s in sessions}

@@ -82,7 +82,7 @@ def calibration_for(run: RunConfig, say=print) -> dict:
     """The cached cost-model calibration for the run's model, this machine and threads (measured when missing)."""
     from .calibrate import load_or_measure
 
-    return load_or_measure(run.preset, say=say)
+    return load_or_measure(run.preset, say=say, threads=run.threads)
 
 
 def run_mtplab_point(
@@ -158,7 +158,7 @@ def run_mtplab_point(
             "acceptance_per_position": theory.per_position(alpha, k),
             "alpha_source": "oracle setting" if run.drafter == "oracle" else "acceptance calibration",
         },
-        env=environment(run.backend) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
+        env=environment(run.backend, run.threads) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
         lossless=ok,
         verdict=verdict,
         extra={

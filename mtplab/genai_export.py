@@ -14,7 +14,6 @@ The export is the same network with the same weights; only the form differs wher
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -174,12 +173,14 @@ def genai_config(cfg: ModelConfig, part: str, threads: int = 1) -> dict:
     }
 
 
-def export_genai(art: Artifact, out: str | Path, threads: int | None = None) -> Path:
+def export_genai(art: Artifact, out: str | Path, threads: int = 0) -> Path:
     """Write out/target and out/mtp, each model.onnx + genai_config.json, from a built artifact.
 
-    threads: the sessions' intra-op threads (default: mtplab's, MTPLAB_THREADS or the core count).
+    threads: the sessions' intra-op threads, as RunConfig.threads (0: the core count).
     """
-    threads = threads or int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
+    from .config import threads_used
+
+    threads = threads_used(threads)
     out = Path(out)
     cfg = art.config
     for part, src in (("target", art.target), ("mtp", art.mtp)):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from . import measure, oracle
-from .config import RunConfig
+from .config import RunConfig, threads_used
 from .engine import Engine, model_for, prompt_tokens
 from .env import environment
 from .genai_builder import builder_peer_folder
@@ -15,12 +13,11 @@ from .model import Artifact, cache_dir
 from .result import RunResult
 
 
-def exported(art: Artifact):
-    """The og.Model folders (target/, mtp/) of a model for this process's threads, made once in the cache.
-
-    A builder folder gets the copy genai needs (mtplab.genai_builder); the built-in model its export.
-    """
-    threads = int(os.environ.get("MTPLAB_THREADS", "0")) or os.cpu_count() or 1
+def exported(art: Artifact, threads: int = 0):
+    """The og.Model folders (target/, mtp/) of a model for `threads` intra-op threads (RunConfig.threads),
+    made once in the cache: a builder folder gets the copy genai needs (mtplab.genai_builder), the
+    built-in model its export."""
+    threads = threads_used(threads)
     if art.description.kind == "builder":
         return builder_peer_folder(art, threads)
     folder = cache_dir() / f"{art.path.name}-genai-v2-t{threads}"
@@ -62,7 +59,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
     prompt = prompt_tokens(art.description.vocab_size, run.prompt_len, run.seed)
     engine = Engine(run.replace(engine="mtplab"), art)
     reference = engine.greedy(prompt, n)
-    peer = GenaiPeer(exported(art))
+    peer = GenaiPeer(exported(art, run.threads))
     peer.greedy(prompt, 16)  # warm-ups, both generators
     peer.mtp(prompt, 16, run.k)
     measured = peer_rounds(peer, engine, prompt, n, run.k, run.rounds)
@@ -104,7 +101,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
         arena={},
         identity=identity,
         theory={},
-        env=environment(run.backend) | {"engine": "onnxruntime-genai " + genai_version()},
+        env=environment(run.backend, run.threads) | {"engine": "onnxruntime-genai " + genai_version()},
         lossless=ok,
         verdict=verdict,
         extra={

@@ -9,26 +9,13 @@ from pathlib import Path
 
 import yaml
 
+from . import config
 from .config import RunConfig, field_problem, run_problems
 
 SPEC_DIR = Path(__file__).parent / "sweeps"
-DIMENSIONS = (
-    "preset",
-    "k",
-    "alpha",
-    "drafter",
-    "policy",
-    "commit",
-    "schedule",
-    "tokens",
-    "seed",
-    "backend",
-    "engine",
-    "oracle_free_drafts",
-    "int4",
-    "rounds",
-)
-TOP_KEYS = ("name", "defaults", "grids", "repeats", "resources", "allow_mismatch", *DIMENSIONS)
+DIMENSIONS = config.dimensions(RunConfig)  # every RunConfig field a spec may vary
+SPEC_KEYS = ("name", "defaults", "grids", "repeats", "resources", "allow_mismatch")
+TOP_KEYS = (*SPEC_KEYS, *DIMENSIONS)
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
@@ -39,6 +26,21 @@ def canonical(value) -> str:
         text = repr(value)
         return text[:-2] if text.endswith(".0") else text
     return str(value)
+
+
+# The fields a point id always names (or names by a rule of its own); any other dimension adds its tag.
+NAMED_IN_ID = (
+    "preset", "k", "alpha", "drafter", "policy", "commit", "schedule", "tokens", "seed", "engine", "backend", "int4",
+    "rounds", "oracle_free_drafts",
+)
+
+
+def id_part(f, value) -> str:
+    """A dimension's part of a point id when its value is not the default: its tag (+ the value unless a boolean)."""
+    tag = f.metadata.get("tag")
+    if isinstance(value, bool):
+        return tag or (f"no{f.name}" if f.default is True else f.name)
+    return f"{tag or f.name}{canonical(value)}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class Point:
             parts.append(f"n{r.rounds}")
         if r.oracle_free_drafts:
             parts.append("free")
+        for f in config.fields(type(r)):
+            value = getattr(r, f.name)
+            if f.metadata["sweep"] and f.name not in NAMED_IN_ID and value != f.default:
+                parts.append(id_part(f, value))
         return "-".join(parts)
 
 
@@ -94,14 +100,14 @@ def check_name(name) -> str | None:
     )
 
 
-def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
+def _dimension_problems(where: str, d, allow_scalars: bool, cls=RunConfig) -> list[str]:
     """Every problem with one mapping of dimensions: unknown keys, shapes, and each key's bad values."""
     if not isinstance(d, dict):
         return [f"{where} must be a mapping of dimension: values (got {d!r})"]
-    out = []
+    out, dimensions = [], config.dimensions(cls)
     for key, value in d.items():
-        if key not in DIMENSIONS:
-            out.append(f"unknown key {key!r} in {where} (allowed: {list(DIMENSIONS)})")
+        if key not in dimensions:
+            out.append(f"unknown key {key!r} in {where} (allowed: {list(dimensions)})")
             continue
         if isinstance(value, list):
             if not value:
@@ -110,7 +116,7 @@ def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
         elif not allow_scalars:
             out.append(f"{key!r} in {where} must be a list (got {value!r})")
             continue
-        problem = field_problem(key, value if isinstance(value, list) else [value])
+        problem = field_problem(key, value if isinstance(value, list) else [value], cls)
         if problem:
             out.append(f"{key} in {where}: {problem}")
     return out
@@ -130,17 +136,20 @@ def _resource_problems(resources) -> list[str]:
     return out
 
 
-def _shape_problems(source: dict) -> list[str]:
+def _shape_problems(source: dict, cls=RunConfig) -> list[str]:
     """Every problem found without expanding the grid: keys, shapes, per-dimension values, scalars."""
-    out = [f"unknown key {key!r} (allowed: {list(TOP_KEYS)})" for key in source if key not in TOP_KEYS]
-    out += _dimension_problems("defaults", source.get("defaults") or {}, allow_scalars=True)
-    out += _dimension_problems("the spec", {k: v for k, v in source.items() if k in DIMENSIONS}, allow_scalars=False)
+    dimensions = config.dimensions(cls)
+    top_keys = (*SPEC_KEYS, *dimensions)
+    out = [f"unknown key {key!r} (allowed: {list(top_keys)})" for key in source if key not in top_keys]
+    out += _dimension_problems("defaults", source.get("defaults") or {}, allow_scalars=True, cls=cls)
+    top = {k: v for k, v in source.items() if k in dimensions}
+    out += _dimension_problems("the spec", top, allow_scalars=False, cls=cls)
     grids = source.get("grids") or [{}]
     if not isinstance(grids, list):
         out.append(f"'grids' must be a list of mappings (got {grids!r})")
     else:
         for n, g in enumerate(grids):
-            out += _dimension_problems(f"grids[{n}]", g, allow_scalars=False)
+            out += _dimension_problems(f"grids[{n}]", g, allow_scalars=False, cls=cls)
     repeats = source.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         out.append(f"'repeats' must be an integer >= 1 (got {repeats!r})")
@@ -151,10 +160,11 @@ def _shape_problems(source: dict) -> list[str]:
     return out + _resource_problems(source.get("resources"))
 
 
-def _expand(source: dict) -> tuple[dict[str, Point], list[str]]:
+def _expand(source: dict, cls=RunConfig) -> tuple[dict[str, Point], list[str]]:
     """The points of a well-shaped spec, and every problem across fields or between point ids."""
     defaults = source.get("defaults") or {}
-    top = {k: v for k, v in source.items() if k in DIMENSIONS}
+    dimensions = config.dimensions(cls)
+    top = {k: v for k, v in source.items() if k in dimensions}
     points: dict[str, Point] = {}
     problems: list[str] = []
     for n, g in enumerate(source.get("grids") or [{}]):
@@ -162,11 +172,11 @@ def _expand(source: dict) -> tuple[dict[str, Point], list[str]]:
         keys = list(dims)
         for values in itertools.product(*(dims[k] for k in keys)):
             params = dict(zip(keys, values))
-            bad = run_problems(params)
+            bad = run_problems(params, cls)
             if bad:
                 problems += [f"{b} (in grids[{n}])" for b in bad if f"{b} (in grids[{n}])" not in problems]
                 continue
-            run = RunConfig(**params)
+            run = cls(**params)
             for r in range(source.get("repeats", 1)):
                 p = Point(run, r)
                 other = points.setdefault(p.id, p)
@@ -176,18 +186,18 @@ def _expand(source: dict) -> tuple[dict[str, Point], list[str]]:
     return points, problems
 
 
-def parse(source: dict) -> GridSpec:
+def parse(source: dict, cls=RunConfig) -> GridSpec:
     """Expand a spec (a union of cartesian products over `grids`, or one product) into points.
 
     Every problem is found before any point runs and reported at once, each naming its key and
-    all of its bad values.
+    all of its bad values. cls: the run configuration (RunConfig; its dimensions are the spec's).
     """
     if not isinstance(source, dict):
         _fail(["the top level must be a mapping"])
-    problems = _shape_problems(source)
+    problems = _shape_problems(source, cls)
     if problems:
         _fail(problems)
-    points, problems = _expand(source)
+    points, problems = _expand(source, cls)
     if problems:
         _fail(problems)
     return GridSpec(

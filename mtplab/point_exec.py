@@ -20,17 +20,23 @@ def notebooks_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def point_parameters(point: grid.Point, run_dir: Path) -> dict:
-    params = asdict(point.run)
-    params["run_dir"] = str(run_dir)
-    return params
+def point_run(point: grid.Point, threads: int = 0):
+    """The RunConfig a point runs: its own, with the sweep's `threads` per point unless the spec fixes them."""
+    return point.run if point.run.threads or not threads else point.run.replace(threads=threads)
+
+
+def point_parameters(point: grid.Point, run_dir: Path, threads: int = 0) -> dict:
+    """run_point.ipynb's parameters: the point's RunConfig fields (`point`) and its folder."""
+    return {"point": point_run(point, threads).to_dict(), "run_dir": str(run_dir)}
 
 
 def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int) -> Outcome:
-    """Run one point through papermill into points/<id>/; returns (id, ok|mismatch|failed, error or verdict)."""
+    """Run one point through papermill into points/<id>/; returns (id, ok|mismatch|failed, error or verdict).
+
+    threads: the intra-op threads of the point's sessions, unless its spec fixes them (RunConfig.threads).
+    """
     import papermill as pm
 
-    os.environ["MTPLAB_THREADS"] = str(threads)
     error = None
     # The folder is absolute: the notebook runs with its cwd there, so a relative run_dir would nest.
     with store.point_folder(points_dir, point.id) as tmp:
@@ -38,7 +44,7 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
             pm.execute_notebook(
                 str(notebooks_dir() / "run_point.ipynb"),
                 str(tmp / "run_point.ipynb"),
-                parameters=point_parameters(point, tmp),
+                parameters=point_parameters(point, tmp, threads),
                 kernel_name=ensure_kernel(),
                 execution_timeout=timeout,
                 progress_bar=False,
@@ -49,7 +55,7 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
         except Exception as err:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
             error = f"{type(err).__name__}: {err}".strip()[:4000] or traceback.format_exc()[-4000:]
         if error is not None:
-            store.write_error(tmp, asdict(point.run), error)
+            store.write_error(tmp, asdict(point_run(point, threads)), error)
             return point.id, "failed", error
         result = json.loads((tmp / store.RESULT).read_text())
     return point.id, store.result_status(result), result.get("verdict")

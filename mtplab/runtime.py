@@ -10,7 +10,6 @@ own and carry_conv() copies it into the past carry after the run (on the device,
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,11 +72,12 @@ def check_in_place(model: onnx.ModelProto, binds, provider: str) -> None:
         raise ValueError(f"bound in place where the {provider} kernel does not allow it: {'; '.join(bad)}")
 
 
-def session_options(threads: int | None = None):
+def session_options(threads: int = 0):
+    """Options of every mtplab session: `threads` intra-op threads (0: onnxruntime's default), one inter-op."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads or int(os.environ.get("MTPLAB_THREADS", "0")) or 0
+    so.intra_op_num_threads = threads or 0
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     # Several sessions (Primary, a Verify sibling, the MTP head) take turns on the same cores:
@@ -99,7 +99,7 @@ def shared_initializers(path, device: str = "cpu") -> dict[str, Any]:
 def make_session(
     path,
     shared: dict[str, Any] | None = None,
-    threads: int | None = None,
+    threads: int = 0,
     provider: str | tuple[str, dict] = "CPUExecutionProvider",
 ):
     """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies.

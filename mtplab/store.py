@@ -56,6 +56,14 @@ def point_folders(points_dir: Path) -> list[Path]:
     return sorted(p for p in points_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def same_config(stored: dict, config: dict) -> bool:
+    """Whether a stored result's config is a point's. Where the spec leaves `threads` to the sweep (0), the
+    thread count it ran on is the sweep's choice (recorded in the result, not part of the point)."""
+    if not config.get("threads", 0):
+        stored, config = ({k: v for k, v in c.items() if k != "threads"} for c in (stored, config))
+    return stored == config
+
+
 def corrupt_reason(folder: Path, config: dict | None = None) -> str | None:
     """Why a point folder cannot be used (unreadable or invalid JSON, incomplete), or None if it can.
 
@@ -78,7 +86,7 @@ def corrupt_reason(folder: Path, config: dict | None = None) -> str | None:
         RunResult(**data)
     except TypeError as err:
         return f"invalid {name}: {err}"
-    if config is not None and data["config"] != config:
+    if config is not None and not same_config(data["config"], config):
         return f"invalid {name}: its config is not this point's"
     return None
 

@@ -194,18 +194,19 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool) -> None:
 
     from .calibrate import cache_key, cache_path
 
-    presets = sorted({p.run.preset for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"})
-    if not presets:
+    cpu = [p.run for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"]
+    wanted = sorted({(r.preset, r.threads or threads) for r in cpu}, key=lambda pt: (pt[0], pt[1] != threads, pt[1]))
+    if not wanted:
         return
     calibrations = {}
-    for name in presets:
-        path = cache_path(cache_key(name, threads))
+    for name, n in wanted:  # the sweep's threads first: calibration.json keeps one per preset
+        path = cache_path(cache_key(name, n))
         if not path.exists():  # in a child process: onnxruntime's threads must not exist before the pool forks
             if not quiet:
-                print(f"sweep {sweep_dir.name}: no calibration for {name} on {threads} threads: measuring it", file=sys.stderr)
-            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--preset", name]
-            subprocess.run(cmd, env=os.environ | {"MTPLAB_THREADS": str(threads)}, check=True, capture_output=True)
-        calibrations[name] = json.loads(path.read_text())
+                print(f"sweep {sweep_dir.name}: no calibration for {name} on {n} threads: measuring it", file=sys.stderr)
+            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--preset", name, "--threads", str(n)]
+            subprocess.run(cmd, check=True, capture_output=True)
+        calibrations.setdefault(name, json.loads(path.read_text()))
     write_atomic(sweep_dir / "calibration.json", dumps(calibrations, indent=1))
 
 

@@ -81,7 +81,7 @@ def planted_notebooks(folder, source: list[str]):
 def failing_notebooks(tmp_path):
     """run_point raises at k=2 (a planted failure)."""
     return planted_notebooks(
-        tmp_path / "failing-notebooks", ["if k == 2:\n", "    raise RuntimeError('planted failure at k=2')\n"]
+        tmp_path / "failing-notebooks", ["if point.get('k') == 2:\n", "    raise RuntimeError('planted failure at k=2')\n"]
     )
 
 

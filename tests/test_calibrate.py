@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mtplab import calibrate, theory
-from mtplab.config import COMMITS
+from mtplab.config import COMMITS, threads_used
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +34,11 @@ def test_the_table_names_each_cost(calib):
 
 def test_load_or_measure_reuses_the_cache_and_says_when_it_measures(calib, tmp_path, monkeypatch):
     monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path))
-    path = calibrate.cache_path(calibrate.cache_key("tiny", calibrate.threads_now()))
+    path = calibrate.cache_path(calibrate.cache_key("tiny", threads_used(0)))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(calib))
     said = []
     assert calibrate.load_or_measure("tiny", say=said.append) == calib and said == []
-    monkeypatch.setenv("MTPLAB_THREADS", "1")  # another thread count: another calibration
     monkeypatch.setattr(calibrate, "measure", lambda preset, **kw: calib | {"key": calibrate.cache_key(preset, 1)})
-    calibrate.load_or_measure("tiny", say=said.append)
+    calibrate.load_or_measure("tiny", say=said.append, threads=1)  # another thread count: another calibration
     assert said and "measuring" in said[0]

@@ -93,7 +93,7 @@ def test_run_point_by_hand_writes_its_files_under_results_not_the_cwd(tmp_path, 
     pm.execute_notebook(
         str(NB / "run_point.ipynb"),
         str(tmp_path / "results" / "run_point.ipynb"),
-        parameters={"k": 2, "tokens": 16},
+        parameters={"point": {"k": 2, "tokens": 16}},
         kernel_name="mtplab",
         progress_bar=False,
         cwd=str(cwd),

@@ -99,11 +99,23 @@ class ModelConfig:
 
     def check_k(self, k: int) -> None:
         """Raise ValueError unless k drafts (a verify of k+1 tokens) fit the transition capacity."""
-        if not isinstance(k, int) or k < 1 or k + 1 > self.transition_capacity:
-            raise ValueError(
-                f"k={k}: k+1 must be within the transition capacity {self.transition_capacity} "
-                f"(allowed: k in 1..{self.transition_capacity - 1})"
-            )
+        if problem := k_problem(k, self.transition_capacity):
+            raise ValueError(problem)
+
+
+def k_problem(k, capacity: int = MAX_TRANSITION_CAPACITY) -> str | None:
+    """Why k drafts (a verify of k+1 tokens) do not fit a GatedDeltaNet transition capacity, or None.
+
+    The one check of k's bounds: RunConfig's validation and ModelConfig.check_k both call it.
+    """
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        return f"k={k!r}: must be an integer >= 1"
+    if k + 1 > capacity:
+        return (
+            f"k={k}: k+1={k + 1} exceeds the GatedDeltaNet transition capacity {capacity} "
+            f"(allowed: k in 1..{capacity - 1})"
+        )
+    return None
 
 
 def _positive(cfg: ModelConfig, name: str) -> None:
