@@ -12,6 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from .executor import max_recaptures_problem
 from .model.config import MAX_TRANSITION_CAPACITY, PRESETS, k_problem
 from .policy import POLICIES
 
@@ -111,7 +112,12 @@ class RunConfig:
         flag="--no-retain",
         tag="noretain",
     )
-    max_recaptures: int = param(3, "invalidations before a slot falls back for good", rule=INTEGER_0, tag="mr")
+    max_recaptures: int = param(
+        3,
+        "invalidations before a slot falls back for good",
+        rule=(lambda v: max_recaptures_problem(v) is None, "an integer >= 0"),
+        tag="mr",
+    )
     int4: bool = param(False, "int4 weights")
     engine: str = param("mtplab", "whose decoder (ort-genai: the onnxruntime-genai peer)", choices=ENGINES)
     rounds: int = param(
@@ -200,11 +206,6 @@ def run_problems(values: dict, cls=RunConfig) -> list[str]:
             f"{model.max_seq_len - cfg['prompt_len'] - 2 * (k + 1)})"
         )
     return problems
-
-
-def max_recaptures_problem(value) -> str | None:
-    """Why a max_recaptures value is not allowed (RunConfig's rule, which the executor applies too), or None."""
-    return field_problem("max_recaptures", [value])
 
 
 def validate_run(cfg) -> None:

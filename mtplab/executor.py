@@ -17,7 +17,6 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from .arena import Arena, Block, BufferTooSmall, address, layout_bytes, put
-from .config import max_recaptures_problem
 
 
 class Slot(enum.IntEnum):
@@ -171,6 +170,13 @@ class ReplayCheck:
             else:
                 put(view, value)
         return True
+
+
+def max_recaptures_problem(value) -> str | None:
+    """Why a max_recaptures value is not allowed (the one rule: RunConfig's field applies it too), or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None
+    return f"max_recaptures={value!r}: must be an integer >= 0"
 
 
 @dataclass

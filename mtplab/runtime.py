@@ -144,6 +144,17 @@ def failing_op(err: BaseException | str) -> str | None:
     return None
 
 
+class Buffers(dict):
+    """A state's buffers by layer or name, counting replacements: what target_io builds once stays valid
+    only while no buffer has been replaced (a moved buffer must reach the executor's check)."""
+
+    version = 0
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.version += 1
+
+
 @dataclass
 class TargetState:
     """Persistent state of one sequence on the target: buffers bound by address, plus its length.
@@ -156,12 +167,15 @@ class TargetState:
     desc: ModelDescription
     arena: Arena
     length: int = 0
-    kv: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    conv: dict[int, np.ndarray] = field(default_factory=dict)
-    gdn: dict[int, np.ndarray] = field(default_factory=dict)
-    present: dict[str, np.ndarray] = field(default_factory=dict)
-    carries: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (committed, present) copies
-    io_cache: dict[tuple[int, bool], tuple[dict, list]] = field(default_factory=dict)  # target_io's fixed part
+    kv: Buffers = field(default_factory=Buffers)  # {layer: (key, value)}
+    conv: Buffers = field(default_factory=Buffers)
+    gdn: Buffers = field(default_factory=Buffers)
+    present: Buffers = field(default_factory=Buffers)
+    io_cache: dict = field(default_factory=dict)  # target_io's fixed part by (M, mode), and the carries
+
+    def layout(self) -> int:
+        """Changes whenever a buffer is replaced."""
+        return self.kv.version + self.conv.version + self.gdn.version + self.present.version
 
     @classmethod
     def allocate(cls, desc: ModelDescription, arena: Arena) -> TargetState:
@@ -178,8 +192,17 @@ class TargetState:
             (st.conv if s.kind == "conv" else st.gdn)[s.layer] = buf
             if not s.in_place:
                 st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, np.dtype(s.dtype))
-                st.carries.append((buf, st.present[s.past]))
         return st
+
+    def fixed(self, key, build):
+        """What `build()` makes from the buffers, cached under key until a buffer is replaced."""
+        layout = self.layout()
+        if self.io_cache.get("layout") != layout:
+            self.io_cache = {"layout": layout}
+        value = self.io_cache.get(key)
+        if value is None:
+            value = self.io_cache[key] = build()
+        return value
 
     def reset(self) -> None:
         self.length = 0
@@ -194,7 +217,9 @@ class TargetState:
 
     def carry(self) -> None:
         """After an in-place forward: the states written to buffers of their own become the committed ones."""
-        for committed, present in self.carries:
+        carries = self.fixed("carries", lambda: [(self.array(s), self.present[s.past]) for s in self.desc.target.states
+                                                 if not s.in_place])
+        for committed, present in carries:
             committed[...] = present
 
     def recurrent_arrays(self) -> list[np.ndarray]:
@@ -222,10 +247,9 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     if st.length + M > desc.capacity:
         raise ValueError(f"sequence would reach {st.length + M} tokens, beyond the KV capacity {desc.capacity}")
     feeds = {io.input_ids: token_ids(tokens, M), **length_feeds(io, st.length, M, desc.capacity)}
-    fixed = st.io_cache.get((M, recurrent_in_place))
-    if fixed is None:  # outputs and bindings depend only on M and the mode: the state's buffers never move
-        fixed = st.io_cache[(M, recurrent_in_place)] = _fixed_io(desc, st, M, recurrent_in_place)
-    return feeds, fixed[0], fixed[1]
+    # Outputs and bindings depend only on M, the mode and the state's buffers.
+    outputs, bound = st.fixed((M, recurrent_in_place), lambda: _fixed_io(desc, st, M, recurrent_in_place))
+    return feeds, outputs, bound
 
 
 def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[dict, list]:
@@ -269,7 +293,7 @@ class MtpState:
 
     kv: tuple[np.ndarray, np.ndarray]
     length: int = 0
-    io_cache: dict[int, tuple[dict, list]] = field(default_factory=dict)  # mtp_io's fixed part, by M
+    io_cache: dict[int, tuple] = field(default_factory=dict)  # mtp_io's fixed part, by M
 
     @classmethod
     def allocate(cls, desc: ModelDescription, arena: Arena) -> MtpState:
@@ -293,11 +317,11 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
         **length_feeds(io, position, M, desc.capacity),
     }
     fixed = st.io_cache.get(M)
-    if fixed is None:
+    if fixed is None or fixed[2] is not st.kv:  # built once per M for these KV buffers
         outputs = {io.logits: ((1, M, desc.vocab_size), T), io.hidden: ((1, M, desc.hidden_size), T)}
         (kv,) = io.kv
         k, v = st.kv
         bound = [(kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
                  (kv.present_value, v, True)]
-        fixed = st.io_cache[M] = (outputs, bound)
+        fixed = st.io_cache[M] = (outputs, bound, st.kv)
     return feeds, fixed[0], fixed[1]
