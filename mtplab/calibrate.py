@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from . import stats, theory
-from .config import COMMITS, RunConfig, threads_used
+from .config import COMMITS, RunConfig, model_name, threads_used
 from .env import _cpu_name
 from .executor import Slot
-from .model.config import MAX_TRANSITION_CAPACITY
+from .model.config import MAX_TRANSITION_CAPACITY, PRESETS
 from .result import dumps, write_atomic
 
 MAX_M = MAX_TRANSITION_CAPACITY  # verify sizes 1..8 cover k = 0..7
@@ -31,15 +31,29 @@ ACCEPTANCE_K = 4
 PROMPT_LEN = 8
 
 
-def cache_key(preset: str, threads: int) -> dict:
-    """What a calibration is valid for: model, machine, threads and onnxruntime version."""
+def model_runs(model: str) -> dict:
+    """RunConfig fields that name a model: a preset name, or a folder (RunConfig.model)."""
+    return {"preset": model} if model in PRESETS else {"model": model}
+
+
+def model_hash(model: str) -> str:
+    """A preset's config hash, or a folder's content hash (its graphs and config)."""
+    if model in PRESETS:
+        from .model import preset as model_preset
+
+        return model_preset(model).config_hash()
+    from .model.inspect import open_model
+
+    return open_model(model).identity()["hash"]
+
+
+def cache_key(model: str, threads: int) -> dict:
+    """What a calibration is valid for: model (a preset name or a folder), machine, threads and onnxruntime."""
     import onnxruntime
 
-    from .model import preset as model_preset
-
     return {
-        "preset": preset,
-        "model": model_preset(preset).config_hash(),
+        "preset": model_name(model),
+        "model": model_hash(model),
         "machine": f"{platform.node()} / {_cpu_name()}",
         "threads": threads,
         "onnxruntime": onnxruntime.__version__,
@@ -63,11 +77,11 @@ def _median_time(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def _acceptance(preset: str, tokens: int, threads: int) -> dict:
+def _acceptance(model: str, tokens: int, threads: int) -> dict:
     """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
     from .engine import Engine
 
-    run = RunConfig(preset=preset, k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1, threads=threads)
+    run = RunConfig(**model_runs(model), k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1, threads=threads)
     engine = Engine(run)
     counts: list[int] = []
     for seed in ACCEPTANCE_SEEDS:
@@ -79,13 +93,14 @@ def _acceptance(preset: str, tokens: int, threads: int) -> dict:
     return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
 
 
-def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0) -> dict:
-    """Measure the calibration of one preset on `threads` intra-op threads (RunConfig.threads: 0 is every core)."""
+def measure(model: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0) -> dict:
+    """Measure the calibration of one model (a preset name or a folder) on `threads` intra-op threads
+    (RunConfig.threads: 0 is every core)."""
     from .engine import Engine, prompt_tokens
 
     t_start = time.perf_counter()
     run = RunConfig(
-        preset=preset, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1, threads=threads
+        **model_runs(model), k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1, threads=threads
     )
     engine = Engine(run)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
@@ -118,6 +133,7 @@ def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int
         return float(np.median(times[1:]))
 
     samples: dict[str, list[float]] = {}
+    strategies = [c for c in COMMITS if engine.desc.commit_problem(c) is None]
 
     def add(name: str, value: float) -> None:
         samples.setdefault(name, []).append(value)
@@ -128,7 +144,7 @@ def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int
             add(f"target/{M}", _median_time(lambda M=M: forward(M), reps))
         head()
         add("head", _median_time(head, reps))
-        for strategy in COMMITS:
+        for strategy in strategies:
             for n in range(1, MAX_M + 1):
                 add(f"commit/{strategy}/{n}", commit(strategy, n, reps))
     summary = {name: stats.summarize(v) for name, v in samples.items()}
@@ -137,22 +153,22 @@ def measure(preset: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int
         return {name[len(prefix) :]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
 
     return {
-        "key": cache_key(preset, threads_used(threads)),
+        "key": cache_key(model, threads_used(threads)),
         "repeats": repeats,
         "reps_per_sample": reps,
         "target": table("target/"),
         "head": summary["head"]["median"],
-        "commit": {s: table(f"commit/{s}/") for s in COMMITS},
+        "commit": {s: table(f"commit/{s}/") for s in strategies},
         "ci": {name: s["ci"] for name, s in summary.items()},
-        "mtp_acceptance": _acceptance(preset, acceptance_tokens, threads),
+        "mtp_acceptance": _acceptance(model, acceptance_tokens, threads),
         "seconds": time.perf_counter() - t_start,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def load_or_measure(preset: str, say=print, threads: int = 0, **kwargs) -> dict:
-    """The cached calibration for this preset, machine, threads and onnxruntime; measured first when missing."""
-    key = cache_key(preset, threads_used(threads))
+def load_or_measure(model: str, say=print, threads: int = 0, **kwargs) -> dict:
+    """The cached calibration for this model, machine, threads and onnxruntime; measured first when missing."""
+    key = cache_key(model, threads_used(threads))
     path = cache_path(key)
     if path.exists():
         try:
@@ -161,8 +177,9 @@ def load_or_measure(preset: str, say=print, threads: int = 0, **kwargs) -> dict:
                 return calib
         except (OSError, ValueError):
             pass
-    say(f"no calibration for {preset} on {key['threads']} threads (onnxruntime {key['onnxruntime']}): measuring it")
-    calib = measure(preset, threads=threads, **kwargs)
+    say(f"no calibration for {key['preset']} on {key['threads']} threads (onnxruntime {key['onnxruntime']}): "
+        "measuring it")
+    calib = measure(model, threads=threads, **kwargs)
     write_atomic(path, dumps(calib, indent=1))
     return calib
 

@@ -122,13 +122,19 @@ def _run(args) -> int:
     if problems:
         print("mtplab run: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
+    from .config import model_spec
     from .experiment import result_text, run_point
 
     try:
+        if run.model:  # a folder is opened and checked against the run before anything is measured
+            from .engine import check_run_on_model, model_for
+
+            check_run_on_model(run, model_for(run).description)
         if run.engine == "mtplab":  # the cached calibration, measured first when missing (and said so)
             from .calibrate import load_or_measure
 
-            load_or_measure(run.preset, say=lambda m: print(f"mtplab run: {m}", file=sys.stderr), threads=run.threads)
+            say = lambda m: print(f"mtplab run: {m}", file=sys.stderr)  # noqa: E731
+            load_or_measure(model_spec(run), say=say, threads=run.threads)
         result = run_point(run)
     except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
         print(f"mtplab run: {err}", file=sys.stderr)
@@ -146,15 +152,20 @@ def _calibrate(args) -> int:
     from .config import field_problem, threads_used
     from .result import dumps, write_atomic
 
-    problems = [f"--{p}" for name in ("preset", "threads") if (p := field_problem(name, [getattr(args, name)]))]
+    problems = [f"--{p}" for name in ("preset", "model", "threads") if (p := field_problem(name, [getattr(args, name)]))]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
     if problems:
         print("mtplab calibrate: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
-    calib = measure(args.preset, repeats=args.repeats, threads=args.threads)
+    model = args.model or args.preset
+    try:
+        calib = measure(model, repeats=args.repeats, threads=args.threads)
+    except ValueError as err:  # a folder mtplab refuses: before any measurement
+        print(f"mtplab calibrate: {err}", file=sys.stderr)
+        return 2
     text = dumps(calib, indent=1)
-    write_atomic(cache_path(cache_key(args.preset, threads_used(args.threads))), text)
+    write_atomic(cache_path(cache_key(model, threads_used(args.threads))), text)
     if args.out:
         from pathlib import Path
 
@@ -264,7 +275,7 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_run)
 
     c = sub.add_parser("calibrate", help="measure the cost model's forward, head and commit times (cached)", **fmt)
-    add_run_options(c, only=("preset", "threads"))
+    add_run_options(c, only=("preset", "model", "threads"))
     c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
     c.set_defaults(func=_calibrate)

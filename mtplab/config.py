@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from .executor import max_recaptures_problem
 from .model.config import MAX_TRANSITION_CAPACITY, PRESETS, k_problem
@@ -82,11 +83,32 @@ def param(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def _model_ok(v) -> bool:
+    if not isinstance(v, str):
+        return False
+    if v in ("", *PRESETS):
+        return True
+    folder = Path(v)
+    return (folder / "genai_config.json").is_file() or (folder / "manifest.json").is_file()
+
+
+MODEL_RULE = (
+    _model_ok,
+    f"a preset name {list(PRESETS)}, or a folder holding genai_config.json (onnxruntime-genai builder output) "
+    "or manifest.json (an mtplab artifact)",
+)
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """One experiment point: greedy baseline + speculative run on one model preset."""
+    """One experiment point: greedy baseline + speculative run on one model."""
 
     preset: str = param("small", "model preset", choices=tuple(PRESETS))
+    model: str = param(
+        "",
+        "the model: a preset name, or a folder the onnxruntime-genai model builder wrote (empty: --preset)",
+        rule=MODEL_RULE,
+    )
     k: int = param(3, f"drafts per step, 1..{MAX_TRANSITION_CAPACITY - 1}", rule=INTEGER_1)
     alpha: float = param(
         0.8,
@@ -133,12 +155,24 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         validate_run(self)
+        if self.model not in ("", *PRESETS):  # a folder: absolute, so a point's notebook finds it from its own cwd
+            object.__setattr__(self, "model", str(Path(self.model).resolve()))
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def model_spec(run) -> str:
+    """What a run runs on: its `model` (a preset name or a folder), else its preset."""
+    return run.model or run.preset
+
+
+def model_name(spec: str) -> str:
+    """A model's short name: the preset's, or the folder's."""
+    return spec if spec in PRESETS else Path(spec).name
 
 
 def fields(cls=RunConfig) -> tuple[dataclasses.Field, ...]:
@@ -197,12 +231,13 @@ def run_problems(values: dict, cls=RunConfig) -> list[str]:
     k = cfg["k"]
     if problem := k_problem(k):
         problems.append(problem)
-    model = PRESETS[cfg["preset"]]
+    spec = cfg["model"] or cfg["preset"]
+    model = PRESETS.get(spec)  # a folder's capacity is checked when it is opened (engine.check_run_on_model)
     need = cfg["prompt_len"] + cfg["tokens"] + 2 * (k + 1)
-    if need > model.max_seq_len:
+    if model is not None and need > model.max_seq_len:
         problems.append(
             f"tokens={cfg['tokens']}: prompt ({cfg['prompt_len']}) + tokens + 2*(k+1) = {need} exceeds the "
-            f"{cfg['preset']} model's max_seq_len {model.max_seq_len} (allowed: tokens <= "
+            f"{spec} model's max_seq_len {model.max_seq_len} (allowed: tokens <= "
             f"{model.max_seq_len - cfg['prompt_len'] - 2 * (k + 1)})"
         )
     return problems

@@ -17,11 +17,11 @@ import numpy as np
 from . import oracle
 from .arena import to_numpy
 from .commit import select_commit
-from .config import RunConfig
+from .config import RunConfig, model_spec
 from .device import Device, device_for
 from .drafters import Drafter, MtpDrafter, OracleDrafter
 from .executor import Executor, Slot, SlotMemory
-from .model import Artifact, build_model, preset
+from .model import PRESETS, build_model, preset
 from .policy import policy, presize, slot_memory
 from .runtime import MtpState, TargetState, mtp_io, target_io
 from .schedule import STEPS
@@ -55,14 +55,16 @@ def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, length)]
 
 
-def model_for(run: RunConfig) -> Artifact:
-    """The built-in model a RunConfig runs: fp16 on CUDA (GroupQueryAttention there is fp16/bf16 only)."""
+def model_for(run: RunConfig):
+    """The model a RunConfig runs: a preset's build (fp16 on CUDA: GroupQueryAttention there is fp16/bf16
+    only), or the folder `run.model` names (builder output, or an mtplab artifact)."""
+    spec = model_spec(run)
+    if spec not in PRESETS:
+        from .model.inspect import open_model
+
+        return open_model(spec)
     return build_model(
-        preset(
-            run.preset,
-            weight_format="int4" if run.int4 else "fp32",
-            dtype="fp16" if run.backend == "cuda" else "fp32",
-        )
+        preset(spec, weight_format="int4" if run.int4 else "fp32", dtype="fp16" if run.backend == "cuda" else "fp32")
     )
 
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from . import lossless, measure, oracle, theory
-from .config import RunConfig
+from .config import RunConfig, model_spec
 from .engine import Engine, prompt_tokens
 from .env import environment
 from .executor import Slot
@@ -82,7 +82,7 @@ def calibration_for(run: RunConfig, say=print) -> dict:
     """The cached cost-model calibration for the run's model, this machine and threads (measured when missing)."""
     from .calibrate import load_or_measure
 
-    return load_or_measure(run.preset, say=say, threads=run.threads)
+    return load_or_measure(model_spec(run), say=say, threads=run.threads)
 
 
 def run_mtplab_point(

@@ -23,6 +23,26 @@ def _fills(ok: pd.DataFrame, figure: str) -> bool:
     return selection.figures_for(ok)[figure]
 
 
+def per_model(figure, ok: pd.DataFrame, *args):
+    """A figure for each model of the sweep, each under its model's name (one model: the figure alone).
+
+    Figures of different models never share axes: their forwards cost differently.
+    """
+    names = sorted(ok.model_name.unique()) if "model_name" in ok and len(ok) else []
+    if len(names) <= 1:
+        return figure(ok, *args)
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    for name in names:
+        _markdown(f"**Model `{name}`**")
+        fig = figure(ok[ok.model_name == name], *args)
+        if fig is not None and hasattr(fig, "savefig"):
+            display(fig)
+            plt.close(fig)
+    return None
+
+
 def speedup_vs_alpha(ok: pd.DataFrame):
     """Speedup against the oracle's alpha, one line per k, the prediction dashed."""
     if not _fills(ok, "alpha_grid"):

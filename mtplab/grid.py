@@ -11,6 +11,7 @@ import yaml
 
 from . import config
 from .config import RunConfig, field_problem, run_problems
+from .model.config import PRESETS
 
 SPEC_DIR = Path(__file__).parent / "sweeps"
 DIMENSIONS = config.dimensions(RunConfig)  # every RunConfig field a spec may vary
@@ -30,7 +31,7 @@ def canonical(value) -> str:
 
 # The fields a point id always names (or names by a rule of its own); any other dimension adds its tag.
 NAMED_IN_ID = (
-    "preset", "k", "alpha", "drafter", "policy", "commit", "schedule", "tokens", "seed", "engine", "backend", "int4",
+    "preset", "model", "k", "alpha", "drafter", "policy", "commit", "schedule", "tokens", "seed", "engine", "backend", "int4",
     "rounds", "oracle_free_drafts",
 )
 
@@ -54,7 +55,7 @@ class Point:
     def id(self) -> str:
         r = self.run
         parts = [
-            r.preset,
+            config.model_name(config.model_spec(r)),
             f"k{r.k}",
             r.drafter + (canonical(float(r.alpha)) if r.drafter == "oracle" else ""),
             r.policy,
@@ -211,6 +212,31 @@ def parse(source: dict, cls=RunConfig) -> GridSpec:
 
 def _fail(problems: list[str]) -> None:
     raise ValueError("grid spec: " + "; ".join(problems))
+
+
+def check_models(spec: GridSpec) -> None:
+    """Open every model folder the spec names and hold each point to it: a bad folder, or a point its
+    model cannot run (k, commit, tokens), is refused before any point runs."""
+    from .engine import check_run_on_model
+    from .model.inspect import open_model
+
+    problems, opened = [], {}
+    for p in spec.points:
+        if p.run.model in ("", *PRESETS):
+            continue
+        if p.run.model not in opened:
+            try:
+                opened[p.run.model] = open_model(p.run.model).description
+            except ValueError as err:
+                opened[p.run.model] = None
+                problems.append(f"model: {err}")
+        if opened[p.run.model] is not None:
+            try:
+                check_run_on_model(p.run, opened[p.run.model])
+            except ValueError as err:
+                problems.append(f"point {p.id}: {err}")
+    if problems:
+        _fail(sorted(set(problems)))
 
 
 def require_engines(spec: GridSpec) -> None:

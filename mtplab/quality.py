@@ -33,7 +33,7 @@ def _ci(col: pd.Series) -> np.ndarray:
 
 
 def load_calibration(sweep_dir: str | Path) -> dict:
-    """calibration.json beside the sweep: {preset: calibration}; {} when the sweep has none."""
+    """calibration.json beside the sweep: {model name: calibration}; {} when the sweep has none."""
     path = Path(sweep_dir) / "calibration.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -52,7 +52,7 @@ def speedup_with_ci(df: pd.DataFrame, calibration: dict):
             ci = _ci(p.speedup_ci)
             err = np.abs(np.vstack([p.speedup - ci[:, 0], ci[:, 1] - p.speedup]))
             ax.errorbar(p.alpha, p.speedup, yerr=np.nan_to_num(err), fmt="o", color=color, capsize=3, label=f"k={k}")
-            calib = calibration.get(p.preset.iloc[0]) if len(p) else None
+            calib = calibration.get(p.model_name.iloc[0]) if len(p) else None
             if calib:
                 pred = [theory.predict(a, int(k), schedule, "select", calib)["speedup"] for a in alphas]
                 ax.plot(alphas, pred, "--", color=color)

@@ -165,7 +165,23 @@ def load(sweep_dir: str | Path) -> pd.DataFrame:
     df = pd.read_parquet(path)
     # The generated token ids would collide with config.tokens (how many to generate).
     df = df.rename(columns={"tokens": "generated_tokens"})
-    return df.rename(columns={c: c.split(".", 1)[1] for c in df.columns if c.startswith("config.")})
+    # The result's model record (JSON) would collide with config.model (the folder or preset it names).
+    info = df.pop("model") if "model" in df.columns else pd.Series([None] * len(df), index=df.index)
+    df = df.rename(columns={c: c.split(".", 1)[1] for c in df.columns if c.startswith("config.")})
+    return df.assign(model_info=info, model_name=model_names(df, info))
+
+
+def model_names(df: pd.DataFrame, info: pd.Series) -> list[str]:
+    """Each row's model by name (a preset's, or a builder folder's), failed points included."""
+    from .config import model_name
+
+    named = [json.loads(v).get("name") if isinstance(v, str) and v.startswith("{") else None for v in info]
+    spec = df["model"] if "model" in df else pd.Series([""] * len(df), index=df.index)
+    preset = df["preset"] if "preset" in df else pd.Series([""] * len(df), index=df.index)
+    return [
+        n if isinstance(n, str) and n else model_name(m if isinstance(m, str) and m else str(p))
+        for n, m, p in zip(named, spec, preset)
+    ]
 
 
 def write_index(results_root: str | Path) -> Path:

@@ -96,6 +96,7 @@ def run_sweep(
     if name is not None and (problem := grid.check_name(name)):
         raise ValueError(problem.replace("name=", "--name ", 1))
     grid.require_engines(spec)
+    grid.check_models(spec)
     ensure_kernel()
     sweep_dir = Path(results_root).resolve() / (name or spec.name)
     points_dir = sweep_dir / "points"
@@ -186,25 +187,27 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
 
 
 def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool) -> None:
-    """The cost model's calibration for every CPU mtplab preset of the sweep, on the points' threads.
+    """The cost model's calibration for every CPU mtplab model of the sweep, on the points' threads.
 
     Cached per model, machine, threads and onnxruntime version; written to calibration.json beside the sweep.
     """
     import subprocess
 
     from .calibrate import cache_key, cache_path
+    from .config import model_name, model_spec
 
     cpu = [p.run for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"]
-    wanted = sorted({(r.preset, r.threads or threads) for r in cpu}, key=lambda pt: (pt[0], pt[1] != threads, pt[1]))
+    wanted = sorted({(model_spec(r), r.threads or threads) for r in cpu}, key=lambda pt: (pt[0], pt[1] != threads, pt[1]))
     if not wanted:
         return
     calibrations = {}
-    for name, n in wanted:  # the sweep's threads first: calibration.json keeps one per preset
-        path = cache_path(cache_key(name, n))
+    for spec_, n in wanted:  # the sweep's threads first: calibration.json keeps one per model
+        name = model_name(spec_)
+        path = cache_path(cache_key(spec_, n))
         if not path.exists():  # in a child process: onnxruntime's threads must not exist before the pool forks
             if not quiet:
                 print(f"sweep {sweep_dir.name}: no calibration for {name} on {n} threads: measuring it", file=sys.stderr)
-            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--preset", name, "--threads", str(n)]
+            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n)]
             subprocess.run(cmd, check=True, capture_output=True)
         calibrations.setdefault(name, json.loads(path.read_text()))
     write_atomic(sweep_dir / "calibration.json", dumps(calibrations, indent=1))

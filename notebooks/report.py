@@ -37,31 +37,31 @@ display(Markdown(provenance.HOW_TO_READ))
 display(Markdown(findings.sweep_findings(df)))
 
 # %%
-fig = figures.speedup_vs_alpha(ok)
+fig = figures.per_model(figures.speedup_vs_alpha, ok)
 
 # %%
-fig = figures.tokens_per_s_vs_alpha(ok)
+fig = figures.per_model(figures.tokens_per_s_vs_alpha, ok)
 
 # %%
-fig = figures.acceptance(ok)
+fig = figures.per_model(figures.acceptance, ok)
 
 # %%
-fig = figures.per_position(ok)
+fig = figures.per_model(figures.per_position, ok)
 
 # %%
-fig = figures.slot_counters(ok)
+fig = figures.per_model(figures.slot_counters, ok)
 
 # %%
-figures.counters_table(ok)
+figures.per_model(figures.counters_table, ok)
 
 # %%
-fig = figures.time_split(ok)
+fig = figures.per_model(figures.time_split, ok)
 
 # %%
-fig = figures.memory(ok)
+fig = figures.per_model(figures.memory, ok)
 
 # %%
-fig = figures.peer(ok)
+fig = figures.per_model(figures.peer, ok)
 
 # %% [markdown]
 # ## All points
@@ -84,7 +84,7 @@ calibration = quality.load_calibration(sweep_dir)
 display(Markdown(quality.quality_markdown(df, sweep, calibration)))
 
 # %%
-fig = quality.speedup_with_ci(ok, calibration)
+fig = figures.per_model(quality.speedup_with_ci, ok, calibration)
 
 # %%
 display(quality.efficiency_table(ok))

@@ -348,3 +348,31 @@ def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
     assert not quality.efficiency_table(df).empty
     for fig in (quality.speedup_with_ci(df, calibration), quality.drift(df)):
         assert fig.axes
+
+
+def test_a_sweep_over_a_builder_folder_and_a_preset_reports_both(tmp_path, tiny):
+    fixture = Path(__file__).parent / "data" / "builder-tiny"
+    spec = grid.parse({
+        "name": "models",
+        "defaults": {"tokens": 24, "drafter": "oracle", "alpha": 0.7, "rounds": 1, "k": 2},
+        "model": [str(fixture), "tiny"],
+    })
+    assert sorted(p.id.split("-")[0] for p in spec.points) == ["builder", "tiny"]  # builder-tiny-k2-..., tiny-k2-...
+    sweep_dir = run_sweep(spec, tmp_path, quiet=True)
+    df = store.load(sweep_dir)
+    assert sorted(df.model_name) == ["builder-tiny", "tiny"] and (df.status == "ok").all() and df.lossless.all()
+    assert set(json.loads((sweep_dir / "calibration.json").read_text())) == {"builder-tiny", "tiny"}
+    html = make_report(sweep_dir).read_text()
+    assert "Model <code>builder-tiny</code>" in html and "Model <code>tiny</code>" in html
+
+
+def test_a_sweep_naming_a_broken_builder_folder_is_refused_before_any_point(tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(Path(__file__).parent / "data" / "builder-tiny", broken)
+    (broken / "model.onnx.data").unlink()
+    spec = grid.parse({"name": "broken", "defaults": {"tokens": 16, "drafter": "oracle"}, "model": [str(broken)]})
+    with pytest.raises(ValueError, match=r"missing file model\.onnx\.data"):
+        run_sweep(spec, tmp_path / "results", quiet=True)
+    assert not (tmp_path / "results" / "broken").exists()
