@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .config import ModelConfig
 from .reference import ReferenceMTP, rmsnorm
