@@ -24,6 +24,19 @@ def _model_build(args) -> int:
     return 0
 
 
+def _model_inspect(args) -> int:
+    from .model import PRESETS, build_model, preset
+    from .model.inspect import inspect_text, open_model
+
+    try:
+        model = build_model(preset(args.folder)) if args.folder in PRESETS else open_model(args.folder)
+    except ValueError as err:
+        print(f"mtplab model inspect: {err}", file=sys.stderr)
+        return 2
+    print(inspect_text(model))
+    return 0
+
+
 def _export_genai(args) -> int:
     from .genai_export import export_genai
     from .genai_runner import require_genai
@@ -252,6 +265,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--int4", action="store_true", help="int4 weights through MatMulNBits")
     e.add_argument("--out", required=True, help="output folder (required)")
     e.set_defaults(func=_export_genai)
+
+    i = model.add_parser(
+        "inspect", help="what mtplab finds in a model folder: layers, I/O, state layouts, commits, missing ops", **fmt
+    )
+    i.add_argument("folder", help="a folder the onnxruntime-genai model builder wrote, or a preset name")
+    i.set_defaults(func=_model_inspect)
 
     d = sub.add_parser("doctor", help="report runtime, ops, CUDA and kernel status", **fmt)
     d.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -173,3 +173,39 @@ def test_a_config_without_an_mtp_head_is_refused(copy):
     (copy / "genai_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="no enabled `mtp` section"):
         open_builder(copy)
+
+
+def test_cli_inspect_prints_the_report_and_refuses_a_folder_that_is_no_model(tmp_path, capsys):
+    from mtplab.cli import main
+
+    assert main(["model", "inspect", str(FIXTURE)]) == 0
+    assert "3 linear-attention (LinearAttention) + 1 attention" in capsys.readouterr().out
+    assert main(["model", "inspect", str(tmp_path)]) == 2
+    assert "neither genai_config.json" in capsys.readouterr().err
+
+
+def test_cli_run_on_the_folder_is_lossless_and_records_the_model(tmp_path, capsys):
+    from mtplab.cli import main
+
+    out = tmp_path / "r.json"
+    code = main(["run", "--model", str(FIXTURE), "--drafter", "oracle", "--alpha", "0.7", "--k", "2", "--tokens", "24",
+                 "--rounds", "1", "--commit", "select", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["lossless"] and result["model"]["name"] == "builder-tiny" and result["model"]["kind"] == "builder"
+    assert result["config"]["model"] == str(FIXTURE.resolve())
+
+
+def test_cli_run_refuses_a_k_beyond_the_capacity_before_any_work(capsys):
+    from mtplab.cli import main
+
+    assert main(["run", "--model", str(FIXTURE), "--tokens", "250", "--k", "3"]) == 2
+    assert "exceeds builder-tiny's KV capacity 256" in capsys.readouterr().err
+
+
+def test_the_genai_peer_runs_on_the_same_folder(builder):
+    pytest.importorskip("onnxruntime_genai")
+    from mtplab.genai_point import run_genai_point
+
+    r = run_genai_point(_run(engine="ort-genai", drafter="mtp", k=2, rounds=1, tokens=24), builder)
+    assert r.lossless and r.model["name"] == "builder-tiny"

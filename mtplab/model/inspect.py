@@ -14,7 +14,15 @@ def open_model(path: str | Path):
     from .artifact import load_artifact
     from .builder import is_builder_folder, open_builder
 
-    return open_builder(path) if is_builder_folder(path) else load_artifact(path)
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such folder (expected onnxruntime-genai builder output or an mtplab artifact)")
+    if is_builder_folder(folder):
+        return open_builder(folder)
+    if not (folder / "manifest.json").is_file():
+        raise ValueError(f"{folder}: neither genai_config.json (onnxruntime-genai builder output) nor manifest.json "
+                         "(an mtplab artifact, `mtplab model build --out`) is there")
+    return load_artifact(folder)
 
 
 def missing_ops(paths, providers: list[str]) -> dict[str, list[str]]:
