@@ -39,17 +39,15 @@ def replay_transitions(cfg: ModelConfig, state: np.ndarray, flat: np.ndarray, n:
 def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> None:
     """S = decay*S + outer(delta, key), n times, with any array module (numpy here, CuPy on the device).
 
-    In closed form, one einsum instead of n updates (the decays are scalars per head):
-    S_n = (prod_t decay_t) S_0 + sum_t (prod_{s>t} decay_s) outer(delta_t, key_t).
     state [Hv, Dv, Dk]; decay [C, Hv]; key [C, Hk, Dk]; delta [C, Hv, Dv]; rep = Hv // Hk.
+    (A closed form, one einsum over the n tokens, measured no faster for n <= 4.)
     """
     if n <= 0:
         return
-    keys = xp.repeat(key[:n], rep, axis=1)  # [n, Hv, Dk]: each key head repeated for its value heads
-    suffix = xp.cumprod(decay[:n][::-1], axis=0)[::-1]  # suffix[t] = prod_{s >= t} decay_s
-    later = xp.concatenate([suffix[1:], xp.ones_like(suffix[:1])])  # prod_{s > t} decay_s
-    state *= suffix[0][:, None, None]
-    state += xp.einsum("th,thv,thk->hvk", later, delta[:n], keys)
+    keys = xp.repeat(key[:n], rep, axis=1)  # [n, Hv, Dk]: each key head repeated for its value heads, once
+    for t in range(n):
+        state *= decay[t][:, None, None]
+        state += delta[t][:, :, None] * keys[t][:, None, :]
 
 
 def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int, channels_first: bool = False) -> None:
