@@ -33,10 +33,15 @@ def per_model(figure, ok: pd.DataFrame, *args):
         return figure(ok, *args)
     import matplotlib.pyplot as plt
     from IPython.display import display
+    from IPython.utils.capture import capture_output
 
     for name in names:
+        with capture_output(stdout=False, stderr=False) as shown:  # the recipe's caption, if it draws at all
+            fig = figure(ok[ok.model_name == name], *args)
+        if fig is None and not shown.outputs:
+            continue
         _markdown(f"**Model `{name}`**")
-        fig = figure(ok[ok.model_name == name], *args)
+        shown.show()
         if fig is not None and hasattr(fig, "savefig"):
             display(fig)
             plt.close(fig)

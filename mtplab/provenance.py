@@ -7,9 +7,10 @@ import html
 import pandas as pd
 import yaml
 
-# Run parameters a sweep can vary or fix (RunConfig's fields as the table names them).
+# Run parameters a sweep can vary or fix (RunConfig's fields as the table names them; the model by its
+# name, a preset's or a builder folder's: store.load's model_name).
 PARAMETERS = (
-    "preset",
+    "model_name",
     "engine",
     "drafter",
     "k",
@@ -65,6 +66,10 @@ def fixed_and_varied(df: pd.DataFrame) -> tuple[dict, dict]:
     return fixed, varied
 
 
+def _shown(parameter: str) -> str:
+    return "model" if parameter == "model_name" else parameter
+
+
 def _row(name: str, value: str) -> str:
     return f"<tr><th>{html.escape(name)}</th><td>{value}</td></tr>"
 
@@ -92,10 +97,10 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
     )
     rows = [
         _row("points", f"{plural(sweep['points'], 'point')}: {counts}" + (" (interrupted)" if sweep.get("interrupted") else "")),
-        _row("fixed parameters", html.escape(", ".join(f"{k}={v}" for k, v in fixed.items()) or "none")),
+        _row("fixed parameters", html.escape(", ".join(f"{_shown(k)}={v}" for k, v in fixed.items()) or "none")),
         _row(
             "varied parameters",
-            html.escape("; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in varied.items()) or "none"),
+            html.escape("; ".join(f"{_shown(k)}: {', '.join(map(str, v))}" for k, v in varied.items()) or "none"),
         ),
         _row("repeats", str(spec.get("repeats", 1))),
         _row(
