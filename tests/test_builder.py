@@ -209,3 +209,17 @@ def test_the_genai_peer_runs_on_the_same_folder(builder):
 
     r = run_genai_point(_run(engine="ort-genai", drafter="mtp", k=2, rounds=1, tokens=24), builder)
     assert r.lossless and r.model["name"] == "builder-tiny"
+
+
+def test_ops_the_runtime_lacks_are_refused_naming_them(copy, monkeypatch):
+    from mtplab.model import artifact
+
+    monkeypatch.setattr(artifact, "available_ops", lambda: _without("LinearAttention"))  # an older onnxruntime
+    with pytest.raises(ValueError, match=r"lacks ops its graphs use: \['LinearAttention'\] \(LinearAttention: onnxruntime >= "):
+        open_builder(copy)
+
+
+def _without(op: str) -> set[str]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    return {s.name for s in C.get_all_operator_schema() if s.domain in ("", "com.microsoft")} - {op}

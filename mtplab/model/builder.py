@@ -187,6 +187,7 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     if hidden_dtype != m_in.get(head.hidden_input, ((), hidden_dtype))[1]:
         raise _fail(folder, f"the head's {head.hidden_input} is {m_in[head.hidden_input][1]}, "
                             f"the target's hidden states are {hidden_dtype}")
+    check_builder_ops(folder, {n.op_type for m in (target_model, mtp_model) for n in m.graph.node})
     blob = cfg_path.read_bytes() + target_path.read_bytes() + mtp_path.read_bytes()
     content = hashlib.sha256(blob).hexdigest()[:16]
     desc = select_copy(desc, target_model, content)
@@ -194,6 +195,19 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
         folder, desc, config, {"target": _op_counts(target_model), "mtp": _op_counts(mtp_model)},
         {"target": _parameters(target_model), "mtp": _parameters(mtp_model)}, content,
     )
+
+
+def check_builder_ops(folder: Path, ops: set[str]) -> None:
+    """ValueError naming every op the graphs use that the installed onnxruntime does not know."""
+    import onnxruntime
+
+    from .artifact import available_ops
+
+    missing = sorted(ops - available_ops())
+    if missing:
+        since = "; ".join(f"{op}: onnxruntime >= {BUILDER_OPS[op]}" for op in missing if op in BUILDER_OPS)
+        raise _fail(folder, f"onnxruntime {onnxruntime.__version__} lacks ops its graphs use: {missing}"
+                            + (f" ({since})" if since else ""))
 
 
 def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, ins: dict, outs: dict,
