@@ -79,10 +79,13 @@ def _median_time(fn, reps: int) -> float:
 
 def _acceptance(model: str, tokens: int, threads: int) -> dict:
     """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
-    from .engine import Engine
+    from .engine import Engine, model_for
 
+    art = model_for(RunConfig(**model_runs(model), threads=threads))
+    # A model with a short context gets fewer tokens per prompt: prompt + tokens + verify headroom must fit.
+    tokens = max(2, min(tokens, art.description.capacity - PROMPT_LEN - 2 * (ACCEPTANCE_K + 1)))
     run = RunConfig(**model_runs(model), k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1, threads=threads)
-    engine = Engine(run)
+    engine = Engine(run, art)
     counts: list[int] = []
     for seed in ACCEPTANCE_SEEDS:
         from .engine import prompt_tokens

@@ -228,6 +228,14 @@ def run_problems(values: dict, cls=RunConfig) -> list[str]:
             "GroupQueryAttention rejects rather than computing a wrong result; run the negative control with "
             "commit 'readvance-m1' or 'select'"
         )
+    folder = cfg["model"] not in ("", *PRESETS)
+    if folder and cfg["int4"]:
+        problems.append(
+            "int4=True with a model folder: int4 builds a preset's weights as int4; a folder's weights are as it was "
+            "exported (the model builder's -p int4)"
+        )
+    if cfg["oracle_free_drafts"] and cfg["drafter"] != "oracle":
+        problems.append(f"oracle_free_drafts=True belongs to the oracle drafter (got drafter={cfg['drafter']!r})")
     k = cfg["k"]
     if problem := k_problem(k):
         problems.append(problem)

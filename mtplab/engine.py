@@ -278,7 +278,12 @@ def check_run_on_model(run: RunConfig, desc) -> None:
     if (why := desc.commit_problem(run.commit)) is not None:
         problems.append(why)
     need = run.prompt_len + run.tokens + 2 * (run.k + 1)
-    if need > desc.capacity:
+    if run.prompt_len + 2 * (run.k + 1) >= desc.capacity:
+        problems.append(
+            f"prompt_len={run.prompt_len}: the prompt and 2*(k+1) = {2 * (run.k + 1)} tokens of verify headroom leave "
+            f"no room for tokens in {desc.name}'s KV capacity {desc.capacity}"
+        )
+    elif need > desc.capacity:
         problems.append(
             f"tokens={run.tokens}: prompt ({run.prompt_len}) + tokens + 2*(k+1) = {need} exceeds {desc.name}'s "
             f"KV capacity {desc.capacity} (allowed: tokens <= {desc.capacity - run.prompt_len - 2 * (run.k + 1)})"

@@ -188,7 +188,7 @@ def result_text(r: RunResult) -> str:
     """One RunResult as text: throughput, acceptance, per-slot counters in the seed's form, identity."""
     c = r.config
     lines = [
-        f"mtplab run  engine={c['engine']} preset={c['preset']} k={c['k']} drafter={c['drafter']}"
+        f"mtplab run  engine={c['engine']} model={r.model.get('name', c['preset'])} k={c['k']} drafter={c['drafter']}"
         + (f" alpha={c['alpha']}" if c["drafter"] == "oracle" else "")
         + f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']} tokens={c['tokens']} backend={c['backend']}",
         f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
@@ -206,9 +206,11 @@ def result_text(r: RunResult) -> str:
         + (f" (theory {r.theory['tokens_per_step']:.2f})" if "tokens_per_step" in r.theory else "")
         + "   acceptance length "
         f"{r.acceptance_length:.2f}   draft acceptance {r.draft_acceptance:.1%}",
-        "  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position),
-        "  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()),
     ]
+    if r.acceptance_per_position:  # the peer reports neither
+        lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position))
+    if r.time_split:
+        lines.append("  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()))
     for slot, counters in r.slots.items():
         lines.append(
             f"  {slot}: "

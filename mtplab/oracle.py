@@ -9,7 +9,10 @@ import numpy as np
 # select rebuilds GatedDeltaNet states by replaying float32 transitions and the conv carry from
 # the verify's conv inputs: equal up to rounding. At fp16 the conv inputs of an M=k+1 MatMul can
 # round one ulp (2^-10 near 1) away from the M=1 decode's, so the bound is a few fp16 ulps there.
-STATE_TOLERANCE = {"fp32": 1e-4, "fp16": 4e-3}
+# "int8": fp32 activations whose matmul inputs are rounded to int8 (MatMulNBits accuracy_level 4, the builder's
+# int4 export): a 1e-6 difference between a batched and a one-token forward can move an input across a rounding
+# step, and the recurrent state carries it on (seen: 0.022 after 14 commits on a 6-layer int4 builder model).
+STATE_TOLERANCE = {"fp32": 1e-4, "fp16": 4e-3, "int8": 5e-2}
 SELECT_STATE_TOLERANCE = STATE_TOLERANCE["fp32"]
 
 

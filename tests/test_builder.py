@@ -223,3 +223,38 @@ def _without(op: str) -> set[str]:
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     return {s.name for s in C.get_all_operator_schema() if s.domain in ("", "com.microsoft")} - {op}
+
+
+def test_crossed_key_and_value_names_are_refused(copy):
+    cfg = json.loads((copy / "genai_config.json").read_text())
+    names = cfg["model"]["decoder"]["inputs"]
+    names["past_key_names"], names["past_value_names"] = names["past_value_names"], names["past_key_names"]
+    (copy / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"KV names do not match the attention node: past key is 'past_key_values\.3\.value'"):
+        open_builder(copy)
+
+
+def test_a_head_reading_another_hidden_output_is_refused(copy):
+    cfg = json.loads((copy / "genai_config.json").read_text())
+    cfg["model"]["mtp"]["main_hidden_states"] = "last_hidden"
+    (copy / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"mtp\.main_hidden_states is 'last_hidden'"):
+        open_builder(copy)
+
+
+def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):
+    from mtplab.cli import main
+
+    cfg = json.loads((copy / "genai_config.json").read_text())
+    cfg["model"]["context_length"] = 64
+    (copy / "genai_config.json").write_text(json.dumps(cfg))
+    assert open_builder(copy).description.capacity == 64
+    run = ["run", "--model", str(copy), "--drafter", "oracle", "--alpha", "0.7", "--k", "1", "--rounds", "1"]
+    assert main([*run, "--tokens", "20"]) == 0, capsys.readouterr().err
+    assert main([*run, "--tokens", "60"]) == 2
+    assert "exceeds model's KV capacity 64 (allowed: tokens <= 52)" in capsys.readouterr().err
+
+
+def test_int4_belongs_to_presets_not_folders():
+    with pytest.raises(ValueError, match="int4=True with a model folder"):
+        RunConfig(model=str(FIXTURE), int4=True)

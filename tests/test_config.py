@@ -59,7 +59,8 @@ def test_every_field_is_a_run_option_a_dimension_and_a_notebook_parameter(tmp_pa
 
 def test_todays_option_names_still_work():
     args = parser().parse_args(
-        ["run", "--no-validate", "--no-retain", "--prompt-len", "4", "--max-recaptures", "1", "--oracle-free-drafts"]
+        ["run", "--no-validate", "--no-retain", "--prompt-len", "4", "--max-recaptures", "1", "--oracle-free-drafts",
+         "--drafter", "oracle"]
     )
     values = _run_config(args)[0].to_dict()
     assert values["validate"] is False and values["retain_decode_graph_across_spec"] is False

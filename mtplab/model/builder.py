@@ -54,6 +54,7 @@ class BuilderModel:
     ops: dict  # {"target": {op: count}, "mtp": {...}}
     parameters: dict  # {"target": n, "mtp": n}
     content: str  # hash of the graphs and genai_config (not the weights' data files)
+    weights: str = ""  # e.g. "int4 weights (MatMulNBits x24, int8 matmul inputs: accuracy_level 4)"; "" for float
 
     @property
     def target(self) -> Path:
@@ -74,7 +75,8 @@ class BuilderModel:
         return (
             f"{d.name}: onnxruntime-genai builder model ({self.config['model'].get('type', '?')}), "
             f"{self.parameters['target'] / 1e6:.2f}M params (MTP head {self.parameters['mtp'] / 1e6:.2f}M), "
-            f"{d.layers_line()}, {d.dtype}, ops: {', '.join(o.split(':')[-1] for o in ops)}"
+            f"{d.layers_line()}, {d.dtype} activations{', ' + self.weights if self.weights else ''}, "
+            f"ops: {', '.join(o.split(':')[-1] for o in ops)}"
         )
 
 
@@ -116,13 +118,30 @@ def _load_graph(folder: Path, filename: str, role: str) -> onnx.ModelProto:
 
 
 def _parameters(model: onnx.ModelProto) -> int:
-    n = 0
+    """Weights as the model counts them: a MatMulNBits weight is its K x N, not its packed bytes and scales."""
+    packed, n = set(), 0
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            a = _attrs(node)
+            n += int(a.get("K", 0)) * int(a.get("N", 0))
+            packed |= set(node.input[1:])
     for t in model.graph.initializer:
-        size = 1
-        for d in t.dims:
-            size *= d
-        n += size
+        if t.name not in packed:
+            size = 1
+            for d in t.dims:
+                size *= d
+            n += size
     return n
+
+
+def weight_format(model: onnx.ModelProto) -> str:
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    if not nbits:
+        return ""
+    bits = {_attrs(n).get("bits", 4) for n in nbits}
+    level = {_attrs(n).get("accuracy_level", 0) for n in nbits}
+    return (f"int{'/'.join(map(str, sorted(bits)))} weights (MatMulNBits x{len(nbits)}"
+            + (", int8 matmul inputs: accuracy_level 4" if 4 in level else "") + ")")
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -157,6 +176,9 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
         raise _fail(folder, "missing file genai_config.json (not an onnxruntime-genai model builder output folder)")
     try:
         config = json.loads(cfg_path.read_text())
+    except ValueError as err:
+        raise _fail(folder, f"genai_config.json is not valid JSON ({err})") from None
+    try:
         model_cfg, dec = config["model"], config["model"]["decoder"]
         vocab, hidden = int(model_cfg["vocab_size"]), int(dec["hidden_size"])
     except (ValueError, KeyError, TypeError) as err:
@@ -176,14 +198,25 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     target = _graph_io(folder, target_path, target_model, dec, t_in, t_out, head_size=dec.get("head_size"))
     m_in, m_out = graph_io_table(mtp_path)
     head = _graph_io(folder, mtp_path, mtp_model, mtp_cfg, m_in, m_out, head_size=mtp_cfg.get("head_size", dec.get("head_size")))
+    if not head.kv:
+        raise _fail(folder, f"{mtp_path.name}: genai_config.json's mtp past_key_names "
+                            f"{mtp_cfg.get('inputs', {}).get('past_key_names')!r} matches no input of {mtp_path.name} "
+                            f"(its inputs: {sorted(m_in)})")
     if len(head.kv) != 1:
         raise _fail(folder, f"{mtp_path.name}: mtplab runs a one-layer MTP head, this one has {len(head.kv)} KV layers")
+    main_hidden = mtp_cfg.get("main_hidden_states")
+    if main_hidden is not None and main_hidden != target.hidden:
+        raise _fail(folder, f"genai_config.json's mtp.main_hidden_states is {main_hidden!r}, but the decoder's "
+                            f"hidden_states output is {target.hidden!r}")
     kinds = tuple(
         "attention" if i in {kv.layer for kv in target.kv} else "linear-attention"
         for i in range(int(dec.get("num_hidden_layers", len(target.kv) + len({s.layer for s in target.states}))))
     )
     name = folder.name
-    desc = ModelDescription("builder", name, str(folder), vocab, hidden, cap, target, head, "", layer_kinds=kinds)
+    int8 = any(n.op_type == "MatMulNBits" and _attrs(n).get("accuracy_level", 0) == 4
+               for m in (target_model, mtp_model) for n in m.graph.node)
+    desc = ModelDescription("builder", name, str(folder), vocab, hidden, cap, target, head, "", layer_kinds=kinds,
+                            int8_compute=int8)
     for io, where in ((target, f"{folder.name}/{target_path.name}"), (head, f"{folder.name}/{mtp_path.name}")):
         check_graph(io, where)
     if hidden_dtype != m_in.get(head.hidden_input, ((), hidden_dtype))[1]:
@@ -195,8 +228,22 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     desc = select_copy(desc, target_model, content)
     return BuilderModel(
         folder, desc, config, {"target": _op_counts(target_model), "mtp": _op_counts(mtp_model)},
-        {"target": _parameters(target_model), "mtp": _parameters(mtp_model)}, content,
+        {"target": _parameters(target_model), "mtp": _parameters(mtp_model)}, content, weight_format(target_model),
     )
+
+
+def _check_kv_node(folder: Path, where: str, model, past_k: str, past_v: str, pres_k: str, pres_v: str) -> None:
+    """The names must sit where GroupQueryAttention reads and writes them: past key/value inputs 3/4, present 1/2."""
+    node = _state_op(model, past_k)
+    if node is None or node.op_type != "GroupQueryAttention":
+        return  # another attention op: its own slots are not known here; the graph check still holds the names
+    ins, outs = list(node.input) + [""] * 5, list(node.output) + [""] * 3
+    got = {"past key": ins[3], "past value": ins[4], "present key": outs[1], "present value": outs[2]}
+    want = {"past key": past_k, "past value": past_v, "present key": pres_k, "present value": pres_v}
+    wrong = [f"{role} is {want[role]!r} in genai_config.json, {got[role]!r} in {node.name}"
+             for role in want if got[role] != want[role]]
+    if wrong:
+        raise _fail(folder, f"{where}: KV names do not match the attention node: " + "; ".join(wrong))
 
 
 def check_builder_ops(folder: Path, ops: set[str]) -> None:
@@ -228,10 +275,14 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
     logits = need(outs, "logits", "logits", "output")
     hidden = need(outs, "hidden_states", "hidden_states", "output")
     hidden_input = need(ins, "hidden_states", "hidden_states", "input") if "hidden_states" in names_in else None
-    if "attention_mask" not in ins:
-        raise _fail(folder, f"{where} has no input named 'attention_mask' (mtplab feeds builder graphs their "
-                            f"lengths through it; the graph's inputs: {sorted(ins)})")
+    mask = names_in.get("attention_mask", "attention_mask")
+    if mask != "attention_mask" or "attention_mask" not in ins:
+        raise _fail(folder, f"{where} has no input named 'attention_mask' (genai_config.json: {mask!r}; mtplab feeds "
+                            f"builder graphs their lengths through it; the graph's inputs: {sorted(ins)})")
     positions: tuple[int, ...] = ()
+    if "position_ids" in names_in and names_in["position_ids"] not in ins:
+        raise _fail(folder, f"{where} has no input named {names_in['position_ids']!r} (genai_config.json: "
+                            f"position_ids; the graph's inputs: {sorted(ins)})")
     if "position_ids" in ins:
         dims = ins["position_ids"][0]
         positions = (3, 1) if len(dims) == 3 else (1,)
@@ -249,6 +300,7 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
         if heads is None or not size:
             raise _fail(folder, f"unknown KV layout: {past_k[i]} is declared {list(dims)} (mtplab needs "
                                 "[B, kv_heads, past, head_size] with kv_heads fixed and head_size known)")
+        _check_kv_node(folder, where, model, past_k[i], past_v[i], pres_k[i], pres_v[i])
         kv.append(KvLayer(i, past_k[i], past_v[i], pres_k[i], pres_v[i], int(heads), int(size)))
     states = []
     for kind, key_in, key_out in (("conv", "past_conv_names", "present_conv_names"),

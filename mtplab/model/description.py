@@ -113,6 +113,7 @@ class ModelDescription:
     config: ModelConfig | None = None  # the built-in model's config
     layer_kinds: tuple[str, ...] = ()  # per decoder layer: "attention" | "linear-attention"
     original_target: Path | None = None  # the user's graph, where `target` is mtplab's copy with extra outputs
+    int8_compute: bool = False  # matmul inputs rounded to int8 (MatMulNBits accuracy_level 4)
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -128,7 +129,9 @@ class ModelDescription:
 
     @property
     def precision(self) -> str:
-        """"fp16" or "fp32": the key of the tolerance tables (mtplab.oracle, mtplab.lossless)."""
+        """"fp16", "fp32" or "int8" (int8 matmul inputs): the key of the tolerance tables (mtplab.oracle, lossless)."""
+        if self.int8_compute:
+            return "int8"
         return "fp16" if self.target.dtype == "float16" else "fp32"
 
     @property
