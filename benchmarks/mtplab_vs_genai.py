@@ -1,4 +1,4 @@
-"""mtplab against onnxruntime-genai on the small preset, one process, same model and prompt.
+"""mtplab against onnxruntime-genai on one model (the small preset, or --model), one process, same prompt.
 
 Greedy tokens/s (mtplab's Primary plan replays vs og.Generator) and MTP tokens/s at k = 1..4 with
 the real head (mtplab's `select` commit on both schedules vs og.MtpGenerator), every output checked
@@ -7,7 +7,7 @@ drift cancels out. Both engines run on the same intra-op threads (genai through 
 session_options), both generators are warmed up, and every run counts the n - 1 tokens after the
 prefill's token, timed from after the prefill (mtplab.measure's rates).
 
-    python benchmarks/mtplab_vs_genai.py [--rounds 3] [--tokens 128]
+    python benchmarks/mtplab_vs_genai.py [--rounds 3] [--tokens 128] [--model small|DIR] [--threads N]
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import argparse
 
 from mtplab import measure
 from mtplab.config import RunConfig
-from mtplab.engine import Engine, prompt_tokens
+from mtplab.engine import Engine, model_for, prompt_tokens
 from mtplab.genai_point import exported
 from mtplab.genai_runner import GenaiPeer
-from mtplab.model import build_model, preset
+from mtplab.model import PRESETS
 from mtplab.stats import summarize
 
 
@@ -28,13 +28,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--model", default="small", help="a preset name or a builder output folder")
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads of both engines (0: every core)")
     args = ap.parse_args()
-    art = build_model(preset("small"))
+    named = {"preset": args.model} if args.model in PRESETS else {"model": args.model}
+    art = model_for(RunConfig(**named))
     n = args.tokens
-    prompt = prompt_tokens(art.config.vocab_size, 8, 0)
-    peer = GenaiPeer(exported(art))
+    prompt = prompt_tokens(art.description.vocab_size, 8, 0)
+    peer = GenaiPeer(exported(art, args.threads))
     engines = {
-        (sched, k): Engine(RunConfig(preset="small", k=k, drafter="mtp", commit="select", schedule=sched), art)
+        (sched, k): Engine(RunConfig(**named, k=k, drafter="mtp", commit="select", schedule=sched, threads=args.threads), art)
         for sched in ("decode-verify", "fused")
         for k in args.ks
     }
@@ -64,7 +67,7 @@ def main() -> None:
             tokens, seconds, _ = peer.mtp(prompt, n, k)
             record(f"mtp k={k} genai", tokens, seconds)
     med = {name: summarize(v) for name, v in rates.items()}
-    print(f"small preset, {n} tokens, medians [95% CI] of {args.rounds} interleaved rounds, tokens/s; identity")
+    print(f"{art.description.name}, {n} tokens, medians [95% CI] of {args.rounds} interleaved rounds, tokens/s; identity")
     print(f"{'run':34} {'tok/s':>8} {'95% CI':>16} {'identical':>10}")
     for name, s in med.items():
         lo, hi = s["ci"]
