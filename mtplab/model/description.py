@@ -10,6 +10,7 @@ description to the graph's real inputs and outputs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,9 +164,9 @@ def length_feeds(io: GraphIO, length: int, M: int, total: int) -> dict[str, np.n
     feeds: dict[str, np.ndarray] = {}
     if io.lengths == "seqlens":
         feeds["seqlens_k"] = np.array([length + M - 1], dtype=np.int32)
-        feeds["total_sequence_length"] = np.array(total, dtype=np.int32)
+        feeds["total_sequence_length"] = _constant(total, ())
         if io.query_seqlens:
-            feeds["query_seqlens"] = np.array([M], dtype=np.int32)
+            feeds["query_seqlens"] = _constant(M, (1,))
     else:
         mask = np.zeros((1, total), dtype=np.int64)
         mask[0, : length + M] = 1
@@ -174,8 +175,16 @@ def length_feeds(io: GraphIO, length: int, M: int, total: int) -> dict[str, np.n
         pos = np.arange(length, length + M, dtype=np.int64)
         feeds["position_ids"] = np.broadcast_to(pos, (*io.positions, M)).copy()
     if io.capture_count:
-        feeds["capture_count"] = np.array([M], dtype=np.int32)
+        feeds["capture_count"] = _constant(M, (1,))
     return feeds
+
+
+@functools.cache
+def _constant(value: int, shape: tuple) -> np.ndarray:
+    """A read-only int32 feed that never changes for its value (feeds are copied into the slot's buffers)."""
+    a = np.full(shape, value, dtype=np.int32)
+    a.flags.writeable = False
+    return a
 
 
 def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescription:
