@@ -115,6 +115,9 @@ class Engine:
             validate=run.validate,
         )
         self.forwards: dict[str, int] = {}
+        self._keys: dict[tuple, str] = {}  # forward counter names by (slot, label, M)
+        io = desc.target
+        self._roles = (io.logits, io.hidden) if (io.logits, io.hidden) != ("logits", "hidden") else ()
         self.watch = None  # the checked pass looks at every forward's outputs (lossless.Watch)
         self.head = MtpDrafter(desc, self.mtp, self.mtp_state, self.forwards)
         self.snapshot = [
@@ -138,9 +141,11 @@ class Engine:
         out = run(slot, feeds, outputs, bound)
         if in_place:
             self.state.carry()
-        io = self.desc.target
-        out["logits"], out["hidden"] = out[io.logits], out[io.hidden]
-        key = f"{label or self.target.labels[slot]}/M={tokens.size}"
+        if self._roles:  # the graph names its outputs otherwise: add them under their roles
+            out["logits"], out["hidden"] = out[self._roles[0]], out[self._roles[1]]
+        key = self._keys.get((slot, label, tokens.size))
+        if key is None:
+            key = self._keys[(slot, label, tokens.size)] = f"{label or self.target.labels[slot]}/M={tokens.size}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:
             self.watch(key, self.state.length, out)

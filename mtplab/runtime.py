@@ -271,7 +271,7 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
         else:
             bound.append((s.present, live if s.in_place else st.present[s.past], True))
     outputs.update(select_output_shapes(desc, M))
-    return outputs, bound
+    return outputs, tuple(bound)  # immutable: the executor's replay check may take it by identity
 
 
 def select_output_shapes(desc: ModelDescription, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -321,7 +321,7 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
         outputs = {io.logits: ((1, M, desc.vocab_size), T), io.hidden: ((1, M, desc.hidden_size), T)}
         (kv,) = io.kv
         k, v = st.kv
-        bound = [(kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
-                 (kv.present_value, v, True)]
+        bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
+                 (kv.present_value, v, True))
         fixed = st.io_cache[M] = (outputs, bound, st.kv)
     return feeds, fixed[0], fixed[1]
