@@ -118,10 +118,21 @@ def run_values(args, cls=RunConfig) -> dict:
     }
 
 
+def as_options(problem: str, cls=RunConfig) -> str:
+    """A RunConfig problem in the command line's words: each field named by its option (`k=0` -> `--k 0`)."""
+    import re
+
+    for f in sorted(config.fields(cls), key=lambda f: -len(f.name)):
+        flag = "--" + f.name.replace("_", "-")
+        problem = re.sub(rf"(?<![\w-]){f.name}=", f"{flag} ", problem)
+        problem = re.sub(rf"^unknown {f.name} ", f"unknown --{f.name.replace('_', '-')} ", problem)
+    return problem
+
+
 def _run_config(args, cls=RunConfig) -> tuple[RunConfig | None, list[str]]:
     """The run's RunConfig, or every problem with the options at once."""
     values = run_values(args, cls)
-    problems = [f"--{p}" for p in run_problems(values, cls)]
+    problems = [as_options(p, cls) for p in run_problems(values, cls)]
     if args.alpha is not None and args.drafter == "mtp":
         problems.append(
             f"--alpha {args.alpha} with --drafter mtp: alpha is the oracle drafter's acceptance; the MTP head's "

@@ -13,15 +13,15 @@ from mtplab.device import cuda_available
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--k", "0"], "k=0: must be an integer >= 1"),
+        (["--k", "0"], "--k 0: must be an integer >= 1"),
         (["--k", "8"], "k+1=9 exceeds the GatedDeltaNet transition capacity 8"),
-        (["--drafter", "oracle", "--alpha", "1.5"], "alpha=1.5: must be within [0, 1]"),
-        (["--policy", "tiled"], "unknown policy 'tiled'"),
-        (["--commit", "rewind"], "unknown commit 'rewind'"),
-        (["--drafter", "ngram"], "unknown drafter 'ngram'"),
+        (["--drafter", "oracle", "--alpha", "1.5"], "--alpha 1.5: must be within [0, 1]"),
+        (["--policy", "tiled"], "unknown --policy 'tiled'"),
+        (["--commit", "rewind"], "unknown --commit 'rewind'"),
+        (["--drafter", "ngram"], "unknown --drafter 'ngram'"),
         (["--tokens", "100000"], "exceeds the tiny model's max_seq_len 256"),
-        (["--schedule", "eagle"], "unknown schedule 'eagle'"),
-        (["--seed", "-1"], "--seed=-1: must be an integer >= 0"),
+        (["--schedule", "eagle"], "unknown --schedule 'eagle'"),
+        (["--seed", "-1"], "--seed -1: must be an integer >= 0"),
     ],
 )
 def test_bad_options_fail_before_any_work(args, message, capsys):
@@ -71,10 +71,10 @@ def test_every_bad_option_is_reported_together_before_any_work(capsys):
     assert main(["run", "--preset", "tiny", "--k", "0", "--seed", "-1", "--policy", "tiled", "--tokens", "x"]) == 2
     err = capsys.readouterr().err
     for message in (
-        "k=0: must be",
-        "seed=-1: must be an integer >= 0",
-        "unknown policy 'tiled'",
-        "tokens='x': must be",
+        "--k 0: must be",
+        "--seed -1: must be an integer >= 0",
+        "unknown --policy 'tiled'",
+        "--tokens 'x': must be",
     ):
         assert message in err
 

@@ -35,7 +35,7 @@ def test_a_new_field_reaches_the_command_line_the_grid_and_the_notebook(tmp_path
     run, problems = _run_config(args, Extended)
     assert problems == [] and run == Extended(preset="tiny", k=2, warmup=5, trace=True)
     args = _run_options(Extended).parse_args(["--warmup", "-1"])
-    assert _run_config(args, Extended)[1] == ["--warmup=-1: must be an integer >= 0"]
+    assert _run_config(args, Extended)[1] == ["--warmup -1: must be an integer >= 0"]
 
     assert {"warmup", "trace"} <= set(config.dimensions(Extended))
     spec = grid.parse({"preset": ["tiny"], "tokens": [16], "warmup": [1, 2], "trace": [False, True]}, Extended)
