@@ -47,8 +47,12 @@ def model_hash(model: str) -> str:
     return open_model(model).identity()["hash"]
 
 
-def cache_key(model: str, threads: int) -> dict:
-    """What a calibration is valid for: model (a preset name or a folder), machine, threads and onnxruntime."""
+REPEATS = 3  # what runs and sweeps use; another count is cached apart and never replaces it
+
+
+def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
+    """What a calibration is valid for: model (a preset name or a folder), machine, threads, onnxruntime and
+    how many repeats measured it."""
     import onnxruntime
 
     return {
@@ -57,6 +61,7 @@ def cache_key(model: str, threads: int) -> dict:
         "machine": f"{platform.node()} / {_cpu_name()}",
         "threads": threads,
         "onnxruntime": onnxruntime.__version__,
+        **({} if repeats == REPEATS else {"repeats": repeats}),
     }
 
 
@@ -96,7 +101,7 @@ def _acceptance(model: str, tokens: int, threads: int) -> dict:
     return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
 
 
-def measure(model: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0) -> dict:
+def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0) -> dict:
     """Measure the calibration of one model (a preset name or a folder) on `threads` intra-op threads
     (RunConfig.threads: 0 is every core)."""
     from .engine import Engine, prompt_tokens
@@ -156,7 +161,7 @@ def measure(model: str, repeats: int = 3, reps: int = 3, acceptance_tokens: int 
         return {name[len(prefix) :]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
 
     return {
-        "key": cache_key(model, threads_used(threads)),
+        "key": cache_key(model, threads_used(threads), repeats),
         "repeats": repeats,
         "reps_per_sample": reps,
         "target": table("target/"),

@@ -172,7 +172,7 @@ def _run(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from .calibrate import cache_key, cache_path, format_table, measure
+    from .calibrate import REPEATS, cache_key, cache_path, format_table, measure
     from .config import field_problem, threads_used
     from .result import dumps, write_atomic
 
@@ -189,12 +189,15 @@ def _calibrate(args) -> int:
         print(f"mtplab calibrate: {err}", file=sys.stderr)
         return 2
     text = dumps(calib, indent=1)
-    write_atomic(cache_path(cache_key(model, threads_used(args.threads))), text)
+    path = cache_path(cache_key(model, threads_used(args.threads), args.repeats))
+    write_atomic(path, text)
     if args.out:
         from pathlib import Path
 
         write_atomic(Path(args.out), text)
     print(format_table(calib))
+    print(f"written to {path}" + ("" if args.repeats == REPEATS else
+          f" (--repeats {args.repeats}: kept apart from the {REPEATS}-repeat calibration runs and sweeps use)"))
     return 0
 
 

@@ -34,11 +34,18 @@ def test_the_table_names_each_cost(calib):
 
 def test_load_or_measure_reuses_the_cache_and_says_when_it_measures(calib, tmp_path, monkeypatch):
     monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path))
-    path = calibrate.cache_path(calibrate.cache_key("tiny", threads_used(0)))
+    key = calibrate.cache_key("tiny", threads_used(0))
+    cached = calib | {"key": key}  # as a run's default-repeats calibration would be stored
+    path = calibrate.cache_path(key)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(calib))
+    path.write_text(json.dumps(cached))
     said = []
-    assert calibrate.load_or_measure("tiny", say=said.append) == calib and said == []
+    assert calibrate.load_or_measure("tiny", say=said.append) == cached and said == []
     monkeypatch.setattr(calibrate, "measure", lambda preset, **kw: calib | {"key": calibrate.cache_key(preset, 1)})
     calibrate.load_or_measure("tiny", say=said.append, threads=1)  # another thread count: another calibration
     assert said and "measuring" in said[0]
+
+
+def test_a_calibration_of_other_repeats_is_kept_apart_from_the_one_runs_use():
+    assert calibrate.cache_key("tiny", 2, repeats=1) != calibrate.cache_key("tiny", 2)
+    assert calibrate.cache_key("tiny", 2, repeats=calibrate.REPEATS) == calibrate.cache_key("tiny", 2)
