@@ -38,13 +38,15 @@ def per_model(figure, ok: pd.DataFrame, *args):
     for name in names:
         with capture_output(stdout=False, stderr=False) as shown:  # the recipe's caption, if it draws at all
             fig = figure(ok[ok.model_name == name], *args)
-        if fig is None and not shown.outputs:
+        empty = fig is None or (isinstance(fig, pd.DataFrame) and fig.empty)
+        if empty and not shown.outputs:
             continue
         _markdown(f"**Model `{name}`**")
         shown.show()
-        if fig is not None and hasattr(fig, "savefig"):
-            display(fig)
-            plt.close(fig)
+        if not empty:
+            display(fig)  # a figure or a table
+            if hasattr(fig, "savefig"):
+                plt.close(fig)
     return None
 
 

@@ -9,6 +9,14 @@ from .selection import alpha_grid, counters_long, own_head, peer_rows
 from .tables import count_text
 
 
+def per_model(findings, df: pd.DataFrame) -> str:
+    """Findings of each model of the sweep under its name (one model: the findings alone)."""
+    names = sorted(df.model_name.unique()) if "model_name" in df and len(df) else []
+    if len(names) <= 1:
+        return findings(df)
+    return "\n\n".join(f"#### Model `{name}`\n\n" + findings(df[df.model_name == name]) for name in names)
+
+
 def sweep_findings(df: pd.DataFrame) -> str:
     """A sweep's findings as a markdown bullet list: identity, where MTP beats greedy, best k per alpha, policies, theory fit."""
     out = []

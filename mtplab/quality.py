@@ -93,12 +93,16 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
         shown = ", ".join(f"`{p}`" for p in unstable.point_id[:8])
         more = f" and {len(unstable) - 8} more (the points table has every CI)" if len(unstable) > 8 else ""
         lines.append(f"- Unstable points ({len(unstable)}): {shown}{more}")
-    g = df.greedy_tokens_per_s.dropna()
-    if len(g):
-        lines.append(
-            f"- Greedy tok/s over the sweep: min {g.min():.1f}, median {g.median():.1f}, max {g.max():.1f} "
-            f"(drift {g.max() / g.min() - 1:.0%})."
-        )
+    keys = [c for c in ("model_name", "engine") if c in df]
+    groups = list(df.groupby(keys)) if keys else [((), df)]
+    for key, part in groups:  # one model on one engine: the same greedy each point, so a spread is drift
+        g = part.greedy_tokens_per_s.dropna()
+        if len(g):
+            label = f" ({', '.join(map(str, key if isinstance(key, tuple) else (key,)))})" if len(groups) > 1 else ""
+            lines.append(
+                f"- Greedy tok/s over the sweep{label}: min {g.min():.1f}, median {g.median():.1f}, max {g.max():.1f} "
+                f"(drift {g.max() / g.min() - 1:.0%})."
+            )
     load = [sweep.get("load_start"), sweep.get("load_end")]
     if None not in load:
         lines.append(f"- 1-minute load average at the start {load[0]}, at the end {load[1]}.")

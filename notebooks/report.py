@@ -34,7 +34,7 @@ display(Markdown(provenance.HOW_TO_READ))
 # ## Findings
 
 # %%
-display(Markdown(findings.sweep_findings(df)))
+display(Markdown(findings.per_model(findings.sweep_findings, df)))
 
 # %%
 fig = figures.per_model(figures.speedup_vs_alpha, ok)
@@ -87,7 +87,7 @@ display(Markdown(quality.quality_markdown(df, sweep, calibration)))
 fig = figures.per_model(quality.speedup_with_ci, ok, calibration)
 
 # %%
-display(quality.efficiency_table(ok))
+figures.per_model(quality.efficiency_table, ok)
 
 # %%
-fig = quality.drift(df)
+fig = figures.per_model(quality.drift, df)
