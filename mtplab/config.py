@@ -109,7 +109,7 @@ class RunConfig:
         "the model: a preset name, or a folder the onnxruntime-genai model builder wrote (empty: --preset)",
         rule=MODEL_RULE,
     )
-    k: int = param(3, f"drafts per step, 1..{MAX_TRANSITION_CAPACITY - 1}", rule=INTEGER_1)
+    k: int = param(3, f"drafts per step (the built-in model: 1..{MAX_TRANSITION_CAPACITY - 1})", rule=INTEGER_1)
     alpha: float = param(
         0.8,
         "oracle drafter acceptance per position, in [0, 1]; not with --drafter mtp",
@@ -229,6 +229,10 @@ def run_problems(values: dict, cls=RunConfig) -> list[str]:
             "commit 'readvance-m1' or 'select'"
         )
     folder = cfg["model"] not in ("", *PRESETS)
+    if cfg["model"] and cfg["preset"] != _field("preset", cls).default and cfg["preset"] != cfg["model"]:
+        problems.append(
+            f"preset={cfg['preset']!r} and model={cfg['model']!r}: give one (model takes a preset name or a folder)"
+        )
     if folder and cfg["int4"]:
         problems.append(
             "int4=True with a model folder: int4 builds a preset's weights as int4; a folder's weights are as it was "
@@ -237,7 +241,7 @@ def run_problems(values: dict, cls=RunConfig) -> list[str]:
     if cfg["oracle_free_drafts"] and cfg["drafter"] != "oracle":
         problems.append(f"oracle_free_drafts=True belongs to the oracle drafter (got drafter={cfg['drafter']!r})")
     k = cfg["k"]
-    if problem := k_problem(k):
+    if not folder and (problem := k_problem(k)):  # a folder's own limit is checked when it is opened
         problems.append(problem)
     spec = cfg["model"] or cfg["preset"]
     model = PRESETS.get(spec)  # a folder's capacity is checked when it is opened (engine.check_run_on_model)

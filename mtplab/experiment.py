@@ -131,7 +131,9 @@ def run_mtplab_point(
     steps = len(timed["accepted"])
     calibration = calibration if calibration is not None else calibration_for(run)
     alpha = run.alpha if run.drafter == "oracle" else calibration["mtp_acceptance"]["alpha"]
-    predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration)
+    # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction
+    predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration) if theory.covers(
+        calibration, k, run.commit) else None
     split = {key: v / run.rounds for key, v in timed["split"].items()}  # per speculative run
     acceptance = measure.acceptance(
         steps, int(sum(timed["accepted"])), steps * k, timed["generated"], timed["accepted"], k
@@ -140,7 +142,7 @@ def run_mtplab_point(
         samples,
         n,
         acceptance,
-        predicted={"speedup": predicted["speedup"], "alpha": alpha},
+        predicted={"speedup": predicted["speedup"], "alpha": alpha} if predicted else None,
         config=run.to_dict(),
         model=engine.art.identity(),
         prompt=prompt,
@@ -153,7 +155,7 @@ def run_mtplab_point(
         arena={name: a.stats() for name, a in engine.arenas.items()}
         | ({"cuda_graphs": graphs} if (graphs := engine.device.graph_stats()) else {}),
         identity=identity,
-        theory=predicted | {
+        theory=(predicted or {}) | {
             "acceptance_length": theory.acceptance_length(alpha, k),
             "acceptance_per_position": theory.per_position(alpha, k),
             "alpha_source": "oracle setting" if run.drafter == "oracle" else "acceptance calibration",

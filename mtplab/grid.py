@@ -269,7 +269,28 @@ def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ValueError(f"grid spec {path}: YAML syntax error{where}: {problem}") from None
+    if preset is None and isinstance(source, dict):
+        source = models_beside(source, path.parent)
     return parse(source)
+
+
+def models_beside(source: dict, base: Path) -> dict:
+    """The spec with each relative `model:` folder that exists beside the spec file made absolute, so a spec
+    names its models the same from any working directory (others stay as written: relative to it)."""
+
+    def fix(value):
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if isinstance(value, str) and value not in ("", *PRESETS) and not Path(value).is_absolute():
+            candidate = base / value
+            return str(candidate.resolve()) if candidate.is_dir() else value
+        return value
+
+    out = dict(source)
+    for holder in [out, out.get("defaults"), *(out.get("grids") or [])]:
+        if isinstance(holder, dict) and "model" in holder:
+            holder["model"] = fix(holder["model"])
+    return out
 
 
 def presets() -> list[str]:

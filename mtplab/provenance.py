@@ -132,8 +132,8 @@ on the same prompt, in one process; *speedup* is speculative tokens/s over greed
 speculative is faster). The *oracle* drafter proposes the right token with a set probability alpha
 per position, so it measures performance at a chosen acceptance and says nothing about accuracy;
 the *MTP head* is the model's own drafter. *Acceptance length* = 1 + accepted drafts per step;
-*draft acceptance* = accepted / drafted. *Theory* is Leviathan's formula with the cost ratios each
-run measured. The *slot counters* say, per run, how often the M=1 decode plan (primary slot) and the
+*draft acceptance* = accepted / drafted. *Theory* is Leviathan's formula with the cost ratios of the
+sweep's calibration (measured apart from every point). The *slot counters* say, per run, how often the M=1 decode plan (primary slot) and the
 M=k+1 verify plan (verify slot) were captured, replayed, fell back to eager, were invalidated, or
 hit a hazard. *Lossless* means the speculative tokens equal greedy's, and, where the state check ran,
 every committed recurrent state matches an independent reference. The header above says what was

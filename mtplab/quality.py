@@ -53,7 +53,7 @@ def speedup_with_ci(df: pd.DataFrame, calibration: dict):
             err = np.abs(np.vstack([p.speedup - ci[:, 0], ci[:, 1] - p.speedup]))
             ax.errorbar(p.alpha, p.speedup, yerr=np.nan_to_num(err), fmt="o", color=color, capsize=3, label=f"k={k}")
             calib = calibration.get(p.model_name.iloc[0]) if len(p) else None
-            if calib:
+            if calib and theory.covers(calib, int(k), "select"):
                 pred = [theory.predict(a, int(k), schedule, "select", calib)["speedup"] for a in alphas]
                 ax.plot(alphas, pred, "--", color=color)
         ax.axhline(1.0, color="grey", lw=0.8)

@@ -18,15 +18,15 @@ def median(samples) -> float:
 
 
 def bootstrap_ci(samples, confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = 0) -> list[float]:
-    """Percentile bootstrap CI of the median: [lo, hi]; NaNs when there are no finite samples.
+    """Percentile bootstrap CI of the median: [lo, hi]; NaNs with fewer than two finite samples (never stable).
 
     Deterministic for a seed, so a result file re-made from the same samples says the same.
     """
     x = np.asarray([s for s in samples if s is not None and math.isfinite(s)], dtype=float)
     if x.size == 0:
         return [float("nan"), float("nan")]
-    if x.size == 1:
-        return [float(x[0]), float(x[0])]
+    if x.size == 1:  # one sample says nothing about the spread
+        return [float("nan"), float("nan")]
     rng = np.random.default_rng(seed)
     medians = np.median(x[rng.integers(0, x.size, (resamples, x.size))], axis=1)
     tail = (1.0 - confidence) / 2 * 100

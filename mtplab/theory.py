@@ -63,6 +63,11 @@ def accepted_distribution(alpha: float, k: int) -> list[float]:
     return [alpha**j * (1.0 - alpha) for j in range(k)] + [alpha**k]
 
 
+def covers(calibration: dict, k: int, commit: str) -> bool:
+    """Whether the calibration measured what a prediction at k needs: T(k+1) and the commit of k+1 tokens."""
+    return str(k + 1) in calibration["target"] and str(k + 1) in calibration["commit"].get(commit, {})
+
+
 def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict) -> dict:
     """A point's speedup from alpha, k, the schedule, the commit and the calibration alone.
 

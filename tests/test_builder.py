@@ -258,3 +258,29 @@ def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):
 def test_int4_belongs_to_presets_not_folders():
     with pytest.raises(ValueError, match="int4=True with a model folder"):
         RunConfig(model=str(FIXTURE), int4=True)
+
+
+def test_a_k_beyond_the_calibrated_verify_sizes_runs_without_a_prediction(capsys):
+    from mtplab.cli import main
+
+    code = main(["run", "--model", str(FIXTURE), "--k", "9", "--tokens", "24", "--rounds", "2", "--drafter", "oracle",
+                 "--commit", "readvance-m1", "--json"])
+    assert code == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["lossless"] and r["config"]["k"] == 9 and not r.get("predicted")
+
+
+def test_a_preset_and_a_model_together_are_refused():
+    with pytest.raises(ValueError, match="preset='tiny' and model="):
+        RunConfig(preset="tiny", model=str(FIXTURE))
+
+
+def test_a_spec_names_a_folder_beside_it_from_any_working_directory(copy, tmp_path, monkeypatch):
+    from mtplab import grid
+
+    spec = copy.parent / "spec.yaml"
+    spec.write_text("name: rel\ndefaults: {tokens: 16, drafter: oracle}\nmodel: [model, tiny]\nk: [1]\n")
+    monkeypatch.chdir(tmp_path)
+    loaded = grid.load(spec)
+    assert sorted(p.run.model for p in loaded.points) == sorted([str(copy.resolve()), "tiny"])
+    assert loaded.source["model"][0] == str(copy.resolve())  # sweep.json keeps the absolute folder

@@ -16,7 +16,9 @@ def open_model(path: str | Path):
 
     folder = Path(path)
     if not folder.is_dir():
-        raise ValueError(f"{folder}: no such folder (expected onnxruntime-genai builder output or an mtplab artifact)")
+        what = "a file, not a folder" if folder.exists() else "no such folder"
+        raise ValueError(f"{folder}: {what} (expected a folder the onnxruntime-genai model builder wrote, or an "
+                         "mtplab artifact; `mtplab model inspect` also takes a preset name)")
     if is_builder_folder(folder):
         return open_builder(folder)
     if not (folder / "manifest.json").is_file():
@@ -86,6 +88,8 @@ def inspect_text(model, providers: list[str] | None = None) -> str:
     lines += ["", "commit strategies:", *commit_lines(desc)]
     if desc.max_k() is not None:
         lines.append(f"draft length: k in 1..{desc.max_k()}")
+    else:
+        lines.append(f"draft length: any k >= 1 whose verify headroom 2*(k+1) fits the KV capacity {desc.capacity}")
     providers = providers or ["CPUExecutionProvider"]
     lacking = missing_ops([desc.original_target or t.path, h.path], providers)
     lines.append("")
