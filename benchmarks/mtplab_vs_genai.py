@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 
 from mtplab import measure
-from mtplab.config import RunConfig
+from mtplab.config import RunConfig, model_fields
 from mtplab.engine import Engine, model_for, prompt_tokens
 from mtplab.genai_point import exported
 from mtplab.genai_runner import GenaiPeer
-from mtplab.model import PRESETS
 from mtplab.stats import summarize
 
 
@@ -31,7 +30,7 @@ def main() -> None:
     ap.add_argument("--model", default="small", help="a preset name or a builder output folder")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads of both engines (0: every core)")
     args = ap.parse_args()
-    named = {"preset": args.model} if args.model in PRESETS else {"model": args.model}
+    named = model_fields(args.model)
     art = model_for(RunConfig(**named))
     n = args.tokens
     prompt = prompt_tokens(art.description.vocab_size, 8, 0)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import stats, theory
-from .config import COMMITS, RunConfig, model_name, threads_used
+from .config import COMMITS, RunConfig, model_fields, model_name, threads_used
 from .env import _cpu_name
 from .executor import Slot
 from .model.config import MAX_TRANSITION_CAPACITY, PRESETS
@@ -29,11 +29,6 @@ MAX_M = MAX_TRANSITION_CAPACITY  # verify sizes 1..8 cover k = 0..7
 ACCEPTANCE_SEEDS = (1000, 1001, 1002)  # prompts for the head's acceptance; sweep seeds stay below them
 ACCEPTANCE_K = 4
 PROMPT_LEN = 8
-
-
-def model_runs(model: str) -> dict:
-    """RunConfig fields that name a model: a preset name, or a folder (RunConfig.model)."""
-    return {"preset": model} if model in PRESETS else {"model": model}
 
 
 def model_hash(model: str) -> str:
@@ -86,10 +81,10 @@ def _acceptance(model: str, tokens: int, threads: int) -> dict:
     """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
     from .engine import Engine, model_for
 
-    art = model_for(RunConfig(**model_runs(model), threads=threads))
+    art = model_for(RunConfig(**model_fields(model), threads=threads))
     # A model with a short context gets fewer tokens per prompt: prompt + tokens + verify headroom must fit.
     tokens = max(2, min(tokens, art.description.capacity - PROMPT_LEN - 2 * (ACCEPTANCE_K + 1)))
-    run = RunConfig(**model_runs(model), k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1, threads=threads)
+    run = RunConfig(**model_fields(model), k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1, threads=threads)
     engine = Engine(run, art)
     counts: list[int] = []
     for seed in ACCEPTANCE_SEEDS:
@@ -108,7 +103,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
     t_start = time.perf_counter()
     run = RunConfig(
-        **model_runs(model), k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1, threads=threads
+        **model_fields(model), k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1, threads=threads
     )
     engine = Engine(run)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)

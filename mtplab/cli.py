@@ -25,11 +25,12 @@ def _model_build(args) -> int:
 
 
 def _model_inspect(args) -> int:
-    from .model import PRESETS, build_model, preset
+    from .engine import model_for
+    from .model import PRESETS
     from .model.inspect import inspect_text, open_model
 
     try:
-        model = build_model(preset(args.folder)) if args.folder in PRESETS else open_model(args.folder)
+        model = model_for(RunConfig(preset=args.folder)) if args.folder in PRESETS else open_model(args.folder)
     except ValueError as err:
         print(f"mtplab model inspect: {err}", file=sys.stderr)
         return 2
@@ -150,16 +151,18 @@ def _run(args) -> int:
     from .experiment import result_text, run_point
 
     try:
-        if run.model:  # a folder is opened and checked against the run before anything is measured
+        model = None
+        if run.model:  # a folder is opened once and checked against the run before anything is measured
             from .engine import check_run_on_model, model_for
 
-            check_run_on_model(run, model_for(run).description)
+            model = model_for(run)
+            check_run_on_model(run, model.description)
         if run.engine == "mtplab":  # the cached calibration, measured first when missing (and said so)
             from .calibrate import load_or_measure
 
             say = lambda m: print(f"mtplab run: {m}", file=sys.stderr)  # noqa: E731
             load_or_measure(model_spec(run), say=say, threads=run.threads)
-        result = run_point(run)
+        result = run_point(run, model)
     except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
         print(f"mtplab run: {err}", file=sys.stderr)
         return 2

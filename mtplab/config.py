@@ -170,6 +170,11 @@ def model_spec(run) -> str:
     return run.model or run.preset
 
 
+def model_fields(spec: str) -> dict:
+    """The RunConfig fields that name a model: a preset name as `preset`, a folder as `model`."""
+    return {"preset": spec} if spec in PRESETS else {"model": spec}
+
+
 def model_name(spec: str) -> str:
     """A model's short name: the preset's, or the folder's."""
     return spec if spec in PRESETS else Path(spec).name
@@ -245,14 +250,28 @@ def run_problems(values: dict, cls=RunConfig) -> list[str]:
         problems.append(problem)
     spec = cfg["model"] or cfg["preset"]
     model = PRESETS.get(spec)  # a folder's capacity is checked when it is opened (engine.check_run_on_model)
-    need = cfg["prompt_len"] + cfg["tokens"] + 2 * (k + 1)
-    if model is not None and need > model.max_seq_len:
-        problems.append(
-            f"tokens={cfg['tokens']}: prompt ({cfg['prompt_len']}) + tokens + 2*(k+1) = {need} exceeds the "
-            f"{spec} model's max_seq_len {model.max_seq_len} (allowed: tokens <= "
-            f"{model.max_seq_len - cfg['prompt_len'] - 2 * (k + 1)})"
-        )
+    if model is not None and (
+        problem := capacity_problem(cfg["prompt_len"], cfg["tokens"], k, model.max_seq_len, f"the {spec} model's max_seq_len")
+    ):
+        problems.append(problem)
     return problems
+
+
+def capacity_problem(prompt_len: int, tokens: int, k: int, capacity: int, what: str) -> str | None:
+    """Why a run's prompt, tokens and verify headroom 2*(k+1) do not fit a KV capacity (`what` names it), or None."""
+    headroom = 2 * (k + 1)
+    if prompt_len + headroom >= capacity:
+        return (
+            f"prompt_len={prompt_len}: the prompt and 2*(k+1) = {headroom} tokens of verify headroom leave no room "
+            f"for tokens in {what} {capacity}"
+        )
+    need = prompt_len + tokens + headroom
+    if need > capacity:
+        return (
+            f"tokens={tokens}: prompt ({prompt_len}) + tokens + 2*(k+1) = {need} exceeds {what} {capacity} "
+            f"(allowed: tokens <= {capacity - prompt_len - headroom})"
+        )
+    return None
 
 
 def validate_run(cfg) -> None:

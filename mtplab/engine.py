@@ -17,11 +17,12 @@ import numpy as np
 from . import oracle
 from .arena import to_numpy
 from .commit import select_commit
-from .config import RunConfig, model_spec
+from .config import RunConfig, capacity_problem, model_spec
 from .device import Device, device_for
 from .drafters import Drafter, MtpDrafter, OracleDrafter
 from .executor import Executor, Slot, SlotMemory
 from .model import PRESETS, build_model, preset
+from .model.config import k_problem
 from .policy import policy, presize, slot_memory
 from .runtime import MtpState, TargetState, mtp_io, target_io
 from .schedule import STEPS
@@ -274,24 +275,14 @@ class Engine:
 
 def check_run_on_model(run: RunConfig, desc) -> None:
     """ValueError, before any session is made, if the run asks what the model cannot do."""
-    problems = []
-    if (max_k := desc.max_k()) is not None and run.k > max_k:
-        problems.append(
-            f"k={run.k}: k+1 must be within {desc.name}'s transition capacity {desc.transition_capacity} "
-            f"(allowed: k in 1..{max_k})"
+    problems = [
+        problem
+        for problem in (
+            k_problem(run.k, desc.transition_capacity) if desc.transition_capacity else None,
+            desc.commit_problem(run.commit),
+            capacity_problem(run.prompt_len, run.tokens, run.k, desc.capacity, f"{desc.name}'s KV capacity"),
         )
-    if (why := desc.commit_problem(run.commit)) is not None:
-        problems.append(why)
-    need = run.prompt_len + run.tokens + 2 * (run.k + 1)
-    if run.prompt_len + 2 * (run.k + 1) >= desc.capacity:
-        problems.append(
-            f"prompt_len={run.prompt_len}: the prompt and 2*(k+1) = {2 * (run.k + 1)} tokens of verify headroom leave "
-            f"no room for tokens in {desc.name}'s KV capacity {desc.capacity}"
-        )
-    elif need > desc.capacity:
-        problems.append(
-            f"tokens={run.tokens}: prompt ({run.prompt_len}) + tokens + 2*(k+1) = {need} exceeds {desc.name}'s "
-            f"KV capacity {desc.capacity} (allowed: tokens <= {desc.capacity - run.prompt_len - 2 * (run.k + 1)})"
-        )
+        if problem is not None
+    ]
     if problems:
         raise ValueError("; ".join(problems))

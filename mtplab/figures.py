@@ -28,7 +28,7 @@ def per_model(figure, ok: pd.DataFrame, *args):
 
     Figures of different models never share axes: their forwards cost differently.
     """
-    names = sorted(ok.model_name.unique()) if "model_name" in ok and len(ok) else []
+    names = selection.models(ok)
     if len(names) <= 1:
         return figure(ok, *args)
     import matplotlib.pyplot as plt

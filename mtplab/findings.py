@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from . import selection
 from .provenance import plural
 from .selection import alpha_grid, counters_long, own_head, peer_rows
 from .tables import count_text
@@ -11,7 +12,7 @@ from .tables import count_text
 
 def per_model(findings, df: pd.DataFrame) -> str:
     """Findings of each model of the sweep under its name (one model: the findings alone)."""
-    names = sorted(df.model_name.unique()) if "model_name" in df and len(df) else []
+    names = selection.models(df)
     if len(names) <= 1:
         return findings(df)
     return "\n\n".join(f"#### Model `{name}`\n\n" + findings(df[df.model_name == name]) for name in names)

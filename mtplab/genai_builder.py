@@ -22,10 +22,7 @@ from onnx import TensorProto, helper
 
 from .genai_export import session_options
 from .model import cache_dir
-
-
-def _data_files(model: onnx.ModelProto) -> set[str]:
-    return {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+from .model.onnx_read import copy_data_files
 
 
 def _cast_logits(model: onnx.ModelProto, logits: str) -> onnx.ModelProto:
@@ -40,12 +37,6 @@ def _cast_logits(model: onnx.ModelProto, logits: str) -> onnx.ModelProto:
     out = next(o for o in model.graph.output if o.name == logits)
     out.type.tensor_type.elem_type = TensorProto.FLOAT16
     return model
-
-
-def _copy_files(src: Path, dst: Path, names) -> None:
-    for name in names:
-        if not (dst / name).exists():
-            shutil.copy2(src / name, dst / name)
 
 
 def builder_peer_folder(model, threads: int) -> Path:
@@ -65,14 +56,14 @@ def builder_peer_folder(model, threads: int) -> Path:
     target.mkdir(parents=True)
     main = onnx.load(str(src / dec["filename"]), load_external_data=False)
     onnx.save(_cast_logits(main, dec["outputs"].get("logits", "logits")), str(target / dec["filename"]))
-    _copy_files(src, target, _data_files(main))
+    copy_data_files(main, src, target)
     (target / "genai_config.json").write_text(json.dumps(config, indent=1))
     # mtp: the head as a model of its own (its weights point into both data files)
     head_dir = tmp / "mtp"
     head_dir.mkdir()
     head = onnx.load(str(src / mtp["filename"]), load_external_data=False)
     shutil.copy2(src / mtp["filename"], head_dir / mtp["filename"])
-    _copy_files(src, head_dir, _data_files(head))
+    copy_data_files(head, src, head_dir)
     head_cfg = copy.deepcopy(config)
     hd = head_cfg["model"]["decoder"]
     hd.update(filename=mtp["filename"], num_hidden_layers=mtp.get("num_hidden_layers", 1),

@@ -194,14 +194,14 @@ class TargetState:
                 st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, np.dtype(s.dtype))
         return st
 
-    def fixed(self, key, build):
-        """What `build()` makes from the buffers, cached under key until a buffer is replaced."""
+    def fixed(self, key, build, *args):
+        """What `build(*args)` makes from the buffers, cached under key until a buffer is replaced."""
         layout = self.layout()
         if self.io_cache.get("layout") != layout:
             self.io_cache = {"layout": layout}
         value = self.io_cache.get(key)
         if value is None:
-            value = self.io_cache[key] = build()
+            value = self.io_cache[key] = build(*args)
         return value
 
     def reset(self) -> None:
@@ -217,10 +217,11 @@ class TargetState:
 
     def carry(self) -> None:
         """After an in-place forward: the states written to buffers of their own become the committed ones."""
-        carries = self.fixed("carries", lambda: [(self.array(s), self.present[s.past]) for s in self.desc.target.states
-                                                 if not s.in_place])
-        for committed, present in carries:
+        for committed, present in self.fixed("carries", self._carries):
             committed[...] = present
+
+    def _carries(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(self.array(s), self.present[s.past]) for s in self.desc.target.states if not s.in_place]
 
     def recurrent_arrays(self) -> list[np.ndarray]:
         return [self.array(s) for s in self.desc.target.states]
@@ -248,7 +249,7 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
         raise ValueError(f"sequence would reach {st.length + M} tokens, beyond the KV capacity {desc.capacity}")
     feeds = {io.input_ids: token_ids(tokens, M), **length_feeds(io, st.length, M, desc.capacity)}
     # Outputs and bindings depend only on M, the mode and the state's buffers.
-    outputs, bound = st.fixed((M, recurrent_in_place), lambda: _fixed_io(desc, st, M, recurrent_in_place))
+    outputs, bound = st.fixed((M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
     return feeds, outputs, bound
 
 

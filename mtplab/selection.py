@@ -109,3 +109,8 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
         "memory": len(own) > 0 and "arena" in own,
         "peer": "engine" in df and (df.engine == "ort-genai").any(),
     }
+
+
+def models(df) -> list[str]:
+    """The models a sweep's rows ran on, by name (store.load's model_name); [] for a frame without them."""
+    return sorted(df.model_name.unique()) if "model_name" in df and len(df) else []

@@ -21,6 +21,7 @@ from .behaviour import fitted_head
 from .config import ModelConfig
 from .forms import check_runtime, choose_form
 from .graph import build_mtp, build_target, mtp_io, target_io
+from .onnx_read import io_table
 from .stepper import runnable_providers
 from .weights import target_weights
 
@@ -31,7 +32,6 @@ REQUIRED_OPS = {
     "MatMulNBits": "1.17",
     "RMSNormalization": "1.22",
 }
-ONNX_ELEM_NAMES = {1: "float32", 10: "float16", 6: "int32", 7: "int64"}
 
 
 def cache_dir() -> Path:
@@ -62,12 +62,7 @@ def check_ops(ops: set[str] | None = None) -> None:
 
 
 def _io_table(values) -> list[dict]:
-    out = []
-    for v in values:
-        t = v.type.tensor_type
-        shape = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
-        out.append({"name": v.name, "dtype": ONNX_ELEM_NAMES.get(t.elem_type, str(t.elem_type)), "shape": shape})
-    return out
+    return [{"name": n, "dtype": dtype, "shape": list(dims)} for n, (dims, dtype) in io_table(values).items()]
 
 
 @dataclass(frozen=True)

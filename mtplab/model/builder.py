@@ -19,7 +19,8 @@ from pathlib import Path
 
 import onnx
 
-from .description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph, graph_io_table
+from .description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
+from .onnx_read import attributes, consumer, data_files, graph_io_table
 
 # KV capacity mtplab allocates for a builder model, at most its context length.
 DEFAULT_CAPACITY = 1024
@@ -95,14 +96,6 @@ def _fail(folder: Path, what: str) -> ValueError:
     return ValueError(f"{folder}: {what}")
 
 
-def _external_files(model: onnx.ModelProto) -> set[str]:
-    files = set()
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            files |= {e.value for e in t.external_data if e.key == "location"}
-    return files
-
-
 def _load_graph(folder: Path, filename: str, role: str) -> onnx.ModelProto:
     path = folder / filename
     if not path.is_file():
@@ -111,7 +104,7 @@ def _load_graph(folder: Path, filename: str, role: str) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: name the file instead
         raise _fail(folder, f"{filename} is not a readable ONNX model ({type(err).__name__}: {err})") from None
-    missing = sorted(f for f in _external_files(model) if not (folder / f).is_file())
+    missing = sorted(f for f in data_files(model) if not (folder / f).is_file())
     if missing:
         raise _fail(folder, f"missing file {', '.join(missing)} (external weights of {filename})")
     return model
@@ -122,7 +115,7 @@ def _parameters(model: onnx.ModelProto) -> int:
     packed, n = set(), 0
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
-            a = _attrs(node)
+            a = attributes(node)
             n += int(a.get("K", 0)) * int(a.get("N", 0))
             packed |= set(node.input[1:])
     for t in model.graph.initializer:
@@ -138,22 +131,14 @@ def weight_format(model: onnx.ModelProto) -> str:
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     if not nbits:
         return ""
-    bits = {_attrs(n).get("bits", 4) for n in nbits}
-    level = {_attrs(n).get("accuracy_level", 0) for n in nbits}
+    bits = {attributes(n).get("bits", 4) for n in nbits}
+    level = {attributes(n).get("accuracy_level", 0) for n in nbits}
     return (f"int{'/'.join(map(str, sorted(bits)))} weights (MatMulNBits x{len(nbits)}"
             + (", int8 matmul inputs: accuracy_level 4" if 4 in level else "") + ")")
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node))
-
-
-def _state_op(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
-    return next((n for n in model.graph.node if name in n.input), None)
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _dims(folder: Path, name: str, dims: tuple, rank: int) -> tuple[int, ...]:
@@ -213,7 +198,7 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
         for i in range(int(dec.get("num_hidden_layers", len(target.kv) + len({s.layer for s in target.states}))))
     )
     name = folder.name
-    int8 = any(n.op_type == "MatMulNBits" and _attrs(n).get("accuracy_level", 0) == 4
+    int8 = any(n.op_type == "MatMulNBits" and attributes(n).get("accuracy_level", 0) == 4
                for m in (target_model, mtp_model) for n in m.graph.node)
     desc = ModelDescription("builder", name, str(folder), vocab, hidden, cap, target, head, "", layer_kinds=kinds,
                             int8_compute=int8)
@@ -234,7 +219,7 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
 
 def _check_kv_node(folder: Path, where: str, model, past_k: str, past_v: str, pres_k: str, pres_v: str) -> None:
     """The names must sit where GroupQueryAttention reads and writes them: past key/value inputs 3/4, present 1/2."""
-    node = _state_op(model, past_k)
+    node = consumer(model, past_k)
     if node is None or node.op_type != "GroupQueryAttention":
         return  # another attention op: its own slots are not known here; the graph check still holds the names
     ins, outs = list(node.input) + [""] * 5, list(node.output) + [""] * 3
@@ -309,14 +294,14 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
         for i in sorted(past):
             if i not in present:
                 raise _fail(folder, f"{where}: {past[i]} has no present output ({names_out.get(key_out)} for layer {i})")
-            node = _state_op(model, past[i])
+            node = consumer(model, past[i])
             op = node.op_type if node is not None else "none"
             dims, dtype = ins[past[i]]
             shape = _dims(folder, past[i], dims, 3 if kind == "conv" else 4)
             if kind == "conv":
                 if op != "CausalConvWithState":
                     raise _fail(folder, f"unknown state layout: {past[i]} feeds {op}, mtplab knows CausalConvWithState")
-                last = _attrs(node).get("channels_last", 0) or _attrs(node).get("state_channels_last", 0)
+                last = attributes(node).get("channels_last", 0) or attributes(node).get("state_channels_last", 0)
                 layout = "[B, K-1, C] channels-last" if last else "[B, C, K-1] channels-first"
             else:
                 if op not in RECURRENT_LAYOUTS:

@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import ModelConfig
-
-ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64"}
+from .onnx_read import graph_io_table
 
 
 @dataclass(frozen=True)
@@ -226,23 +225,6 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
         "built-in", cfg.name, str(Path(target).parent), cfg.vocab_size, cfg.hidden_size, cfg.max_seq_len,
         target_io, mtp_io, "transitions", transition_capacity=cfg.transition_capacity, config=cfg, layer_kinds=kinds,
     )
-
-
-def graph_io_table(path: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
-    """({input: (shape, dtype)}, {output: (shape, dtype)}) as the ONNX file declares them (dims: int or name)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-
-    def table(values):
-        out = {}
-        for v in values:
-            t = v.type.tensor_type
-            dims = tuple(d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim)
-            out[v.name] = (dims, ONNX_DTYPES.get(t.elem_type, str(t.elem_type)))
-        return out
-
-    return table(model.graph.input), table(model.graph.output)
 
 
 def check_graph(io: GraphIO, where: str, extra_inputs: tuple[str, ...] = ()) -> None:

@@ -73,8 +73,6 @@ class Stepper:
             raise ValueError(f"sequence would reach {self.length + M} tokens, beyond the KV capacity {desc.capacity}")
         total = self.length + M if self.growing else desc.capacity
         feeds = {io.input_ids: ids, **length_feeds(io, self.length, M, total)}
-        if "query_seqlens" in self.inputs:
-            feeds["query_seqlens"] = np.array([M], dtype=np.int32)
         for kv in io.kv:
             feeds[kv.past_key], feeds[kv.past_value] = self.kv[kv.layer]
         for s in io.states:

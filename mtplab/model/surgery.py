@@ -22,21 +22,18 @@ import onnx
 from onnx import TensorProto, helper
 
 from .description import ModelDescription, SelectOutput
+from .onnx_read import attributes, consumer, copy_data_files
 
 SURGERY_VERSION = 1
 LINEAR_ROLES = ("query", "key", "value", "past_state", "decay", "beta")
 NP_TO_ONNX = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 
 
-def consumer(model: onnx.ModelProto, past: str) -> onnx.NodeProto:
-    return next(n for n in model.graph.node if past in n.input)
-
-
 def refusal(desc: ModelDescription, model: onnx.ModelProto) -> str:
     """Why this model's form cannot give `select` what it needs ("" when it can)."""
     for s in desc.target.states:
         node = consumer(model, s.past)
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attributes(node)
         if s.kind == "recurrent" and s.op != "LinearAttention":
             return (f"its recurrent state goes through {s.op}, whose per-token transitions this export does not "
                     "output (select replays LinearAttention's inputs); use readvance-m1 or readvance-batched")
@@ -97,11 +94,7 @@ def _write_copy(desc: ModelDescription, model: onnx.ModelProto, folder: Path) ->
                 copy.graph.output.append(helper.make_empty_tensor_value_info(name))
                 have.add(name)
     onnx.save(copy, str(tmp / source.name))
-    # The weights' data files are copied: onnx refuses hard- and symlinked data files when it loads them.
-    for t in model.graph.initializer:
-        for e in t.external_data:
-            if e.key == "location" and not (tmp / e.value).exists():
-                shutil.copy2(source.parent / e.value, tmp / e.value)
+    copy_data_files(model, source.parent, tmp)
     shapes = _probe(desc, tmp / source.name, exposed)
     (tmp / "select_outputs.json").write_text(json.dumps(shapes, indent=1))
     if folder.exists():
@@ -158,7 +151,7 @@ def replay_graph(desc: ModelDescription) -> tuple[bytes, list]:
             names.append(local)
         out = f"present.{s.layer}"
         graph_out.append(helper.make_tensor_value_info(out, NP_TO_ONNX[s.dtype], list(s.shape)))
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attributes(node)
         nodes.append(helper.make_node(node.op_type, names, [f"output.{s.layer}", out], domain=node.domain, **attrs))
         layers.append((s, [r for r, n in zip(LINEAR_ROLES, names) if n and r != "past_state"]))
     graph = helper.make_graph(nodes, "select_replay", graph_in, graph_out)

@@ -1,0 +1,54 @@
+"""Reading ONNX files: declared inputs and outputs, the node that takes a tensor, attributes, external data."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+
+ELEM_NAMES = {1: "float32", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64"}
+
+
+def io_table(values) -> dict[str, tuple[tuple, str]]:
+    """{name: (dims, dtype)} of graph inputs or outputs as declared (a dim: its number, or its name)."""
+    out = {}
+    for v in values:
+        t = v.type.tensor_type
+        dims = tuple(d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim)
+        out[v.name] = (dims, ELEM_NAMES.get(t.elem_type, str(t.elem_type)))
+    return out
+
+
+def graph_io_table(path: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """(inputs, outputs) of an ONNX file as io_table gives them, read without its weights."""
+    model = onnx.load(str(path), load_external_data=False)
+    return io_table(model.graph.input), io_table(model.graph.output)
+
+
+def consumer(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
+    """The first node that takes `name` as an input."""
+    return next((n for n in model.graph.node if name in n.input), None)
+
+
+def attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def data_files(model: onnx.ModelProto) -> set[str]:
+    """The external data files the model's initializers point into (names relative to the model's folder)."""
+    return {
+        e.value
+        for t in model.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for e in t.external_data
+        if e.key == "location"
+    }
+
+
+def copy_data_files(model: onnx.ModelProto, source: Path, dest: Path) -> None:
+    """Copy the model's external data files from folder `source` to `dest` (copies: onnx refuses hard- and
+    symlinked data files when it loads them)."""
+    for name in data_files(model):
+        if not (dest / name).exists():
+            shutil.copy2(source / name, dest / name)
