@@ -134,6 +134,8 @@ def _run_config(args, cls=RunConfig) -> tuple[RunConfig | None, list[str]]:
     """The run's RunConfig, or every problem with the options at once."""
     values = run_values(args, cls)
     problems = [as_options(p, cls) for p in run_problems(values, cls)]
+    if named_twice := config.naming_problem({"preset": getattr(args, "preset", None), "model": values.get("model")}):
+        problems.insert(0, as_options(named_twice, cls))
     if args.alpha is not None and args.drafter == "mtp":
         problems.append(
             f"--alpha {args.alpha} with --drafter mtp: alpha is the oracle drafter's acceptance; the MTP head's "
@@ -179,6 +181,10 @@ def _calibrate(args) -> int:
     from .config import field_problem, threads_used
     from .result import dumps, write_atomic
 
+    if named_twice := config.naming_problem({"preset": args.preset, "model": args.model}):
+        print(f"mtplab calibrate: {as_options(named_twice)}", file=sys.stderr)
+        return 2
+    args.preset = args.preset or config.defaults()["preset"]
     problems = [f"--{p}" for name in ("preset", "model", "threads") if (p := field_problem(name, [getattr(args, name)]))]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")

@@ -41,6 +41,22 @@ UNIT_INTERVAL = (
 )
 
 
+MAX_ROUNDS = 1000
+THREADS_PER_CORE = 4  # intra-op threads a run may ask for, per core of this machine
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+ROUNDS = (lambda v: _integer(1)(v) and v <= MAX_ROUNDS, f"an integer in 1..{MAX_ROUNDS}")
+THREADS = (
+    lambda v: _integer(0)(v) and v <= THREADS_PER_CORE * _cores(),
+    f"an integer in 0..{THREADS_PER_CORE * _cores()} (0: onnxruntime's default; at most {THREADS_PER_CORE} per core "
+    f"of this machine's {_cores()})",
+)
+
+
 def threads_used(threads: int) -> int:
     """The intra-op threads a session gets for a RunConfig's `threads` (0: onnxruntime's default, every core)."""
     return threads or os.cpu_count() or 1
@@ -103,7 +119,7 @@ MODEL_RULE = (
 class RunConfig:
     """One experiment point: greedy baseline + speculative run on one model."""
 
-    preset: str = param("small", "model preset", choices=tuple(PRESETS))
+    preset: str = param("small", "model preset (not with --model)", choices=tuple(PRESETS), cli_unset=True)
     model: str = param(
         "",
         "the model: a preset name, or a folder the onnxruntime-genai model builder wrote (empty: --preset)",
@@ -143,13 +159,13 @@ class RunConfig:
     int4: bool = param(False, "int4 weights")
     engine: str = param("mtplab", "whose decoder (ort-genai: the onnxruntime-genai peer)", choices=ENGINES)
     rounds: int = param(
-        3, "paired greedy/speculative timed rounds (>= 1), timed after the untimed checked pass", rule=INTEGER_1
+        3, f"paired greedy/speculative timed rounds (1..{MAX_ROUNDS}), timed after the untimed checked pass", rule=ROUNDS
     )
     threads: int = param(
         0,
         "ONNX Runtime intra-op threads per session (0: onnxruntime's default, every core; a sweep gives each "
         "point cores / workers)",
-        rule=INTEGER_0,
+        rule=THREADS,
         tag="th",
     )
 
@@ -255,6 +271,18 @@ def run_problems(values: dict, cls=RunConfig) -> list[str]:
     ):
         problems.append(problem)
     return problems
+
+
+def naming_problem(given: dict) -> str | None:
+    """Why the fields a user gave name the model twice (`preset` and `model` both given), or None.
+
+    `preset` has a default, so RunConfig alone cannot tell a given preset from the default: the
+    command line and grid specs call this with what was written.
+    """
+    if given.get("preset") is not None and given.get("model"):
+        return (f"preset={given['preset']!r} and model={given['model']!r}: name the model once (model takes a "
+                "preset name or a folder)")
+    return None
 
 
 def capacity_problem(prompt_len: int, tokens: int, k: int, capacity: int, what: str) -> str | None:

@@ -8,6 +8,7 @@ contents-only: the logical length shrinks, buffers stay.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,10 +36,7 @@ class Greedy:
     seconds: float
     decodes: int
     logits: list[np.ndarray] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.decodes / self.seconds if self.seconds > 0 else float("nan")
+    started: float = float("nan")  # perf_counter when the timed window opened
 
 
 def accepted_count(xp, drafts, targets):
@@ -56,6 +54,14 @@ def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, length)]
 
 
+@functools.cache
+def cpu_kernel_present() -> bool:
+    """Whether this onnxruntime's CPU EP runs GatedDeltaNet (probed once per process)."""
+    from .model.forms import cpu_runs_gated_delta_net
+
+    return cpu_runs_gated_delta_net()
+
+
 def model_for(run: RunConfig):
     """The model a RunConfig runs: a preset's build (fp16 on CUDA: GroupQueryAttention there is fp16/bf16
     only), or the folder `run.model` names (builder output, or an mtplab artifact)."""
@@ -64,6 +70,14 @@ def model_for(run: RunConfig):
         from .model.inspect import open_model
 
         return open_model(spec)
+    if run.backend == "cpu" and not cpu_kernel_present():
+        import onnxruntime
+
+        raise ValueError(
+            f"onnxruntime {onnxruntime.__version__} has no CPU GatedDeltaNet kernel, which the built-in model needs "
+            "(the 1.30 and 1.31 CPU wheels hold its schema only): install onnxruntime>=1.32, or run --backend cuda "
+            "with onnxruntime-gpu"
+        )
     return build_model(
         preset(spec, weight_format="int4" if run.int4 else "fp32", dtype="fp16" if run.backend == "cuda" else "fp32")
     )
@@ -120,6 +134,7 @@ class Engine:
         io = desc.target
         self._roles = (io.logits, io.hidden) if (io.logits, io.hidden) != ("logits", "hidden") else ()
         self.watch = None  # the checked pass looks at every forward's outputs (lossless.Watch)
+        self.opened = float("nan")  # perf_counter at the end of the last run's untimed setup (prefill)
         self.head = MtpDrafter(desc, self.mtp, self.mtp_state, self.forwards)
         self.snapshot = [
             self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())
@@ -160,6 +175,7 @@ class Engine:
         self.mtp.new_generation()
         out = self.forward(Slot.PRIMARY, prompt, eager=True, label="prefill")
         self.state.length = len(prompt)
+        self.opened = time.perf_counter()  # the untimed setup ends here (the audit holds timed windows to it)
         return out
 
     # -- greedy --------------------------------------------------------------------------------
@@ -196,7 +212,7 @@ class Engine:
             host = [self.device.read(xp.stack(tokens)), []]
         seconds = time.perf_counter() - t0
         logits = [to_numpy(r) for r in rows]
-        return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, logits)
+        return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, logits, t0)
 
     # -- speculative ---------------------------------------------------------------------------
     def drafter(self, reference: list[int] | None) -> Drafter:
@@ -223,6 +239,7 @@ class Engine:
         emitted = [int(self.device.read(self.xp.argmax(out["logits"][0, -1])))]
         drafter.prefill(prompt[1:] + emitted, out["hidden"][0])
         self.last_hidden[...] = out["hidden"][0, -1]
+        self.opened = time.perf_counter()  # the head's prefill is untimed setup too
         step = STEPS[self.run_cfg.schedule]
         split = dict.fromkeys(("decode", "draft", "verify", "commit"), 0.0)
         accepted: list[int] = []
@@ -231,7 +248,8 @@ class Engine:
             accepted.append(step(self, emitted, drafter, split))
             if on_commit is not None:
                 on_commit(len(accepted), self.state.length)
-        return {"tokens": emitted, "seconds": time.perf_counter() - t_start, "accepted": accepted, "split": split}
+        seconds = time.perf_counter() - t_start
+        return {"tokens": emitted, "seconds": seconds, "accepted": accepted, "split": split, "started": t_start}
 
     def verify(self, first, drafts) -> tuple[int, list[int], int, dict]:
         """Verify [first, d1..dk] on Slot.VERIFY: (accepted count, consumed tokens, bonus token, outputs).

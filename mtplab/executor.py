@@ -36,6 +36,9 @@ class Status(enum.Enum):
 
 
 COUNTER_KEYS = ("captures", "replays", "fallbacks", "invalidations", "hazards")
+# Runs outside a plan that are no fallback: the warm-up before a capture, and eager forwards (a prefill).
+# Counted for the timed-round audit (every forward a slot ran is one of these or a COUNTER_KEYS run).
+ACTIVITY_KEYS = (*COUNTER_KEYS, "warmups", "eager")
 
 
 def max_recaptures_problem(value) -> str | None:
@@ -63,9 +66,15 @@ class SlotCaptureState:
     fallbacks: int = 0
     invalidations: int = 0
     hazards: int = 0
+    warmups: int = 0
+    eager: int = 0
 
     def counters(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in COUNTER_KEYS}
+
+    def activity(self) -> dict[str, int]:
+        """The counters plus warm-ups and eager runs: every forward the slot ran is counted once."""
+        return {k: getattr(self, k) for k in ACTIVITY_KEYS}
 
 
 class CaptureDeclined(Exception):
@@ -253,6 +262,7 @@ class Executor:
         """
         if not self.retain:
             self.invalidate(slot, "eager forward on the slot's session")
+        self.state[slot].eager += 1
         return self._eager_temporaries(slot, feeds, outputs, bound)
 
     def _eager_temporaries(self, slot, feeds, outputs, bound) -> dict[str, Any]:
@@ -315,6 +325,7 @@ class Executor:
         if st.status is Status.NEEDS_WARMUP:
             self.backend.eager(session, binds)
             st.warm_signature, st.warm_shapes = sig, {b.name: tuple(b.array.shape) for b in binds}
+            st.warmups += 1
             st.status = Status.ARMED
             return result
         # ARMED: capture now; this run is the step's forward.
@@ -336,6 +347,10 @@ class Executor:
     def counters(self) -> dict[str, dict[str, int]]:
         """{slot label: {captures, replays, fallbacks, invalidations, hazards}}."""
         return {self.labels[s]: st.counters() for s, st in self.state.items()}
+
+    def activity(self) -> dict[str, dict[str, int]]:
+        """{slot label: counters plus warm-ups and eager runs}: what the timed-round audit compares."""
+        return {self.labels[s]: st.activity() for s, st in self.state.items()}
 
     def format_counters(self) -> str:
         """The seed's form: `primary: captures=1 replays=127 fallbacks=0 invalidations=0 hazards=0`."""

@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 
-from . import lossless, measure, oracle, theory
+from . import flags, lossless, measure, oracle, theory
+from .audit import Audit, Trace, stamp
 from .config import RunConfig, model_spec
 from .engine import Engine, prompt_tokens
 from .env import environment
@@ -50,32 +51,42 @@ def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> N
         raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
 
 
-def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, reference: list[int]) -> dict:
+def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, checked: lossless.Checked) -> dict:
     """`rounds` paired rounds of greedy and speculative, the order alternating (G S, S G, G S, ...).
 
     Both sides count as mtplab.measure says (the n - 1 tokens after the prefill's token, timed from
     after the prefill; speculative's overshoot in its last step is not counted). Timed runs do only
-    what their decoders do; the speculative tokens are compared afterwards.
+    what their decoders do; each is audited afterwards against the checked pass (mtplab.audit): its
+    tokens, forwards, slot activity, accepted counts, final state and clock.
     """
-    samples, diverged, split, accepted, generated = [], None, {}, [], 0
+    audit = Audit(
+        engine, n, len(prompt), checked.greedy.tokens, checked.spec_trace, checked.spec_state, checked.greedy_state,
+        oracle.state_rule("greedy", engine.desc.precision, engine.device.name == "cpu"),
+        oracle.STATE_RTOL[engine.desc.precision],
+    )
+    samples, split, accepted, generated = [], {}, [], 0
     for r in range(rounds):
         order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
         sample = measure.paired_round(r, order)
         for side in order:
+            trace = Trace.begin(engine)
             if side == "greedy":
                 g = engine.greedy(prompt, n, margins=False)
+                returned = stamp()
                 measure.record_side(sample, side, g.tokens, n, g.seconds)
+                audit.greedy(r, trace.end(engine, g.tokens), sample, g.started, g.seconds, returned)
             else:
-                spec = engine.speculative(prompt, n, reference=reference)
+                spec = engine.speculative(prompt, n, reference=checked.greedy.tokens)
+                returned = stamp()
                 measure.record_side(sample, side, spec["tokens"], n, spec["seconds"])
                 sample["steps"] = len(spec["accepted"])
+                audit.speculative(r, trace.end(engine, spec["tokens"], spec["accepted"]), sample, spec["started"],
+                                  spec["seconds"], returned)
                 split = {key: split.get(key, 0.0) + v for key, v in spec["split"].items()}
                 accepted = spec["accepted"]
                 generated = len(spec["tokens"]) - 1  # after the prefill's token, overshoot included
-                if diverged is None and spec["tokens"][:n] != reference[:n]:
-                    diverged = (r, spec["tokens"][:n])
         samples.append(measure.close_round(sample))
-    return {"samples": samples, "diverged": diverged, "split": split, "accepted": accepted, "generated": generated}
+    return {"samples": samples, "audit": audit, "split": split, "accepted": accepted, "generated": generated}
 
 
 def calibration_for(run: RunConfig, say=print) -> dict:
@@ -100,28 +111,23 @@ def run_mtplab_point(
     desc, k, n = engine.desc, run.k, run.tokens
     prompt = prompt_tokens(desc.vocab_size, run.prompt_len, run.seed)
     # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
-    mark: dict = {}
-
-    def after_reference() -> None:
-        mark.update(slots=_counters(engine), forwards=dict(engine.forwards))
-
-    reference, _, identity = lossless.checked_pass(engine, prompt, n, after_reference)
-    greedy_slots = mark["slots"]
-    slots = _diff(_counters(engine), greedy_slots)
-    forwards = {key: v - mark["forwards"].get(key, 0) for key, v in engine.forwards.items()}
-    forwards = {key: v for key, v in forwards.items() if v}
-    # Timed: paired rounds; they do only what the decoders they measure do.
+    checked = lossless.checked_pass(engine, prompt, n)
+    reference, identity = checked.greedy, checked.identity
+    greedy_slots = checked.spec_trace.counters_before()
+    slots = checked.spec_trace.counters()
+    forwards = checked.spec_trace.forwards
+    # Timed: paired rounds; they do only what the decoders they measure do, and are audited after each run.
     primary = engine.target.state[Slot.PRIMARY]
     fallbacks = primary.fallbacks
     timed_before = _counters(engine)
-    timed = timed_rounds(engine, prompt, n, run.rounds, reference.tokens)
+    timed = timed_rounds(engine, prompt, n, run.rounds, checked)
     timed_slots = _diff(_counters(engine), timed_before)
-    if timed["diverged"] is not None:
-        r, tokens = timed["diverged"]
-        check = oracle.token_identity(tokens, reference.tokens[:n], reference.margins)
-        if identity["token_identical"] and not check["token_identical"]:
-            identity |= check | {"diverged_in": f"timed run (round {r})"}
-    ok, verdict = oracle.verdict(identity, run.commit, engine.desc.precision)
+    audit = timed["audit"].summary()
+    ok, verdict = oracle.verdict(identity)
+    if ok and audit["problems"]:
+        more = audit["problem_count"] - 1
+        ok, verdict = False, "TIMED RUN CHECK FAILED: " + audit["problems"][0] + (
+            f" (and {more} more difference{'s' if more > 1 else ''})" if more else "")
     if not ok:
         oracle.shout(verdict)
     baseline = "paired rounds"
@@ -138,7 +144,7 @@ def run_mtplab_point(
     acceptance = measure.acceptance(
         steps, int(sum(timed["accepted"])), steps * k, timed["generated"], timed["accepted"], k
     )
-    return measure.run_result(
+    result = measure.run_result(
         samples,
         n,
         acceptance,
@@ -154,7 +160,7 @@ def run_mtplab_point(
         slot_reasons={engine.target.labels[s]: st.reason for s, st in engine.target.state.items()},
         arena={name: a.stats() for name, a in engine.arenas.items()}
         | ({"cuda_graphs": graphs} if (graphs := engine.device.graph_stats()) else {}),
-        identity=identity,
+        identity=identity | {"timed_audit": audit},
         theory=(predicted or {}) | {
             "acceptance_length": theory.acceptance_length(alpha, k),
             "acceptance_per_position": theory.per_position(alpha, k),
@@ -170,6 +176,11 @@ def run_mtplab_point(
             "accounting": accounting(samples, split, steps),
         },
     )
+    result.warnings = flags.point_warnings(
+        result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter, checked.spec["accepted"], k,
+        calibration, audit,
+    )
+    return result
 
 
 def accounting(samples: list[dict], split: dict, steps: int) -> dict:
@@ -219,5 +230,7 @@ def result_text(r: RunResult) -> str:
             + " ".join(f"{k}={v}" for k, v in counters.items())
             + (f"   [{r.slot_reasons[slot]}]" if r.slot_reasons.get(slot) else "")
         )
+    for w in r.warnings:
+        lines.append(f"  WARNING {w['name']}: {w['message']}")
     lines.append(("  OK: " if r.lossless else "  FAIL: ") + r.verdict)
     return "\n".join(lines)

@@ -43,6 +43,7 @@ def sweep_findings(df: pd.DataFrame) -> str:
             f" ({state_ok.sum()} matching the reference)"
             + (f"; not checked at {(~checked).sum()} (peer engine rows)." if (~checked).any() else ".")
         )
+    out.extend(warning_findings(ok))
     if len(ok):
         beats = ok[ok.speedup > 1.0]
         best = ok.loc[ok.speedup.idxmax()]
@@ -80,6 +81,24 @@ def sweep_findings(df: pd.DataFrame) -> str:
             f"- A verify forward costs {vr:.2f}x a greedy decode here (median over points), a draft {ok['theory.draft_cost_ratio'].median():.3f}x."
         )
     return "\n".join(out)
+
+
+def warning_findings(ok: pd.DataFrame) -> list[str]:
+    """One bullet naming the points' warnings (mtplab.flags) by kind, with the first message of each kind."""
+    import json
+
+    if "warnings" not in ok or ok.empty:
+        return []
+    kinds: dict[str, list[tuple[str, str]]] = {}
+    for _, row in ok.iterrows():
+        for w in json.loads(row["warnings"]) if isinstance(row["warnings"], str) else []:
+            kinds.setdefault(w["name"], []).append((row.point_id, w["message"]))
+    if not kinds:
+        return [f"- No named warnings at any of the {plural(len(ok), 'point')} (efficiency, accounting, head "
+                "acceptance, timed-round audit)."]
+    flagged = len({p for items in kinds.values() for p, _ in items})
+    parts = [f"`{name}` at {len(items)} (e.g. `{items[0][0]}`: {items[0][1]})" for name, items in sorted(kinds.items())]
+    return [f"- **Warnings at {flagged} of {plural(len(ok), 'point')}**: " + "; ".join(parts) + "."]
 
 
 def policy_findings(long: pd.DataFrame) -> list[str]:

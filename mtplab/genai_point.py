@@ -73,7 +73,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
         "greedy_token_identical": greedy_identity["token_identical"],
         "stopped_at_eos": len(tokens) < n,
     }
-    ok, verdict = oracle.verdict(identity, run.commit, art.description.precision)
+    ok, verdict = oracle.verdict(identity)
     if ok and not greedy_identity["token_identical"]:
         ok, verdict = False, "LOSSLESS CHECK FAILED: genai greedy differs from mtplab greedy: " + str(greedy_identity)
     if not ok:

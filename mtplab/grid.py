@@ -170,10 +170,13 @@ def _expand(source: dict, cls=RunConfig) -> tuple[dict[str, Point], list[str]]:
     problems: list[str] = []
     for n, g in enumerate(source.get("grids") or [{}]):
         dims = {k: (v if isinstance(v, list) else [v]) for k, v in defaults.items()} | top | g
+        dims = _one_model_naming(dims, [defaults, top, g])
         keys = list(dims)
         for values in itertools.product(*(dims[k] for k in keys)):
             params = dict(zip(keys, values))
             bad = run_problems(params, cls)
+            if named_twice := config.naming_problem(params):
+                bad = [named_twice, *bad]
             if bad:
                 problems += [f"{b} (in grids[{n}])" for b in bad if f"{b} (in grids[{n}])" not in problems]
                 continue
@@ -185,6 +188,16 @@ def _expand(source: dict, cls=RunConfig) -> tuple[dict[str, Point], list[str]]:
                     diff = {k: (v, getattr(run, k)) for k, v in other.run.to_dict().items() if getattr(run, k) != v}
                     problems.append(f"point id {p.id} names two different points ({diff}); make them differ in the id")
     return points, problems
+
+
+def _one_model_naming(dims: dict, levels: list[dict]) -> dict:
+    """`preset` and `model` both name the model: where a more specific level (defaults, the spec's top level,
+    one grid) names it by the other field, that one wins; at the same level both stay (and are refused)."""
+    where = {name: max((i for i, lv in enumerate(levels) if name in lv), default=-1) for name in ("preset", "model")}
+    if where["preset"] >= 0 and where["model"] >= 0 and where["preset"] != where["model"]:
+        loser = "preset" if where["model"] > where["preset"] else "model"
+        dims = {k: v for k, v in dims.items() if k != loser}
+    return dims
 
 
 def parse(source: dict, cls=RunConfig) -> GridSpec:

@@ -14,18 +14,19 @@ Three independent looks, none of them inside a timed loop:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .arena import to_numpy
+from .audit import Trace
 from .model import Artifact
 from .model.reference import ReferenceModel, weights_from_onnx
 from .model.stepper import Stepper
-from .oracle import STATE_TOLERANCE, tensor_difference, token_identity
+from .oracle import StateRule, state_rule, states_difference, token_identity
 
-ANCHOR_TOKENS = 4  # decoded tokens the float64 anchor checks after the prefill
+ANCHOR_TOKENS = 16  # greedy tokens the float64 anchor checks on models larger than tiny (see anchor_tokens)
 # The anchor compares ONNX Runtime's logits with float64 numpy: rounding of the run's dtype only.
 ANCHOR_TOLERANCE = {"fp32": 5e-3, "fp16": 0.25}
 # The lockstep reference's argmax may differ from greedy's only where its top logits are this close.
@@ -69,36 +70,38 @@ class Watch:
 
 @dataclass
 class Lockstep:
-    """The independent reference stepped to every committed length, compared state by state."""
+    """The independent reference stepped to every committed length, compared state and KV by state and KV."""
 
     stepper: Stepper
     sequence: list[int]  # prompt + greedy tokens: what every committed prefix must equal
-    tolerance: float
-    bitwise_required: bool
+    rule: StateRule
+    keep_at: int | None = None  # a length whose reference state is kept (the timed greedy runs end there)
+    kept: dict | None = None
     commits: int = 0
     max_abs_diff: float = 0.0
+    max_rel_diff: float = 0.0
     bitwise: bool = True
     first_divergence: dict | None = None
     reference_disagreements: list[dict] = field(default_factory=list)
 
     @classmethod
-    def start(cls, art: Artifact, prompt: list[int], greedy_tokens: list[int], commit: str, same_device: bool):
-        """A lockstep reference after the prompt. Bitwise equality is asked of readvance-m1 only when
-        the reference runs on the engine's device (the CPU): another device rounds differently."""
-        desc = art.description
-        step = Stepper(desc)
+    def start(cls, art: Artifact, prompt: list[int], greedy_tokens: list[int], rule: StateRule,
+              keep_at: int | None = None):
+        """A lockstep reference after the prompt, comparing under `rule` (oracle.state_rule)."""
+        step = Stepper(art.description)
         step.forward(prompt)
-        bitwise = commit == "readvance-m1" and same_device
-        return cls(step, list(prompt) + list(greedy_tokens), STATE_TOLERANCE[desc.precision], bitwise)
+        return cls(step, list(prompt) + list(greedy_tokens), rule, keep_at)
 
     @property
     def reference_bytes(self) -> int:
-        return sum(a.nbytes for a in self.stepper.recurrent().values())
+        return sum(a.nbytes for a in self.stepper.snapshot().values())
 
     def advance_to(self, length: int) -> None:
         while self.stepper.length < length:
             pos = self.stepper.length
             out = self.stepper.forward([self.sequence[pos]])
+            if self.stepper.length == self.keep_at:
+                self.kept = self.stepper.snapshot()
             expected = self.sequence[pos + 1] if pos + 1 < len(self.sequence) else None
             row = out["logits"][0]
             got = int(row.argmax())
@@ -110,32 +113,25 @@ class Lockstep:
                     )
 
     def check(self, step: int, length: int, state: dict[str, np.ndarray]) -> None:
-        """Compare the committed state at `length` with the reference's; keep the first divergence."""
+        """Compare the committed state and KV rows at `length` with the reference's; keep the first divergence."""
         self.commits += 1
         self.advance_to(length)
-        for name, ref in self.stepper.recurrent().items():
-            worst, same = tensor_difference(to_numpy(state[name]), ref)
-            non_finite = worst == float("inf")
-            self.max_abs_diff = max(self.max_abs_diff, worst)
-            self.bitwise &= same
-            bad = non_finite or worst > self.tolerance or (self.bitwise_required and not same)
-            if bad and self.first_divergence is None:
-                layer = int(name.rsplit(".", 1)[1])
-                self.first_divergence = {
-                    "step": step,
-                    "length": length,
-                    "layer": layer,
-                    "tensor": name,
-                    "max_abs_diff": worst,
-                    "non_finite": non_finite,
-                }
+        diff = states_difference(state, self.stepper.snapshot(), self.rule)
+        self.max_abs_diff = max(self.max_abs_diff, diff["max_abs_diff"])
+        self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
+        self.bitwise &= diff["bitwise"]
+        if diff["first_bad"] is not None and self.first_divergence is None:
+            self.first_divergence = {"step": step, "length": length} | diff["first_bad"]
 
     def summary(self) -> dict:
         return {
             "state_max_abs_diff": self.max_abs_diff if self.commits else None,
+            "state_max_rel_diff": self.max_rel_diff if self.commits else None,
             "state_bitwise": self.bitwise if self.commits else None,
             "state_first_divergence": self.first_divergence,
             "state_commits_checked": self.commits,
+            "state_rule": self.rule.text(),
+            "kv_checked": bool(self.stepper.kv),
             "state_reference_bytes": self.reference_bytes,
             "reference_disagreements": self.reference_disagreements,
         }
@@ -169,34 +165,57 @@ def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: l
     }
 
 
-def checked_pass(engine, prompt: list[int], n: int, after_reference: Callable[[], None] | None = None):
-    """The untimed reference and checked speculative run of a point; returns (greedy, spec, identity).
+def anchor_tokens(desc, n: int) -> int:
+    """How many of greedy's tokens the float64 anchor checks: every token on a model as small as tiny
+    (layers x hidden^2 under 1e6: the numpy forward costs milliseconds), else the first ANCHOR_TOKENS."""
+    cfg = desc.config
+    if cfg is not None and cfg.num_layers * cfg.hidden_size**2 < 1e6:
+        return n
+    return min(n, ANCHOR_TOKENS)
+
+
+class Checked(NamedTuple):
+    """What the checked pass leaves for the verdict and for auditing the timed rounds."""
+
+    greedy: Any  # engine.Greedy: the reference tokens and margins
+    spec: dict  # the checked speculative run (tokens, accepted, ...)
+    identity: dict  # what oracle.verdict reads
+    spec_trace: Trace  # what the checked speculative run executed
+    spec_state: dict  # its committed state (and KV rows) at its end
+    greedy_state: dict | None  # the reference's state at prompt + n - 1, where an n-token greedy run ends
+
+
+def checked_pass(engine, prompt: list[int], n: int) -> Checked:
+    """The untimed reference and checked speculative run of a point.
 
     The greedy reference gives the tokens and margins; the speculative run is compared with it
-    token by token, and with the lockstep reference state by state after every commit and once
-    more after it returns; every forward of both runs is watched for NaN and Inf; the anchor
-    checks greedy's first rows against float64 numpy.
+    token by token, and with the lockstep reference state and KV after every commit and once more
+    after it returns; every forward of both runs is watched for NaN and Inf; the anchor checks
+    greedy's rows against float64 numpy (every token on tiny, the first 16 elsewhere).
     """
     run, art = engine.run_cfg, engine.art
+    same_device = engine.device.name == "cpu"
     watch = engine.watch = Watch("greedy")
     try:
-        greedy = engine.greedy(prompt, n + run.k + 1, keep_logits=ANCHOR_TOKENS + 1)
-        if after_reference is not None:
-            after_reference()
+        greedy = engine.greedy(prompt, n + run.k + 1, keep_logits=anchor_tokens(engine.desc, n))
         t0 = time.perf_counter()
         anchored = anchor(art, prompt, greedy.logits, greedy.tokens)
         t1 = time.perf_counter()
-        lock = Lockstep.start(art, prompt, greedy.tokens, run.commit, same_device=engine.device.name == "cpu")
+        rule = state_rule(run.commit, engine.desc.precision, same_device)
+        lock = Lockstep.start(art, prompt, greedy.tokens, rule, keep_at=len(prompt) + n - 1)
         watch.start("speculative")
         checks = [time.perf_counter() - t1]
 
         def on_commit(step: int, length: int) -> None:
             t = time.perf_counter()
-            lock.check(step, length, engine.state.recurrent())
+            lock.check(step, length, engine.state.snapshot(copy=False))
             checks[0] += time.perf_counter() - t
 
+        trace = Trace.begin(engine)
         spec = engine.speculative(prompt, n, reference=greedy.tokens, on_commit=on_commit)
+        trace.end(engine, spec["tokens"], spec["accepted"])
         on_commit(len(spec["accepted"]), engine.state.length)  # what the run left behind, after its last commit
+        lock.advance_to(len(prompt) + n - 1)
     finally:
         engine.watch = None
     identity = token_identity(spec["tokens"][:n], greedy.tokens[:n], greedy.margins)
@@ -206,4 +225,4 @@ def checked_pass(engine, prompt: list[int], n: int, after_reference: Callable[[]
         "lockstep": checks[0],
         "speculative": spec["seconds"],
     }
-    return greedy, spec, identity
+    return Checked(greedy, spec, identity, trace, engine.state.snapshot(), lock.kept)

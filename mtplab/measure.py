@@ -40,9 +40,10 @@ def paired_round(r: int, order: tuple[str, str]) -> dict:
 
 
 def record_side(sample: dict, side: str, tokens: list[int], n: int, seconds: float) -> None:
-    """One side of a paired round: `greedy` sets greedy_tokens_per_s and greedy_seconds, any other side
-    (the speculative one) tokens_per_s and seconds."""
+    """One side of a paired round: `greedy` sets greedy_tokens_per_s, greedy_seconds and greedy_counted, any
+    other side (the speculative one) tokens_per_s, seconds and counted."""
     prefix = "greedy_" if side == "greedy" else ""
+    sample[f"{prefix}counted"] = counted(tokens, n)
     sample[f"{prefix}tokens_per_s"] = tokens_per_s(tokens, n, seconds)
     sample[f"{prefix}seconds"] = seconds
 

@@ -3,17 +3,53 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
-# select rebuilds GatedDeltaNet states by replaying float32 transitions and the conv carry from
-# the verify's conv inputs: equal up to rounding. At fp16 the conv inputs of an M=k+1 MatMul can
-# round one ulp (2^-10 near 1) away from the M=1 decode's, so the bound is a few fp16 ulps there.
-# "int8": fp32 activations whose matmul inputs are rounded to int8 (MatMulNBits accuracy_level 4, the builder's
-# int4 export): a 1e-6 difference between a batched and a one-token forward can move an input across a rounding
-# step, and the recurrent state carries it on (seen: 0.022 after 14 commits on a 6-layer int4 builder model).
-STATE_TOLERANCE = {"fp32": 1e-4, "fp16": 4e-3, "int8": 5e-2}
-SELECT_STATE_TOLERANCE = STATE_TOLERANCE["fp32"]
+# Each commit strategy's guarantee against the plain session.run reference, per backend and precision.
+# Tolerances are relative to the compared tensor's largest magnitude: max|a - b| <= rtol * max|b|.
+# fp32 1e-5: the M=k+1 verify (select) and the M=n re-advance (readvance-batched) round their matrix products
+# differently from M=1; measured worst over k = 1, 3, 6, both schedules, 96 tokens: 0 on the builder fixture,
+# 3.7e-7 on tiny (attention at layer 1 feeds later GatedDeltaNet layers), 8.2e-7 (state) and 6.6e-7 (KV) on small. A 1e-5 relative drift per commit is over it after 2 commits.
+# fp16: a few fp16 ulps (2^-10). "int8": fp32 activations whose matmul inputs are rounded to int8 (MatMulNBits
+# accuracy_level 4, the builder's int4 export): a batched forward can move an input across a rounding step, and
+# the recurrent state carries it on (seen: 0.022 after 14 commits on a 6-layer int4 builder model).
+STATE_RTOL = {"fp32": 1e-5, "fp16": 4e-3, "int8": 5e-2}
+ROUNDING_WHY = {
+    "readvance-batched": "re-advances the accepted tokens in one M=n forward, whose products round differently "
+    "from the reference's M=1",
+    "select": "keeps what the M=k+1 verify computed, whose products may round differently from the reference's M=1 "
+    "(measured: bitwise on the builder fixture, within 3.7e-7 relative on tiny, 8.2e-7 on small)",
+    "greedy": "decodes at M=1 as the reference does",
+}
+
+
+@dataclass(frozen=True)
+class StateRule:
+    """What a run's committed state (recurrent, conv and KV rows) must satisfy against the reference."""
+
+    bitwise: bool
+    rtol: float
+    why: str
+
+    def text(self) -> str:
+        return ("bitwise" if self.bitwise else f"relative {self.rtol:g}") + f": {self.why}"
+
+
+def state_rule(commit: str, precision: str, same_device: bool) -> StateRule:
+    """The guarantee a commit strategy (or "greedy") gives on this backend and precision.
+
+    Bitwise where the run and the reference execute the same M=1 kernels on the same device
+    (readvance-m1, greedy); a relative tolerance wherever rounding legitimately differs.
+    """
+    rtol = STATE_RTOL[precision]
+    if commit in ("readvance-m1", "greedy"):
+        if same_device:
+            return StateRule(True, 0.0, f"{commit} advances one token at a time with the reference's kernels, "
+                                          "on the same device")
+        return StateRule(False, rtol, f"{commit} runs on another device than the CPU reference: rounding differs")
+    return StateRule(False, rtol, f"{commit} {ROUNDING_WHY[commit]}")
 
 
 def top2_margin(logits: np.ndarray) -> float:
@@ -44,19 +80,41 @@ def token_identity(spec: list[int], greedy: list[int], greedy_margins: list[floa
     }
 
 
-def tensor_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, bool]:
-    """(max abs difference, bitwise equal) of two tensors; a NaN or Inf makes the difference infinite,
-    so it never passes a tolerance."""
-    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
-    return (float(diff.max()) if np.isfinite(diff).all() else float("inf")), bool(np.array_equal(a, b))
+def tensor_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float, bool]:
+    """(max abs difference, that relative to max|b|, bitwise equal) of two tensors of one shape.
+
+    A NaN or Inf makes both differences infinite, so they never pass a tolerance; a shape
+    difference too. The relative scale of an all-zero reference is 1e-30 (any difference fails).
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return float("inf"), float("inf"), False
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    if diff.size == 0:
+        return 0.0, 0.0, True
+    if not np.isfinite(diff).all():
+        return float("inf"), float("inf"), False
+    worst = float(diff.max())
+    scale = max(float(np.abs(b).max()), 1e-30)
+    return worst, worst / scale, bool(np.array_equal(a, b))
 
 
-def state_identity(state: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict:
-    """Max abs difference over every GDN and conv state, and whether all are bitwise equal."""
-    if set(state) != set(reference):
-        raise ValueError(f"state names differ: {sorted(set(state) ^ set(reference))}")
-    diffs = [tensor_difference(state[n], reference[n]) for n in state]
-    return {"state_max_abs_diff": max(d for d, _ in diffs), "state_bitwise": all(same for _, same in diffs)}
+def states_difference(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], rule: StateRule) -> dict:
+    """Every tensor of two state snapshots (same names) under a rule: the worst differences and the first
+    tensor that breaks the rule (None if none)."""
+    if set(got) != set(ref):
+        raise ValueError(f"state names differ: {sorted(set(got) ^ set(ref))}")
+    out = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "bitwise": True, "first_bad": None}
+    for name in ref:
+        worst, rel, same = tensor_difference(got[name], ref[name])
+        out["max_abs_diff"] = max(out["max_abs_diff"], worst)
+        out["max_rel_diff"] = max(out["max_rel_diff"], rel)
+        out["bitwise"] &= same
+        bad = not same if rule.bitwise else not rel <= rule.rtol
+        if bad and out["first_bad"] is None:
+            out["first_bad"] = {"tensor": name, "max_abs_diff": worst, "max_rel_diff": rel,
+                                "non_finite": worst == float("inf")}
+    return out
 
 
 def _fmt(x) -> str:
@@ -67,12 +125,12 @@ def _state_where(first: dict) -> str:
     return f" after step {first['step']} (length {first['length']}), {first['tensor']}"
 
 
-def verdict(identity: dict, commit: str, dtype: str = "fp32") -> tuple[bool, str]:
+def verdict(identity: dict) -> tuple[bool, str]:
     """(ok, message). Every check that ran must pass; the message names the first failure and where.
 
     Tokens must match greedy's; nothing non-finite may appear in any forward; greedy must agree
-    with the float64 anchor; the state after every commit must match the lockstep reference
-    (bitwise for readvance-m1, within STATE_TOLERANCE otherwise).
+    with the float64 anchor; the state and KV after every commit must match the lockstep reference
+    under the commit's rule (`state_rule`, named in the message).
     """
     fail = "LOSSLESS CHECK FAILED: "
     bad = identity.get("non_finite")
@@ -104,23 +162,28 @@ def verdict(identity: dict, commit: str, dtype: str = "fp32") -> tuple[bool, str
             f"greedy and the plain session.run reference disagree at position {d['position']} "
             f"(greedy {d['greedy']}, reference {d['reference']})"
         )
-    tolerance = STATE_TOLERANCE[dtype]
-    diff = identity.get("state_max_abs_diff")
-    if first is None and diff is not None:  # a final-state-only comparison
-        if not diff <= tolerance or (commit == "readvance-m1" and identity.get("state_bitwise") is False):
-            first = {"max_abs_diff": diff, "non_finite": not np.isfinite(diff)}
+    rule = identity.get("state_rule") or "the lockstep reference's rule"
     if first is not None:
         where = _state_where(first) if "step" in first else " at the end of the run"
-        kind = "non-finite" if first["non_finite"] else f"max abs diff {_fmt(first['max_abs_diff'])}"
-        rule = "must be bitwise equal for readvance-m1" if commit == "readvance-m1" else f"tolerance {tolerance} at {dtype}"
-        return False, fail + f"recurrent state differs from greedy's{where}: {kind} ({rule})"
+        kind = "non-finite" if first["non_finite"] else (
+            f"max abs diff {_fmt(first['max_abs_diff'])}, relative {_fmt(first.get('max_rel_diff'))}")
+        return False, fail + f"committed state differs from the reference's{where}: {kind} (rule: {rule})"
+    diff = identity.get("state_max_abs_diff")
     if diff is None:
         state = " (state not observable)"
     else:
         checked = identity.get("state_commits_checked")
+        what = "state and KV" if identity.get("kv_checked") else "state"
         after = f" after each of {checked} commits" if checked else ""
-        state = f", state bitwise{after}" if identity.get("state_bitwise") else f", state within {diff:.2g}{after}"
-    anchored = f"; greedy matches the float64 reference ({_fmt(anchor['max_logit_diff'])})" if anchor else ""
+        if identity.get("state_bitwise"):
+            state = f", {what} bitwise{after}"
+        else:
+            state = f", {what} within {_fmt(identity.get('state_max_rel_diff'))} relative{after}"
+        state += f" (rule: {rule})"
+    anchored = ""
+    if anchor:
+        anchored = (f"; greedy matches the float64 reference over {anchor['positions']} positions "
+                    f"({_fmt(anchor['max_logit_diff'])})")
     return True, "identical to greedy: every token" + state + anchored
 
 

@@ -52,6 +52,8 @@ class RunResult:
     predicted: dict[str, Any] = field(default_factory=dict)
     efficiency: float = float("nan")
     efficiency_ci: list[float] = field(default_factory=list)
+    # Named warnings (mtplab.flags): what is not an error but a reader must be told; [] in older results.
+    warnings: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +87,7 @@ JSON_COLUMNS = (
     "slot_reasons",
     "model",
     "round_samples",
+    "warnings",
 )
 
 

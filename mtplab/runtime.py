@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .arena import Arena, address
+from .arena import Arena, address, to_numpy
 from .model.description import ModelDescription, StateTensor, length_feeds
 
 # Where an op's kernel allows an output on its input's buffer: {provider: {op: {(input, output)}}}, as the
@@ -229,6 +229,17 @@ class TargetState:
     def recurrent(self) -> dict[str, np.ndarray]:
         """The conv and recurrent states by name, conv_state.{i} / gdn_state.{i} (what the lossless check compares)."""
         return {s.key: self.array(s) for s in self.desc.target.states}
+
+    def snapshot(self, copy: bool = True) -> dict[str, np.ndarray]:
+        """The committed state on the host: conv and recurrent states, and every attention layer's KV rows
+        [0, length) (rows past the length are scratch a rollback left behind). copy=False: host arrays are
+        views (compare them at once, before the next forward)."""
+        take = (lambda a: np.array(to_numpy(a))) if copy else to_numpy
+        out = {name: take(a) for name, a in self.recurrent().items()}
+        for layer, (k, v) in self.kv.items():
+            out[f"kv.{layer}.key"] = take(k[:, :, : self.length])
+            out[f"kv.{layer}.value"] = take(v[:, :, : self.length])
+        return out
 
 
 def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recurrent_in_place: bool = True):

@@ -36,8 +36,8 @@ def _run(**changes) -> RunConfig:
 def _checked(model, run: RunConfig):
     engine = Engine(run, model)
     prompt = prompt_tokens(model.description.vocab_size, run.prompt_len, run.seed)
-    greedy, spec, identity = checked_pass(engine, prompt, run.tokens)
-    ok, verdict = oracle.verdict(identity, run.commit, model.description.precision)
+    greedy, spec, identity, *_ = checked_pass(engine, prompt, run.tokens)
+    ok, verdict = oracle.verdict(identity)
     return engine, greedy, spec, identity, ok, verdict
 
 

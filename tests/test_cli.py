@@ -22,6 +22,9 @@ from mtplab.device import cuda_available
         (["--tokens", "100000"], "exceeds the tiny model's max_seq_len 256"),
         (["--schedule", "eagle"], "unknown --schedule 'eagle'"),
         (["--seed", "-1"], "--seed -1: must be an integer >= 0"),
+        (["--rounds", "1000000000"], "--rounds 1000000000: must be an integer in 1..1000"),
+        (["--threads", "20000"], "--threads 20000: must be an integer in 0.."),
+        (["--model", "tiny"], "--preset 'tiny' and --model 'tiny': name the model once"),
     ],
 )
 def test_bad_options_fail_before_any_work(args, message, capsys):
@@ -144,3 +147,21 @@ def test_sweep_runs_one_point_at_a_time_by_default_and_says_why(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "timings you can trust" in text and "(default: 1)" in text
     assert parser().parse_args(["sweep", "--preset", "smoke"]).workers == 1
+
+
+def test_preset_and_model_together_are_refused_even_when_the_preset_is_the_default(capsys):
+    assert main(["run", "--preset", "small", "--model", "tiny"]) == 2
+    assert "--preset 'small' and --model 'tiny': name the model once" in capsys.readouterr().err
+    assert main(["calibrate", "--preset", "small", "--model", "tiny"]) == 2
+
+
+def test_an_onnxruntime_without_the_cpu_kernel_is_refused_in_one_line_before_any_build(monkeypatch, capsys):
+    from mtplab import engine
+    from mtplab.model import artifact
+
+    monkeypatch.setattr(engine, "cpu_kernel_present", lambda: False)  # test double: as on the 1.30/1.31 CPU wheels
+    monkeypatch.setattr(artifact, "build_model", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(engine, "build_model", lambda *a, **k: pytest.fail("the model was built"))
+    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no CPU GatedDeltaNet kernel" in err[0] and "onnxruntime>=1.32" in err[0]

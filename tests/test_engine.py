@@ -105,12 +105,12 @@ def test_readvance_m1_is_bitwise_state_identical(tiny):
     assert r.identity["state_bitwise"] is True and r.identity["state_max_abs_diff"] == 0.0
 
 
-def test_select_state_is_within_tolerance(tiny):
-    from mtplab.oracle import SELECT_STATE_TOLERANCE
+def test_select_state_is_within_its_relative_tolerance(tiny):
+    from mtplab.oracle import STATE_RTOL
 
     r = run_point(RunConfig(preset="tiny", k=3, drafter="mtp", commit="select", tokens=64), tiny)
-    assert r.identity["state_max_abs_diff"] is not None
-    assert r.identity["state_max_abs_diff"] <= SELECT_STATE_TOLERANCE
+    assert r.identity["state_max_rel_diff"] is not None and r.identity["kv_checked"]
+    assert r.identity["state_max_rel_diff"] <= STATE_RTOL["fp32"] and "rule: relative" in r.verdict
 
 
 def test_forward_counts_follow_each_commit_strategy(tiny):

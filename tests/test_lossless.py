@@ -115,7 +115,6 @@ def test_a_nan_written_after_the_final_commit_fails(tiny, commit, monkeypatch):
     first = r.identity["state_first_divergence"]
     assert first["non_finite"] and first["tensor"] == f"gdn_state.{tiny.config.gdn_layer_ids[-1]}"
     assert "non-finite" in r.verdict
-    assert not oracle.state_identity({"s": np.array([np.nan])}, {"s": np.array([0.0])})["state_max_abs_diff"] < 1
 
 
 @pytest.mark.parametrize("commit", COMMITS)
@@ -137,17 +136,15 @@ def test_half_a_unit_on_one_state_element_after_one_commit_is_caught_at_that_com
     assert first["max_abs_diff"] == pytest.approx(0.5, rel=1e-3)
 
 
-def test_the_verdict_holds_the_state_to_its_tolerance():
-    ident = {"token_identical": True, "state_bitwise": False, "state_first_divergence": None}
-    assert oracle.verdict(ident | {"state_max_abs_diff": 0.5e-4}, "select")[0]
-    assert not oracle.verdict(ident | {"state_max_abs_diff": 2e-4}, "select")[0]
-    assert oracle.verdict(ident | {"state_max_abs_diff": 2e-3}, "select", "fp16")[0]
-    assert not oracle.verdict(ident | {"state_max_abs_diff": 5e-3}, "select", "fp16")[0]
-    assert not oracle.verdict(ident | {"state_max_abs_diff": float("nan")}, "select")[0]
-    assert not oracle.verdict(ident | {"state_max_abs_diff": 0.0}, "readvance-m1")[0]  # not bitwise
-    at_step = {"step": 3, "length": 20, "layer": 0, "tensor": "gdn_state.0", "max_abs_diff": 2e-4, "non_finite": False}
-    ok, msg = oracle.verdict(ident | {"state_max_abs_diff": 2e-4, "state_first_divergence": at_step}, "select")
-    assert not ok and "after step 3 (length 20), gdn_state.0" in msg and "tolerance 0.0001" in msg
+def test_the_verdict_names_where_the_state_broke_its_rule():
+    ident = {"token_identical": True, "state_bitwise": False, "state_max_abs_diff": 2e-4, "state_max_rel_diff": 2e-5,
+             "state_rule": "relative 1e-05: select ..."}
+    at_step = {"step": 3, "length": 20, "tensor": "kv.1.key", "max_abs_diff": 2e-4, "max_rel_diff": 2e-5,
+               "non_finite": False}
+    ok, msg = oracle.verdict(ident | {"state_first_divergence": at_step})
+    assert not ok and "after step 3 (length 20), kv.1.key" in msg and "rule: relative 1e-05: select" in msg
+    ok, msg = oracle.verdict(ident | {"state_first_divergence": None, "state_commits_checked": 5, "kv_checked": True})
+    assert ok and "state and KV within 2e-05 relative after each of 5 commits (rule: relative 1e-05" in msg
 
 
 @pytest.mark.parametrize("commit", COMMITS)
@@ -201,3 +198,64 @@ def test_a_nan_in_one_verify_logit_is_reported_where_it_was_first_seen(tiny, sch
     assert bad is not None and (bad["run"], bad["tensor"], bad["forward"]) == ("speculative", "logits", 4 if schedule == "fused" else 7)
     assert bad["label"] == "verify/M=4"
     assert not r.lossless and "non-finite logits in the speculative run" in r.verdict
+
+
+def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_independent_stepper(tiny, monkeypatch):
+    from mtplab import runtime
+
+    real = runtime.length_feeds
+
+    def shifted(io, length, M, total):  # from position P+10 on, the engine's lengths are one too far
+        feeds = real(io, length, M, total)
+        if length >= 18:
+            feeds = dict(feeds, seqlens_k=feeds["seqlens_k"] + 1)
+        return feeds
+
+    monkeypatch.setattr(runtime, "length_feeds", shifted)
+    r = _run(tiny, "select")
+    _failed(r)
+    assert r.identity["token_identical"]  # greedy and speculative share the bug: only the references see it
+    first = r.identity["state_first_divergence"]
+    assert first is not None and first["length"] >= 18
+    assert r.identity["reference_disagreements"] or not r.identity["anchor"]["ok"]
+
+
+@pytest.mark.parametrize("commit", ["select", "readvance-batched"])
+def test_a_verify_writing_its_kv_one_row_late_in_a_few_steps_is_caught_in_the_kv(tiny, commit, monkeypatch):
+    from mtplab import runtime
+
+    real, verifies = runtime.target_io, []
+
+    def late(desc, st, tokens, in_place=True):
+        if tokens.size > 1 and not in_place or (commit != "select" and tokens.size == 4):
+            verifies.append(1)
+            if len(verifies) in (3, 5):
+                st.length += 1
+                try:
+                    return real(desc, st, tokens, in_place)
+                finally:
+                    st.length -= 1
+        return real(desc, st, tokens, in_place)
+
+    monkeypatch.setattr(runtime, "target_io", late)
+    monkeypatch.setattr(engine_mod, "target_io", late)
+    r = _run(tiny, commit)
+    _failed(r)
+    first = r.identity["state_first_divergence"]
+    assert first is not None and first["step"] <= 5
+
+
+def test_a_relative_drift_of_1e_5_per_commit_is_caught_within_two_commits(tiny, monkeypatch):
+    real = Engine.commit
+
+    def commit(self, ver, consumed, start):
+        real(self, ver, consumed, start)
+        for a in self.state.gdn.values():
+            a *= 1 + 1e-5
+
+    monkeypatch.setattr(Engine, "commit", commit)
+    r = _run(tiny, "select")
+    _failed(r)
+    first = r.identity["state_first_divergence"]
+    # 1e-5 itself after the first commit: float32 rounding of the product puts it on either side of the line
+    assert first["step"] <= 2 and first["tensor"].startswith("gdn_state.") and "rule: relative 1e-05" in r.verdict

@@ -33,6 +33,8 @@ def test_a_paired_round_has_both_sides_and_their_ratio():
         "greedy_tokens_per_s": 4.0,
         "greedy_seconds": 2.0,
         "speedup": 2.0,
+        "counted": 8,
+        "greedy_counted": 8,
     }
 
 

@@ -86,8 +86,10 @@ def test_transitions_replayed_for_any_prefix_give_the_state_of_running_it(tiny, 
             gdn, conv = base[i][0].copy(), base[i][1].copy()
             replay_transitions(cfg, gdn, verify[f"gdn_transitions.{i}"], j)
             rebuild_conv(conv, verify[f"conv_input.{i}"], j)
+            # the verify's M=5 forward (attention at layer 1 included) rounds the conv inputs of later layers
+            # apart from an M=j forward's by a few float32 ulps
             np.testing.assert_allclose(gdn, truth.state.gdn[i], atol=1e-5, rtol=0)
-            np.testing.assert_array_equal(conv, truth.state.conv[i])
+            np.testing.assert_allclose(conv, truth.state.conv[i], atol=1e-6, rtol=1e-6)
 
 
 def test_build_is_cached_by_config_hash(tmp_path, monkeypatch):

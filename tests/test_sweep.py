@@ -273,12 +273,18 @@ def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, mon
         ({"drafter": ["mtp"], "alpha": [0.5, 0.7]}, r"point id tiny-k3-mtp-\S+ names two different points .*alpha"),
         ({"name": "../escaped"}, r"name='../escaped': must be a folder name"),
         ({"tokens": [300]}, r"tokens=300: .*exceeds the tiny model's max_seq_len 256 .*\(in grids\[0\]\)"),
+        ({"grids": [{"preset": ["small"], "model": ["tiny"]}]}, r"preset='small' and model='tiny': name the model once"),
     ],
 )
 def test_bad_grid_spec_fails_before_any_point_naming_the_key(source, message):
     with pytest.raises(ValueError, match=message) as err:
         grid.parse({"defaults": {"preset": "tiny"}} | source)
     assert "\n" not in str(err.value)
+
+
+def test_a_model_named_at_a_more_specific_level_replaces_the_defaults_preset():
+    spec = grid.parse({"name": "m", "defaults": {"preset": "small", "tokens": 8}, "model": ["tiny"], "k": [1]})
+    assert [p.run.model for p in spec.points] == ["tiny"]
 
 
 def test_every_problem_of_a_spec_is_reported_at_once():

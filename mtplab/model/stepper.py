@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import ModelConfig
-from .description import ModelDescription, describe_builtin, length_feeds
+from .description import ModelDescription, describe_builtin
 
 
 class Stepper:
@@ -41,7 +41,8 @@ class Stepper:
         target = self.original if target is None else target
         source = target if isinstance(target, bytes) else str(target)
         self.session = ort.InferenceSession(source, so, providers=providers or ["CPUExecutionProvider"])
-        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.declared = {i.name: i for i in self.session.get_inputs()}
+        self.inputs = set(self.declared)
         self.T = model.np_dtype
         self.growing = self.io.lengths == "attention_mask"
         self.reset()
@@ -72,7 +73,7 @@ class Stepper:
         if self.length + M > desc.capacity:
             raise ValueError(f"sequence would reach {self.length + M} tokens, beyond the KV capacity {desc.capacity}")
         total = self.length + M if self.growing else desc.capacity
-        feeds = {io.input_ids: ids, **length_feeds(io, self.length, M, total)}
+        feeds = {io.input_ids: ids, **own_feeds(self.declared, self.length, M, total)}
         for kv in io.kv:
             feeds[kv.past_key], feeds[kv.past_value] = self.kv[kv.layer]
         for s in io.states:
@@ -89,6 +90,15 @@ class Stepper:
                 self.states[s.past] = out[s.present]
             self.length += M
         return {"logits": out[io.logits][0].astype(np.float32), "hidden": out[io.hidden][0].astype(np.float32)}
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Copies of the conv and recurrent states and of every attention layer's KV rows [0, length):
+        what the lossless check compares with the engine's `TargetState.snapshot`."""
+        out = {name: a.copy() for name, a in self.recurrent().items()}
+        for layer, (k, v) in self.kv.items():
+            out[f"kv.{layer}.key"] = k[:, :, : self.length].copy()
+            out[f"kv.{layer}.value"] = v[:, :, : self.length].copy()
+        return out
 
     def forward_without_state(self, token: int) -> np.ndarray:
         """Logits of one token with the conv and recurrent state zeroed for this forward only (KV kept)."""
@@ -112,3 +122,41 @@ def runnable_providers() -> list[str] | None:
     if "CUDAExecutionProvider" in ort.get_available_providers():
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return None
+
+
+_INT = {"tensor(int32)": np.int32, "tensor(int64)": np.int64}
+
+
+def _shape(arg, default: tuple) -> tuple:
+    """A declared input's shape with its symbolic dims read as 1, or `default` when it declares none."""
+    dims = getattr(arg, "shape", None)
+    if dims is None:
+        return default
+    return tuple(d if isinstance(d, int) else 1 for d in dims)
+
+
+def own_feeds(declared: dict, length: int, M: int, total: int) -> dict[str, np.ndarray]:
+    """The length and position feeds for M new tokens at positions length..length+M-1, from first principles.
+
+    Deliberately its own code: it reads only the graph's declared inputs (names, ranks, dtypes) and never the
+    engine's feed building, so a position or length bug there shows up as a disagreement with this reference.
+    total: the attention span (the KV capacity of a static cache, or length + M for a growing one).
+    """
+    feeds: dict[str, np.ndarray] = {}
+    for name, arg in declared.items():
+        dtype = _INT.get(arg.type, np.int64)
+        if name == "seqlens_k":  # GroupQueryAttention: index of the last valid key per row
+            feeds[name] = np.full(_shape(arg, (1,)), length + M - 1, dtype)
+        elif name == "total_sequence_length":
+            feeds[name] = np.full(_shape(arg, ()), total, dtype)
+        elif name in ("query_seqlens", "capture_count"):  # new tokens this forward
+            feeds[name] = np.full(_shape(arg, (1,)), M, dtype)
+        elif name == "attention_mask":
+            mask = np.zeros((1, total), dtype)
+            mask[0, : length + M] = 1
+            feeds[name] = mask
+        elif name == "position_ids":  # [1, M], or [3, 1, M] for multimodal rotary (the same positions thrice)
+            rank = len(arg.shape) if arg.shape is not None else 2
+            lead = (3, 1) if rank == 3 else (1,)
+            feeds[name] = np.tile(np.arange(length, length + M, dtype=dtype), (*lead, 1))
+    return feeds

@@ -1,0 +1,200 @@
+"""The timed rounds are audited against the checked pass: each planted bug below ends where it is reported.
+
+Every plant is a test double of a few lines (monkeypatching the engine), the bugs an adversary
+tried on the point's published numbers: a mismatch names the round, the side and what differed;
+a surprise that is no error is a named warning.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mtplab import measure
+from mtplab.config import COMMITS, RunConfig
+from mtplab.drafters import OracleDrafter
+from mtplab.engine import Engine
+from mtplab.executor import Slot
+from mtplab.experiment import run_point
+
+RUN = dict(preset="tiny", k=3, drafter="oracle", alpha=0.7, commit="select", tokens=48, rounds=2)
+
+
+def _calibration(t1: float = 1e-4) -> dict:
+    """A synthetic calibration (the prediction is not under test here)."""
+    return {
+        "key": {"preset": "tiny", "synthetic": True},
+        "target": {str(m): t1 * (1 + 0.1 * (m - 1)) for m in range(1, 9)},
+        "head": 0.2 * t1,
+        "commit": {s: {str(n): 0.05 * t1 * n for n in range(1, 9)} for s in COMMITS},
+        "mtp_acceptance": {"alpha": 0.6, "per_position": [0.6], "steps": 1, "seeds": [1000]},
+    }
+
+
+def _point(tiny, **changes):
+    return run_point(RunConfig(**(RUN | changes)), tiny, calibration=_calibration())
+
+
+def _mismatch(r, *words):
+    assert not r.lossless and r.verdict.startswith("TIMED RUN CHECK FAILED: timed round 0"), r.verdict
+    problems = " | ".join(r.identity["timed_audit"]["problems"])
+    for word in words:
+        assert word in problems, problems
+
+
+def _warned(r, name):
+    assert r.lossless, r.verdict
+    names = [w["name"] for w in r.warnings]
+    assert name in names, r.warnings
+    return next(w["message"] for w in r.warnings if w["name"] == name)
+
+
+def _timed_greedy(monkeypatch, change):
+    """Plant `change(real, self, prompt, n)` into the timed greedy runs (those without margins) only."""
+    real = Engine.greedy
+
+    def greedy(self, prompt, n, eager=False, keep_logits=0, margins=True):
+        if margins:
+            return real(self, prompt, n, eager=eager, keep_logits=keep_logits, margins=margins)
+        return change(real, self, prompt, n)
+
+    monkeypatch.setattr(Engine, "greedy", greedy)
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_clean_points_pass_the_audit_without_warnings(tiny, commit):
+    r = _point(tiny, commit=commit, rounds=3)
+    assert r.lossless and r.identity["timed_audit"] == {"problems": [], "problem_count": 0, "warnings": {}}
+    assert not [w for w in r.warnings if w["name"] != "efficiency"], r.warnings
+
+
+def test_timed_greedy_running_every_decode_eager_is_a_mismatch_not_a_speedup(tiny, monkeypatch):
+    _timed_greedy(monkeypatch, lambda real, self, p, n: real(self, p, n, eager=True, margins=False))
+    _mismatch(_point(tiny), "greedy: primary ran 48 eager forwards and 0 through its plan")
+
+
+def test_timed_greedy_doing_two_forwards_per_token_is_a_mismatch(tiny, monkeypatch):
+    def twice(real, self, p, n):
+        forward = self.forward
+
+        def doubled(slot, tokens, *a, **kw):
+            if slot is Slot.PRIMARY and len(tokens) == 1:
+                forward(slot, tokens, *a, **kw)
+            return forward(slot, tokens, *a, **kw)
+
+        self.forward = doubled
+        try:
+            return real(self, p, n, margins=False)
+        finally:
+            del self.forward
+
+    _timed_greedy(monkeypatch, twice)
+    _mismatch(_point(tiny), "greedy: forwards {'prefill/M=8': 1, 'primary/M=1': 94}")
+
+
+@pytest.mark.parametrize("bug", ["wrong token", "half the tokens"])
+def test_timed_greedy_computing_wrong_or_fewer_tokens_is_a_mismatch(tiny, monkeypatch, bug):
+    def planted(real, self, p, n):
+        if bug == "half the tokens":
+            return real(self, p, n // 2, margins=False)
+        g = real(self, p, n, margins=False)
+        g.tokens[30] = (g.tokens[30] + 1) % tiny.config.vocab_size
+        return g
+
+    _timed_greedy(monkeypatch, planted)
+    _mismatch(_point(tiny), "token 30 is" if bug == "wrong token" else "made 24 tokens, asked for 48")
+
+
+def test_a_timed_speculative_run_returning_the_reference_without_forwards_is_a_mismatch(tiny, monkeypatch):
+    real = Engine.speculative
+
+    def speculative(self, prompt, n, reference=None, on_commit=None):
+        if on_commit is not None:  # the checked run
+            return real(self, prompt, n, reference, on_commit)
+        t = time.perf_counter()
+        split = dict.fromkeys(("decode", "draft", "verify", "commit"), 0.0)
+        return {"tokens": reference[:n], "seconds": 1e-5, "accepted": [3] * 12, "split": split, "started": t}
+
+    monkeypatch.setattr(Engine, "speculative", speculative)
+    _mismatch(_point(tiny), "speculative: accepted counts differ", "forwards differ from the checked run's")
+
+
+def test_an_oracle_drafter_skipping_the_head_after_the_first_generation_is_a_mismatch(tiny, monkeypatch):
+    real, calls = Engine.drafter, []
+
+    def drafter(self, reference):
+        calls.append(1)
+        d = real(self, reference)
+        if len(calls) > 1 and isinstance(d, OracleDrafter):
+            d.head = None
+        return d
+
+    monkeypatch.setattr(Engine, "drafter", drafter)
+    _mismatch(_point(tiny), "forwards differ from the checked run's", "'mtp/M=1': (0,")
+
+
+def test_a_timed_only_state_drift_is_a_mismatch(tiny, monkeypatch):
+    real = Engine.commit
+
+    def commit(self, ver, consumed, start):
+        real(self, ver, consumed, start)
+        if self.watch is None:  # timed runs only: the checked pass watches every forward
+            for a in self.state.gdn.values():
+                a *= 1.01
+
+    monkeypatch.setattr(Engine, "commit", commit)
+    r = _point(tiny)
+    assert not r.lossless and "timed round 0, speculative" in r.verdict
+
+
+def test_a_greedy_clock_that_includes_the_prefill_is_flagged(tiny, monkeypatch):
+    def from_before_the_prefill(real, self, p, n):
+        t = time.perf_counter()
+        g = real(self, p, n, margins=False)
+        g.seconds, g.started = g.started + g.seconds - t, t
+        return g
+
+    _timed_greedy(monkeypatch, from_before_the_prefill)
+    assert "opened" in _warned(_point(tiny), "clock")
+
+
+def test_untimed_commits_are_flagged(tiny, monkeypatch):
+    real = Engine.speculative
+
+    def speculative(self, *a, **kw):
+        out = real(self, *a, **kw)
+        out["seconds"] -= out["split"]["commit"] + out["split"]["verify"]
+        return out
+
+    monkeypatch.setattr(Engine, "speculative", speculative)
+    r = _point(tiny, rounds=2)
+    assert "uncounted" in _warned(r, "clock_coverage")
+    assert "phases timed outside the clock" in _warned(r, "unaccounted")
+
+
+def test_a_speculative_side_counting_its_overshoot_is_a_mismatch(tiny, monkeypatch):
+    real = measure.record_side
+
+    def record_side(sample, side, tokens, n, seconds):
+        real(sample, side, tokens, len(tokens) if side == "speculative" else n, seconds)
+
+    monkeypatch.setattr(measure, "record_side", record_side)
+    _mismatch(_point(tiny), "speculative: counted")
+
+
+def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_is_not(tiny, monkeypatch):
+    from mtplab import calibrate
+    from mtplab.drafters import MtpDrafter
+
+    # The head's real acceptance on the calibration's own prompts, at the run's length (200 tokens: ~130 steps).
+    calib = _calibration() | {"mtp_acceptance": calibrate._acceptance("tiny", 200, 0)}
+    run = RunConfig(**(RUN | {"drafter": "mtp", "alpha": 0.8, "tokens": 200, "rounds": 1}))
+    clean = run_point(run, tiny, calibration=calib)
+    assert "acceptance_below_calibration" not in [w["name"] for w in clean.warnings], clean.warnings
+    real = MtpDrafter.draft
+    monkeypatch.setattr(MtpDrafter, "draft", lambda self, first, hidden, position, k: real(
+        self, first, hidden * 0, position, k))  # the head loses its hidden-state input
+    planted = run_point(run, tiny, calibration=calib)
+    assert planted.lossless  # the output is still greedy's: only the warning tells
+    assert "below the 1% false-alarm line" in _warned(planted, "acceptance_below_calibration")
