@@ -15,12 +15,19 @@ counts, its clock stamps and the state it ends in; nothing is added inside the t
   one (where the previous run left a slot moves its set-up); the state it ends in bitwise equal to
   the checked run's.
 - both: n - 1 counted tokens and a rate of counted / seconds; a timed window that opens after the
-  run's untimed setup (prefill) and closes before the call returns.
+  run's untimed setup (prefill) and before its first forward, and closes after its last forward and
+  before the call returns; the slots' counters equal what the plan backend itself ran, and no slot
+  captures a plan without a cause (an invalidation, or no plan ready when the run began).
 
 A difference is a problem (the point is a mismatch, the reason naming the round, the side and what
 differed), except those a backend explains, which are named warnings: fallbacks where a plan
-capture was declined (a CUDA graph-id budget spent), a state that is equal within the rule's
-tolerance but not bitwise, a clock window that covers less than CLOCK_COVERAGE of the call.
+capture was declined (a CUDA graph-id budget spent), a state within the rule's tolerance but not
+bitwise off the CPU (on the CPU the same computation gives the same bits: a problem), a clock
+window that does not hold the run's forwards.
+
+Before any of it, `engine_problems` holds the built engine to its config (threads, policy, slot
+flags) and `checked_problems` holds the checked speculative run to what its config implies: the
+forwards by (slot, M) that its schedule, drafter and commit strategy make for its accepted counts.
 """
 
 from __future__ import annotations
@@ -28,10 +35,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .executor import COUNTER_KEYS, Slot
+from .executor import ACTIVITY_KEYS, COUNTER_KEYS, Slot, Status
 from .oracle import StateRule, states_difference
 
-CLOCK_COVERAGE = 0.95  # share of the call, from the end of its setup to its return, the timed window must cover
 RUN_KEYS = ("warmups", "captures", "replays", "fallbacks", "eager")  # every forward a slot runs is one of these
 # The forwards a slot may spend setting its plan up again at the start of a run (a warm-up and a capture): the
 # state the previous run left the slot in (another side, another plan size) moves them between runs.
@@ -48,18 +54,23 @@ def _runs(c: dict) -> int:
 
 @dataclass
 class Trace:
-    """What one run executed: forward counts and slot activity (deltas), tokens and accepted counts."""
+    """What one run executed: forward counts, slot activity and the backend's own run counts (deltas),
+    the slots' states when it began, its tokens and accepted counts."""
 
     forwards_before: dict
     activity_before: dict
+    calls_before: dict
+    ready_before: dict  # slot label -> whether it held a plan ready to replay when the run began
     forwards: dict = field(default_factory=dict)
     activity: dict = field(default_factory=dict)
+    calls: dict = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)
     accepted: list[int] | None = None
 
     @classmethod
     def begin(cls, engine) -> Trace:
-        return cls(dict(engine.forwards), _activity(engine))
+        ready = {label: st.status is Status.READY for label, st in _slot_states(engine)}
+        return cls(dict(engine.forwards), _activity(engine), dict(engine.device.backend.calls), ready)
 
     def end(self, engine, tokens: list[int], accepted: list[int] | None = None) -> Trace:
         before = self.forwards_before
@@ -68,8 +79,24 @@ class Trace:
             slot: {k: v - self.activity_before.get(slot, {}).get(k, 0) for k, v in c.items()}
             for slot, c in _activity(engine).items()
         }
+        self.calls = {k: v - self.calls_before.get(k, 0) for k, v in engine.device.backend.calls.items()}
         self.tokens, self.accepted = list(tokens), None if accepted is None else list(accepted)
         return self
+
+    def honesty_problems(self) -> list[str]:
+        """Where the slots' counters disagree with what the backend ran, or a slot captured without a cause."""
+        out = []
+        total = {k: sum(c.get(k, 0) for c in self.activity.values()) for k in ACTIVITY_KEYS}
+        off_plan = total["warmups"] + total["fallbacks"] + total["eager"]
+        ran = {"replay": total["replays"], "capture": total["captures"], "eager": off_plan}
+        if ran != self.calls:
+            out.append(f"the backend ran {self.calls}, the slots counted {ran}")
+        for slot, c in self.activity.items():
+            allowed = c.get("invalidations", 0) + (0 if self.ready_before.get(slot) else 1)
+            if c.get("captures", 0) > allowed:
+                out.append(f"the {slot} slot captured {c['captures']} plans with {c.get('invalidations', 0)} "
+                           f"invalidations{'' if self.ready_before.get(slot) else ' and no plan ready at its start'}")
+        return out
 
     def counters(self) -> dict[str, dict[str, int]]:
         """The slot counters in the seed's form (what a RunResult's `slots` holds)."""
@@ -96,18 +123,24 @@ class Audit:
     warnings: dict[str, str] = field(default_factory=dict)  # name -> the first message of that kind
     warning_counts: dict[str, int] = field(default_factory=dict)
 
-    def _problem(self, r: int, side: str, text: str) -> None:
-        self.problems.append(f"timed round {r}, {side}: {text}")
+    def _problem(self, r: int | None, side: str, text: str) -> None:
+        self.problems.append(f"{side}: {text}" if r is None else f"timed round {r}, {side}: {text}")
 
     def _warn(self, name: str, r: int, side: str, text: str) -> None:
         self.warnings.setdefault(name, f"timed round {r}, {side}: {text}")
         self.warning_counts[name] = self.warning_counts.get(name, 0) + 1
 
     # -- the sides ---------------------------------------------------------------------------
-    def greedy(self, r: int, trace: Trace, sample: dict, started: float, seconds: float, returned: float) -> None:
-        """Audit one timed greedy run (its trace ended right after the call returned at `returned`)."""
+    def greedy(self, r: int, trace: Trace, sample: dict, g, returned: float) -> None:
+        """Audit one timed greedy run `g` (its trace ended right after the call returned at `returned`)."""
         side, n, P = "greedy", self.n, self.prompt_len
+        started, seconds = g.started, g.seconds
         self._tokens(r, side, trace.tokens)
+        if g.margins or g.logits:
+            self._problem(r, side, f"it computed {len(g.margins)} top-2 margins and kept {len(g.logits)} logits rows: "
+                                   "work the decoder it measures does not do")
+        for text in trace.honesty_problems():
+            self._problem(r, side, text)
         want = {f"prefill/M={P}": 1, **({"primary/M=1": n - 1} if n > 1 else {})}
         if trace.forwards != want:
             self._problem(r, side, f"forwards {trace.forwards}, expected {want}")
@@ -136,6 +169,8 @@ class Audit:
         """Audit one timed speculative run against the checked speculative run."""
         side, checked = "speculative", self.spec_trace
         self._tokens(r, side, trace.tokens)
+        for text in trace.honesty_problems():
+            self._problem(r, side, text)
         if trace.accepted != checked.accepted:
             first = next((i for i, (a, b) in enumerate(zip(trace.accepted, checked.accepted)) if a != b),
                          min(len(trace.accepted), len(checked.accepted)))
@@ -161,7 +196,8 @@ class Audit:
                 self._problem(r, side, f"the {slot} slot invalidated {got.get('invalidations', 0)} plans, the checked "
                                        f"run {want.get('invalidations', 0)}")
         same = StateRule(True, 0.0, "the timed run repeats the checked run's computation")
-        self._state(r, side, self.engine.state.snapshot(copy=False), self.spec_state, same, "the checked run's")
+        self._state(r, side, self.engine.state.snapshot(copy=False), self.spec_state, same, "the checked run's",
+                    bitwise_or_problem=self.engine.device.name == "cpu")
         self._clock(r, side, sample, "", started, seconds, returned)
 
     # -- pieces --------------------------------------------------------------------------------
@@ -181,7 +217,8 @@ class Audit:
         else:
             self._problem(r, side, f"the {slot} slot: {text}, and no declined capture explains it")
 
-    def _state(self, r: int, side: str, got: dict, ref: dict, rule: StateRule, whose: str) -> None:
+    def _state(self, r: int, side: str, got: dict, ref: dict, rule: StateRule, whose: str,
+               bitwise_or_problem: bool = False) -> None:
         if set(got) != set(ref):
             self._problem(r, side, f"the committed state's tensors differ from {whose}: {sorted(set(got) ^ set(ref))}")
             return
@@ -190,6 +227,9 @@ class Audit:
             bad = diff["first_bad"]
             self._problem(r, side, f"the state it ends in differs from {whose}: {bad['tensor']} max abs diff "
                                    f"{bad['max_abs_diff']:.3g}, relative {bad['max_rel_diff']:.3g}")
+        elif rule.bitwise and not diff["bitwise"] and bitwise_or_problem:  # the CPU kernels are deterministic
+            self._problem(r, side, f"the state it ends in is within {diff['max_rel_diff']:.2g} relative of {whose}, "
+                                   f"not bitwise: on the CPU the same computation gives the same bits")
         elif rule.bitwise and not diff["bitwise"]:
             self._warn("timed_state_not_bitwise", r, side, f"the state it ends in is within "
                        f"{diff['max_rel_diff']:.2g} relative of {whose}, not bitwise ({rule.why})")
@@ -206,16 +246,19 @@ class Audit:
             pass
         elif not (seconds > 0 and rate is not None and abs(rate * seconds - (n - 1)) <= 1e-9 * (n - 1)):
             self._problem(r, side, f"tokens/s {rate} is not {n - 1} tokens / {seconds:.6g} s")
-        opened = self.engine.opened
+        opened, first, last = self.engine.opened, self.engine.first_forward, self.engine.last_forward
         if started < opened:
             self._warn("clock", r, side, f"the timed window opened {1e3 * (opened - started):.3f} ms before the "
                                          "untimed setup (the prefill) ended")
         elif started + seconds > returned + 1e-6:
             self._warn("clock", r, side, f"{1e3 * (started + seconds - returned):.3f} ms more than the call took "
                                          "were counted")
-        elif returned - opened > 0 and seconds / (returned - opened) < CLOCK_COVERAGE:
-            self._warn("clock_coverage", r, side, f"the timed window covers {seconds / (returned - opened):.1%} of "
-                                                  "the call after its setup: time spent in the run went uncounted")
+        elif first is not None and started > first + 1e-9:
+            self._warn("clock", r, side, f"the timed window opened {1e3 * (started - first):.3f} ms after its first "
+                                         "forward began")
+        elif last is not None and started + seconds < last - 1e-9:
+            self._warn("clock", r, side, f"the timed window closed {1e3 * (last - started - seconds):.3f} ms before its "
+                                         "last forward ended: time spent in the run went uncounted")
 
     def summary(self) -> dict:
         """What the RunResult keeps: the problems, and each warning's first message and count."""
@@ -224,6 +267,65 @@ class Audit:
             "problem_count": len(self.problems),
             "warnings": {k: {"message": m, "count": self.warning_counts[k]} for k, m in self.warnings.items()},
         }
+
+
+def engine_problems(engine) -> list[str]:
+    """Where the built engine does not run what its RunConfig says (before any forward is judged)."""
+    run, out = engine.run_cfg, []
+    sessions = [*engine.target.sessions.values(), *engine.mtp.sessions.values()]
+    threads = {s.get_session_options().intra_op_num_threads for s in sessions}
+    if threads != {run.threads}:
+        out.append(f"its sessions run {sorted(threads)} intra-op threads, the config says {run.threads}")
+    if engine.policy.name != run.policy:
+        out.append(f"its arena policy is {engine.policy.name!r}, the config says {run.policy!r}")
+    sibling = engine.target.sessions[Slot.VERIFY] is not engine.target.sessions[Slot.PRIMARY]
+    if sibling != engine.policy.sibling_session:
+        out.append(f"the Verify slot {'has' if sibling else 'lacks'} a session of its own under policy {run.policy!r}")
+    for name, want in (("retain", run.retain_decode_graph_across_spec), ("validate", run.validate),
+                       ("max_recaptures", run.max_recaptures)):
+        if getattr(engine.target, name) != want:
+            out.append(f"its executor has {name}={getattr(engine.target, name)!r}, the config says {want!r}")
+    return out
+
+
+def expected_forwards(run, prompt_len: int, accepted: list[int], head: bool) -> dict[str, int]:
+    """The forwards by (slot, M) a speculative run of these accepted counts makes, from its config alone."""
+    k, steps = run.k, len(accepted)
+    want: dict[str, int] = {f"prefill/M={prompt_len}": 1, f"verify/M={k + 1}": steps}
+    if head:
+        want[f"mtp/M={prompt_len}"] = 1
+        want["mtp/M=1"] = k * steps
+    m1 = steps if run.schedule == "decode-verify" else 0
+    if run.commit == "readvance-m1":
+        m1 += sum(a + 1 for a in accepted)
+    elif run.commit == "readvance-batched":
+        for a in accepted:
+            if a == 0:
+                m1 += 1
+            else:
+                want[f"primary/M={a + 1}"] = want.get(f"primary/M={a + 1}", 0) + 1
+    if m1:
+        want["primary/M=1"] = m1
+    return {key: v for key, v in want.items() if v}
+
+
+def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
+    """Where the checked speculative run did not do what its config implies (the timed runs are held to it)."""
+    run, accepted, out = engine.run_cfg, trace.accepted or [], []
+    if any(not 0 <= a <= run.k for a in accepted):
+        out.append(f"accepted counts outside 0..{run.k}: {sorted(set(a for a in accepted if not 0 <= a <= run.k))}")
+    per_step = 2 if run.schedule == "decode-verify" else 1  # tokens a step makes beyond its accepted drafts
+    made = 1 + sum(a + per_step for a in accepted)
+    if len(trace.tokens) != made:
+        out.append(f"it made {len(trace.tokens)} tokens, its {len(accepted)} steps account for {made}")
+    head = run.drafter == "mtp" or not run.oracle_free_drafts
+    want = expected_forwards(run, prompt_len, accepted, head)
+    if trace.forwards != want:
+        diff = {key: (trace.forwards.get(key, 0), want.get(key, 0)) for key in sorted(set(want) | set(trace.forwards))
+                if trace.forwards.get(key, 0) != want.get(key, 0)}
+        out.append(f"its forwards are not what {run.schedule}, drafter {run.drafter} and commit {run.commit} make "
+                   f"for its accepted counts, (ran, expected): {diff}")
+    return out + trace.honesty_problems()
 
 
 def _slot_states(engine):
@@ -244,3 +346,42 @@ def _nonzero(c: dict) -> str:
 def stamp() -> float:
     """The clock the engine's windows use."""
     return time.perf_counter()
+
+
+def result_problems(result, n: int, k: int, generated: int) -> list[str]:
+    """Every published aggregate of a point recomputed from its rounds and accepted counts with plain numpy."""
+    import numpy as np
+
+    out, samples = [], result.round_samples
+
+    def off(a, b) -> bool:
+        a, b = float(a), float(b)
+        return not (a == b or (np.isnan(a) and np.isnan(b)) or abs(a - b) <= 1e-9 * max(abs(a), abs(b)))
+
+    for s in samples:
+        if off(s["speedup"], s["tokens_per_s"] / s["greedy_tokens_per_s"]):
+            out.append(f"round {s['round']}'s speedup {s['speedup']:.6g} is not its tokens/s over greedy's")
+    for field, key in (("speedup", "speedup"), ("tokens_per_s", "tokens_per_s"),
+                       ("greedy_tokens_per_s", "greedy_tokens_per_s")):
+        median = float(np.median([s[key] for s in samples]))
+        if off(getattr(result, field), median):
+            out.append(f"{field} {getattr(result, field):.6g} is not the median of its rounds ({median:.6g})")
+    acc = np.asarray(result.accepted_per_step, dtype=float)
+    steps = len(acc)
+    if steps:
+        expect = {
+            "steps": steps,
+            "accepted": acc.sum(),
+            "drafted": steps * k,
+            "draft_acceptance": acc.sum() / (steps * k),
+            "acceptance_length": 1 + acc.mean(),
+            "tokens_per_step": generated / steps,
+        }
+        for field, value in expect.items():
+            if off(getattr(result, field), value):
+                out.append(f"{field} {getattr(result, field):.6g}, its accepted counts give {value:.6g}")
+        per_position = [float((acc >= i).mean()) for i in range(1, k + 1)]
+        if len(result.acceptance_per_position) != k or any(
+                off(a, b) for a, b in zip(result.acceptance_per_position, per_position)):
+            out.append(f"per-position acceptance {result.acceptance_per_position}, its accepted counts give {per_position}")
+    return out

@@ -2,9 +2,11 @@
 
 `calibrate(preset)` measures, interleaved over `repeats` (each repeat visits every item once, so
 drift spreads over all of them): the target forward T(M) for M = 1..8 on replayed plans (M=1 on
-Primary as greedy decodes, M >= 2 on Verify as the select commit's verify runs), one MTP head
-step, and each commit strategy's cost for n committed tokens = 1..8. It also measures the MTP
-head's acceptance on prompts no point uses. Results are cached per model, machine, threads and
+Primary as greedy decodes, M >= 2 on Verify as the select commit's verify runs) and the same
+forwards eager (what a fallback costs), one MTP head step and the whole draft phase of k = 1..7
+drafts (host work included), greedy's own cost per token (its loop, not just the forward), and
+each commit strategy's cost for n committed tokens = 1..8. It also measures the MTP head's
+acceptance on prompts no point uses, and records the load average before and after. Results are cached per model, machine, threads and
 onnxruntime version; `mtplab.theory.predict` turns them into a point's predicted speedup.
 """
 
@@ -29,6 +31,7 @@ MAX_M = MAX_TRANSITION_CAPACITY  # verify sizes 1..8 cover k = 0..7
 ACCEPTANCE_SEEDS = (1000, 1001, 1002)  # prompts for the head's acceptance; sweep seeds stay below them
 ACCEPTANCE_K = 4
 PROMPT_LEN = 8
+GREEDY_TOKENS = 16  # decodes per greedy sample of the calibration
 
 
 def model_hash(model: str) -> str:
@@ -102,6 +105,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     from .engine import Engine, prompt_tokens
 
     t_start = time.perf_counter()
+    load_start = os.getloadavg()[0]
     run = RunConfig(
         **model_fields(model), k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1, threads=threads
     )
@@ -120,6 +124,19 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
     def head() -> None:
         engine.head.draft(tok, engine.last_hidden, L0, 1)
+
+    def draft(k: int) -> None:  # the whole draft phase of k drafts, host work included
+        engine.head.draft(tok, engine.last_hidden, L0, k)
+
+    def eager(M: int) -> dict:  # the same forward outside the slot's plan: what a fallback runs
+        engine.state.length = L0
+        if M == 1:
+            return engine.forward(Slot.PRIMARY, [tok], eager=True)
+        return engine.forward(Slot.VERIFY, [tok] * M, in_place=False, eager=True)
+
+    def greedy_token() -> float:  # greedy's own loop: a replayed M=1 forward plus its per-token host work
+        g = engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)
+        return g.seconds / g.decodes
 
     def commit(strategy: str, n: int, reps: int) -> float:
         """Median seconds of one commit of n tokens (the verify it commits from is untimed, run once)."""
@@ -145,8 +162,15 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         for M in range(1, MAX_M + 1):
             forward(M)  # a changed size recaptures the slot's plan: untimed
             add(f"target/{M}", _median_time(lambda M=M: forward(M), reps))
+        for M in range(1, MAX_M + 1):
+            add(f"eager/{M}", _median_time(lambda M=M: eager(M), reps))
         head()
         add("head", _median_time(head, reps))
+        for k in range(1, MAX_M):
+            add(f"draft/{k}", _median_time(lambda k=k: draft(k), reps))
+        add("greedy_token", float(np.median([greedy_token() for _ in range(reps)])))
+        engine._start(prompt)  # back to the state the other items are measured from
+        engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
         for strategy in strategies:
             for n in range(1, MAX_M + 1):
                 add(f"commit/{strategy}/{n}", commit(strategy, n, reps))
@@ -160,12 +184,16 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         "repeats": repeats,
         "reps_per_sample": reps,
         "target": table("target/"),
+        "eager": table("eager/"),
         "head": summary["head"]["median"],
+        "draft": table("draft/"),
+        "greedy_token": summary["greedy_token"]["median"],
         "commit": {s: table(f"commit/{s}/") for s in strategies},
         "ci": {name: s["ci"] for name, s in summary.items()},
         "mtp_acceptance": _acceptance(model, acceptance_tokens, threads),
         "seconds": time.perf_counter() - t_start,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
 
 

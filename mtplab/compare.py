@@ -18,7 +18,35 @@ from .selection import COUNTERS, SLOTS
 from .tables import CSS, ci_text
 
 METRICS = ("greedy_tokens_per_s", "tokens_per_s", "speedup")
-CHANGED = (0.8, 1.25)  # a tokens/s ratio B/A outside this band marks a point changed (when no CIs are recorded)
+CHANGED = (0.8, 1.25)  # without CIs (one-round points, older sweeps): a speedup ratio B/A outside this band
+# Two independent 95% CIs of equal width miss each other by chance with probability P(|Z| > 1.96 * sqrt(2)):
+INTERVAL_FALSE_ALARM = 0.0056
+
+
+def _interval(value) -> tuple[float, float] | None:
+    """A stored CI (JSON text or a list) as (low, high), or None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, (list, tuple, np.ndarray)) and len(value) == 2 and all(v is not None for v in value):
+        lo, hi = float(value[0]), float(value[1])
+        return (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else None
+    return None
+
+
+def speedup_changed(ci_a, ci_b, ratio: float) -> tuple[bool, str]:
+    """Whether a point's speedup changed from A to B, and by which test.
+
+    The speedup is each sweep's paired ratio over its own greedy (it survives the machine's drift that
+    moves absolute tokens/s between two sweeps); it changed where the two 95% CIs do not overlap. A point
+    without CIs on both sides falls back to its ratio leaving CHANGED.
+    """
+    a, b = _interval(ci_a), _interval(ci_b)
+    if a is not None and b is not None:
+        return (a[1] < b[0] or b[1] < a[0]), "CIs"
+    return bool(ratio < CHANGED[0] or ratio > CHANGED[1]), "band"
 
 
 def _sweep(folder: Path) -> tuple[dict, pd.DataFrame]:
@@ -50,7 +78,7 @@ def match(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, list[str], di
         out = df.groupby(key, dropna=False)[values].mean()
         out["point_id"] = df.groupby(key, dropna=False).point_id.first()
         if "speedup_ci" in df:
-            out["speedup_ci"] = df.groupby(key, dropna=False).speedup_ci.first().map(ci_text)
+            out["speedup_ci"] = df.groupby(key, dropna=False).speedup_ci.first()
         return out
 
     joined = agg(a).merge(agg(b), how="outer", left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
@@ -65,26 +93,36 @@ def match(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, list[str], di
         )
         for _, r in joined.iterrows()
     ]
-    outside = (joined.tokens_per_s_ratio < CHANGED[0]) | (joined.tokens_per_s_ratio > CHANGED[1])
-    joined["changed"] = (joined.only == "") & (outside | (joined.counters_changed != ""))
+    tests = [
+        speedup_changed(r.get("speedup_ci_a"), r.get("speedup_ci_b"), r.speedup_ratio) for _, r in joined.iterrows()
+    ]
+    joined["speedup_changed"] = [t[0] for t in tests]
+    joined["test"] = [t[1] for t in tests]
+    joined["changed"] = (joined.only == "") & (joined.speedup_changed | (joined.counters_changed != ""))
     return joined, key, differ
 
 
 def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
-    """Tokens/s ratio B/A per matched point, as an embedded PNG (horizontal bars; 1 = unchanged)."""
+    """Each matched point's speedup in A and B with their 95% CIs, as an embedded PNG (red: the CIs miss each other)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(both) + 1.4))
-    colors = ["#d62728" if r < CHANGED[0] else "#2ca02c" if r > CHANGED[1] else "#7f7f7f" for r in both.tokens_per_s_ratio]
+    fig, ax = plt.subplots(figsize=(9, 0.36 * len(both) + 1.6))
     y = np.arange(len(both))
-    ax.barh(y, both.tokens_per_s_ratio, color=colors)
-    ax.axvline(1.0, color="black", lw=1)
-    for lim in CHANGED:
-        ax.axvline(lim, color="gray", lw=0.8, ls=":")
+    for side, dy, color in (("a", -0.15, "#1f77b4"), ("b", 0.15, "#ff7f0e")):
+        values = both[f"speedup_{side}"].to_numpy(float)
+        cis = [_interval(v) for v in both.get(f"speedup_ci_{side}", pd.Series([None] * len(both), index=both.index))]
+        lo = [v - c[0] if c else 0.0 for v, c in zip(values, cis)]
+        hi = [c[1] - v if c else 0.0 for v, c in zip(values, cis)]
+        ax.errorbar(values, y + dy, xerr=[lo, hi], fmt="o", color=color, ms=4, capsize=2, label=side.upper())
+    for i, changed in enumerate(both.speedup_changed):
+        if changed:
+            ax.axhspan(i - 0.45, i + 0.45, color="#d62728", alpha=0.12, lw=0)
+    ax.axvline(1.0, color="black", lw=0.8)
     ax.set_yticks(y, label.loc[both.index], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("speculative tokens/s, B / A\n(1: unchanged; between the dotted lines: not counted as changed)")
-    ax.set_title("What B did to each point's speculative throughput")
+    ax.set_xlabel("speedup over its own greedy, median with 95% CI (shaded rows: the CIs do not overlap)")
+    ax.set_title("Each point's speedup in A and B")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
@@ -140,17 +178,23 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
             f"Speculative tokens/s B/A: median {r.median():.2f}x (from {r.min():.2f}x to {r.max():.2f}x); "
             f"speedup over greedy B/A: median {both.speedup_ratio.median():.2f}x."
         )
+        with_ci = int((both.test == "CIs").sum())
         summary.append(
-            f"{plural(int(both.changed.sum()), 'point')} changed (tokens/s ratio outside "
-            f"{CHANGED[0]}-{CHANGED[1]}, or a slot counter differs)."
+            f"<b>{plural(int(both.changed.sum()), 'point')} changed</b>: "
+            f"{int(both.speedup_changed.sum())} whose speedup CIs do not overlap (of {with_ci} with CIs on both sides; "
+            f"noise alone flags about {with_ci * INTERVAL_FALSE_ALARM:.2f} of them, {INTERVAL_FALSE_ALARM:.1%} each"
+            + (f"; {len(both) - with_ci} without CIs judged by a speedup ratio outside {CHANGED[0]}-{CHANGED[1]}"
+               if with_ci < len(both) else "")
+            + f"), {int((both.counters_changed != '').sum())} whose slot counters differ."
         )
     parts.append("<p>" + " ".join(summary) + "</p>")
     parts.append(
         "<p><b>How to read this.</b> A point is one parameter combination; repeats are averaged. "
         "<i>ratio</i> is B over A: below 1, B is slower. Each sweep's speedup is over its own greedy baseline, "
-        "so a change that slows greedy and speculative alike leaves the speedup ratio near 1 and moves tokens/s. "
-        "One run per side is not a measurement of noise: on a shared machine throughput drifts by tens of percent, "
-        "so read a ratio near the band's edge as unresolved.</p>"
+        "measured in paired rounds, so the machine's drift between the two sweeps (tens of percent on a shared "
+        "machine) moves tokens/s but not the speedup: a point counts as changed only where its speedup CIs "
+        "do not overlap, or its slot counters (deterministic) differ. Tokens/s ratios are shown, never used "
+        "to call a change.</p>"
     )
     if len(both):
         parts.append(_ratio_figure(both, label))
@@ -171,7 +215,7 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
             f"<td><b>{_num(row.speedup_ratio, '.2f')}</b></td>",
         ]
         if ci:
-            cells.append(f"<td>{row.get('speedup_ci_a', '') or ''}</td><td>{row.get('speedup_ci_b', '') or ''}</td>")
+            cells.append(f"<td>{ci_text(row.get('speedup_ci_a'))}</td><td>{ci_text(row.get('speedup_ci_b'))}</td>")
         cells.append(f"<td class='text'>{row.counters_changed}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     parts.append("<h2>Matched points</h2><table class='points'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .commit import split_transitions
-from .executor import Binding, CaptureDeclined
+from .executor import Binding, CaptureDeclined, backend_calls
 
 # Run config entries of every run on this backend: a run returns once its work is queued.
 NO_SYNC = "disable_synchronize_execution_providers"
@@ -108,6 +108,7 @@ class CudaGraphBackend:
         self.run_options = run_options_factory
         self.device_type = device_type
         self.mem_free = mem_free or (lambda: 0)
+        self.calls = backend_calls()
 
     def _binding(self, session, binds: list[Binding]):
         from .arena import address
@@ -128,6 +129,7 @@ class CudaGraphBackend:
 
     def eager(self, session, binds: list[Binding]) -> None:
         session.run_with_iobinding(self._binding(session, binds), self._options(-1))
+        self.calls["eager"] += 1
 
     def capture(self, session, binds: list[Binding], owner: str = "slot") -> CudaPlan:
         from .arena import address
@@ -142,10 +144,12 @@ class CudaGraphBackend:
             a[...] = s
         session.run_with_iobinding(io, ro)  # one replay: this step's forward
         self.ids.account(gid, free_before - self.mem_free())
+        self.calls["capture"] += 1
         return CudaPlan(io, gid, ro)
 
     def replay(self, session, plan: CudaPlan) -> None:
         session.run_with_iobinding(plan.io, plan.run_options)
+        self.calls["replay"] += 1
 
     def drop(self, plan: CudaPlan) -> None:
         self.ids.retire(plan.gid)

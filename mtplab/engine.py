@@ -135,6 +135,9 @@ class Engine:
         self._roles = (io.logits, io.hidden) if (io.logits, io.hidden) != ("logits", "hidden") else ()
         self.watch = None  # the checked pass looks at every forward's outputs (lossless.Watch)
         self.opened = float("nan")  # perf_counter at the end of the last run's untimed setup (prefill)
+        # perf_counter at the start of the first target forward after that setup, and at the end of the last one
+        self.first_forward: float | None = None
+        self.last_forward: float | None = None
         self.head = MtpDrafter(desc, self.mtp, self.mtp_state, self.forwards)
         self.snapshot = [
             self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())
@@ -150,6 +153,9 @@ class Engine:
         Returns the outputs by role: "logits", "hidden", and the graph's own names for the rest.
         The caller advances the length.
         """
+        started = time.perf_counter()
+        if self.first_forward is None:
+            self.first_forward = started
         if isinstance(tokens, list):
             tokens = np.asarray(tokens, dtype=np.int64)
         feeds, outputs, bound = target_io(self.desc, self.state, tokens, in_place)
@@ -165,6 +171,7 @@ class Engine:
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:
             self.watch(key, self.state.length, out)
+        self.last_forward = time.perf_counter()
         return out
 
     def _start(self, prompt: list[int]) -> dict:
@@ -176,6 +183,7 @@ class Engine:
         out = self.forward(Slot.PRIMARY, prompt, eager=True, label="prefill")
         self.state.length = len(prompt)
         self.opened = time.perf_counter()  # the untimed setup ends here (the audit holds timed windows to it)
+        self.first_forward = self.last_forward = None
         return out
 
     # -- greedy --------------------------------------------------------------------------------
@@ -240,6 +248,7 @@ class Engine:
         drafter.prefill(prompt[1:] + emitted, out["hidden"][0])
         self.last_hidden[...] = out["hidden"][0, -1]
         self.opened = time.perf_counter()  # the head's prefill is untimed setup too
+        self.first_forward = self.last_forward = None
         step = STEPS[self.run_cfg.schedule]
         split = dict.fromkeys(("decode", "draft", "verify", "commit"), 0.0)
         accepted: list[int] = []

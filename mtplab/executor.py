@@ -90,8 +90,16 @@ class PlanBackend(Protocol):
     def drop(self, plan: Any) -> None: ...
 
 
+def backend_calls() -> dict[str, int]:
+    """A backend's own count of the runs it executed, by kind: the executor's slot counters are audited against it."""
+    return {"eager": 0, "capture": 0, "replay": 0}
+
+
 class CpuPlanBackend:
     """A plan is an IOBinding with every input and output bound by raw pointer."""
+
+    def __init__(self):
+        self.calls = backend_calls()
 
     @staticmethod
     def _binding(session, binds: list[Binding]):
@@ -103,14 +111,17 @@ class CpuPlanBackend:
 
     def eager(self, session, binds: list[Binding]) -> None:
         session.run_with_iobinding(self._binding(session, binds))
+        self.calls["eager"] += 1
 
     def capture(self, session, binds: list[Binding], owner: str = "slot"):
         plan = self._binding(session, binds)
         session.run_with_iobinding(plan)
+        self.calls["capture"] += 1
         return plan
 
     def replay(self, session, plan) -> None:
         session.run_with_iobinding(plan)
+        self.calls["replay"] += 1
 
     def drop(self, plan) -> None:
         pass

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from . import flags, lossless, measure, oracle, theory
-from .audit import Audit, Trace, stamp
+from .audit import Audit, Trace, checked_problems, engine_problems, result_problems, stamp
 from .config import RunConfig, model_spec
 from .engine import Engine, prompt_tokens
 from .env import environment
@@ -74,7 +74,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, checked
                 g = engine.greedy(prompt, n, margins=False)
                 returned = stamp()
                 measure.record_side(sample, side, g.tokens, n, g.seconds)
-                audit.greedy(r, trace.end(engine, g.tokens), sample, g.started, g.seconds, returned)
+                audit.greedy(r, trace.end(engine, g.tokens), sample, g, returned)
             else:
                 spec = engine.speculative(prompt, n, reference=checked.greedy.tokens)
                 returned = stamp()
@@ -110,8 +110,10 @@ def run_mtplab_point(
     engine = engine or Engine(run, artifact)
     desc, k, n = engine.desc, run.k, run.tokens
     prompt = prompt_tokens(desc.vocab_size, run.prompt_len, run.seed)
+    built = [f"the engine: {p}" for p in engine_problems(engine)]  # it runs what the config says
     # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
     checked = lossless.checked_pass(engine, prompt, n)
+    built += [f"the checked speculative run: {p}" for p in checked_problems(engine, checked.spec_trace, len(prompt))]
     reference, identity = checked.greedy, checked.identity
     greedy_slots = checked.spec_trace.counters_before()
     slots = checked.spec_trace.counters()
@@ -123,13 +125,8 @@ def run_mtplab_point(
     timed = timed_rounds(engine, prompt, n, run.rounds, checked)
     timed_slots = _diff(_counters(engine), timed_before)
     audit = timed["audit"].summary()
-    ok, verdict = oracle.verdict(identity)
-    if ok and audit["problems"]:
-        more = audit["problem_count"] - 1
-        ok, verdict = False, "TIMED RUN CHECK FAILED: " + audit["problems"][0] + (
-            f" (and {more} more difference{'s' if more > 1 else ''})" if more else "")
-    if not ok:
-        oracle.shout(verdict)
+    audit["problems"] = built + audit["problems"]
+    audit["problem_count"] += len(built)
     baseline = "paired rounds"
     if primary.fallbacks != fallbacks:  # the Primary slot lost its plan for good (CUDA graph ids spent)
         baseline = "paired rounds; the Primary slot ran eager in some of them"
@@ -138,7 +135,8 @@ def run_mtplab_point(
     calibration = calibration if calibration is not None else calibration_for(run)
     alpha = run.alpha if run.drafter == "oracle" else calibration["mtp_acceptance"]["alpha"]
     # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction
-    predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration) if theory.covers(
+    predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n,
+                               eager_share=eager_share(slots, engine.target.labels)) if theory.covers(
         calibration, k, run.commit) else None
     split = {key: v / run.rounds for key, v in timed["split"].items()}  # per speculative run
     acceptance = measure.acceptance(
@@ -167,8 +165,6 @@ def run_mtplab_point(
             "alpha_source": "oracle setting" if run.drafter == "oracle" else "acceptance calibration",
         },
         env=environment(run.backend, run.threads) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
-        lossless=ok,
-        verdict=verdict,
         extra={
             "greedy_baseline": baseline,
             "timed_slots": timed_slots,
@@ -176,11 +172,32 @@ def run_mtplab_point(
             "accounting": accounting(samples, split, steps),
         },
     )
+    published = [f"the published numbers: {p}" for p in result_problems(result, n, k, timed["generated"])]
+    audit["problems"] += published
+    audit["problem_count"] += len(published)
+    ok, verdict = oracle.verdict(identity)
+    if ok and audit["problems"]:
+        more = audit["problem_count"] - 1
+        ok, verdict = False, "RUN CHECK FAILED: " + audit["problems"][0] + (
+            f" (and {more} more difference{'s' if more > 1 else ''})" if more else "")
+    if not ok:
+        oracle.shout(verdict)
+    result.lossless, result.verdict = ok, verdict
     result.warnings = flags.point_warnings(
         result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter, checked.spec["accepted"], k,
-        calibration, audit,
+        calibration, audit, alpha=run.alpha,
     )
     return result
+
+
+def eager_share(slots: dict, labels: dict) -> dict:
+    """The share of the Primary and Verify slots' forwards that ran outside a plan in the checked run (counts)."""
+    out = {}
+    for slot in (Slot.PRIMARY, Slot.VERIFY):
+        c = slots.get(labels.get(slot, ""), {})
+        runs = c.get("replays", 0) + c.get("captures", 0) + c.get("fallbacks", 0)
+        out[slot.name.lower()] = c.get("fallbacks", 0) / runs if runs else 0.0
+    return out
 
 
 def accounting(samples: list[dict], split: dict, steps: int) -> dict:

@@ -7,7 +7,9 @@ Each warning is {"name", "message"}; the names are stable (the report counts the
   more than UNACCOUNTED_BAND allows (time spent outside the phases, or phases timed outside the clock);
 - acceptance_below_calibration: the MTP head accepted fewer drafts than its calibration predicts, by
   more than both samples' noise explains (one-sided z-test, false-alarm rate ACCEPTANCE_FALSE_ALARM);
-- the timed-round audit's own (mtplab.audit): timed_fallbacks, timed_state_not_bitwise, clock, clock_coverage.
+- oracle_acceptance: the oracle drafter's accepted counts are not what its alpha sets (two-sided
+  z-test, false-alarm rate ORACLE_FALSE_ALARM): the drafter does not draft as configured;
+- the timed-round audit's own (mtplab.audit): timed_fallbacks, timed_state_not_bitwise, clock.
 """
 
 from __future__ import annotations
@@ -55,8 +57,33 @@ def acceptance_warning(accepted: list[int], k: int, calibration: dict) -> dict |
     )
 
 
+ORACLE_FALSE_ALARM = 0.001
+_Z2 = 3.291  # two-sided 0.1% normal quantile
+
+
+def oracle_warning(accepted: list[int], k: int, alpha: float) -> dict | None:
+    """The oracle_acceptance warning, or None: the oracle drafter's accepted counts against the distribution
+    its alpha sets (P(accepted >= i) = alpha^i), a two-sided z-test at ORACLE_FALSE_ALARM."""
+    if not accepted:
+        return None
+    mean, var = expected_accepted([], alpha, k)
+    got = sum(accepted) / len(accepted)
+    if var == 0:  # alpha 0 or 1: every step accepts exactly the mean
+        z = 0.0 if got == mean else float("inf")
+    else:
+        z = (got - mean) / math.sqrt(var / len(accepted))
+    if abs(z) <= _Z2:
+        return None
+    return warning(
+        "oracle_acceptance",
+        f"the oracle drafter accepted {got:.2f} drafts per step over {len(accepted)} steps, alpha {alpha:g} sets "
+        f"{mean:.2f}; z = {z:.1f}, beyond the two-sided {ORACLE_FALSE_ALARM:.1%} false-alarm line: it does not "
+        "draft as configured",
+    )
+
+
 def point_warnings(efficiency: float, unaccounted: float, drafter: str, accepted: list[int], k: int,
-                   calibration: dict | None, audit: dict) -> list[dict]:
+                   calibration: dict | None, audit: dict, alpha: float | None = None) -> list[dict]:
     """Every named warning of one point (see the module docstring)."""
     out = []
     lo, hi = EFFICIENCY_BAND
@@ -70,6 +97,8 @@ def point_warnings(efficiency: float, unaccounted: float, drafter: str, accepted
                                           + ("phases timed outside the clock" if unaccounted < lo
                                              else "host work between the phases")))
     if drafter == "mtp" and calibration is not None and (w := acceptance_warning(accepted, k, calibration)):
+        out.append(w)
+    if drafter == "oracle" and alpha is not None and (w := oracle_warning(accepted, k, alpha)):
         out.append(w)
     for name, w in audit.get("warnings", {}).items():
         out.append(warning(name, w["message"] + (f" ({w['count']} runs)" if w["count"] > 1 else "")))

@@ -68,26 +68,62 @@ def covers(calibration: dict, k: int, commit: str) -> bool:
     return str(k + 1) in calibration["target"] and str(k + 1) in calibration["commit"].get(commit, {})
 
 
-def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict) -> dict:
+def expected_steps(alpha: float, k: int, schedule: str, tokens: int) -> float:
+    """Expected speculative steps until a run has made `tokens` tokens (the prefill's token first).
+
+    A run stops at the step that reaches n, so its last step is partly wasted (the overshoot, uncounted):
+    at tens of tokens that end effect is a few percent of the speedup, which the infinite-length
+    tokens/step alone misses.
+    """
+    dist = accepted_distribution(alpha, k)
+    extra = 2 if schedule == "decode-verify" else 1  # tokens a step makes beyond its accepted drafts
+    need = max(tokens - 1, 0)
+    f = [0.0] * (need + k + extra + 1)  # f[m]: expected steps still to run with m tokens still to make
+    for m in range(1, need + 1):
+        f[m] = 1.0 + sum(p * f[max(m - (j + extra), 0)] for j, p in enumerate(dist))
+    return f[need]
+
+
+def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None,
+            eager_share: dict | None = None) -> dict:
     """A point's speedup from alpha, k, the schedule, the commit and the calibration alone.
 
-    Greedy costs T(1) per token. A step costs [T(1) if decode-verify] + k head steps + T(k+1) +
-    the expected commit cost over the accepted count (commit of j+1 tokens when j drafts pass).
+    Greedy costs its calibrated cost per token (its loop: T(1) plus per-token host work; T(1) for an
+    older calibration). A step costs [T(1) if decode-verify] + the draft phase of k drafts (k head steps
+    for an older calibration) + T(k+1) + the expected commit cost over the accepted count (commit of
+    j+1 tokens when j drafts pass). eager_share: the share of each slot's forwards that ran outside a plan
+    ({"primary": f, "verify": f}, counts from the point's checked run, no time), priced at the eager
+    T(M). tokens: the run's length, so the last step's overshoot is priced (else an infinitely long run).
     No time from the point's own run enters: that is what makes measured/predicted an efficiency.
     """
     target, commits = calibration["target"], calibration["commit"][commit]
+    eager = calibration.get("eager") or {}
+    share = eager_share or {}
+
+    def forward(M: int, slot: str) -> float:
+        f = share.get(slot, 0.0) if str(M) in eager else 0.0
+        return (1 - f) * target[str(M)] + f * eager.get(str(M), target[str(M)])
+
     t1 = target["1"]
+    greedy = calibration.get("greedy_token", t1)
+    draft = (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
     commit_cost = sum(p * commits[str(j + 1)] for j, p in enumerate(accepted_distribution(alpha, k)))
-    step = (t1 if schedule == "decode-verify" else 0.0) + k * calibration["head"] + target[str(k + 1)] + commit_cost
+    decode = forward(1, "primary") if schedule == "decode-verify" else 0.0
+    step = decode + draft + forward(k + 1, "verify") + commit_cost
     per_step = tokens_per_step(alpha, k, schedule)
+    if tokens is not None and tokens > 1:
+        speedup = (tokens - 1) * greedy / (expected_steps(alpha, k, schedule, tokens) * step)
+    else:
+        speedup = per_step * greedy / step
     return {
         "alpha": alpha,
         "tokens_per_step": per_step,
         "step_seconds": step,
-        "greedy_seconds_per_token": t1,
-        "speedup": per_step * t1 / step,
+        "greedy_seconds_per_token": greedy,
+        "speedup": speedup,
         "verify_cost_ratio": target[str(k + 1)] / t1,
         "draft_cost_ratio": calibration["head"] / t1,
         "commit_cost_ratio": commit_cost / t1,
         "decode_cost_ratio": 1.0 if schedule == "decode-verify" else 0.0,
+        "fallback_cost_ratio": (eager[str(k + 1)] / target[str(k + 1)]) if str(k + 1) in eager else None,
     }

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
+
+_CACHE = tempfile.mkdtemp(prefix="mtplab-test-cache-")
+os.environ["MTPLAB_CACHE"] = _CACHE  # before anything reads it: tests never write the user's cache
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 from mtplab.arena import Arena
 from mtplab.executor import CpuPlanBackend, Executor, Slot, SlotMemory

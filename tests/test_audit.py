@@ -37,7 +37,7 @@ def _point(tiny, **changes):
 
 
 def _mismatch(r, *words):
-    assert not r.lossless and r.verdict.startswith("TIMED RUN CHECK FAILED: timed round 0"), r.verdict
+    assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: timed round 0"), r.verdict
     problems = " | ".join(r.identity["timed_audit"]["problems"])
     for word in words:
         assert word in problems, problems
@@ -169,7 +169,7 @@ def test_untimed_commits_are_flagged(tiny, monkeypatch):
 
     monkeypatch.setattr(Engine, "speculative", speculative)
     r = _point(tiny, rounds=2)
-    assert "uncounted" in _warned(r, "clock_coverage")
+    assert "before its last forward ended" in _warned(r, "clock")
     assert "phases timed outside the clock" in _warned(r, "unaccounted")
 
 
@@ -198,3 +198,113 @@ def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_i
     planted = run_point(run, tiny, calibration=calib)
     assert planted.lossless  # the output is still greedy's: only the warning tells
     assert "below the 1% false-alarm line" in _warned(planted, "acceptance_below_calibration")
+
+
+# -- plants shared by the checked and the timed runs: the checked run is held to what its config implies --------
+
+
+def _run_check_failed(r, *words):
+    assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: "), r.verdict
+    problems = " | ".join(r.identity["timed_audit"]["problems"])
+    for word in words:
+        assert word in problems, problems
+
+
+def test_an_executor_that_runs_eager_but_counts_a_replay_is_caught_by_the_backends_own_count(tiny, monkeypatch):
+    from mtplab.executor import Executor, Status
+
+    real = Executor.run
+
+    def run(self, slot, feeds, outputs, bound):
+        st = self.state[slot]
+        if st.status is Status.READY and self.labels[slot] == "primary":
+            st.replays += 1
+            return self._eager_temporaries(slot, feeds, outputs, bound)
+        return real(self, slot, feeds, outputs, bound)
+
+    monkeypatch.setattr(Executor, "run", run)
+    _run_check_failed(_point(tiny), "the backend ran")
+
+
+@pytest.mark.parametrize("bug", ["no head", "k-1 drafts", "fused for decode-verify"])
+def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, monkeypatch, bug):
+    from mtplab import engine as engine_mod
+    from mtplab import schedule
+
+    if bug == "no head":
+        real = Engine.drafter
+
+        def drafter(self, reference):
+            d = real(self, reference)
+            d.head = None
+            return d
+
+        monkeypatch.setattr(Engine, "drafter", drafter)
+    elif bug == "k-1 drafts":
+        real = OracleDrafter.draft
+        monkeypatch.setattr(OracleDrafter, "draft", lambda self, first, hidden, position, k: real(
+            self, first, hidden, position, k - 1))
+    else:
+        monkeypatch.setitem(engine_mod.STEPS, "decode-verify", schedule.fused_step)
+    _run_check_failed(_point(tiny), "the checked speculative run: its forwards are not what")
+
+
+@pytest.mark.parametrize("bug", ["policy", "threads", "retain"])
+def test_an_engine_built_otherwise_than_its_config_is_caught(tiny, monkeypatch, bug):
+    from mtplab import device as device_mod
+    from mtplab import engine as engine_mod
+    from mtplab import executor as executor_mod
+    from mtplab.policy import policy
+
+    if bug == "policy":
+        monkeypatch.setattr(engine_mod, "policy", lambda name: policy("shared-max"))
+    elif bug == "threads":
+        real_session = device_mod.make_session
+        monkeypatch.setattr(device_mod, "make_session", lambda path, shared=None, threads=0, provider=None: real_session(
+            path, shared, threads=0, provider=provider))
+    else:
+        real_init = executor_mod.Executor.__init__
+        monkeypatch.setattr(executor_mod.Executor, "__init__", lambda self, *a, **kw: real_init(
+            self, *a, **(kw | {"retain_decode_graph_across_spec": False})))
+    r = _point(tiny, threads=1)
+    _run_check_failed(r, {"policy": "its arena policy is 'shared-max'", "threads": "its sessions run [0] intra-op",
+                          "retain": "retain=False"}[bug])
+
+
+def test_plans_dropped_at_every_generation_are_caught_as_captures_without_a_cause(tiny, monkeypatch):
+    from mtplab.executor import Executor, Status
+
+    real = Executor.new_generation
+
+    def new_generation(self):
+        real(self)
+        for st in self.state.values():
+            st.status, st.plan, st.check = Status.NEEDS_WARMUP, None, None
+
+    monkeypatch.setattr(Executor, "new_generation", new_generation)
+    _run_check_failed(_point(tiny), "captured 1 plans with 0 invalidations")
+
+
+def test_a_timed_greedy_computing_margins_is_a_mismatch(tiny, monkeypatch):
+    _timed_greedy(monkeypatch, lambda real, self, p, n: real(self, p, n, margins=True))
+    _mismatch(_point(tiny), "top-2 margins")
+
+
+def test_a_published_speedup_that_is_not_the_rounds_ratio_is_caught(tiny, monkeypatch):
+    real = measure.close_round
+
+    def close_round(sample):
+        out = real(sample)
+        out["speedup"] *= 1.2
+        return out
+
+    monkeypatch.setattr(measure, "close_round", close_round)
+    _run_check_failed(_point(tiny), "the published numbers: round 0's speedup")
+
+
+def test_an_oracle_that_drafts_at_another_alpha_is_flagged(tiny, monkeypatch):
+    real = OracleDrafter.__init__
+    monkeypatch.setattr(OracleDrafter, "__init__", lambda self, reference, alpha, *a, **kw: real(
+        self, reference, 0.98, *a, **kw))
+    r = _point(tiny, alpha=0.5, tokens=96)
+    assert "it does not draft as configured" in _warned(r, "oracle_acceptance")

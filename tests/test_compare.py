@@ -77,3 +77,20 @@ def test_counters_that_changed_are_named_and_a_differing_fixed_parameter_is_left
 def test_compare_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path, capsys):
     assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
     assert "not a finished sweep" in capsys.readouterr().err
+
+
+def test_a_point_whose_speedup_cis_overlap_is_unchanged_however_its_tokens_per_s_drifted():
+    base = {"point_id": "p", "preset": "tiny", "k": 1, "drafter": "oracle", "alpha": 0.7, "slots.verify.fallbacks": 0}
+    a = pd.DataFrame([base | {"tokens_per_s": 100.0, "speedup": 1.00, "speedup_ci": "[0.95, 1.06]"}])
+    b = pd.DataFrame([base | {"tokens_per_s": 154.0, "speedup": 1.04, "speedup_ci": "[0.98, 1.09]"}])  # machine 54% faster
+    joined, _, _ = match(a, b)
+    assert joined.tokens_per_s_ratio.iloc[0] == pytest.approx(1.54) and not joined.changed.iloc[0]
+    b.loc[0, "speedup_ci"] = "[1.10, 1.20]"  # the speedup itself moved beyond both CIs
+    assert match(a, b)[0].changed.iloc[0]
+
+
+def test_without_cis_a_speedup_ratio_outside_the_band_is_a_change():
+    from mtplab.compare import speedup_changed
+
+    assert speedup_changed(None, "[1.0, 1.1]", 1.3) == (True, "band")
+    assert speedup_changed("[1.0, 1.1]", "[1.05, 1.2]", 1.1) == (False, "CIs")
