@@ -361,11 +361,10 @@ def result_problems(result, n: int, k: int, generated: int) -> list[str]:
     for s in samples:
         if off(s["speedup"], s["tokens_per_s"] / s["greedy_tokens_per_s"]):
             out.append(f"round {s['round']}'s speedup {s['speedup']:.6g} is not its tokens/s over greedy's")
-    for field, key in (("speedup", "speedup"), ("tokens_per_s", "tokens_per_s"),
-                       ("greedy_tokens_per_s", "greedy_tokens_per_s")):
-        median = float(np.median([s[key] for s in samples]))
-        if off(getattr(result, field), median):
-            out.append(f"{field} {getattr(result, field):.6g} is not the median of its rounds ({median:.6g})")
+    for name in ("speedup", "tokens_per_s", "greedy_tokens_per_s"):
+        median = float(np.median([s[name] for s in samples]))
+        if off(getattr(result, name), median):
+            out.append(f"{name} {getattr(result, name):.6g} is not the median of its rounds ({median:.6g})")
     acc = np.asarray(result.accepted_per_step, dtype=float)
     steps = len(acc)
     if steps:
@@ -377,9 +376,9 @@ def result_problems(result, n: int, k: int, generated: int) -> list[str]:
             "acceptance_length": 1 + acc.mean(),
             "tokens_per_step": generated / steps,
         }
-        for field, value in expect.items():
-            if off(getattr(result, field), value):
-                out.append(f"{field} {getattr(result, field):.6g}, its accepted counts give {value:.6g}")
+        for name, value in expect.items():
+            if off(getattr(result, name), value):
+                out.append(f"{name} {getattr(result, name):.6g}, its accepted counts give {value:.6g}")
         per_position = [float((acc >= i).mean()) for i in range(1, k + 1)]
         if len(result.acceptance_per_position) != k or any(
                 off(a, b) for a, b in zip(result.acceptance_per_position, per_position)):

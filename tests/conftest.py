@@ -16,10 +16,10 @@ os.environ["MTPLAB_CACHE"] = _CACHE  # before anything reads it: tests never wri
 def pytest_unconfigure(config):
     shutil.rmtree(_CACHE, ignore_errors=True)
 
-from mtplab.arena import Arena
-from mtplab.executor import CpuPlanBackend, Executor, Slot, SlotMemory
-from mtplab.model import build_model, preset
-from mtplab.runtime import TargetState, make_session, target_io
+from mtplab.arena import Arena  # noqa: E402 - after the cache is set
+from mtplab.executor import CpuPlanBackend, Executor, Slot, SlotMemory  # noqa: E402
+from mtplab.model import build_model, preset  # noqa: E402
+from mtplab.runtime import TargetState, make_session, target_io  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
