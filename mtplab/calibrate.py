@@ -197,6 +197,33 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     }
 
 
+def greedy_token_now(model: str, threads: int, samples: int = 3) -> float:
+    """Greedy's seconds per token on this model now (its loop, as `measure` takes `greedy_token`)."""
+    from .engine import Engine, prompt_tokens
+
+    engine = Engine(RunConfig(**model_fields(model), k=1, tokens=GREEDY_TOKENS + 1, rounds=1, threads=threads))
+    prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
+    engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)  # warm-up and capture
+    times = []
+    for _ in range(samples):
+        g = engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)
+        times.append(g.seconds / g.decodes)
+    return float(np.median(times))
+
+
+def sweep_calibration(calibration_file: str, run: RunConfig) -> dict | None:
+    """The calibration a sweep measured for this run's model and threads (calibration.json), or None."""
+    from .config import model_name, model_spec
+
+    path = Path(calibration_file) if calibration_file else None
+    if path is None or not path.exists():
+        return None
+    calib = json.loads(path.read_text()).get(model_name(model_spec(run)))
+    if calib is None or calib.get("key", {}).get("threads") != threads_used(run.threads):
+        return None
+    return calib
+
+
 def load_or_measure(model: str, say=print, threads: int = 0, **kwargs) -> dict:
     """The cached calibration for this model, machine, threads and onnxruntime; measured first when missing."""
     key = cache_key(model, threads_used(threads))
@@ -226,6 +253,16 @@ def format_table(calib: dict) -> str:
         "  T(M)/T(1)" + " ".join(f"{v / t1:8.2f}" for v in calib["target"].values()),
         f"  head step {calib['head'] * 1e3:.3f} ms ({calib['head'] / t1:.2f} T(1))",
     ]
+    if calib.get("eager"):
+        eager = calib["eager"]
+        lines.insert(4, "  eager ms  " + " ".join(f"{eager[m] * 1e3:8.3f}" for m in calib["target"] if m in eager))
+        lines.insert(5, "  eager/T(M)" + " ".join(f"{eager[m] / v:8.2f}" for m, v in calib["target"].items() if m in eager))
+    if calib.get("draft"):
+        lines.append("  draft phase k=1..{} ms ".format(len(calib["draft"]))
+                     + " ".join(f"{v * 1e3:.3f}" for v in calib["draft"].values()))
+    if calib.get("greedy_token"):
+        lines.append(f"  greedy per token {calib['greedy_token'] * 1e3:.3f} ms ({calib['greedy_token'] / t1:.2f} T(1): "
+                     "its loop's host work included)")
     for strategy, costs in calib["commit"].items():
         lines.append(f"  commit {strategy:17} n=1..{len(costs)} ms " + " ".join(f"{v * 1e3:.3f}" for v in costs.values()))
     acc = calib["mtp_acceptance"]

@@ -342,6 +342,12 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--timeout", type=_number, default=600, help="seconds per point, at least 1")
     s.add_argument("--resume", action="store_true", help="skip points already finished")
+    s.add_argument(
+        "--reuse-calibration",
+        action="store_true",
+        help="use this machine's cached cost-model calibration instead of measuring it at the sweep's start "
+        "(the report says which)",
+    )
     s.add_argument("--executor", default="local", help=_help("where points run", EXECUTORS))
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray sized to this machine)")
     s.add_argument(

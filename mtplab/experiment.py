@@ -241,6 +241,9 @@ def result_text(r: RunResult) -> str:
         lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position))
     if r.time_split:
         lines.append("  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()))
+    if r.slots:
+        lines.append("  slot counters of the checked speculative run (the greedy reference before it captured the "
+                     "Primary plan, so primary shows captures=0):")
     for slot, counters in r.slots.items():
         lines.append(
             f"  {slot}: "

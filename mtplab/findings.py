@@ -18,9 +18,79 @@ def per_model(findings, df: pd.DataFrame) -> str:
     return "\n\n".join(f"#### Model `{name}`\n\n" + findings(df[df.model_name == name]) for name in names)
 
 
-def sweep_findings(df: pd.DataFrame) -> str:
-    """A sweep's findings as a markdown bullet list: identity, where MTP beats greedy, best k per alpha, policies, theory fit."""
+def _interval(v) -> tuple[float, float]:
+    import json
+
+    v = json.loads(v) if isinstance(v, str) else v
+    if isinstance(v, (list, tuple)) and len(v) == 2 and None not in v:
+        return float(v[0]), float(v[1])
+    return float("nan"), float("nan")
+
+
+def _point_text(r) -> str:
+    lo, hi = _interval(r.get("speedup_ci"))
+    stable = "stable" if bool(r.get("stable")) else "unstable"
+    return f"**{r.speedup:.2f}x** [{lo:.2f}, {hi:.2f}] ({stable}) at k={r.k}, {r.schedule}, {r.policy}, {r.commit}"
+
+
+def stability_findings(df: pd.DataFrame) -> list[str]:
+    """How sure the sweep's numbers are: stable points, CI widths, greedy drift and load, before any headline."""
+    own = selection.own_engine(df[df.status != "failed"])
+    if own.empty:
+        return []
+    ci = [_interval(v) for v in own.speedup_ci] if "speedup_ci" in own else []
+    half = pd.Series([(hi - lo) / 2 / abs(m) for (lo, hi), m in zip(ci, own.speedup)], dtype=float)
+    stable = int(own.stable.fillna(False).astype(bool).sum()) if "stable" in own else 0
+    g = own.greedy_tokens_per_s.dropna()
+    text = (f"- **How sure**: {stable} of {plural(len(own), 'mtplab point')} stable (speedup CI half-width at most 5%); "
+            f"median half-width {half.median():.1%}")
+    if len(g):
+        text += (f"; mtplab's greedy ran {g.min():.1f}-{g.max():.1f} tok/s across the sweep (drift "
+                 f"{g.max() / g.min() - 1:.0%}: why every figure is a ratio from paired rounds)")
+    return [text + "."]
+
+
+def headline_findings(ok: pd.DataFrame) -> list[str]:
+    """Where MTP beats greedy, the real head first: each best point with its CI and stability; every count
+    with its denominator; 'beats' means the speedup CI lies above 1, 'within noise' that it holds 1."""
     out = []
+    own = selection.own_engine(ok)
+    for label, part, note in (
+        ("Real MTP head", own[own.drafter == "mtp"], ""),
+        ("Oracle drafter", own[own.drafter == "oracle"],
+         " (a performance-only setting: its acceptance is set by alpha, not earned by a head)"),
+    ):
+        if part.empty:
+            continue
+        ci = [_interval(v) for v in part.speedup_ci] if "speedup_ci" in part else [(float("nan"),) * 2] * len(part)
+        above = sum(lo > 1 for lo, _ in ci)
+        below = sum(hi < 1 for _, hi in ci)
+        best = part.loc[part.speedup.idxmax()]
+        out.append(
+            f"- {label}{note}: MTP beats greedy (CI above 1) at {above} of {plural(len(part), 'point')}, loses "
+            f"(CI below 1) at {below}, within noise at {len(part) - above - below}. Best: {_point_text(best)}"
+            + (f", alpha={best.alpha:g}" if best.drafter == "oracle" else "")
+            + f"; {best.tokens_per_s:.0f} vs {best.greedy_tokens_per_s:.0f} tok/s."
+        )
+    peer = peer_rows(ok)
+    head = own[own.drafter == "mtp"]
+    if len(peer) and len(head):
+        genai_greedy = peer.greedy_tokens_per_s.median()
+        mine = head.greedy_tokens_per_s.median()
+        fastest = head.loc[head.tokens_per_s.idxmax()]
+        faster = "faster" if fastest.tokens_per_s > genai_greedy else "slower"
+        out.append(
+            f"- Against onnxruntime-genai on the same model: its greedy {genai_greedy:.1f} tok/s, mtplab's "
+            f"{mine:.1f} ({mine / genai_greedy:.2f}x, medians over the sweep); mtplab's fastest real-head point "
+            f"({fastest.tokens_per_s:.1f} tok/s, k={fastest.k}, {fastest.schedule}) is {faster} than genai's plain greedy."
+        )
+    return out
+
+
+def sweep_findings(df: pd.DataFrame) -> str:
+    """A sweep's findings as a markdown bullet list: how sure, identity, where MTP beats greedy (real head first),
+    best k per alpha, policies, theory fit."""
+    out = stability_findings(df)
     ok = df[df.status != "failed"]  # every point that ran: ok, or mismatch (its lossless check failed)
     failed = df[df.status == "failed"]
     if len(failed):
@@ -44,16 +114,7 @@ def sweep_findings(df: pd.DataFrame) -> str:
             + (f"; not checked at {(~checked).sum()} (peer engine rows)." if (~checked).any() else ".")
         )
     out.extend(warning_findings(ok))
-    if len(ok):
-        beats = ok[ok.speedup > 1.0]
-        best = ok.loc[ok.speedup.idxmax()]
-        out.append(
-            f"- MTP beats greedy at {len(beats)} of {len(ok)} points. Best: **{best.speedup:.2f}x** "
-            f"({best.tokens_per_s:.0f} vs {best.greedy_tokens_per_s:.0f} tok/s) at k={best.k}, "
-            f"{best.drafter}"
-            + (f" alpha={best.alpha:g}" if best.drafter == "oracle" else "")
-            + f", schedule={best.schedule}, policy={best.policy}, commit={best.commit}."
-        )
+    out.extend(headline_findings(ok))
     g = alpha_grid(ok)
     for sched, s in g.groupby("schedule"):
         parts = []
@@ -70,11 +131,14 @@ def sweep_findings(df: pd.DataFrame) -> str:
                 f"(fitted alpha {s['theory.alpha'].mean():.2f}); best k={b.k} at {b.speedup:.2f}x."
             )
     out.extend(policy_findings(counters_long(ok)))
-    if len(ok):
-        err = (ok.speedup / ok["theory.speedup"] - 1).abs()
+    if len(ok) and "efficiency" in ok and ok.efficiency.notna().any():
+        e = ok.efficiency.dropna()
+        ci = [_interval(v) for v in ok.loc[e.index, "efficiency_ci"]] if "efficiency_ci" in ok else []
+        holds_one = sum(lo <= 1 <= hi for lo, hi in ci)
         out.append(
-            f"- Measured speedup vs the prediction from the sweep's calibration (costs measured apart from every point): "
-            f"median |error| {err.median():.1%}, worst {err.max():.1%}; efficiency with CIs under Measurement quality."
+            f"- Efficiency (measured / predicted speedup, the prediction from the sweep's calibration alone): median "
+            f"{e.median():.2f}, {e.min():.2f}-{e.max():.2f} over {plural(len(e), 'point')}; {(e > 1).sum()} above 1, "
+            f"{(e < 1).sum()} below; the CI holds 1 at {holds_one}. Per policy and commit under Measurement quality."
         )
         vr = ok["theory.verify_cost_ratio"].median()
         out.append(
@@ -132,8 +196,8 @@ def peer(df: pd.DataFrame) -> str:
         return "_This sweep has no onnxruntime-genai rows (add `engine: [ort-genai]` to a grid)._"
     own = own_head(ok)
     out = [
-        f"- Greedy: mtplab {own.greedy_tokens_per_s.median():.1f} tok/s vs onnxruntime-genai "
-        f"{peer.greedy_tokens_per_s.median():.1f} tok/s (medians; "
+        f"- Greedy: mtplab {own.greedy_tokens_per_s.median():.1f} tok/s (median over its {plural(len(own), 'real-head point')}) "
+        f"vs onnxruntime-genai {peer.greedy_tokens_per_s.median():.1f} tok/s (median over its {plural(len(peer), 'row')}; "
         f"{own.greedy_tokens_per_s.median() / peer.greedy_tokens_per_s.median():.2f}x)."
     ]
     for k, p in peer.groupby("k"):

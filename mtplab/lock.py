@@ -7,6 +7,7 @@ that is gone: it is taken over, with a message naming the previous holder.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -43,20 +44,28 @@ def folder_lock(path: str | Path, what: str, wait: float = 0.0, quiet: bool = Fa
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    deadline = time.monotonic() + wait
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                raise LockedError(
+                    f"{what} is locked by another process ({_describe(_holder(path))}); "
+                    f"wait for it to finish, or stop it (lock file {path})"
+                ) from None
+            time.sleep(0.1)
+            continue
+        try:  # the holder before us may have removed the file on release: lock the file the path names now
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise LockedError(
-                        f"{what} is locked by another process ({_describe(_holder(path))}); "
-                        f"wait for it to finish, or stop it (lock file {path})"
-                    ) from None
-                time.sleep(0.1)
         stale = _holder(path)
         if stale.get("pid") and not quiet:
             print(f"taking over the stale lock on {what} left by {_describe(stale)}, which is gone", file=sys.stderr)
@@ -66,6 +75,7 @@ def folder_lock(path: str | Path, what: str, wait: float = 0.0, quiet: bool = Fa
         try:
             yield path
         finally:
-            os.ftruncate(fd, 0)  # released cleanly: nothing stale to report to the next holder
+            with contextlib.suppress(FileNotFoundError):  # released cleanly: no file left behind
+                os.unlink(path)  # (a waiter re-checks that the path still names the file it locked)
     finally:
         os.close(fd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from .selection import (
     alpha_grid,
@@ -35,9 +36,21 @@ plt.rcParams.update(
 )
 
 
-def _k_color(k: int, ks) -> tuple:
-    ks = sorted(set(ks))
-    return plt.cm.viridis(0.1 + 0.8 * ks.index(k) / max(1, len(ks) - 1))
+def _k_color(k: int, ks=None) -> tuple:
+    """One colour per k, the same in every panel and figure (k = 1..7 across viridis)."""
+    return plt.cm.viridis(0.05 + 0.85 * (min(int(k), 7) - 1) / 6)
+
+
+def _ci_err(values: pd.Series, cis: pd.Series) -> np.ndarray:
+    """Asymmetric error bars (2 x n) from a column of [lo, hi] CIs (JSON text or lists); 0 where missing."""
+    import json
+
+    def pair(v):
+        v = json.loads(v) if isinstance(v, str) else v
+        return [np.nan if x is None else x for x in v] if isinstance(v, (list, tuple)) and len(v) == 2 else [np.nan] * 2
+
+    ci = np.array([pair(v) for v in cis], dtype=float).reshape(-1, 2)
+    return np.nan_to_num(np.abs(np.vstack([values.to_numpy(float) - ci[:, 0], ci[:, 1] - values.to_numpy(float)])))
 
 
 def _policy_order(policies) -> list[str]:
@@ -97,18 +110,27 @@ def _per_schedule(df: pd.DataFrame, metric: str, scale, ylabel: str, title: str,
             _empty(ax, "oracle k x alpha grid")
             continue
         alphas = np.linspace(s.alpha.min(), min(1.0, s.alpha.max() + 0.05), 50)
-        for k in sorted(s.k.unique()):
+        ks = sorted(s.k.unique())
+        for i, k in enumerate(ks):
             sk = s[s.k == k]
             m = sk.groupby("alpha")[metric].mean()
-            c = _k_color(k, s.k.unique())
-            ax.plot(m.index, m.values, "o-", color=c, label=f"k={k}")
+            c = _k_color(k)
+            ax.plot(m.index, m.values, "-", color=c, lw=1)
+            if f"{metric}_ci" in sk:  # each point's 95% CI (nudged apart so that k's bars do not cover each other)
+                dx = (i - (len(ks) - 1) / 2) * 0.006
+                ax.errorbar(sk.alpha + dx, sk[metric], yerr=_ci_err(sk[metric], sk[f"{metric}_ci"]), fmt="o", ms=4,
+                            color=c, capsize=2, label=f"k={k}")
+            else:
+                ax.plot(m.index, m.values, "o", color=c, label=f"k={k}")
             ax.plot(alphas, predicted_curve(sk, k, sched, alphas) * scale(sk), "--", color=c, alpha=0.8)
         if baseline is not None:
             baseline(ax, s)
         ax.set_title(f"{title}\nschedule={sched}, policy={s.policy.iloc[0]}, commit={s.commit.iloc[0]}")
         ax.set_xlabel("per-position acceptance alpha (oracle drafter)")
-        ax.set_ylabel(ylabel)
-        ax.legend(title="drafts per step (dashed: theory)")
+        ax.set_ylabel(ylabel + "\nmedian of paired rounds, 95% CI")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="drafts per step (dashed: theory)", loc="center left",
+               bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -118,7 +140,8 @@ def speedup_vs_alpha(df: pd.DataFrame):
 
     def greedy_line(ax, s):
         ax.axhline(1.0, color="gray", lw=1)
-        ax.text(s.alpha.min(), 1.0, " greedy", va="bottom", color="gray", fontsize=8)
+        ax.annotate("greedy ", xy=(1.0, 1.0), xycoords=("axes fraction", "data"), ha="right", va="bottom",
+                    color="gray", fontsize=8)
 
     return _per_schedule(df, "speedup", lambda s: 1.0, "speedup over greedy (x)", "Speculative speedup", greedy_line)
 
@@ -127,10 +150,11 @@ def tokens_per_s_vs_alpha(df: pd.DataFrame):
     """Speculative tokens/s against alpha, one line per k, theory dashed; greedy tokens/s dotted."""
 
     def greedy_band(ax, s):
-        ax.axhline(s.greedy_tokens_per_s.median(), color="gray", lw=1, ls=":")
-        ax.text(
-            s.alpha.min(), s.greedy_tokens_per_s.median(), " greedy (median)", va="bottom", color="gray", fontsize=8
-        )
+        g = s.greedy_tokens_per_s
+        ax.axhspan(g.quantile(0.1), g.quantile(0.9), color="gray", alpha=0.12, lw=0)
+        ax.axhline(g.median(), color="gray", lw=1, ls=":")
+        ax.annotate("greedy (median, 10-90% band) ", xy=(1.0, g.median()), xycoords=("axes fraction", "data"),
+                    ha="right", va="bottom", color="gray", fontsize=8)
 
     return _per_schedule(
         df, "tokens_per_s", lambda s: s.greedy_tokens_per_s.median(), "tokens/s", "Speculative throughput", greedy_band
@@ -215,6 +239,7 @@ def slot_counters(long: pd.DataFrame):
                 bars = ax.bar(x + (n - 1.5) * w, s[c], w, label=c, color=colors[c])
                 ax.bar_label(bars, labels=[count_text(v) for v in s[c]], fontsize=7, padding=1)
             ax.set_xticks(x, s.index, rotation=15 if len(s) > 2 else 0, fontsize=8)
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.margins(y=0.15)
             ax.set_title(f"{slot} slot" + (f", commit={commit}" if commit else ""), fontsize=10)
             if j == 0:
@@ -241,9 +266,12 @@ def time_split(df: pd.DataFrame):
         ax.bar(table.index, table[phase], bottom=bottom, label=phase, color=PHASE_COLORS[phase])
         bottom += table[phase].values
     ax.set_ylabel("ms per speculative step")
-    ax.set_xlabel("commit strategy")
+    counts = s.groupby("commit").size()
+    alphas = ", ".join(f"{a:g}" for a in sorted(s.alpha.unique()))
+    ax.set_xticks(range(len(table)), [f"{c}\n({counts[c]} point{'s' if counts[c] > 1 else ''})" for c in table.index])
+    ax.set_xlabel(f"commit strategy (each bar: the mean over its points, alpha {alphas})")
     ax.set_title(f"Step time split (k={k}, policy={s.policy.iloc[0]}, decode-verify)")
-    ax.legend(title="phase")
+    ax.legend(title="phase", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 

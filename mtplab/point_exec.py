@@ -25,9 +25,9 @@ def point_run(point: grid.Point, threads: int = 0):
     return point.run if point.run.threads or not threads else point.run.replace(threads=threads)
 
 
-def point_parameters(point: grid.Point, run_dir: Path, threads: int = 0) -> dict:
-    """run_point.ipynb's parameters: the point's RunConfig fields (`point`) and its folder."""
-    return {"point": point_run(point, threads).to_dict(), "run_dir": str(run_dir)}
+def point_parameters(point: grid.Point, run_dir: Path, threads: int = 0, calibration_file: str = "") -> dict:
+    """run_point.ipynb's parameters: the point's RunConfig fields (`point`), its folder and the sweep's calibration."""
+    return {"point": point_run(point, threads).to_dict(), "run_dir": str(run_dir), "calibration_file": calibration_file}
 
 
 def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int) -> Outcome:
@@ -44,7 +44,7 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
             pm.execute_notebook(
                 str(notebooks_dir() / "run_point.ipynb"),
                 str(tmp / "run_point.ipynb"),
-                parameters=point_parameters(point, tmp, threads),
+                parameters=point_parameters(point, tmp, threads, str(Path(points_dir).parent / "calibration.json")),
                 kernel_name=ensure_kernel(),
                 execution_timeout=timeout,
                 progress_bar=False,

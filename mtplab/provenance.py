@@ -74,6 +74,16 @@ def _row(name: str, value: str) -> str:
     return f"<tr><th>{html.escape(name)}</th><td>{value}</td></tr>"
 
 
+def _rounds(df) -> str:
+    """The paired rounds per point, as the results record them ("3", or "3-5")."""
+    import json
+
+    if "round_samples" not in df or df.empty:
+        return "an unrecorded number of"
+    counts = sorted({len(json.loads(v)) if isinstance(v, str) else len(v or []) for v in df.round_samples})
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
 def header_html(sweep: dict, df: pd.DataFrame) -> str:
     """The provenance block: counts, spec, fixed and varied parameters, repeats, threads, versions, machine, load."""
     env = sweep.get("env", {})
@@ -102,7 +112,8 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
             "varied parameters",
             html.escape("; ".join(f"{_shown(k)}: {', '.join(map(str, v))}" for k, v in varied.items()) or "none"),
         ),
-        _row("repeats", str(spec.get("repeats", 1))),
+        _row("repeats", f"{spec.get('repeats', 1)} per point (a repeat is a whole point again); each point ran "
+                        f"{_rounds(df)} paired greedy/speculative rounds"),
         _row(
             "threads",
             f"{plural(sweep['workers'], 'point')} at a time x {plural(sweep['threads_per_point'], 'ORT thread')} each "

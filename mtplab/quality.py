@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import theory
+from .plots import _k_color
 from .stats import STABLE_HALF_WIDTH
 
 
@@ -46,36 +47,42 @@ def speedup_with_ci(df: pd.DataFrame, calibration: dict):
     alphas = np.linspace(0.0, 1.0, 51)
     for ax, schedule in zip(axes[0], schedules):
         s = o[o.schedule == schedule]
-        for i, k in enumerate(sorted(s.k.unique())):
-            color = plt.cm.viridis(i / max(1, s.k.nunique() - 1))
+        for k in sorted(s.k.unique()):
+            color = _k_color(k)
             p = s[s.k == k].sort_values("alpha")
             ci = _ci(p.speedup_ci)
             err = np.abs(np.vstack([p.speedup - ci[:, 0], ci[:, 1] - p.speedup]))
             ax.errorbar(p.alpha, p.speedup, yerr=np.nan_to_num(err), fmt="o", color=color, capsize=3, label=f"k={k}")
             calib = calibration.get(p.model_name.iloc[0]) if len(p) else None
             if calib and theory.covers(calib, int(k), "select"):
-                pred = [theory.predict(a, int(k), schedule, "select", calib)["speedup"] for a in alphas]
+                n = int(p.tokens.iloc[0]) if "tokens" in p else None
+                pred = [theory.predict(a, int(k), schedule, "select", calib, tokens=n)["speedup"] for a in alphas]
                 ax.plot(alphas, pred, "--", color=color)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=f"{schedule}: measured (95% CI) and predicted (dashed)", xlabel="alpha", ylabel="speedup")
-        ax.legend()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     return fig
 
 
 def efficiency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Median efficiency (measured / predicted speedup) and its spread per policy and commit."""
+    """Efficiency (measured / predicted speedup) per policy and commit: median, range over the points, and the
+    median of the points' own 95% CI bounds; 1 where the cost model accounts for everything the run did."""
     m = df[(df.engine == "mtplab") & df.efficiency.notna()]
     if m.empty:
         return pd.DataFrame()
     ci = _ci(m.efficiency_ci)
     m = m.assign(ci_lo=ci[:, 0], ci_hi=ci[:, 1])
-    return (
+    table = (
         m.groupby(["policy", "commit"])
-        .agg(points=("efficiency", "size"), efficiency=("efficiency", "median"), worst=("efficiency", "min"),
-             ci_lo=("ci_lo", "median"), ci_hi=("ci_hi", "median"))
+        .agg(points=("efficiency", "size"), median=("efficiency", "median"), lowest=("efficiency", "min"),
+             highest=("efficiency", "max"), ci_low=("ci_lo", "median"), ci_high=("ci_hi", "median"))
         .round(3)
     )
+    table.columns = ["points", "efficiency (median)", "lowest point", "highest point", "95% CI low (median)",
+                     "95% CI high (median)"]
+    return table
 
 
 def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
@@ -107,9 +114,52 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
     if None not in load:
         lines.append(f"- 1-minute load average at the start {load[0]}, at the end {load[1]}.")
     lines.append(f"- Threads per point: {sweep.get('threads_per_point', 'unknown')}.")
-    for calib in calibration.values():
+    checks = sweep.get("calibration_check") or {}
+    for name, calib in calibration.items():
+        lines.extend(calibration_lines(name, calib, checks.get(name)))
         lines.append("\n```\n" + _format_table(calib) + "\n```")
     return "\n".join(lines)
+
+
+def calibration_lines(name: str, calib: dict, check: dict | None) -> list[str]:
+    """Which calibration the predictions used, when and under what load, how the machine moved by the sweep's
+    end, and what a fallback costs here."""
+    load = calib.get("load")
+    out = [
+        f"- Calibration of `{name}` (every prediction and efficiency): {calib.get('source', 'cached (an older sweep)')}, "
+        f"at {calib.get('measured_at', 'an unrecorded time')}"
+        + (f", 1-minute load {load[0]} before and {load[1]} after" if load else ", load not recorded") + "."
+    ]
+    if check:
+        out.append(
+            f"- Re-checked at the sweep's end: greedy {1e3 * check['greedy_token_start']:.3f} ms per token at the "
+            f"start, {1e3 * check['greedy_token_end']:.3f} ms at the end ({check['drift']:+.1%}, load "
+            f"{check.get('load_end')}): predictions are as good as this stability."
+        )
+    eager, target = calib.get("eager") or {}, calib.get("target") or {}
+    ms = sorted(target, key=int)
+    dips = [(a, b) for a, b in zip(ms, ms[1:]) if target[b] < target[a]]
+    if dips:
+        ci = calib.get("ci") or {}
+        a, b = dips[0]
+
+        def interval(m):
+            lo, hi = ci.get(f"target/{m}", [None, None])
+            return f"[{1e3 * lo:.3f}, {1e3 * hi:.3f}] ms" if lo is not None and hi is not None else "(no CI)"
+
+        out.append(
+            f"- T({b}) < T({a}) in the calibration ({1e3 * target[b]:.3f} vs {1e3 * target[a]:.3f} ms; CIs {interval(b)} "
+            f"and {interval(a)}): a wider forward is not slower here where the CIs overlap (noise, or a kernel "
+            "that blocks the wider product better); predictions use the medians as measured."
+        )
+    if eager:
+        ratios = [eager[m] / target[m] for m in sorted(eager, key=int) if m in target]
+        out.append(
+            f"- What a fallback costs on this backend: an eager forward (outside a plan) takes {min(ratios):.2f}-"
+            f"{max(ratios):.2f}x a replayed one at M = 1..{len(ratios)} (on the CPU a plan saves only the binding; "
+            "on a GPU it saves the kernel launches); predictions price each point's own replay/fallback mix."
+        )
+    return out
 
 
 def drift(df: pd.DataFrame):

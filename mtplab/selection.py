@@ -63,13 +63,17 @@ def policy_grid(df: pd.DataFrame) -> pd.DataFrame:
 def split_points(df: pd.DataFrame) -> pd.DataFrame:
     """Oracle decode-verify points whose step time split is compared across commit strategies.
 
-    The pinned policy's when the sweep has it, at the k most points ran.
+    The pinned policy's when the sweep has it, at the k where the most commit strategies ran (then the
+    most points, then the smallest k): a figure that compares strategies needs them all at one k.
     """
-    s = df[df.drafter == "oracle"]
+    s = df[(df.drafter == "oracle") & (df.schedule == "decode-verify")]
     if PINNED in set(s.policy):
         s = s[s.policy == PINNED]
-    k = int(s.k.mode().iloc[0]) if len(s) else 0
-    return s[(s.k == k) & (s.schedule == "decode-verify")]
+    if s.empty:
+        return s
+    per_k = s.groupby("k").agg(commits=("commit", "nunique"), points=("commit", "size"))
+    k = per_k.sort_values(["commits", "points"], ascending=False, kind="stable").index[0]
+    return s[s.k == k]
 
 
 def counters_long(df: pd.DataFrame) -> pd.DataFrame:

@@ -84,11 +84,17 @@ def run_sweep(
     quiet: bool = False,
     executor: str = "local",
     address: str | None = None,
+    calibration: str = "cached",
 ) -> Path:
     """Run every point not yet finished, collect results.parquet and write sweep.json; returns the sweep folder.
 
     sweep.json's `interrupted` is true when a signal stopped the sweep before every point ran.
+    calibration: "fresh" measures the cost model at the sweep's start, under its conditions (what
+    `mtplab sweep` does); "cached" uses this machine's cached one where there is one, and says so.
+    A resumed sweep keeps the calibration it started with. Either way its points use calibration.json.
     """
+    if calibration not in ("fresh", "cached"):
+        raise ValueError(f"calibration={calibration!r}: allowed values are ['fresh', 'cached']")
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r}: must be an integer >= 1")
     if executor not in EXECUTORS:
@@ -114,10 +120,10 @@ def run_sweep(
             raise ValueError(
                 f"{sweep_dir} already holds results: pass --resume to continue it, or choose another --name"
             )
-        return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address)
+        return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address, calibration)
 
 
-def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, executor, address) -> Path:
+def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, executor, address, calibration) -> Path:
     points_dir = sweep_dir / "points"
     points_dir.mkdir(parents=True, exist_ok=True)
     store.clear_scratch(points_dir)  # left by a killed run (and Ray's scratch)
@@ -136,7 +142,7 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
     t0 = time.perf_counter()
     interrupted = False
     if todo:
-        calibrate_sweep(spec, sweep_dir, threads, quiet)
+        calibrate_sweep(spec, sweep_dir, threads, quiet, fresh=calibration == "fresh")
         pool = make_pool(executor, min(workers, len(todo)), sweep_dir, spec, address)
         stopper = Stopper(pool)
         previous = stopper.install()
@@ -179,6 +185,7 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
         "threads_per_point": threads,
         "load_start": round(load_start, 2),
         "load_end": round(os.getloadavg()[0], 2),
+        "calibration_check": recheck_calibration(sweep_dir) if todo else previous_check(sweep_dir),
         "env": environment(),
     }
     write_atomic(sweep_dir / "sweep.json", json.dumps(summary, indent=1))
@@ -186,16 +193,21 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
     return sweep_dir
 
 
-def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool) -> None:
-    """The cost model's calibration for every CPU mtplab model of the sweep, on the points' threads.
-
-    Cached per model, machine, threads and onnxruntime version; written to calibration.json beside the sweep.
+def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: bool = False) -> None:
+    """The cost model's calibration for every CPU mtplab model of the sweep, on the points' threads, written to
+    calibration.json beside the sweep (the points read it there): measured now when `fresh` or when this
+    machine has none cached, else the cached one; each says which (`source`). A resumed sweep keeps its own.
     """
     import subprocess
 
     from .calibrate import cache_key, cache_path
     from .config import model_name, model_spec
 
+    target = sweep_dir / "calibration.json"
+    if target.exists():  # a resumed sweep: its points so far were predicted from this one
+        if not quiet:
+            print(f"sweep {sweep_dir.name}: keeping the calibration it started with", file=sys.stderr)
+        return
     cpu = [p.run for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"]
     wanted = sorted({(model_spec(r), r.threads or threads) for r in cpu}, key=lambda pt: (pt[0], pt[1] != threads, pt[1]))
     if not wanted:
@@ -203,14 +215,42 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool) -> None:
     calibrations = {}
     for spec_, n in wanted:  # the sweep's threads first: calibration.json keeps one per model
         name = model_name(spec_)
+        if name in calibrations:
+            continue
         path = cache_path(cache_key(spec_, n))
-        if not path.exists():  # in a child process: onnxruntime's threads must not exist before the pool forks
+        measure = fresh or not path.exists()
+        if measure:  # in a child process: onnxruntime's threads must not exist before the pool forks
             if not quiet:
-                print(f"sweep {sweep_dir.name}: no calibration for {name} on {n} threads: measuring it", file=sys.stderr)
+                print(f"sweep {sweep_dir.name}: measuring the calibration of {name} on {n} threads", file=sys.stderr)
             cmd = [sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n)]
             subprocess.run(cmd, check=True, capture_output=True)
-        calibrations.setdefault(name, json.loads(path.read_text()))
-    write_atomic(sweep_dir / "calibration.json", dumps(calibrations, indent=1))
+        calib = json.loads(path.read_text())
+        calib["source"] = "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"
+        calib["model_spec"] = spec_
+        calibrations[name] = calib
+    write_atomic(target, dumps(calibrations, indent=1))
+
+
+def recheck_calibration(sweep_dir: Path) -> dict:
+    """Greedy's cost per token of each calibrated model measured again at the sweep's end, beside the value
+    measured at its start: how far the machine moved while the points ran."""
+    from .calibrate import greedy_token_now
+
+    path = sweep_dir / "calibration.json"
+    out = {}
+    for name, calib in (json.loads(path.read_text()) if path.exists() else {}).items():
+        start = calib.get("greedy_token")
+        if start is None or "model_spec" not in calib:
+            continue
+        end = greedy_token_now(calib["model_spec"], calib["key"]["threads"])
+        out[name] = {"greedy_token_start": start, "greedy_token_end": end, "drift": end / start - 1,
+                     "load_end": round(os.getloadavg()[0], 2)}
+    return out
+
+
+def previous_check(sweep_dir: Path) -> dict:
+    path = sweep_dir / "sweep.json"
+    return json.loads(path.read_text()).get("calibration_check", {}) if path.exists() else {}
 
 
 def progress(counts: dict) -> str:
@@ -270,6 +310,7 @@ def main(args) -> int:
             args.resume,
             executor=args.executor,
             address=args.address,
+            calibration="cached" if args.reuse_calibration else "fresh",
         )
     except ValueError as err:
         print(f"mtplab sweep: {err}", file=sys.stderr)

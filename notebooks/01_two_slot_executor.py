@@ -40,6 +40,7 @@ from mtplab.experiment import run_point
 
 cases = [("shared-jit", True), ("shared-max", True), ("sibling", True), ("sibling", False), ("sibling-pinned", True)]
 rows = []
+print("The 'sibling (validation off)' case is the negative control: its LOSSLESS CHECK FAILED banner below is expected.")
 for policy, validate in cases:
     r = run_point(RunConfig(preset=preset, k=k, drafter="mtp", policy=policy, commit="select", tokens=tokens,
                             validate=validate))
@@ -47,7 +48,7 @@ for policy, validate in cases:
     for slot in ("primary", "verify"):
         rows.append({"case": label, "slot": slot, **r.slots[slot], "lossless": r.lossless,
                      "first_divergence": r.identity["first_divergence"], "reason": r.slot_reasons[slot]})
-table = pd.DataFrame(rows)
+table = pd.DataFrame(rows).astype({"first_divergence": "Int64"})  # a token index, blank where none
 table[["case", "slot", "captures", "replays", "fallbacks", "invalidations", "hazards", "lossless", "first_divergence"]]
 
 # %%

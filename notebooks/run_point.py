@@ -24,11 +24,13 @@
 # %% tags=["parameters"]
 point = {}
 run_dir = ""  # empty: results/run_point/<point id>/
+calibration_file = ""  # a sweep's calibration.json (empty: this machine's cached calibration)
 
 # %%
 from pathlib import Path
 
 from mtplab import plots, workspace
+from mtplab.calibrate import sweep_calibration
 from mtplab.config import RunConfig
 from mtplab.experiment import result_text, run_point
 from mtplab.grid import Point
@@ -36,7 +38,7 @@ from mtplab.grid import Point
 BY_HAND = {"preset": "tiny", "drafter": "oracle", "tokens": 64}
 run = RunConfig(**(BY_HAND | point))
 run_dir = Path(run_dir) if run_dir else workspace.output_folder(f"run_point/{Point(run).id}")
-result = run_point(run)
+result = run_point(run, calibration=sweep_calibration(calibration_file, run))
 result.save(run_dir / "result.json")
 print(result_text(result))
 

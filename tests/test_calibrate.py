@@ -22,6 +22,8 @@ def test_calibration_has_every_cost_the_prediction_needs(calib):
     assert all(list(c) == [str(n) for n in range(1, 9)] for c in calib["commit"].values())
     assert 0.0 <= calib["mtp_acceptance"]["alpha"] <= 1.0
     assert all(lo <= hi for lo, hi in calib["ci"].values())
+    assert list(calib["eager"]) == list(calib["target"]) and list(calib["draft"]) == [str(k) for k in range(1, 8)]
+    assert calib["greedy_token"] > 0 and len(calib["load"]) == 2
     for k in (1, 4, 7):
         for commit in COMMITS:
             assert theory.predict(0.7, k, "fused", commit, calib)["speedup"] > 0
@@ -30,6 +32,7 @@ def test_calibration_has_every_cost_the_prediction_needs(calib):
 def test_the_table_names_each_cost(calib):
     text = calibrate.format_table(calib)
     assert "T(M)/T(1)" in text and "head step" in text and "commit select" in text and "alpha" in text
+    assert "eager/T(M)" in text and "draft phase k=1..7" in text and "greedy per token" in text
 
 
 def test_load_or_measure_reuses_the_cache_and_says_when_it_measures(calib, tmp_path, monkeypatch):

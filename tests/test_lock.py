@@ -35,3 +35,14 @@ def test_a_stale_lock_is_taken_over_with_a_message(tmp_path, capsys):
         assert json.loads(path.read_text())["pid"] != 999999
     err = capsys.readouterr().err
     assert "taking over the stale lock on the folder left by pid 999999, started 2026-01-01" in err
+
+
+def test_a_released_lock_leaves_no_file_and_a_second_holder_can_take_it(tmp_path):
+    from mtplab.lock import folder_lock
+
+    path = tmp_path / ".sweep.lock"
+    with folder_lock(path, "the sweep"):
+        assert path.exists()
+    assert not path.exists()
+    with folder_lock(path, "the sweep", quiet=True):
+        assert path.exists()

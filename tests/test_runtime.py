@@ -23,6 +23,7 @@ class RecordingBackend(CpuPlanBackend):
     """Test double around the CPU plan backend: records every binding list it is given, per session."""
 
     def __init__(self):
+        super().__init__()
         self.seen: list[tuple[object, list]] = []
 
     def eager(self, session, binds):

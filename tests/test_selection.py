@@ -44,9 +44,14 @@ def test_own_head_and_peer_rows():
     assert len(selection.own_engine(no_engine)) == len(no_engine)
 
 
-def test_split_points_are_the_pinned_policy_at_the_commonest_k():
+def test_split_points_are_the_pinned_policy_at_the_k_where_the_most_commit_strategies_ran():
     s = selection.split_points(_frame())
     assert set(s.policy) == {"sibling-pinned"} and set(s.k) == {2} and set(s.schedule) == {"decode-verify"}
+    # the demo's shape: three points of one strategy at k=1, all three strategies at k=3 -> k=3
+    rows = [_row(k=1, alpha=a) for a in (0.5, 0.7, 0.9)] + [_row(k=3, commit=c) for c in
+                                                              ("select", "readvance-m1", "readvance-batched")]
+    s = selection.split_points(pd.DataFrame(rows))
+    assert set(s.k) == {3} and set(s.commit) == {"select", "readvance-m1", "readvance-batched"}
 
 
 def test_counters_long_and_peak_memory():

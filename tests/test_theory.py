@@ -50,3 +50,22 @@ def test_prediction_from_the_calibration_is_tokens_per_step_over_step_cost():
 def test_predicted_speedup_rises_with_alpha(schedule, k):
     s = [theory.predict(a, k, schedule, "select", CALIBRATION)["speedup"] for a in [i / 20 for i in range(21)]]
     assert all(b >= a for a, b in zip(s, s[1:]))
+
+
+def test_expected_steps_count_the_last_steps_overshoot():
+    assert theory.expected_steps(1.0, 3, "fused", 9) == 2.0  # 4 tokens a step: 8 after the prefill's token
+    assert theory.expected_steps(0.0, 1, "fused", 5) == 4.0  # 1 token a step
+    assert theory.expected_steps(0.0, 1, "decode-verify", 4) == 2.0  # 2 a step: 3 needed, the last one overshoots
+    # long runs approach (n - 1) / tokens per step; short ones pay for the overshoot
+    n = 4000
+    assert theory.expected_steps(0.7, 3, "decode-verify", n) == pytest.approx(
+        (n - 1) / theory.tokens_per_step(0.7, 3), rel=1e-3)
+
+
+def test_the_prediction_prices_fallbacks_greedys_loop_and_the_draft_phase():
+    calib = CALIBRATION | {"eager": {str(m): 2.0 * v for m, v in CALIBRATION["target"].items()},
+                           "draft": {str(k): 0.15 * k for k in range(1, 8)}, "greedy_token": 1.1}
+    base = theory.predict(0.0, 1, "decode-verify", "select", calib)
+    assert base["speedup"] == pytest.approx(2 * 1.1 / (1.0 + 0.15 + 1.2 + 0.01))
+    eager = theory.predict(0.0, 1, "decode-verify", "select", calib, eager_share={"verify": 1.0})
+    assert eager["step_seconds"] == pytest.approx(1.0 + 0.15 + 2.4 + 0.01) and eager["fallback_cost_ratio"] == 2.0
