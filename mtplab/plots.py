@@ -82,15 +82,20 @@ def peer_comparison(df: pd.DataFrame):
     w = 0.8 / len(series)
     for j, (label, s) in enumerate(series):
         m = s.groupby("k").tokens_per_s.mean().reindex(ks)
-        ax.bar(np.arange(len(ks)) + (j - (len(series) - 1) / 2) * w, m.values, w, label=label)
+        x = np.arange(len(ks)) + (j - (len(series) - 1) / 2) * w
+        err = None
+        if "tokens_per_s_ci" in s and len(s):  # the first point of each k: its 95% CI
+            firsts = s.groupby("k").head(1).set_index("k").reindex(ks)
+            err = _ci_err(firsts.tokens_per_s, firsts.tokens_per_s_ci)
+        ax.bar(x, m.values, w, label=label, yerr=err, capsize=2, error_kw={"lw": 0.8})
     for label, s, style in (("mtplab greedy", own, ":"), ("genai greedy", peer, "--")):
         if len(s):
             ax.axhline(s.greedy_tokens_per_s.median(), color="gray", ls=style, lw=1, label=f"{label} (median)")
     ax.set_xticks(np.arange(len(ks)), [f"k={k}" for k in ks])
     ax.set_xlabel("drafts per step (real MTP head)")
     ax.set_ylabel("tokens/s")
-    ax.set_title("Side by side with onnxruntime-genai (same model, same prompt)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("Side by side with onnxruntime-genai (same model, same prompt; 95% CIs)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 

@@ -28,7 +28,8 @@ table.points td, table.points th, table.counters td, table.counters th, table.pr
   {padding: 2px 6px !important; border-bottom: 1px solid #ddd; text-align: right !important; vertical-align: top}
 table.provenance th, table.provenance td, table.points td.text, table.counters td.text,
   table.points th, table.counters th {text-align: left !important}
-table.provenance th, table.points td.text, table.points th, table.counters td.text {white-space: nowrap}
+table.provenance th, table.points td.text, table.counters td.text {white-space: nowrap}
+table.points th {white-space: normal; max-width: 90px}
 table.points td.id {text-align: left !important; word-break: break-all; min-width: 280px; max-width: 330px; font-family: monospace;
   font-size: 11px}
 </style>"""
@@ -56,7 +57,8 @@ def ci_text(value) -> str:
 def points_frame(df: pd.DataFrame) -> pd.DataFrame:
     """Every point with its varied parameters and its metrics (inapplicable cells empty), sorted by id."""
     _, varied = fixed_and_varied(df)
-    cols = ["point_id", "status", *varied, *[m for m in METRICS if m in df]]
+    first = [m for m in ("lossless",) if m in METRICS and m in df]  # the verdict beside the status, on screen
+    cols = ["point_id", "status", *first, *varied, *[m for m in METRICS if m in df and m not in first]]
     t = blank_inapplicable(df)[[c for c in cols if c in df]].copy()
     if "speedup_ci" in df:
         t.insert(t.columns.get_loc("speedup") + 1, "speedup_ci", df["speedup_ci"].map(ci_text))

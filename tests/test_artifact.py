@@ -86,3 +86,12 @@ def test_loading_a_model_built_for_a_newer_runtime_names_the_form(cache, monkeyp
     monkeypatch.setattr(forms, "schema_features", lambda: dict.fromkeys(forms.FEATURE_TEXT, False))
     with pytest.raises(ValueError, match=rf"{tiny.path}: graph form {art.config.graph_form} needs onnxruntime >="):
         load_artifact(tiny.path)
+
+
+def test_the_test_session_builds_into_a_temporary_cache_never_the_users():
+    import tempfile
+
+    from mtplab.model.artifact import cache_dir
+
+    assert Path(cache_dir()).is_relative_to(Path(tempfile.gettempdir()))
+    assert not Path(cache_dir()).is_relative_to(Path.home() / ".cache")

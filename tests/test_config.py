@@ -46,7 +46,7 @@ def test_a_new_field_reaches_the_command_line_the_grid_and_the_notebook(tmp_path
 
     params = point_exec.point_parameters(grid.Point(Extended(preset="tiny", warmup=4)), tmp_path)
     assert params["point"]["warmup"] == 4 and params["point"]["trace"] is False
-    assert set(params) == set(pm.inspect_notebook(str(NB / "run_point.ipynb"))) == {"point", "run_dir"}
+    assert set(params) == set(pm.inspect_notebook(str(NB / "run_point.ipynb"))) == {"point", "run_dir", "calibration_file"}
 
 
 def test_every_field_is_a_run_option_a_dimension_and_a_notebook_parameter(tmp_path):
