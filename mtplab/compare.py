@@ -36,16 +36,50 @@ def _interval(value) -> tuple[float, float] | None:
     return None
 
 
-def speedup_changed(ci_a, ci_b, ratio: float) -> tuple[bool, str]:
+# Student t 97.5% quantiles by degrees of freedom (1.96 beyond the table)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def rounds_interval(samples) -> tuple[float, float] | None:
+    """A 95% t interval of a point's speedup (the geometric mean of its paired rounds' ratios), or None.
+
+    The rounds' log ratios are averaged, and the interval's width comes from their spread with the t
+    quantile of n - 1 degrees of freedom: with 3-5 rounds it is honest where a bootstrap of the median
+    is too narrow (two runs of identical code: 2 of 39 bootstrap CIs missed each other, 0 of these).
+    """
+    if isinstance(samples, str):
+        try:
+            samples = json.loads(samples)
+        except ValueError:
+            return None
+    if not isinstance(samples, list):  # absent (NaN in an outer join), or not rounds
+        return None
+    ratios = np.array([s.get("speedup") for s in samples if isinstance(s, dict) and s.get("speedup")], dtype=float)
+    ratios = ratios[np.isfinite(ratios) & (ratios > 0)]
+    if len(ratios) < 2:
+        return None
+    x = np.log(ratios)
+    df = len(x) - 1
+    t = T975.get(df) or next((v for d, v in sorted(T975.items()) if d >= df), 1.96)
+    half = t * x.std(ddof=1) / np.sqrt(len(x))
+    return float(np.exp(x.mean() - half)), float(np.exp(x.mean() + half))
+
+
+def speedup_changed(ci_a, ci_b, ratio: float, rounds_a=None, rounds_b=None) -> tuple[bool, str]:
     """Whether a point's speedup changed from A to B, and by which test.
 
     The speedup is each sweep's paired ratio over its own greedy (it survives the machine's drift that
-    moves absolute tokens/s between two sweeps); it changed where the two 95% CIs do not overlap. A point
-    without CIs on both sides falls back to its ratio leaving CHANGED.
+    moves absolute tokens/s between two sweeps); it changed where the two 95% intervals do not overlap:
+    t intervals from the rounds where both sides kept them (`rounds_interval`), else the stored CIs. A
+    point with neither on both sides falls back to its ratio leaving CHANGED.
     """
-    a, b = _interval(ci_a), _interval(ci_b)
+    a, b = rounds_interval(rounds_a), rounds_interval(rounds_b)
+    test = "rounds"
+    if a is None or b is None:
+        a, b, test = _interval(ci_a), _interval(ci_b), "CIs"
     if a is not None and b is not None:
-        return (a[1] < b[0] or b[1] < a[0]), "CIs"
+        return (a[1] < b[0] or b[1] < a[0]), test
     return bool(ratio < CHANGED[0] or ratio > CHANGED[1]), "band"
 
 
@@ -73,12 +107,13 @@ def match(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, list[str], di
     values = [m for m in METRICS if m in a and m in b] + [c for c in _counter_columns(a) if c in b]
 
     def agg(df: pd.DataFrame) -> pd.DataFrame:
-        df = blank_inapplicable(df)[key + values + [c for c in ("speedup_ci", "point_id") if c in df]].copy()
+        df = blank_inapplicable(df)[key + values + [c for c in ("speedup_ci", "round_samples", "point_id") if c in df]].copy()
         df[key] = df[key].astype(object).where(df[key].notna(), "")  # NA keys must still match each other
         out = df.groupby(key, dropna=False)[values].mean()
         out["point_id"] = df.groupby(key, dropna=False).point_id.first()
-        if "speedup_ci" in df:
-            out["speedup_ci"] = df.groupby(key, dropna=False).speedup_ci.first()
+        for extra in ("speedup_ci", "round_samples"):
+            if extra in df:
+                out[extra] = df.groupby(key, dropna=False)[extra].first()
         return out
 
     joined = agg(a).merge(agg(b), how="outer", left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
@@ -94,7 +129,9 @@ def match(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, list[str], di
         for _, r in joined.iterrows()
     ]
     tests = [
-        speedup_changed(r.get("speedup_ci_a"), r.get("speedup_ci_b"), r.speedup_ratio) for _, r in joined.iterrows()
+        speedup_changed(r.get("speedup_ci_a"), r.get("speedup_ci_b"), r.speedup_ratio, r.get("round_samples_a"),
+                        r.get("round_samples_b"))
+        for _, r in joined.iterrows()
     ]
     joined["speedup_changed"] = [t[0] for t in tests]
     joined["test"] = [t[1] for t in tests]
@@ -110,7 +147,9 @@ def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
     y = np.arange(len(both))
     for side, dy, color in (("a", -0.15, "#1f77b4"), ("b", 0.15, "#ff7f0e")):
         values = both[f"speedup_{side}"].to_numpy(float)
-        cis = [_interval(v) for v in both.get(f"speedup_ci_{side}", pd.Series([None] * len(both), index=both.index))]
+        none = pd.Series([None] * len(both), index=both.index)
+        cis = [rounds_interval(r) or _interval(c)
+               for r, c in zip(both.get(f"round_samples_{side}", none), both.get(f"speedup_ci_{side}", none))]
         lo = [v - c[0] if c else 0.0 for v, c in zip(values, cis)]
         hi = [c[1] - v if c else 0.0 for v, c in zip(values, cis)]
         ax.errorbar(values, y + dy, xerr=[lo, hi], fmt="o", color=color, ms=4, capsize=2, label=side.upper())
@@ -120,7 +159,7 @@ def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_yticks(y, label.loc[both.index], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("speedup over its own greedy, median with 95% CI (shaded rows: the CIs do not overlap)")
+    ax.set_xlabel("speedup over its own greedy with its 95% interval (shaded rows: the intervals do not overlap)")
     ax.set_title("Each point's speedup in A and B")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
@@ -178,10 +217,11 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
             f"Speculative tokens/s B/A: median {r.median():.2f}x (from {r.min():.2f}x to {r.max():.2f}x); "
             f"speedup over greedy B/A: median {both.speedup_ratio.median():.2f}x."
         )
-        with_ci = int((both.test == "CIs").sum())
+        with_ci = int((both.test != "band").sum())
         summary.append(
             f"<b>{plural(int(both.changed.sum()), 'point')} changed</b>: "
-            f"{int(both.speedup_changed.sum())} whose speedup CIs do not overlap (of {with_ci} with CIs on both sides; "
+            f"{int(both.speedup_changed.sum())} whose 95% speedup intervals do not overlap (of {with_ci} with "
+            f"intervals on both sides, t intervals from the paired rounds where kept; "
             f"noise alone flags about {with_ci * INTERVAL_FALSE_ALARM:.2f} of them, {INTERVAL_FALSE_ALARM:.1%} each"
             + (f"; {len(both) - with_ci} without CIs judged by a speedup ratio outside {CHANGED[0]}-{CHANGED[1]}"
                if with_ci < len(both) else "")

@@ -37,8 +37,8 @@ plt.rcParams.update(
 
 
 def _k_color(k: int, ks=None) -> tuple:
-    """One colour per k, the same in every panel and figure (k = 1..7 across viridis)."""
-    return plt.cm.viridis(0.05 + 0.85 * (min(int(k), 7) - 1) / 6)
+    """One colour per k, the same in every panel and figure (a qualitative palette: neighbours stay apart)."""
+    return plt.cm.tab10((int(k) - 1) % 10)
 
 
 def _ci_err(values: pd.Series, cis: pd.Series) -> np.ndarray:

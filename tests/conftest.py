@@ -107,3 +107,17 @@ def overaccepting_notebooks(tmp_path):
             "planted.accepted_count = lambda xp, d, t: xp.minimum(true_count(xp, d, t) + 1, d.shape[0])\n",
         ],
     )
+
+
+def synthetic_calibration(t1: float = 1e-3) -> dict:
+    """A synthetic calibration (a test double of calibrate.measure's result): T(M) = t1 * (1 + 0.1 (M-1)), cheap
+    head and commits; for tests whose subject is not the prediction."""
+    from mtplab.config import COMMITS
+
+    return {
+        "key": {"preset": "tiny", "synthetic": True},
+        "target": {str(m): t1 * (1 + 0.1 * (m - 1)) for m in range(1, 9)},
+        "head": 0.2 * t1,
+        "commit": {s: {str(n): 0.05 * t1 * n for n in range(1, 9)} for s in COMMITS},
+        "mtp_acceptance": {"alpha": 0.6, "per_position": [0.6], "steps": 1, "seeds": [1000]},
+    }

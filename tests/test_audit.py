@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import synthetic_calibration
 
 from mtplab import measure
 from mtplab.config import COMMITS, RunConfig
@@ -21,26 +22,20 @@ from mtplab.experiment import run_point
 RUN = dict(preset="tiny", k=3, drafter="oracle", alpha=0.7, commit="select", tokens=48, rounds=2)
 
 
-def _calibration(t1: float = 1e-4) -> dict:
-    """A synthetic calibration (the prediction is not under test here)."""
-    return {
-        "key": {"preset": "tiny", "synthetic": True},
-        "target": {str(m): t1 * (1 + 0.1 * (m - 1)) for m in range(1, 9)},
-        "head": 0.2 * t1,
-        "commit": {s: {str(n): 0.05 * t1 * n for n in range(1, 9)} for s in COMMITS},
-        "mtp_acceptance": {"alpha": 0.6, "per_position": [0.6], "steps": 1, "seeds": [1000]},
-    }
-
-
 def _point(tiny, **changes):
-    return run_point(RunConfig(**(RUN | changes)), tiny, calibration=_calibration())
+    return run_point(RunConfig(**(RUN | changes)), tiny, calibration=synthetic_calibration(1e-4))
 
 
-def _mismatch(r, *words):
-    assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: timed round 0"), r.verdict
+def _run_check_failed(r, *words, where: str = ""):
+    """The point is a mismatch whose verdict starts with the run check (and `where`), its problems holding `words`."""
+    assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: " + where), r.verdict
     problems = " | ".join(r.identity["timed_audit"]["problems"])
     for word in words:
         assert word in problems, problems
+
+
+def _mismatch(r, *words):
+    _run_check_failed(r, *words, where="timed round 0")
 
 
 def _warned(r, name):
@@ -188,7 +183,7 @@ def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_i
     from mtplab.drafters import MtpDrafter
 
     # The head's real acceptance on the calibration's own prompts, at the run's length (200 tokens: ~130 steps).
-    calib = _calibration() | {"mtp_acceptance": calibrate._acceptance("tiny", 200, 0)}
+    calib = synthetic_calibration(1e-4) | {"mtp_acceptance": calibrate._acceptance("tiny", 200, 0)}
     run = RunConfig(**(RUN | {"drafter": "mtp", "alpha": 0.8, "tokens": 200, "rounds": 1}))
     clean = run_point(run, tiny, calibration=calib)
     assert "acceptance_below_calibration" not in [w["name"] for w in clean.warnings], clean.warnings
@@ -201,13 +196,6 @@ def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_i
 
 
 # -- plants shared by the checked and the timed runs: the checked run is held to what its config implies --------
-
-
-def _run_check_failed(r, *words):
-    assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: "), r.verdict
-    problems = " | ".join(r.identity["timed_audit"]["problems"])
-    for word in words:
-        assert word in problems, problems
 
 
 def test_an_executor_that_runs_eager_but_counts_a_replay_is_caught_by_the_backends_own_count(tiny, monkeypatch):

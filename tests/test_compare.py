@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -94,3 +95,17 @@ def test_without_cis_a_speedup_ratio_outside_the_band_is_a_change():
 
     assert speedup_changed(None, "[1.0, 1.1]", 1.3) == (True, "band")
     assert speedup_changed("[1.0, 1.1]", "[1.05, 1.2]", 1.1) == (False, "CIs")
+
+
+def test_the_rounds_interval_is_a_t_interval_of_the_geometric_mean_and_decides_before_stored_cis():
+    from mtplab.compare import rounds_interval, speedup_changed
+
+    rounds = [{"speedup": v} for v in (1.0, 1.1, 1.2)]
+    lo, hi = rounds_interval(rounds)
+    x = np.log([1.0, 1.1, 1.2])
+    half = 4.303 * x.std(ddof=1) / np.sqrt(3)  # t(0.975, 2 degrees of freedom)
+    assert (lo, hi) == pytest.approx((np.exp(x.mean() - half), np.exp(x.mean() + half)))
+    assert rounds_interval(rounds[:1]) is None
+    shifted = [{"speedup": v * 1.02} for v in (1.0, 1.1, 1.2)]
+    # narrow stored CIs that miss each other, rounds that overlap: the rounds decide
+    assert speedup_changed("[1.0, 1.01]", "[1.05, 1.06]", 1.02, rounds, shifted) == (False, "rounds")

@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 import pytest
+from conftest import synthetic_calibration
 
 from mtplab import theory
-from mtplab.config import COMMITS, RunConfig
+from mtplab.config import RunConfig
 from mtplab.engine import Engine, prompt_tokens
 from mtplab.experiment import run_point
 
@@ -26,14 +27,7 @@ def test_an_engine_runs_a_point_of_its_config_at_another_length(tiny):
 
 
 def _calibration(t1: float = 1e-3) -> dict:
-    """A synthetic calibration: T(M) = t1 * (1 + 0.1 (M-1)), cheap head and commits."""
-    return {
-        "key": {"preset": "tiny", "synthetic": True},
-        "target": {str(m): t1 * (1 + 0.1 * (m - 1)) for m in range(1, 9)},
-        "head": 0.2 * t1,
-        "commit": {s: {str(n): 0.05 * t1 * n for n in range(1, 9)} for s in COMMITS},
-        "mtp_acceptance": {"alpha": 0.6, "per_position": [0.6], "steps": 1, "seeds": [1000]},
-    }
+    return synthetic_calibration(t1)
 
 
 def test_paired_rounds_count_the_same_tokens_on_both_sides(tiny):
