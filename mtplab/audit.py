@@ -292,9 +292,9 @@ def expected_forwards(run, prompt_len: int, accepted: list[int], head: bool) -> 
     """The forwards by (slot, M) a speculative run of these accepted counts makes, from its config alone."""
     k, steps = run.k, len(accepted)
     want: dict[str, int] = {f"prefill/M={prompt_len}": 1, f"verify/M={k + 1}": steps}
-    if head:
+    if head:  # the head's prefill (M = the prompt), then k single-token drafts a step
         want[f"mtp/M={prompt_len}"] = 1
-        want["mtp/M=1"] = k * steps
+        want["mtp/M=1"] = want.get("mtp/M=1", 0) + k * steps
     m1 = steps if run.schedule == "decode-verify" else 0
     if run.commit == "readvance-m1":
         m1 += sum(a + 1 for a in accepted)

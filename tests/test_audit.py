@@ -57,9 +57,9 @@ def _timed_greedy(monkeypatch, change):
     monkeypatch.setattr(Engine, "greedy", greedy)
 
 
-@pytest.mark.parametrize("commit", COMMITS)
-def test_clean_points_pass_the_audit_without_warnings(tiny, commit):
-    r = _point(tiny, commit=commit, rounds=3)
+@pytest.mark.parametrize("commit, changes", [(c, {}) for c in COMMITS] + [("select", {"prompt_len": 1})])
+def test_clean_points_pass_the_audit_without_warnings(tiny, commit, changes):
+    r = _point(tiny, commit=commit, rounds=3, **changes)  # a one-token prompt: the head's prefill is M=1 too
     assert r.lossless and r.identity["timed_audit"] == {"problems": [], "problem_count": 0, "warnings": {}}
     assert not [w for w in r.warnings if w["name"] != "efficiency"], r.warnings
 
