@@ -169,6 +169,12 @@ def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
     return f"<img alt='tokens/s ratio B/A per point' src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
 
 
+def _deciding(row, side: str) -> str:
+    """The interval the change test used for one side (the rounds' t interval, else the stored CI), as text."""
+    got = rounds_interval(row.get(f"round_samples_{side}"))
+    return f"{got[0]:.2f}-{got[1]:.2f}" if got else ci_text(row.get(f"speedup_ci_{side}"))
+
+
 def _label(joined: pd.DataFrame, key: list[str]) -> pd.Series:
     varied = [k for k in key if joined[k].astype(str).nunique() > 1]
     return joined.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in varied if r[k] != "") or "the point", axis=1)
@@ -242,7 +248,7 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
     head += ["speedup A", "speedup B", "speedup B/A"]
     ci = "speedup_ci_a" in joined or "speedup_ci_b" in joined
     if ci:
-        head += ["speedup CI A", "speedup CI B"]
+        head += ["speedup 95% A", "speedup 95% B"]
     head.append("counters that changed (A&rarr;B)")
     rows = []
     for i, row in both.sort_values("tokens_per_s_ratio").iterrows():
@@ -255,7 +261,7 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
             f"<td><b>{_num(row.speedup_ratio, '.2f')}</b></td>",
         ]
         if ci:
-            cells.append(f"<td>{ci_text(row.get('speedup_ci_a'))}</td><td>{ci_text(row.get('speedup_ci_b'))}</td>")
+            cells += [f"<td>{_deciding(row, side)}</td>" for side in ("a", "b")]
         cells.append(f"<td class='text'>{row.counters_changed}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     parts.append("<h2>Matched points</h2><table class='points'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")

@@ -169,6 +169,8 @@ def run_mtplab_point(
             "greedy_baseline": baseline,
             "timed_slots": timed_slots,
             "calibration": calibration["key"],
+            "calibration_measured": {"at": calibration.get("measured_at"), "load": calibration.get("load"),
+                                     "source": calibration.get("source", "cached on this machine")},
             "accounting": accounting(samples, split, steps),
         },
     )
@@ -223,13 +225,18 @@ def result_text(r: RunResult) -> str:
         + f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']} tokens={c['tokens']} backend={c['backend']}",
         f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
         f"  speculative {r.tokens_per_s:8.1f} tok/s {_ci(r.tokens_per_s_ci, '.1f')}",
-        f"  speedup {r.speedup:.2f}x {_ci(r.speedup_ci, '.2f')}   {len(r.round_samples)} paired rounds"
-        + ("" if r.stable else "   UNSTABLE (CI half-width > 5% of the median)"),
+        f"  speedup {r.speedup:.2f}x {_ci(r.speedup_ci, '.2f')}   {len(r.round_samples)} paired "
+        + ("round" if len(r.round_samples) == 1 else "rounds")
+        + ("" if r.stable else "   no CI from one round" if len(r.round_samples) < 2
+           else "   UNSTABLE (CI half-width > 5% of the median)"),
     ]
     if r.predicted:
+        when = r.extra.get("calibration_measured") or {}
         lines.append(
             f"  predicted {r.predicted['speedup']:.2f}x from the calibration   efficiency {r.efficiency:.2f} "
             f"{_ci(r.efficiency_ci, '.2f')}"
+            + (f"   (calibration: {when.get('source', 'cached on this machine')}, measured {when.get('at')}, load "
+               f"{when.get('load')})" if when else "")
         )
     lines += [
         f"  tokens/step {r.tokens_per_step:.2f}"
@@ -242,8 +249,8 @@ def result_text(r: RunResult) -> str:
     if r.time_split:
         lines.append("  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()))
     if r.slots:
-        lines.append("  slot counters of the checked speculative run (the greedy reference before it captured the "
-                     "Primary plan, so primary shows captures=0):")
+        lines.append("  slot counters of the checked speculative run (the greedy reference run before it had already "
+                     "captured the Primary plan: primary captures=0):")
     for slot, counters in r.slots.items():
         lines.append(
             f"  {slot}: "

@@ -45,7 +45,7 @@ def stability_findings(df: pd.DataFrame) -> list[str]:
     text = (f"- **How sure**: {stable} of {plural(len(own), 'mtplab point')} stable (speedup CI half-width at most 5%); "
             f"median half-width {half.median():.1%}")
     if len(g):
-        text += (f"; mtplab's greedy ran {g.min():.1f}-{g.max():.1f} tok/s across the sweep (drift "
+        text += (f"; mtplab's greedy ran {g.min():.1f}-{g.max():.1f} tok/s across the sweep's points (a spread of "
                  f"{g.max() / g.min() - 1:.0%}: why every figure is a ratio from paired rounds)")
     return [text + "."]
 
@@ -67,7 +67,8 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
         below = sum(hi < 1 for _, hi in ci)
         best = part.loc[part.speedup.idxmax()]
         out.append(
-            f"- {label}{note}: MTP beats greedy (CI above 1) at {above} of {plural(len(part), 'point')}, loses "
+            f"- {label}{note}: speculative decoding beats greedy (CI above 1) at {above} of "
+            f"{plural(len(part), 'point')}, loses "
             f"(CI below 1) at {below}, within noise at {len(part) - above - below}. Best: {_point_text(best)}"
             + (f", alpha={best.alpha:g}" if best.drafter == "oracle" else "")
             + f"; {best.tokens_per_s:.0f} vs {best.greedy_tokens_per_s:.0f} tok/s."
@@ -82,7 +83,8 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
         out.append(
             f"- Against onnxruntime-genai on the same model: its greedy {genai_greedy:.1f} tok/s, mtplab's "
             f"{mine:.1f} ({mine / genai_greedy:.2f}x, medians over the sweep); mtplab's fastest real-head point "
-            f"({fastest.tokens_per_s:.1f} tok/s, k={fastest.k}, {fastest.schedule}) is {faster} than genai's plain greedy."
+            f"({fastest.tokens_per_s:.1f} tok/s, k={fastest.k}, {fastest.schedule}) is {faster} than genai's plain "
+            "greedy (absolute tokens/s from different moments of the sweep: read with its spread above)."
         )
     return out
 
@@ -109,7 +111,7 @@ def sweep_findings(df: pd.DataFrame) -> str:
         checked = ok.get("identity.state_commits_checked", pd.Series(0, index=ok.index)).fillna(0) > 0
         state_ok = checked & ok.lossless.astype(bool)
         out.append(
-            f"- Recurrent state checked after every commit at {checked.sum()} of {plural(len(ok), 'point')}"
+            f"- Recurrent state and KV checked after every commit at {checked.sum()} of {plural(len(ok), 'point')}"
             f" ({state_ok.sum()} matching the reference)"
             + (f"; not checked at {(~checked).sum()} (peer engine rows)." if (~checked).any() else ".")
         )
@@ -120,7 +122,11 @@ def sweep_findings(df: pd.DataFrame) -> str:
         parts = []
         for alpha, a in s.groupby("alpha"):
             m = a.groupby("k").speedup.mean()
-            parts.append(f"alpha={alpha:g}: k={m.idxmax()} ({m.max():.2f}x)")
+            best = a[a.k == m.idxmax()].iloc[0]
+            lo, hi = _interval(best.get("speedup_ci"))
+            ties = [int(k) for k, r in a.groupby("k") if k != m.idxmax() and _interval(r.iloc[0].get("speedup_ci"))[1] >= lo]
+            parts.append(f"alpha={alpha:g}: k={m.idxmax()} ({m.max():.2f}x [{lo:.2f}, {hi:.2f}]"
+                         + (f"; k={', '.join(map(str, ties))} within its CI" if ties else "") + ")")
         out.append(f"- Best k per alpha, schedule `{sched}`: " + "; ".join(parts) + ".")
     mtp = own_head(ok)
     if len(mtp):

@@ -174,7 +174,7 @@ def verdict(identity: dict) -> tuple[bool, str]:
     else:
         checked = identity.get("state_commits_checked")
         what = "state and KV" if identity.get("kv_checked") else "state"
-        after = f" after each of {checked} commits" if checked else ""
+        after = f" at {checked} checks (after every commit and at the end of the run)" if checked else ""
         if identity.get("state_bitwise"):
             state = f", {what} bitwise{after}"
         else:

@@ -138,14 +138,17 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
 
 
 HOW_TO_READ = """\
-**How to read this report.** Each point is one run of greedy decoding and of speculative decoding
-on the same prompt, in one process; *speedup* is speculative tokens/s over greedy tokens/s (above 1:
-speculative is faster). The *oracle* drafter proposes the right token with a set probability alpha
+**How to read this report.** Each point is an untimed checked run, then paired timed rounds of
+greedy and of speculative decoding on the same prompt, in one process (the header says how many);
+*speedup* is the median over the rounds of speculative tokens/s over greedy tokens/s (above 1:
+speculative is faster), with its 95% CI. The *oracle* drafter proposes the right token with a set probability alpha
 per position, so it measures performance at a chosen acceptance and says nothing about accuracy;
 the *MTP head* is the model's own drafter. *Acceptance length* = 1 + accepted drafts per step;
-*draft acceptance* = accepted / drafted. *Theory* is Leviathan's formula with the cost ratios of the
-sweep's calibration (measured apart from every point). The *slot counters* say, per run, how often the M=1 decode plan (primary slot) and the
+*draft acceptance* = accepted / drafted. *Theory* is Leviathan's formula priced with the sweep's
+calibration (measured apart from every point: greedy's loop, the draft phase, the verify, the commit,
+fallbacks at their eager cost, the run's length). The *slot counters* say, per run, how often the M=1 decode plan (primary slot) and the
 M=k+1 verify plan (verify slot) were captured, replayed, fell back to eager, were invalidated, or
 hit a hazard. *Lossless* means the speculative tokens equal greedy's, and, where the state check ran,
-every committed recurrent state matches an independent reference. The header above says what was
+every committed recurrent state and KV row matches an independent reference, and every timed run
+did what the checked one did. The header above says what was
 fixed and what varied; the table at the end holds every point (download it as CSV there)."""

@@ -91,8 +91,9 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
     width = (ci[:, 1] - ci[:, 0]) / 2 / df.speedup.abs()
     unstable = df[~df.stable.fillna(False).astype(bool)]
     lines = [
-        f"- Speedup CI half-width over the points: median {np.nanmedian(width):.1%}, worst {np.nanmax(width):.1%} "
-        f"(stable: at most {STABLE_HALF_WIDTH:.0%}); {len(df) - len(unstable)} of {len(df)} points stable."
+        f"- Speedup CI half-width over all {len(df)} points (the onnxruntime-genai rows included): median "
+        f"{np.nanmedian(width):.1%}, worst {np.nanmax(width):.1%} (stable: at most {STABLE_HALF_WIDTH:.0%}); "
+        f"{len(df) - len(unstable)} of {len(df)} stable."
         if len(df) and not np.all(np.isnan(width))
         else "- No speedup CIs in this sweep.",
     ]
@@ -107,8 +108,8 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
         if len(g):
             label = f" ({', '.join(map(str, key if isinstance(key, tuple) else (key,)))})" if len(groups) > 1 else ""
             lines.append(
-                f"- Greedy tok/s over the sweep{label}: min {g.min():.1f}, median {g.median():.1f}, max {g.max():.1f} "
-                f"(drift {g.max() / g.min() - 1:.0%})."
+                f"- Greedy tok/s over the sweep's points{label}: min {g.min():.1f}, median {g.median():.1f}, max "
+                f"{g.max():.1f} (a spread of {g.max() / g.min() - 1:.0%}; the figure below shows it against time)."
             )
     load = [sweep.get("load_start"), sweep.get("load_end")]
     if None not in load:
