@@ -57,7 +57,7 @@ def test_a_small_sweeps_report_stands_alone_with_no_empty_panel(smoke):
     for provenance in ("fixed parameters", "varied parameters", "repeats", "onnxruntime-genai", "numpy", "load average"):
         assert provenance in html
     assert "How to read this report" in html and "Download every point as CSV" in html
-    assert "Recurrent state checked after every commit at 6 of 6 points" in html
+    assert "Recurrent state and KV checked after every commit at 6 of 6 points" in html
     spec = grid.load(preset="smoke")
     assert all(p.id in html for p in spec.points)  # full ids, never truncated
     assert "11.0" not in html  # counters are integers
@@ -350,7 +350,7 @@ def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
     for point in (smoke / "points").iterdir():
         assert len(json.loads((point / "result.json").read_text())["round_samples"]) == 3
     text = quality.quality_markdown(df, summary, calibration)
-    assert "points stable" in text and "T(M)/T(1)" in text and "Threads per point" in text
+    assert "of 6 stable" in text and "T(M)/T(1)" in text and "Threads per point" in text
     assert not quality.efficiency_table(df).empty
     for fig in (quality.speedup_with_ci(df, calibration), quality.drift(df)):
         assert fig.axes
