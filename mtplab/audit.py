@@ -32,7 +32,6 @@ forwards by (slot, M) that its schedule, drafter and commit strategy make for it
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from .executor import ACTIVITY_KEYS, COUNTER_KEYS, Slot, Status
@@ -87,8 +86,7 @@ class Trace:
         """Where the slots' counters disagree with what the backend ran, or a slot captured without a cause."""
         out = []
         total = {k: sum(c.get(k, 0) for c in self.activity.values()) for k in ACTIVITY_KEYS}
-        off_plan = total["warmups"] + total["fallbacks"] + total["eager"]
-        ran = {"replay": total["replays"], "capture": total["captures"], "eager": off_plan}
+        ran = {"replay": total["replays"], "capture": total["captures"], "eager": _off_plan(total)}
         if ran != self.calls:
             out.append(f"the backend ran {self.calls}, the slots counted {ran}")
         for slot, c in self.activity.items():
@@ -177,9 +175,7 @@ class Audit:
             self._problem(r, side, f"accepted counts differ from the checked run's from step {first + 1} "
                                    f"({len(trace.accepted)} steps, checked {len(checked.accepted)})")
         if trace.forwards != checked.forwards:
-            diff = {k: (trace.forwards.get(k, 0), checked.forwards.get(k, 0))
-                    for k in sorted(set(trace.forwards) | set(checked.forwards))
-                    if trace.forwards.get(k, 0) != checked.forwards.get(k, 0)}
+            diff = _forwards_diff(trace.forwards, checked.forwards)
             self._problem(r, side, f"forwards differ from the checked run's, (timed, checked): {diff}")
         for slot, want in checked.activity.items():
             got = trace.activity.get(slot, {})
@@ -321,8 +317,7 @@ def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
     head = run.drafter == "mtp" or not run.oracle_free_drafts
     want = expected_forwards(run, prompt_len, accepted, head)
     if trace.forwards != want:
-        diff = {key: (trace.forwards.get(key, 0), want.get(key, 0)) for key in sorted(set(want) | set(trace.forwards))
-                if trace.forwards.get(key, 0) != want.get(key, 0)}
+        diff = _forwards_diff(trace.forwards, want)
         out.append(f"its forwards are not what {run.schedule}, drafter {run.drafter} and commit {run.commit} make "
                    f"for its accepted counts, (ran, expected): {diff}")
     return out + trace.honesty_problems()
@@ -339,13 +334,13 @@ def _off_plan(c: dict) -> int:
     return c.get("warmups", 0) + c.get("fallbacks", 0) + c.get("eager", 0)
 
 
+def _forwards_diff(ran: dict, want: dict) -> dict[str, tuple[int, int]]:
+    """{forward key: (ran, wanted)} where the two counts differ."""
+    return {k: (ran.get(k, 0), want.get(k, 0)) for k in sorted(set(ran) | set(want)) if ran.get(k, 0) != want.get(k, 0)}
+
+
 def _nonzero(c: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in c.items() if v) or "nothing"
-
-
-def stamp() -> float:
-    """The clock the engine's windows use."""
-    return time.perf_counter()
 
 
 def result_problems(result, n: int, k: int, generated: int) -> list[str]:

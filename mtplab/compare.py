@@ -15,7 +15,7 @@ from . import store
 from .provenance import PARAMETERS, blank_inapplicable, fixed_and_varied, plural
 from .result import write_atomic
 from .selection import COUNTERS, SLOTS
-from .tables import CSS, ci_text
+from .tables import CSS, ci_pair, ci_text
 
 METRICS = ("greedy_tokens_per_s", "tokens_per_s", "speedup")
 CHANGED = (0.8, 1.25)  # without CIs (one-round points, older sweeps): a speedup ratio B/A outside this band
@@ -24,16 +24,9 @@ INTERVAL_FALSE_ALARM = 0.0056
 
 
 def _interval(value) -> tuple[float, float] | None:
-    """A stored CI (JSON text or a list) as (low, high), or None."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
-    if isinstance(value, (list, tuple, np.ndarray)) and len(value) == 2 and all(v is not None for v in value):
-        lo, hi = float(value[0]), float(value[1])
-        return (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else None
-    return None
+    """A stored CI as (low, high), or None where it is absent or not finite."""
+    lo, hi = ci_pair(value)
+    return (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else None
 
 
 # Student t 97.5% quantiles by degrees of freedom (1.96 beyond the table)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from . import flags, lossless, measure, oracle, theory
-from .audit import Audit, Trace, checked_problems, engine_problems, result_problems, stamp
+from .audit import Audit, Trace, checked_problems, engine_problems, result_problems
 from .config import RunConfig, model_spec
 from .engine import Engine, prompt_tokens
 from .env import environment
@@ -72,12 +72,12 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, checked
             trace = Trace.begin(engine)
             if side == "greedy":
                 g = engine.greedy(prompt, n, margins=False)
-                returned = stamp()
+                returned = time.perf_counter()
                 measure.record_side(sample, side, g.tokens, n, g.seconds)
                 audit.greedy(r, trace.end(engine, g.tokens), sample, g, returned)
             else:
                 spec = engine.speculative(prompt, n, reference=checked.greedy.tokens)
-                returned = stamp()
+                returned = time.perf_counter()
                 measure.record_side(sample, side, spec["tokens"], n, spec["seconds"])
                 sample["steps"] = len(spec["accepted"])
                 audit.speculative(r, trace.end(engine, spec["tokens"], spec["accepted"]), sample, spec["started"],

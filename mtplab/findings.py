@@ -7,6 +7,7 @@ import pandas as pd
 from . import selection
 from .provenance import plural
 from .selection import alpha_grid, counters_long, own_head, peer_rows
+from .tables import ci_pair as _interval
 from .tables import count_text
 
 
@@ -16,15 +17,6 @@ def per_model(findings, df: pd.DataFrame) -> str:
     if len(names) <= 1:
         return findings(df)
     return "\n\n".join(f"#### Model `{name}`\n\n" + findings(df[df.model_name == name]) for name in names)
-
-
-def _interval(v) -> tuple[float, float]:
-    import json
-
-    v = json.loads(v) if isinstance(v, str) else v
-    if isinstance(v, (list, tuple)) and len(v) == 2 and None not in v:
-        return float(v[0]), float(v[1])
-    return float("nan"), float("nan")
 
 
 def _point_text(r) -> str:

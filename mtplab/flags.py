@@ -37,6 +37,16 @@ def expected_accepted(per_position: list[float], alpha: float, k: int) -> tuple[
     return mean, max(second - mean * mean, 0.0)
 
 
+def _z(accepted: list[int], mean: float, var: float, reference_steps: int | None = None) -> tuple[float, float]:
+    """(the run's mean accepted drafts per step, its z against `mean`): the run's standard error, plus the
+    reference's when the mean is itself an estimate over `reference_steps`; no variance: 0 or +-inf."""
+    got = sum(accepted) / len(accepted)
+    se = math.sqrt(var / len(accepted) + (var / reference_steps if reference_steps else 0.0))
+    if se == 0:
+        return got, 0.0 if got == mean else math.copysign(float("inf"), got - mean)
+    return got, (got - mean) / se
+
+
 def acceptance_warning(accepted: list[int], k: int, calibration: dict) -> dict | None:
     """The acceptance_below_calibration warning, or None: the run's mean accepted drafts per step against
     the calibration's, a one-sided z-test on both samples' standard errors."""
@@ -45,14 +55,13 @@ def acceptance_warning(accepted: list[int], k: int, calibration: dict) -> dict |
     if not accepted or not steps_cal:
         return None
     mean, var = expected_accepted(acc.get("per_position", []), acc.get("alpha", 0.0), k)
-    got = sum(accepted) / len(accepted)
-    se = math.sqrt(var / len(accepted) + var / steps_cal)
-    if se == 0 or (got - mean) / se >= -_Z:
+    got, z = _z(accepted, mean, var, steps_cal)
+    if z >= -_Z:
         return None
     return warning(
         "acceptance_below_calibration",
         f"the MTP head accepted {got:.2f} drafts per step over {len(accepted)} steps, its calibration predicts "
-        f"{mean:.2f} (alpha {acc.get('alpha', 0):.2f} over {steps_cal} steps); z = {(got - mean) / se:.1f}, "
+        f"{mean:.2f} (alpha {acc.get('alpha', 0):.2f} over {steps_cal} steps); z = {z:.1f}, "
         f"below the {ACCEPTANCE_FALSE_ALARM:.0%} false-alarm line: the head drafts worse here than calibrated",
     )
 
@@ -67,11 +76,7 @@ def oracle_warning(accepted: list[int], k: int, alpha: float) -> dict | None:
     if not accepted:
         return None
     mean, var = expected_accepted([], alpha, k)
-    got = sum(accepted) / len(accepted)
-    if var == 0:  # alpha 0 or 1: every step accepts exactly the mean
-        z = 0.0 if got == mean else float("inf")
-    else:
-        z = (got - mean) / math.sqrt(var / len(accepted))
+    got, z = _z(accepted, mean, var)
     if abs(z) <= _Z2:
         return None
     return warning(

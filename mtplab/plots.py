@@ -17,7 +17,7 @@ from .selection import (
     policy_grid,
     split_points,
 )
-from .tables import count_text
+from .tables import ci_pair, count_text
 
 POLICY_COLORS = {"shared-jit": "#d62728", "shared-max": "#1f77b4", "sibling": "#ff7f0e", "sibling-pinned": "#2ca02c"}
 COMMIT_COLORS = {"readvance-batched": "#9467bd", "readvance-m1": "#8c564b", "select": "#17becf"}
@@ -43,13 +43,7 @@ def _k_color(k: int, ks=None) -> tuple:
 
 def _ci_err(values: pd.Series, cis: pd.Series) -> np.ndarray:
     """Asymmetric error bars (2 x n) from a column of [lo, hi] CIs (JSON text or lists); 0 where missing."""
-    import json
-
-    def pair(v):
-        v = json.loads(v) if isinstance(v, str) else v
-        return [np.nan if x is None else x for x in v] if isinstance(v, (list, tuple)) and len(v) == 2 else [np.nan] * 2
-
-    ci = np.array([pair(v) for v in cis], dtype=float).reshape(-1, 2)
+    ci = np.array([ci_pair(v) for v in cis], dtype=float).reshape(-1, 2)
     return np.nan_to_num(np.abs(np.vstack([values.to_numpy(float) - ci[:, 0], ci[:, 1] - values.to_numpy(float)])))
 
 

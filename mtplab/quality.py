@@ -12,6 +12,7 @@ import pandas as pd
 from . import theory
 from .plots import _k_color
 from .stats import STABLE_HALF_WIDTH
+from .tables import ci_pair
 
 
 def _format_table(calib: dict) -> str:
@@ -25,12 +26,7 @@ def _format_table(calib: dict) -> str:
 
 def _ci(col: pd.Series) -> np.ndarray:
     """A column of [lo, hi] (lists or JSON text) as an n x 2 float array (NaN where missing)."""
-
-    def pair(v):
-        v = json.loads(v) if isinstance(v, str) else v
-        return [np.nan if x is None else x for x in v] if isinstance(v, (list, tuple)) and len(v) == 2 else [np.nan] * 2
-
-    return np.array([pair(v) for v in col], dtype=float).reshape(-1, 2)
+    return np.array([ci_pair(v) for v in col], dtype=float).reshape(-1, 2)
 
 
 def load_calibration(sweep_dir: str | Path) -> dict:

@@ -40,18 +40,27 @@ def count_text(v: float) -> str:
     return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
 
 
-def ci_text(value) -> str:
-    """A confidence interval [low, high] (a list, JSON text or dict with low/high) as text; '' when absent."""
+def ci_pair(value) -> tuple[float, float]:
+    """A confidence interval [low, high] (a list, JSON text or dict with low/high) as two floats; NaN where absent.
+
+    The one reader of a stored CI: tables, findings, figures and compare all take theirs from here.
+    """
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
-            return ""
+            value = None
     if isinstance(value, dict):
         value = [value.get("low"), value.get("high")]
-    if isinstance(value, (list, tuple, np.ndarray)) and len(value) == 2 and all(v is not None for v in value):
-        return f"{float(value[0]):.2f}-{float(value[1]):.2f}"
-    return ""
+    if isinstance(value, (list, tuple, np.ndarray)) and len(value) == 2:
+        return tuple(float("nan") if v is None else float(v) for v in value)
+    return float("nan"), float("nan")
+
+
+def ci_text(value) -> str:
+    """A confidence interval as text ('0.95-1.05'); '' when absent."""
+    lo, hi = ci_pair(value)
+    return f"{lo:.2f}-{hi:.2f}" if np.isfinite(lo) and np.isfinite(hi) else ""
 
 
 def points_frame(df: pd.DataFrame) -> pd.DataFrame:
