@@ -136,7 +136,7 @@ def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
     """Each matched point's speedup in A and B with their 95% CIs, as an embedded PNG (red: the CIs miss each other)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 0.36 * len(both) + 1.6))
+    fig, ax = plt.subplots(figsize=(7.5, 0.36 * len(both) + 1.6))  # the labels come on top: the page holds ~12.5 in
     y = np.arange(len(both))
     for side, dy, color in (("a", -0.15, "#1f77b4"), ("b", 0.15, "#ff7f0e")):
         values = both[f"speedup_{side}"].to_numpy(float)
@@ -159,7 +159,7 @@ def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return f"<img alt='tokens/s ratio B/A per point' src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
+    return f"<img style='max-width:100%' alt='each point speedup in A and B' src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
 
 
 def _deciding(row, side: str) -> str:
@@ -169,7 +169,8 @@ def _deciding(row, side: str) -> str:
 
 
 def _label(joined: pd.DataFrame, key: list[str]) -> pd.Series:
-    varied = [k for k in key if joined[k].astype(str).nunique() > 1]
+    # varied: more than one value where the parameter applies (a blank, e.g. mtplab's policy on a peer row, is none)
+    varied = [k for k in key if joined[k].astype(str).loc[lambda v: v != ""].nunique() > 1]
     return joined.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in varied if r[k] != "") or "the point", axis=1)
 
 
