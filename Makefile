@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 ORT_OLD ?= 1.30.0 1.31.1
 OLD_STAMPS := $(foreach v,$(ORT_OLD),.venv-ort-$(v)/.installed)
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test bench lint setup clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,9 @@ test: $(STAMP) $(OLD_STAMPS)
 	$(BIN)/python -m pytest -q
 	for v in $(ORT_OLD); do echo "== onnxruntime $$v"; PYTHONPATH=$(CURDIR) .venv-ort-$$v/bin/python -m pytest -q \
 		-p no:cacheprovider --noconftest tests/test_forms.py || exit 1; done
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check mtplab tests benchmarks notebooks

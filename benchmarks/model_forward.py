@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from mtplab.arena import Arena
-from mtplab.executor import Executor, Slot, SlotMemory
 from mtplab.model import build_model, preset
-from mtplab.runtime import TargetState, make_session, target_io
+from mtplab.runtime.arena import Arena
+from mtplab.runtime.executor import Executor, Slot, SlotMemory
+from mtplab.runtime.sessions import TargetState, make_session, target_io
 
 MS = (1, 2, 4, 8)
 

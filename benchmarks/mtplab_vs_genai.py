@@ -5,21 +5,27 @@ the real head (mtplab's `select` commit on both schedules vs og.MtpGenerator), e
 against greedy. Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
 drift cancels out. Both engines run on the same intra-op threads (genai through genai_config
 session_options), both generators are warmed up, and every run counts the n - 1 tokens after the
-prefill's token, timed from after the prefill (mtplab.measure's rates).
+prefill's token, timed from after the prefill (mtplab.measure.rounds's rates).
+
+mtplab's sessions share one onnxruntime thread pool (what its runs do: mtplab.base.threads), or with
+--pool per-session each has its own (how mtplab ran before); genai keeps its own settings either way.
 
     python benchmarks/mtplab_vs_genai.py [--rounds 3] [--tokens 128] [--model small|DIR] [--threads N]
+                                         [--pool global|per-session] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
-from mtplab import measure
-from mtplab.config import RunConfig, model_fields
-from mtplab.engine import Engine, model_for, prompt_tokens
-from mtplab.genai_point import exported
-from mtplab.genai_runner import GenaiPeer
-from mtplab.stats import summarize
+from mtplab.base.threads import thread_pool, use_global_pool
+from mtplab.engine.engine import Engine, model_for, prompt_tokens
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.genai_point import exported
+from mtplab.experiment.genai_runner import GenaiPeer
+from mtplab.measure import rounds as measure
+from mtplab.measure.stats import summarize
 
 
 def main() -> None:
@@ -29,8 +35,12 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--model", default="small", help="a preset name or a builder output folder")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads of both engines (0: every core)")
+    ap.add_argument("--pool", choices=("global", "per-session"), default="global", help="mtplab's thread pools")
+    ap.add_argument("--json", help="also write the medians and ratios here")
     args = ap.parse_args()
-    named = model_fields(args.model)
+    if args.pool == "global":
+        use_global_pool(args.threads)
+    named = {"model": args.model}
     art = model_for(RunConfig(**named))
     n = args.tokens
     prompt = prompt_tokens(art.description.vocab_size, 8, 0)
@@ -72,14 +82,22 @@ def main() -> None:
         lo, hi = s["ci"]
         print(f"{name:34} {s['median']:8.1f} [{lo:6.1f}, {hi:6.1f}] {str(identical[name]):>10}")
 
-    def ratio(a: str, b: str) -> str:  # median and CI of the per-round ratios (rounds are paired)
-        r = measure.paired_ratio(rates[a], rates[b])
+    ratios = {}
+
+    def ratio(name: str, a: str, b: str) -> str:  # median and CI of the per-round ratios (rounds are paired)
+        r = ratios[name] = measure.paired_ratio(rates[a], rates[b])
         return f"{r['median']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
 
-    print(f"\ngreedy mtplab / genai: {ratio('greedy mtplab', 'greedy genai')}")
+    print(f"\ngreedy mtplab / genai: {ratio('greedy', 'greedy mtplab', 'greedy genai')}")
     for k in args.ks:
         for sched in ("decode-verify", "fused"):
-            print(f"k={k}: mtplab MTP {sched} / genai MTP: {ratio(f'mtp k={k} mtplab {sched}', f'mtp k={k} genai')}")
+            text = ratio(f"mtp k={k} {sched}", f"mtp k={k} mtplab {sched}", f"mtp k={k} genai")
+            print(f"k={k}: mtplab MTP {sched} / genai MTP: {text}")
+    print(f"mtplab's thread pool: {thread_pool()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": art.description.name, "threads": args.threads, "pool": thread_pool(),
+                       "rates": med, "ratios": ratios, "identical": identical}, f, indent=1, default=float)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 One process; each point runs its own greedy baseline right before its speculative run, and the
 points are repeated in interleaved rounds (A B C ... A B C ...) so machine drift cancels out.
-Medians of measured and predicted speedup are printed side by side (each point's rates: mtplab.measure).
+Medians of measured and predicted speedup are printed side by side (each point's rates: mtplab.measure.rounds).
 
     python benchmarks/speculative.py [--rounds 3] [--tokens 128] [--alpha 0.8] [--backend cuda] [--preset small]
 """
@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from mtplab import measure, stats
-from mtplab.config import COMMITS, SCHEDULES, RunConfig
-from mtplab.engine import Engine, model_for
-from mtplab.experiment import run_point
+from mtplab.engine.engine import Engine, model_for
+from mtplab.engine.strategies import COMMITS, SCHEDULES
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.measure import rounds as measure
+from mtplab.measure import stats
 
 
 def main() -> None:
@@ -28,7 +30,7 @@ def main() -> None:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--backend", default="cpu", help="cpu, or cuda (CUDA graphs, the fp16 build)")
     args = ap.parse_args()
-    art = model_for(RunConfig(preset=args.preset, backend=args.backend))
+    art = model_for(RunConfig(model=args.preset, backend=args.backend))
     combos = list(itertools.product(SCHEDULES, COMMITS, args.ks))
     engines = {}
     rows: dict[tuple, list] = {c: [] for c in combos}

@@ -1,5 +1,5 @@
 """`python -m mtplab`: the command line."""
 
-from .cli import main
+from mtplab.cli.main import console
 
-raise SystemExit(main())
+raise SystemExit(console())

@@ -23,7 +23,7 @@
 # oracle catches. Pinned (`sibling-pinned`) or pre-sized (`shared-max`), both slots replay.
 
 # %% tags=["parameters"]
-preset = "tiny"
+model = "tiny"
 k = 3
 tokens = 64
 results = "two-slot-executor"  # folder under results/ for the table (CSV) and the figure (PNG)
@@ -31,18 +31,19 @@ results = "two-slot-executor"  # folder under results/ for the table (CSV) and t
 # %%
 import pandas as pd
 
-from mtplab import plots, workspace
+from mtplab.report import plots
+from mtplab.sweep import workspace
 
 pd.set_option("display.max_colwidth", None)  # the reasons in full
 out = workspace.output_folder(results)
-from mtplab.config import RunConfig
-from mtplab.experiment import run_point
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
 
 cases = [("shared-jit", True), ("shared-max", True), ("sibling", True), ("sibling", False), ("sibling-pinned", True)]
 rows = []
 print("The 'sibling (validation off)' case is the negative control: its LOSSLESS CHECK FAILED banner below is expected.")
 for policy, validate in cases:
-    r = run_point(RunConfig(preset=preset, k=k, drafter="mtp", policy=policy, commit="select", tokens=tokens,
+    r = run_point(RunConfig(model=model, k=k, drafter="mtp", policy=policy, commit="select", tokens=tokens,
                             validate=validate))
     label = policy + ("" if validate else " (validation off)")
     for slot in ("primary", "verify"):

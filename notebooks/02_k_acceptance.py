@@ -23,7 +23,8 @@ results = "demo"  # a sweep under results/ (`make demo` makes results/demo), or 
 quick = False  # True: use the smoke sweep results/smoke instead, running it first if missing (seconds)
 
 # %%
-from mtplab import figures, store, workspace
+from mtplab.report import figures
+from mtplab.sweep import store, workspace
 
 sweep_dir = workspace.sweep_folder(results, quick)
 df = store.load(sweep_dir)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from IPython.display import HTML, Markdown, display
 
-from mtplab import figures, findings, provenance, store, tables
+from mtplab.report import figures, findings, provenance, tables
+from mtplab.sweep import store
 
 sweep = json.loads((Path(sweep_dir) / "sweep.json").read_text())
 df = store.load(sweep_dir)
@@ -37,31 +38,8 @@ display(Markdown(provenance.HOW_TO_READ))
 display(Markdown(findings.per_model(findings.sweep_findings, df)))
 
 # %%
-fig = figures.per_model(figures.speedup_vs_alpha, ok)
-
-# %%
-fig = figures.per_model(figures.tokens_per_s_vs_alpha, ok)
-
-# %%
-fig = figures.per_model(figures.acceptance, ok)
-
-# %%
-fig = figures.per_model(figures.per_position, ok)
-
-# %%
-fig = figures.per_model(figures.slot_counters, ok)
-
-# %%
-figures.per_model(figures.counters_table, ok)
-
-# %%
-fig = figures.per_model(figures.time_split, ok)
-
-# %%
-fig = figures.per_model(figures.memory, ok)
-
-# %%
-fig = figures.per_model(figures.peer, ok)
+for figure in figures.STANDARD:
+    figures.show(figure, ok)
 
 # %% [markdown]
 # ## All points
@@ -78,7 +56,7 @@ display(HTML(tables.points_html(df)))
 # never from a point's own times; efficiency = measured / predicted speedup.
 
 # %%
-from mtplab import quality
+from mtplab.report import quality
 
 calibration = quality.load_calibration(sweep_dir)
 display(Markdown(quality.quality_markdown(df, sweep, calibration)))

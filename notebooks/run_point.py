@@ -17,7 +17,7 @@
 # # One sweep point
 # Greedy baseline and speculative run in one process; writes `result.json` and `point.png` into
 # `run_dir` (a sweep passes the point's folder; run by hand, results/run_point/<point id>/).
-# `point` holds RunConfig fields by name (`mtplab.config.RunConfig`: each field's help and allowed
+# `point` holds RunConfig fields by name (`mtplab.experiment.config.RunConfig`: each field's help and allowed
 # values); a sweep passes every field. Run by hand, a missing field takes `BY_HAND`'s value (the tiny
 # model, the oracle drafter, 64 tokens), else RunConfig's default.
 
@@ -29,14 +29,16 @@ calibration_file = ""  # a sweep's calibration.json (empty: this machine's cache
 # %%
 from pathlib import Path
 
-from mtplab import plots, workspace
-from mtplab.calibrate import sweep_calibration
-from mtplab.config import RunConfig
-from mtplab.experiment import result_text, run_point
-from mtplab.grid import Point
+from mtplab.experiment.calibrate import sweep_calibration
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import dedicate_process, result_text, run_point
+from mtplab.report import plots
+from mtplab.sweep import workspace
+from mtplab.sweep.grid import Point
 
-BY_HAND = {"preset": "tiny", "drafter": "oracle", "tokens": 64}
-run = RunConfig(**(BY_HAND | point))
+BY_HAND = {"model": "tiny", "drafter": "oracle", "tokens": 64}
+run = RunConfig.from_dict(BY_HAND | point)
+dedicate_process(run)  # this kernel runs this point only: its sessions share one thread pool
 run_dir = Path(run_dir) if run_dir else workspace.output_folder(f"run_point/{Point(run).id}")
 result = run_point(run, calibration=sweep_calibration(calibration_file, run))
 result.save(run_dir / "result.json")

@@ -16,16 +16,16 @@ os.environ["MTPLAB_CACHE"] = _CACHE  # before anything reads it: tests never wri
 def pytest_unconfigure(config):
     shutil.rmtree(_CACHE, ignore_errors=True)
 
-from mtplab.arena import Arena  # noqa: E402 - after the cache is set
-from mtplab.executor import CpuPlanBackend, Executor, Slot, SlotMemory  # noqa: E402
 from mtplab.model import build_model, preset  # noqa: E402
-from mtplab.runtime import TargetState, make_session, target_io  # noqa: E402
+from mtplab.runtime.arena import Arena  # noqa: E402 - after the cache is set
+from mtplab.runtime.executor import CpuPlanBackend, Executor, Slot, SlotMemory  # noqa: E402
+from mtplab.runtime.sessions import TargetState, make_session, target_io  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
 def mtplab_kernel():
-    """Notebooks in tests run on this interpreter (see mtplab.kernel)."""
-    from mtplab.kernel import ensure_kernel
+    """Notebooks in tests run on this interpreter (see mtplab.sweep.kernel)."""
+    from mtplab.sweep.kernel import ensure_kernel
 
     return ensure_kernel()
 
@@ -102,7 +102,7 @@ def overaccepting_notebooks(tmp_path):
     return planted_notebooks(
         tmp_path / "overaccepting-notebooks",
         [
-            "import mtplab.engine as planted\n",
+            "import mtplab.engine.acceptance as planted\n",
             "true_count = planted.accepted_count\n",
             "planted.accepted_count = lambda xp, d, t: xp.minimum(true_count(xp, d, t) + 1, d.shape[0])\n",
         ],
@@ -112,10 +112,10 @@ def overaccepting_notebooks(tmp_path):
 def synthetic_calibration(t1: float = 1e-3) -> dict:
     """A synthetic calibration (a test double of calibrate.measure's result): T(M) = t1 * (1 + 0.1 (M-1)), cheap
     head and commits; for tests whose subject is not the prediction."""
-    from mtplab.config import COMMITS
+    from mtplab.engine.strategies import COMMITS
 
     return {
-        "key": {"preset": "tiny", "synthetic": True},
+        "key": {"model": "tiny", "synthetic": True},
         "target": {str(m): t1 * (1 + 0.1 * (m - 1)) for m in range(1, 9)},
         "head": 0.2 * t1,
         "commit": {s: {str(n): 0.05 * t1 * n for n in range(1, 9)} for s in COMMITS},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtplab.arena import Arena, BufferTooSmall, address
+from mtplab.runtime.arena import Arena, BufferTooSmall, address
 
 
 def test_named_buffer_keeps_its_address_and_serves_smaller_views():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mtplab.cli import main
+from mtplab.cli.main import main
 from mtplab.model import artifact, build_model, load_artifact, preset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ def test_out_holding_another_config_is_refused(tmp_path, capsys):
 
 
 def test_concurrent_forced_builds_of_one_model_all_succeed(cache):
-    cmd = [sys.executable, "-m", "mtplab.cli", "model", "build", "--preset", "tiny", "--force"]
+    cmd = [sys.executable, "-m", "mtplab.cli.main", "model", "build", "--preset", "tiny", "--force"]
     env = os.environ | {"MTPLAB_CACHE": str(cache)}
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]

@@ -7,19 +7,21 @@ a surprise that is no error is a named warning.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 from conftest import synthetic_calibration
 
-from mtplab import measure
-from mtplab.config import COMMITS, RunConfig
-from mtplab.drafters import OracleDrafter
-from mtplab.engine import Engine
-from mtplab.executor import Slot
-from mtplab.experiment import run_point
+from mtplab.engine.drafters import OracleDrafter
+from mtplab.engine.engine import Engine
+from mtplab.engine.strategies import COMMITS, SCHEDULES
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.measure import rounds as measure
+from mtplab.runtime.executor import Slot
 
-RUN = dict(preset="tiny", k=3, drafter="oracle", alpha=0.7, commit="select", tokens=48, rounds=2)
+RUN = dict(model="tiny", k=3, drafter="oracle", alpha=0.7, commit="select", tokens=48, rounds=2)
 
 
 def _point(tiny, **changes):
@@ -132,7 +134,7 @@ def test_an_oracle_drafter_skipping_the_head_after_the_first_generation_is_a_mis
 def test_a_timed_only_state_drift_is_a_mismatch(tiny, monkeypatch):
     real = Engine.commit
 
-    def commit(self, ver, consumed, start):
+    def commit(self, ver, consumed, start=None):
         real(self, ver, consumed, start)
         if self.watch is None:  # timed runs only: the checked pass watches every forward
             for a in self.state.gdn.values():
@@ -179,8 +181,8 @@ def test_a_speculative_side_counting_its_overshoot_is_a_mismatch(tiny, monkeypat
 
 
 def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_is_not(tiny, monkeypatch):
-    from mtplab import calibrate
-    from mtplab.drafters import MtpDrafter
+    from mtplab.engine.drafters import MtpDrafter
+    from mtplab.experiment import calibrate
 
     # The head's real acceptance on the calibration's own prompts, at the run's length (200 tokens: ~130 steps).
     calib = synthetic_calibration(1e-4) | {"mtp_acceptance": calibrate._acceptance("tiny", 200, 0)}
@@ -199,7 +201,7 @@ def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_i
 
 
 def test_an_executor_that_runs_eager_but_counts_a_replay_is_caught_by_the_backends_own_count(tiny, monkeypatch):
-    from mtplab.executor import Executor, Status
+    from mtplab.runtime.executor import Executor, Status
 
     real = Executor.run
 
@@ -216,8 +218,7 @@ def test_an_executor_that_runs_eager_but_counts_a_replay_is_caught_by_the_backen
 
 @pytest.mark.parametrize("bug", ["no head", "k-1 drafts", "fused for decode-verify"])
 def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, monkeypatch, bug):
-    from mtplab import engine as engine_mod
-    from mtplab import schedule
+    from mtplab.engine import schedules
 
     if bug == "no head":
         real = Engine.drafter
@@ -233,16 +234,17 @@ def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, mon
         monkeypatch.setattr(OracleDrafter, "draft", lambda self, first, hidden, position, k: real(
             self, first, hidden, position, k - 1))
     else:
-        monkeypatch.setitem(engine_mod.STEPS, "decode-verify", schedule.fused_step)
+        planted = dataclasses.replace(SCHEDULES.get("decode-verify"), step=schedules.fused_step)
+        monkeypatch.setitem(SCHEDULES._items, "decode-verify", planted)
     _run_check_failed(_point(tiny), "the checked speculative run: its forwards are not what")
 
 
 @pytest.mark.parametrize("bug", ["policy", "threads", "retain"])
 def test_an_engine_built_otherwise_than_its_config_is_caught(tiny, monkeypatch, bug):
-    from mtplab import device as device_mod
-    from mtplab import engine as engine_mod
-    from mtplab import executor as executor_mod
-    from mtplab.policy import policy
+    from mtplab.engine import engine as engine_mod
+    from mtplab.runtime import device as device_mod
+    from mtplab.runtime import executor as executor_mod
+    from mtplab.runtime.policy import policy
 
     if bug == "policy":
         monkeypatch.setattr(engine_mod, "policy", lambda name: policy("shared-max"))
@@ -260,7 +262,7 @@ def test_an_engine_built_otherwise_than_its_config_is_caught(tiny, monkeypatch, 
 
 
 def test_plans_dropped_at_every_generation_are_caught_as_captures_without_a_cause(tiny, monkeypatch):
-    from mtplab.executor import Executor, Status
+    from mtplab.runtime.executor import Executor, Status
 
     real = Executor.new_generation
 

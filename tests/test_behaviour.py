@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import synthetic_calibration
 
-from mtplab.config import RunConfig
-from mtplab.experiment import run_point
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
 from mtplab.model import behaviour
 from mtplab.model.stepper import Stepper
 
@@ -62,7 +62,7 @@ def test_the_head_is_fitted_to_the_target(tiny):
 @pytest.mark.parametrize("k", [1])
 def test_the_small_head_accepts_as_trained_heads_do(small, k):
     # acceptance is under test, not the prediction: a synthetic calibration, one timed round
-    r = run_point(RunConfig(preset="small", k=k, drafter="mtp", tokens=128, rounds=1), small,
+    r = run_point(RunConfig(model="small", k=k, drafter="mtp", tokens=128, rounds=1), small,
                   calibration=synthetic_calibration())
     assert r.lossless, r.verdict
     assert 0.65 <= r.draft_acceptance <= 0.90, r.draft_acceptance

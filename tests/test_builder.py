@@ -14,12 +14,12 @@ import numpy as np
 import onnx
 import pytest
 
-from mtplab import oracle
-from mtplab.config import RunConfig
-from mtplab.engine import Engine, prompt_tokens
-from mtplab.lossless import checked_pass
+from mtplab.check import verdict as oracle
+from mtplab.check.lossless import checked_pass
+from mtplab.cli.inspect import inspect_text
+from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.experiment.config import RunConfig
 from mtplab.model.builder import open_builder
-from mtplab.model.inspect import inspect_text
 
 FIXTURE = Path(__file__).parent / "data" / "builder-tiny"
 
@@ -30,7 +30,10 @@ def builder():
 
 
 def _run(**changes) -> RunConfig:
-    return RunConfig(**({"preset": "tiny", "drafter": "oracle", "alpha": 0.7, "tokens": 24} | changes))
+    values = {"model": "tiny", "drafter": "oracle", "alpha": 0.7, "tokens": 24} | changes
+    if values["drafter"] != "oracle":  # alpha is the oracle's
+        values.pop("alpha")
+    return RunConfig(**values)
 
 
 def _checked(model, run: RunConfig):
@@ -63,8 +66,8 @@ def test_the_users_folder_is_left_as_the_builder_wrote_it(builder):
 
 def test_greedy_equals_onnxruntime_genai_generator_on_the_same_folder(builder):
     pytest.importorskip("onnxruntime_genai")
-    from mtplab.genai_builder import builder_peer_folder
-    from mtplab.genai_runner import GenaiPeer
+    from mtplab.experiment.genai_builder import builder_peer_folder
+    from mtplab.experiment.genai_runner import GenaiPeer
 
     prompt = prompt_tokens(builder.description.vocab_size, 8, 0)
     ours = Engine(_run(k=1), builder).greedy(prompt, 48).tokens
@@ -176,7 +179,7 @@ def test_a_config_without_an_mtp_head_is_refused(copy):
 
 
 def test_cli_inspect_prints_the_report_and_refuses_a_folder_that_is_no_model(tmp_path, capsys):
-    from mtplab.cli import main
+    from mtplab.cli.main import main
 
     assert main(["model", "inspect", str(FIXTURE)]) == 0
     assert "3 linear-attention (LinearAttention) + 1 attention" in capsys.readouterr().out
@@ -185,7 +188,7 @@ def test_cli_inspect_prints_the_report_and_refuses_a_folder_that_is_no_model(tmp
 
 
 def test_cli_run_on_the_folder_is_lossless_and_records_the_model(tmp_path, capsys):
-    from mtplab.cli import main
+    from mtplab.cli.main import main
 
     out = tmp_path / "r.json"
     code = main(["run", "--model", str(FIXTURE), "--drafter", "oracle", "--alpha", "0.7", "--k", "2", "--tokens", "24",
@@ -197,7 +200,7 @@ def test_cli_run_on_the_folder_is_lossless_and_records_the_model(tmp_path, capsy
 
 
 def test_cli_run_refuses_a_k_beyond_the_capacity_before_any_work(capsys):
-    from mtplab.cli import main
+    from mtplab.cli.main import main
 
     assert main(["run", "--model", str(FIXTURE), "--tokens", "250", "--k", "3"]) == 2
     assert "exceeds builder-tiny's KV capacity 256" in capsys.readouterr().err
@@ -205,7 +208,7 @@ def test_cli_run_refuses_a_k_beyond_the_capacity_before_any_work(capsys):
 
 def test_the_genai_peer_runs_on_the_same_folder(builder):
     pytest.importorskip("onnxruntime_genai")
-    from mtplab.genai_point import run_genai_point
+    from mtplab.experiment.genai_point import run_genai_point
 
     r = run_genai_point(_run(engine="ort-genai", drafter="mtp", k=2, rounds=1, tokens=24), builder)
     assert r.lossless and r.model["name"] == "builder-tiny"
@@ -243,7 +246,7 @@ def test_a_head_reading_another_hidden_output_is_refused(copy):
 
 
 def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):
-    from mtplab.cli import main
+    from mtplab.cli.main import main
 
     cfg = json.loads((copy / "genai_config.json").read_text())
     cfg["model"]["context_length"] = 64
@@ -261,7 +264,7 @@ def test_int4_belongs_to_presets_not_folders():
 
 
 def test_a_k_beyond_the_calibrated_verify_sizes_runs_without_a_prediction(capsys):
-    from mtplab.cli import main
+    from mtplab.cli.main import main
 
     code = main(["run", "--model", str(FIXTURE), "--k", "9", "--tokens", "24", "--rounds", "2", "--drafter", "oracle",
                  "--commit", "readvance-m1", "--json"])
@@ -270,13 +273,13 @@ def test_a_k_beyond_the_calibrated_verify_sizes_runs_without_a_prediction(capsys
     assert r["lossless"] and r["config"]["k"] == 9 and not r.get("predicted")
 
 
-def test_a_preset_and_a_model_together_are_refused():
-    with pytest.raises(ValueError, match="preset='tiny' and model="):
-        RunConfig(preset="tiny", model=str(FIXTURE))
+def test_an_older_config_naming_a_preset_and_a_folder_runs_the_folder():
+    assert RunConfig.from_dict({"preset": "tiny", "model": str(FIXTURE)}).model == str(FIXTURE.resolve())
+    assert RunConfig.from_dict({"preset": "tiny", "model": ""}).model == "tiny"
 
 
 def test_a_spec_names_a_folder_beside_it_from_any_working_directory(copy, tmp_path, monkeypatch):
-    from mtplab import grid
+    from mtplab.sweep import grid
 
     spec = copy.parent / "spec.yaml"
     spec.write_text("name: rel\ndefaults: {tokens: 16, drafter: oracle}\nmodel: [model, tiny]\nk: [1]\n")

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from mtplab import calibrate, theory
-from mtplab.config import COMMITS, threads_used
+from mtplab.base.threads import threads_used
+from mtplab.engine.strategies import COMMITS
+from mtplab.experiment import calibrate
+from mtplab.measure import theory
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from mtplab.cli import main
-from mtplab.device import cuda_available
+from mtplab.cli.main import main
+from mtplab.runtime.device import cuda_available
 
 
 @pytest.mark.parametrize(
@@ -84,7 +84,7 @@ def test_every_bad_option_is_reported_together_before_any_work(capsys):
 
 def test_alpha_with_the_mtp_drafter_is_an_error(capsys):
     assert main(["run", "--preset", "tiny", "--drafter", "mtp", "--alpha", "0.3"]) == 2
-    assert "--alpha 0.3 with --drafter mtp" in capsys.readouterr().err
+    assert "--alpha 0.3 with --drafter 'mtp': alpha belongs to the oracle drafter" in capsys.readouterr().err
 
 
 def test_bad_sweep_options_are_reported_together(tmp_path, capsys):
@@ -128,19 +128,19 @@ def _options(parser):
 
 
 def test_help_gives_every_options_default_and_the_choices():
-    from mtplab.cli import parser
+    from mtplab.cli.main import parser
 
     helps = dict(_options(parser()))
     missing = [name for name, text in helps.items() if "(default" not in text]
     assert not missing, f"options without a default in --help: {missing}"
-    assert "choices: tiny, small, base" in helps["run --preset"]
+    assert "a preset name (tiny, small, base" in helps["run --model"] and "older name of --model" in helps["run --preset"]
     assert "choices: cpu, cuda" in helps["run --backend"]
     assert "cuda" in helps["sweep --preset"] and "smoke" in helps["sweep --preset"]
     assert parser().parse_args(["sweep", "--grid", "smoke"]).preset == "smoke"  # --grid: a spec's preset is the model
 
 
 def test_sweep_runs_one_point_at_a_time_by_default_and_says_why(capsys):
-    from mtplab.cli import parser
+    from mtplab.cli.main import parser
 
     with pytest.raises(SystemExit):
         parser().parse_args(["sweep", "--help"])
@@ -156,7 +156,7 @@ def test_preset_and_model_together_are_refused_even_when_the_preset_is_the_defau
 
 
 def test_an_onnxruntime_without_the_cpu_kernel_is_refused_in_one_line_before_any_build(monkeypatch, capsys):
-    from mtplab import engine
+    from mtplab.engine import engine
     from mtplab.model import artifact
 
     monkeypatch.setattr(engine, "cpu_kernel_present", lambda: False)  # test double: as on the 1.30/1.31 CPU wheels

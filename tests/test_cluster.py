@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mtplab import grid
-from mtplab.sweep import run_sweep
+from mtplab.sweep import grid
+from mtplab.sweep.run import run_sweep
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'mtplab[cluster]' (make test installs it)")
 psutil = pytest.importorskip("psutil")
@@ -85,7 +85,7 @@ def test_a_point_that_raises_is_recorded_and_the_rest_complete(tmp_path, tiny, r
         log_to_driver=False,
         runtime_env={"env_vars": {"MTPLAB_NOTEBOOKS": str(nb)}},
     )
-    spec = grid.parse({"name": "mixed", "defaults": {"preset": "tiny", "tokens": 16}, "k": [1, 2, 3]})
+    spec = grid.parse({"name": "mixed", "defaults": {"model": "tiny", "tokens": 16}, "k": [1, 2, 3]})
     sweep_dir = run_sweep(spec, tmp_path / "r", executor="ray", quiet=True)
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert sorted(df.status) == ["failed", "ok", "ok"]
@@ -99,7 +99,7 @@ def test_ray_executor_without_ray_says_how_to_install(tmp_path, monkeypatch):
 
 
 def test_resources_can_be_overridden_in_the_spec():
-    spec = grid.parse({"defaults": {"preset": "tiny"}, "k": [1], "resources": {"num_cpus": 2}})
+    spec = grid.parse({"defaults": {"model": "tiny"}, "k": [1], "resources": {"num_cpus": 2}})
     assert spec.resources == {"num_cpus": 2}
     with pytest.raises(ValueError, match="unknown key 'gpus' in resources"):
-        grid.parse({"defaults": {"preset": "tiny"}, "k": [1], "resources": {"gpus": 1}})
+        grid.parse({"defaults": {"model": "tiny"}, "k": [1], "resources": {"gpus": 1}})

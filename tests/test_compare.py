@@ -8,14 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mtplab import grid
-from mtplab.cli import main
-from mtplab.compare import make_compare, match
-from mtplab.sweep import run_sweep
+from mtplab.cli.main import main
+from mtplab.report.compare import make_compare, match
+from mtplab.sweep import grid
+from mtplab.sweep.run import run_sweep
 
 
 def _spec(name: str, ks: list[int]) -> grid.GridSpec:
-    defaults = {"preset": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.7, "policy": "sibling-pinned"}
+    defaults = {"model": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.7, "policy": "sibling-pinned"}
     return grid.parse({"name": name, "defaults": defaults, "k": ks})
 
 
@@ -29,7 +29,7 @@ def two_sweeps(tmp_path_factory, tiny):
         root / "slow-notebooks",
         [
             "import time\n",
-            "import mtplab.engine as planted\n",
+            "import mtplab.engine.engine as planted\n",
             "true_commit = planted.Engine.commit\n",
             "def slow_commit(self, *a, **kw):\n",
             "    time.sleep(0.005)\n",
@@ -57,7 +57,7 @@ def test_compare_shows_the_ratio_the_changed_point_and_points_only_in_one(two_sw
 
 
 def test_the_planted_slow_engine_is_slower_by_the_ratio(two_sweeps):
-    from mtplab import store
+    from mtplab.sweep import store
 
     a, b = two_sweeps
     joined, key, differ = match(store.load(a), store.load(b))
@@ -67,7 +67,7 @@ def test_the_planted_slow_engine_is_slower_by_the_ratio(two_sweeps):
 
 
 def test_counters_that_changed_are_named_and_a_differing_fixed_parameter_is_left_out_of_the_key():
-    base = {"point_id": "p", "preset": "tiny", "k": 1, "drafter": "oracle", "alpha": 0.7, "policy": "shared-jit"}
+    base = {"point_id": "p", "model": "tiny", "k": 1, "drafter": "oracle", "alpha": 0.7, "policy": "shared-jit"}
     a = pd.DataFrame([base | {"backend": "cpu", "tokens_per_s": 100.0, "speedup": 1.0, "slots.verify.fallbacks": 0}])
     b = pd.DataFrame([base | {"backend": "cuda", "tokens_per_s": 100.0, "speedup": 1.0, "slots.verify.fallbacks": 11}])
     joined, key, differ = match(a, b)
@@ -81,7 +81,7 @@ def test_compare_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path, capsys):
 
 
 def test_a_point_whose_speedup_cis_overlap_is_unchanged_however_its_tokens_per_s_drifted():
-    base = {"point_id": "p", "preset": "tiny", "k": 1, "drafter": "oracle", "alpha": 0.7, "slots.verify.fallbacks": 0}
+    base = {"point_id": "p", "model": "tiny", "k": 1, "drafter": "oracle", "alpha": 0.7, "slots.verify.fallbacks": 0}
     a = pd.DataFrame([base | {"tokens_per_s": 100.0, "speedup": 1.00, "speedup_ci": "[0.95, 1.06]"}])
     b = pd.DataFrame([base | {"tokens_per_s": 154.0, "speedup": 1.04, "speedup_ci": "[0.98, 1.09]"}])  # machine 54% faster
     joined, _, _ = match(a, b)
@@ -91,14 +91,14 @@ def test_a_point_whose_speedup_cis_overlap_is_unchanged_however_its_tokens_per_s
 
 
 def test_without_cis_a_speedup_ratio_outside_the_band_is_a_change():
-    from mtplab.compare import speedup_changed
+    from mtplab.report.compare import speedup_changed
 
     assert speedup_changed(None, "[1.0, 1.1]", 1.3) == (True, "band")
     assert speedup_changed("[1.0, 1.1]", "[1.05, 1.2]", 1.1) == (False, "CIs")
 
 
 def test_the_rounds_interval_is_a_t_interval_of_the_geometric_mean_and_decides_before_stored_cis():
-    from mtplab.compare import rounds_interval, speedup_changed
+    from mtplab.report.compare import rounds_interval, speedup_changed
 
     rounds = [{"speedup": v} for v in (1.0, 1.1, 1.2)]
     lo, hi = rounds_interval(rounds)

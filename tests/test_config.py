@@ -2,50 +2,35 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import papermill as pm
 import pytest
 
-from mtplab import config, grid, point_exec
-from mtplab.cli import _run_config, add_run_options, parser
-from mtplab.config import INTEGER_0, RunConfig, param
+from mtplab.cli.main import _run_config, parser
+from mtplab.experiment import config
+from mtplab.experiment.config import RunConfig
+from mtplab.sweep import grid, point_exec
 
 NB = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-@dataclasses.dataclass(frozen=True)
-class Extended(RunConfig):
-    """RunConfig with two more fields, declared as RunConfig declares its own."""
-
-    warmup: int = param(2, "untimed warm-up steps", rule=INTEGER_0, tag="w")
-    trace: bool = param(False, "keep a trace of every step")
-
-
-def _run_options(cls) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser()
-    add_run_options(p, cls)
-    return p
+def test_every_field_belongs_to_one_group_and_the_command_line_groups_its_options():
+    groups = {f.name: f.metadata["group"] for f in config.fields()}
+    assert set(groups.values()) == set(config.GROUPS)
+    run = RunConfig(model="tiny", k=2, drafter="oracle", alpha=0.5, tokens=16)
+    assert run.group("model") == {"model": "tiny", "int4": False, "backend": "cpu", "engine": "mtplab"}
+    assert run.group("decoding")["alpha"] == 0.5 and run.group("measurement")["tokens"] == 16
+    sub = parser()._subparsers._group_actions[0].choices["run"]
+    shown = {g.title: {a.dest for a in g._group_actions} for g in sub._action_groups}
+    for name, group in groups.items():
+        assert name in shown[f"{group} options"]
 
 
-def test_a_new_field_reaches_the_command_line_the_grid_and_the_notebook(tmp_path):
-    args = _run_options(Extended).parse_args(["--warmup", "5", "--trace", "--k", "2", "--preset", "tiny"])
-    run, problems = _run_config(args, Extended)
-    assert problems == [] and run == Extended(preset="tiny", k=2, warmup=5, trace=True)
-    args = _run_options(Extended).parse_args(["--warmup", "-1"])
-    assert _run_config(args, Extended)[1] == ["--warmup -1: must be an integer >= 0"]
-
-    assert {"warmup", "trace"} <= set(config.dimensions(Extended))
-    spec = grid.parse({"preset": ["tiny"], "tokens": [16], "warmup": [1, 2], "trace": [False, True]}, Extended)
-    ids = sorted(p.id for p in spec.points)
-    assert len(ids) == 4 and sum("-w1" in i for i in ids) == 2 and sum(i.endswith("-trace") for i in ids) == 2
-    with pytest.raises(ValueError, match=r"warmup=-3: must be an integer >= 0"):
-        grid.parse({"warmup": [-3]}, Extended)
-
-    params = point_exec.point_parameters(grid.Point(Extended(preset="tiny", warmup=4)), tmp_path)
-    assert params["point"]["warmup"] == 4 and params["point"]["trace"] is False
+def test_the_notebook_takes_exactly_the_point_its_run_dir_and_calibration(tmp_path):
+    params = point_exec.point_parameters(grid.Point(RunConfig(model="tiny", k=2)), tmp_path)
+    assert params["point"]["k"] == 2 and params["point"]["model"] == "tiny"
     assert set(params) == set(pm.inspect_notebook(str(NB / "run_point.ipynb"))) == {"point", "run_dir", "calibration_file"}
 
 
@@ -69,7 +54,7 @@ def test_todays_option_names_still_work():
 
 
 def test_point_ids_name_the_new_dimensions_only_off_their_defaults():
-    base = grid.Point(RunConfig(preset="tiny", tokens=16))
+    base = grid.Point(RunConfig(model="tiny", tokens=16))
     assert base.id == "tiny-k3-mtp-sibling-pinned-select-decode-verify-t16-s0-r0"
     assert grid.Point(base.run.replace(threads=0)).id == base.id
     changed = base.run.replace(validate=False, prompt_len=4, max_recaptures=1, threads=2)
@@ -77,29 +62,27 @@ def test_point_ids_name_the_new_dimensions_only_off_their_defaults():
 
 
 def test_the_k_and_max_recaptures_checks_are_one_definition():
-    from mtplab.executor import Executor
     from mtplab.model import preset
+    from mtplab.runtime.executor import Executor
 
     with pytest.raises(ValueError) as err:
         preset("tiny").check_k(8)
-    assert str(err.value) in config.run_problems({"preset": "tiny", "k": 8, "tokens": 16})
+    assert str(err.value) in config.run_problems({"model": "tiny", "k": 8, "tokens": 16})
     with pytest.raises(ValueError, match="max_recaptures=-1: must be an integer >= 0"):
         Executor({}, {}, max_recaptures=-1)
     assert config.run_problems({"max_recaptures": -1}) == ["max_recaptures=-1: must be an integer >= 0"]
 
 
 def test_threads_are_passed_not_read_from_the_environment(tmp_path):
-    from mtplab.device import device_for
-    from mtplab.env import environment
-    from mtplab.store import same_config
+    from mtplab.measure.env import environment
+    from mtplab.runtime.device import device_for
+    from mtplab.sweep.store import same_config
 
     assert device_for("cpu", threads=2).threads == 2 and device_for("cpu").threads == 0
     assert environment("cpu", 3)["threads"] == 3
-    point = grid.Point(RunConfig(preset="tiny"))
+    point = grid.Point(RunConfig(model="tiny"))
     assert point_exec.point_parameters(point, tmp_path, threads=2)["point"]["threads"] == 2  # the sweep's share
-    fixed = grid.Point(RunConfig(preset="tiny", threads=1))
+    fixed = grid.Point(RunConfig(model="tiny", threads=1))
     assert point_exec.point_parameters(fixed, tmp_path, threads=2)["point"]["threads"] == 1  # the spec's own
     stored = point_exec.point_parameters(point, tmp_path, threads=2)["point"]
     assert same_config(stored, point.run.to_dict()) and not same_config(stored, fixed.run.to_dict())
-    source = Path(config.__file__).parent
-    assert not [p for p in source.rglob("*.py") if "MTPLAB_THREADS" in p.read_text()]

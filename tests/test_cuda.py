@@ -7,14 +7,15 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from mtplab import cuda
-from mtplab.arena import Arena, address
-from mtplab.commit import replay_transitions, replay_transitions_xp, split_transitions
-from mtplab.config import RunConfig
-from mtplab.device import Device
-from mtplab.engine import Engine, accepted_count
-from mtplab.executor import Binding, Executor, Slot, SlotMemory, Status
-from mtplab.experiment import run_point
+from mtplab.engine.acceptance import accepted_count
+from mtplab.engine.engine import Engine
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.model.graph import replay_transitions, replay_transitions_xp, split_transitions
+from mtplab.runtime import cuda
+from mtplab.runtime.arena import Arena, address
+from mtplab.runtime.device import Device
+from mtplab.runtime.executor import Binding, Executor, Slot, SlotMemory, Status
 
 
 class FakeRunOptions:
@@ -188,10 +189,10 @@ def test_every_run_is_queued_without_a_stream_sync_and_the_host_waits_once_per_s
     double) once per speculative step, plus once for the prefill's token."""
     import fake_cupy
 
-    from mtplab.engine import prompt_tokens
+    from mtplab.engine.engine import prompt_tokens
 
     backend = cuda.CudaGraphBackend(cuda.GraphIds(per_slot=4), ort.RunOptions, device_type="cpu")
-    eng = Engine(RunConfig(preset="tiny", k=3, drafter="mtp"), tiny, device=Device("fake-cuda", fake_cupy, backend))
+    eng = Engine(RunConfig(model="tiny", k=3, drafter="mtp"), tiny, device=Device("fake-cuda", fake_cupy, backend))
     entries = []  # (no-sync entry, graph id) of every run
     sessions = [*eng.target.sessions.values(), *eng.mtp.sessions.values()]
     for session in {id(s): s for s in sessions}.values():
@@ -243,7 +244,7 @@ def test_fp16_build_runs_on_the_cpu_ep():
     art = build_model(preset("tiny", dtype="fp16"))
     assert art.manifest["io"]["target"]["outputs"][0]["dtype"] == "float16"
     for commit in ("readvance-m1", "select"):
-        r = run_point(RunConfig(preset="tiny", k=3, commit=commit, tokens=32), art)
+        r = run_point(RunConfig(model="tiny", k=3, commit=commit, tokens=32), art)
         assert r.lossless, r.verdict
 
 
@@ -257,7 +258,7 @@ def test_the_cuda_plan_backend_drives_the_real_engine_losslessly(tiny):
     for policy_name, verify_ids in (("shared-max", 1), ("sibling", 4)):
         ids = cuda.GraphIds(per_slot=4)
         device = _graphs_on_the_cpu_ep(ids)
-        run = RunConfig(preset="tiny", k=3, policy=policy_name, tokens=48)
+        run = RunConfig(model="tiny", k=3, policy=policy_name, tokens=48)
         r = run_point(run, tiny, Engine(run, tiny, device=device))
         assert r.lossless, r.verdict
         assert len(ids.by_slot["primary"]) == 1 and len(ids.by_slot["mtp"]) == 1
@@ -267,10 +268,10 @@ def test_the_cuda_plan_backend_drives_the_real_engine_losslessly(tiny):
 
 
 def test_host_waits_are_one_read_per_step_plus_one_sync_per_capture(tiny):
-    from mtplab.engine import prompt_tokens
+    from mtplab.engine.engine import prompt_tokens
 
     ids = cuda.GraphIds(per_slot=4)
-    eng = Engine(RunConfig(preset="tiny", k=3, drafter="mtp"), tiny, device=_graphs_on_the_cpu_ep(ids))
+    eng = Engine(RunConfig(model="tiny", k=3, drafter="mtp"), tiny, device=_graphs_on_the_cpu_ep(ids))
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
     spec = eng.speculative(prompt, 32)
     assert ids.captures == 3  # primary, verify, the head: one stream sync each, on the steps that captured
@@ -282,9 +283,9 @@ def test_when_graph_ids_run_out_the_point_says_the_primary_slot_ran_eager_in_its
     """readvance-batched re-advances at M=n on Primary: each invalidation spends an id until none is left."""
     ids = cuda.GraphIds(per_slot=2)
     device = _graphs_on_the_cpu_ep(ids)
-    run = RunConfig(preset="tiny", k=3, commit="readvance-batched", tokens=48)
+    run = RunConfig(model="tiny", k=3, commit="readvance-batched", tokens=48)
     r = run_point(run, tiny, Engine(run, tiny, device=device))
     assert r.lossless and len(ids.by_slot["primary"]) == 2
     assert "limit 2" in r.slot_reasons["primary"]
     assert r.extra["greedy_baseline"].endswith("ran eager in some of them")  # each round pairs both sides
-    assert run_point(RunConfig(preset="tiny", k=3, tokens=48), tiny).extra["greedy_baseline"] == "paired rounds"
+    assert run_point(RunConfig(model="tiny", k=3, tokens=48), tiny).extra["greedy_baseline"] == "paired rounds"

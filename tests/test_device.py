@@ -9,12 +9,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from mtplab import cuda
-from mtplab.arena import array_module, put, to_numpy
-from mtplab.config import RunConfig
-from mtplab.device import Device
-from mtplab.engine import Engine, prompt_tokens
-from mtplab.experiment import run_point
+from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.runtime import cuda
+from mtplab.runtime.arena import array_module, put, to_numpy
+from mtplab.runtime.device import Device
 
 
 def fake_device() -> Device:
@@ -34,7 +34,7 @@ def test_the_double_refuses_what_cupy_refuses():
 
 @pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
 def test_the_host_reads_the_device_only_through_device_read(tiny, schedule):
-    eng = Engine(RunConfig(preset="tiny", k=3, schedule=schedule), tiny, device=fake_device())
+    eng = Engine(RunConfig(model="tiny", k=3, schedule=schedule), tiny, device=fake_device())
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
     t0, r0 = fake_cupy.transfers, eng.device.reads
     greedy = eng.greedy(prompt, 40)
@@ -49,7 +49,7 @@ def test_the_host_reads_the_device_only_through_device_read(tiny, schedule):
 @pytest.mark.parametrize("commit", ["select", "readvance-m1", "readvance-batched"])
 @pytest.mark.parametrize("policy_name", ["shared-max", "sibling-pinned"])
 def test_speculative_on_device_arrays_is_lossless(tiny, commit, policy_name):
-    run = RunConfig(preset="tiny", k=3, commit=commit, policy=policy_name, tokens=40)
+    run = RunConfig(model="tiny", k=3, commit=commit, policy=policy_name, tokens=40)
     eng = Engine(run, tiny, device=fake_device())
     r = run_point(run, tiny, eng)
     assert r.lossless, r.verdict
@@ -58,7 +58,7 @@ def test_speculative_on_device_arrays_is_lossless(tiny, commit, policy_name):
 
 
 def test_oracle_drafts_on_device_arrays_are_lossless(tiny):
-    run = RunConfig(preset="tiny", k=2, drafter="oracle", alpha=0.6, tokens=40)
+    run = RunConfig(model="tiny", k=2, drafter="oracle", alpha=0.6, tokens=40)
     assert run_point(run, tiny, Engine(run, tiny, device=fake_device())).lossless
 
 
@@ -79,11 +79,11 @@ class RecordingCudaBackend(cuda.CudaGraphBackend):
 
 @pytest.mark.parametrize("commit", ["select", "readvance-m1"])
 def test_on_the_cuda_device_only_total_sequence_length_is_bound_in_host_memory(tiny, commit):
-    from mtplab.device import CUDA_HOST_INPUTS
+    from mtplab.runtime.device import CUDA_HOST_INPUTS
 
     backend = RecordingCudaBackend(cuda.GraphIds(per_slot=4), ort.RunOptions, device_type="cpu")
     device = Device("fake-cuda", fake_cupy, backend, host_inputs=CUDA_HOST_INPUTS)
-    run = RunConfig(preset="tiny", k=3, drafter="mtp", commit=commit, tokens=32)
+    run = RunConfig(model="tiny", k=3, drafter="mtp", commit=commit, tokens=32)
     assert run_point(run, tiny, Engine(run, tiny, device=device)).lossless
     assert backend.host_bound == {"total_sequence_length"}
     assert {"input_ids", "seqlens_k", "capture_count", "hidden_states"} <= backend.device_bound

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from mtplab.doctor import format_report, pairing, report
-from mtplab.model.forms import choose_form
+from mtplab.cli.doctor import format_report, pairing, report
+from mtplab.model.forms import FORMS, check_runtime
 
 
-def test_doctor_says_which_form_this_runtime_gets_and_why():
+def test_doctor_names_a_form_this_runtime_accepts_and_says_why():
     r = report()
-    form, why = choose_form()
-    assert r["graph_form"]["name"] == form.name and r["graph_form"]["why"] == why
-    assert f"graph form    {form.name} ({why})" in format_report(r)
+    check_runtime(FORMS[r["graph_form"]["name"]])  # raises naming what is missing if doctor picked a form it refuses
+    assert r["ops"]["GatedDeltaNet"] and r["graph_form"]["why"]
+    text = format_report(r)
+    assert f"graph form    {r['graph_form']['name']} ({r['graph_form']['why']})" in text
 
 
 def test_the_pairing_comes_from_the_wheels_build_info_not_the_version_number():

@@ -8,21 +8,21 @@ import numpy as np
 import pytest
 from conftest import synthetic_calibration
 
-from mtplab import theory
-from mtplab.config import RunConfig
-from mtplab.engine import Engine, prompt_tokens
-from mtplab.experiment import run_point
+from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.measure import theory
 
 
 @pytest.mark.parametrize("changes", [{"k": 3}, {"commit": "readvance-m1"}, {"seed": 1}])
 def test_an_engine_built_for_another_config_is_refused(tiny, changes):
-    built = RunConfig(preset="tiny", k=2, tokens=16)
+    built = RunConfig(model="tiny", k=2, tokens=16)
     with pytest.raises(ValueError, match=f"engine was built for another config .*{next(iter(changes))}"):
         run_point(built.replace(**changes), tiny, Engine(built, tiny))
 
 
 def test_an_engine_runs_a_point_of_its_config_at_another_length(tiny):
-    built = RunConfig(preset="tiny", k=2, tokens=16)
+    built = RunConfig(model="tiny", k=2, tokens=16)
     assert run_point(built.replace(tokens=24), tiny, Engine(built, tiny)).lossless
 
 
@@ -31,7 +31,7 @@ def _calibration(t1: float = 1e-3) -> dict:
 
 
 def test_paired_rounds_count_the_same_tokens_on_both_sides(tiny):
-    run = RunConfig(preset="tiny", k=2, tokens=20, drafter="oracle", alpha=0.7, rounds=3)
+    run = RunConfig(model="tiny", k=2, tokens=20, drafter="oracle", alpha=0.7, rounds=3)
     r = run_point(run, tiny, calibration=_calibration())
     assert len(r.round_samples) == 3 and [s["order"] for s in r.round_samples] == [
         "greedy-speculative",
@@ -49,7 +49,7 @@ def test_paired_rounds_count_the_same_tokens_on_both_sides(tiny):
 
 
 def test_timed_greedy_without_margins_decodes_the_same_tokens(tiny):
-    engine = Engine(RunConfig(preset="tiny", k=2, tokens=16), tiny)
+    engine = Engine(RunConfig(model="tiny", k=2, tokens=16), tiny)
     prompt = prompt_tokens(engine.cfg.vocab_size, 8, 0)
     checked, timed = engine.greedy(prompt, 16), engine.greedy(prompt, 16, margins=False)
     assert timed.tokens == checked.tokens and timed.decodes == checked.decodes == 15
@@ -57,7 +57,7 @@ def test_timed_greedy_without_margins_decodes_the_same_tokens(tiny):
 
 
 def test_the_prediction_takes_nothing_from_the_points_run(tiny, monkeypatch):
-    run = RunConfig(preset="tiny", k=3, tokens=20, drafter="oracle", alpha=0.8, rounds=2)
+    run = RunConfig(model="tiny", k=3, tokens=20, drafter="oracle", alpha=0.8, rounds=2)
     calib = _calibration()
     first = run_point(run, tiny, calibration=calib)
     speculative = Engine.speculative
@@ -78,5 +78,5 @@ def test_the_prediction_takes_nothing_from_the_points_run(tiny, monkeypatch):
 
 
 def test_an_mtp_point_predicts_from_the_acceptance_calibration(tiny):
-    r = run_point(RunConfig(preset="tiny", k=2, tokens=16, rounds=2), tiny, calibration=_calibration())
+    r = run_point(RunConfig(model="tiny", k=2, tokens=16, rounds=2), tiny, calibration=_calibration())
     assert r.predicted["alpha"] == 0.6 and r.theory["alpha_source"] == "acceptance calibration"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtplab import figures
+from mtplab.report import figures
 
 
 def test_a_figure_the_sweep_cannot_fill_shows_nothing(capsys):

@@ -16,15 +16,16 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from mtplab.arena import Arena
-from mtplab.config import COMMITS, RunConfig
-from mtplab.experiment import run_point
+from mtplab.engine.strategies import COMMITS
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
 from mtplab.model import build_model, preset
 from mtplab.model.forms import FORMS, check_runtime, choose_form, cpu_runs_gated_delta_net, schema_features
 from mtplab.model.graph import build_target
 from mtplab.model.reference import ReferenceModel, ReferenceMTP
 from mtplab.model.weights import target_weights
-from mtplab.runtime import TargetState, make_session, target_io
+from mtplab.runtime.arena import Arena
+from mtplab.runtime.sessions import TargetState, make_session, target_io
 
 NEWEST = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2]) >= (1, 32)
 CPU_GDN = cpu_runs_gated_delta_net()
@@ -211,7 +212,7 @@ def test_every_accepted_form_matches_the_numpy_reference_at_m1_and_m4(models, fo
 def test_every_accepted_form_is_lossless_with_each_commit(models, form, dtype):
     art = models(form, dtype)
     for commit in COMMITS:
-        r = run_point(RunConfig(preset="tiny", k=3, drafter="mtp", commit=commit, tokens=32), art)
+        r = run_point(RunConfig(model="tiny", k=3, drafter="mtp", commit=commit, tokens=32), art)
         assert r.lossless, f"{form} {dtype} {commit}: {r.verdict}"
 
 

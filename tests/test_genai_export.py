@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mtplab.genai_export import export_genai
+from mtplab.experiment.genai_export import export_genai
 
 
 def test_the_export_runs_genai_on_mtplabs_threads(tmp_path, tiny):

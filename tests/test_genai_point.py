@@ -7,9 +7,9 @@ import sys
 import pandas as pd
 import pytest
 
-from mtplab import grid
-from mtplab.config import RunConfig
-from mtplab.experiment import run_point
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.sweep import grid
 
 og = pytest.importorskip(
     "onnxruntime_genai", reason="onnxruntime-genai is not installed: pip install 'mtplab[peer]' (make test installs it)"
@@ -17,19 +17,19 @@ og = pytest.importorskip(
 
 
 def test_run_point_on_the_peer_fills_what_exists_and_leaves_the_rest_empty(tiny):
-    r = run_point(RunConfig(preset="tiny", k=2, tokens=32, engine="ort-genai"), tiny)
+    r = run_point(RunConfig(model="tiny", k=2, tokens=32, engine="ort-genai"), tiny)
     assert r.lossless and r.identity["greedy_token_identical"]
     assert r.tokens_per_s > 0 and r.greedy_tokens_per_s > 0 and 0 < r.draft_acceptance <= 1
     assert r.slots == {} and r.theory == {} and r.acceptance_per_position == [] and r.identity["state_bitwise"] is None
 
 
 def test_sweep_with_both_engines_has_rows_for_each(tmp_path, tiny):
-    from mtplab.sweep import run_sweep
+    from mtplab.sweep.run import run_sweep
 
     spec = grid.parse(
         {
             "name": "peer",
-            "defaults": {"preset": "tiny", "tokens": 24, "drafter": "mtp"},
+            "defaults": {"model": "tiny", "tokens": 24, "drafter": "mtp"},
             "k": [2],
             "engine": ["mtplab", "ort-genai"],
         }
@@ -41,17 +41,17 @@ def test_sweep_with_both_engines_has_rows_for_each(tmp_path, tiny):
 
 def test_peer_needs_the_mtp_drafter():
     with pytest.raises(ValueError, match="engine='ort-genai' runs the real MTP head"):
-        RunConfig(preset="tiny", engine="ort-genai", drafter="oracle")
+        RunConfig(model="tiny", engine="ort-genai", drafter="oracle")
 
 
 def test_without_the_package_the_engine_says_how_to_install(monkeypatch, tiny):
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)
     with pytest.raises(ValueError, match=r"pip install 'mtplab\[peer\]'"):
-        run_point(RunConfig(preset="tiny", engine="ort-genai", drafter="mtp", tokens=8), tiny)
+        run_point(RunConfig(model="tiny", engine="ort-genai", drafter="mtp", tokens=8), tiny)
 
 
 def test_the_peer_point_measures_paired_rounds_with_cis(tiny):
-    r = run_point(RunConfig(preset="tiny", k=2, tokens=24, engine="ort-genai", rounds=3), tiny)
+    r = run_point(RunConfig(model="tiny", k=2, tokens=24, engine="ort-genai", rounds=3), tiny)
     assert [s["order"] for s in r.round_samples] == ["greedy-mtp", "mtp-greedy", "greedy-mtp"]
     assert all(s["mtplab_greedy_tokens_per_s"] > 0 for s in r.round_samples)
     assert r.speedup_ci[0] <= r.speedup <= r.speedup_ci[1]

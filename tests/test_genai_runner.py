@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from mtplab.config import RunConfig
-from mtplab.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.experiment.config import RunConfig
 
 og = pytest.importorskip(
     "onnxruntime_genai", reason="onnxruntime-genai is not installed: pip install 'mtplab[peer]' (make test installs it)"
 )
 
-from mtplab.genai_export import export_genai  # noqa: E402
-from mtplab.genai_runner import GenaiPeer  # noqa: E402
+from mtplab.experiment.genai_export import export_genai  # noqa: E402
+from mtplab.experiment.genai_runner import GenaiPeer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def peer(tiny, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tiny):
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
-    return prompt, Engine(RunConfig(preset="tiny"), tiny).greedy(prompt, 48).tokens
+    return prompt, Engine(RunConfig(model="tiny"), tiny).greedy(prompt, 48).tokens
 
 
 def test_export_loads_in_genai(peer):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from mtplab.cli import main
-from mtplab.gpucheck import checks, plan
+from mtplab.cli.gpucheck import checks, plan
+from mtplab.cli.main import main
 
 
 def test_plan_covers_every_policy_and_commit_on_small_and_select_on_base():
@@ -54,7 +54,8 @@ def test_bad_check_options_fail_before_any_work(tmp_path, capsys):
 
 
 def test_a_capture_failure_is_reported_with_its_op_and_nothing_moves_to_host_memory(monkeypatch):
-    from mtplab import device, gpucheck
+    from mtplab.cli import gpucheck
+    from mtplab.runtime import device
 
     def capture_check(art, backend, tokens):  # test double: capture refused as the CUDA EP words it
         raise RuntimeError(
@@ -71,7 +72,7 @@ def test_a_capture_failure_is_reported_with_its_op_and_nothing_moves_to_host_mem
 
 
 def test_a_failed_run_is_a_row_naming_its_op():
-    from mtplab.gpucheck import _format, _row
+    from mtplab.cli.gpucheck import _format, _row
 
     err = RuntimeError("Failed to find kernel for com.microsoft.GatedDeltaNet(1) (node:'GatedDeltaNet_33' ep:'X')")
     row = _row(("small", "sibling-pinned", "select", 1, "decode-verify"), error=err)

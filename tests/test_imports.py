@@ -1,4 +1,4 @@
-"""The package's modules import each other without a cycle (function-level imports included)."""
+"""The package's modules import each other down its layers and without a cycle (function-level imports included)."""
 
 from __future__ import annotations
 
@@ -32,14 +32,23 @@ def imported(node: ast.ImportFrom | ast.Import, module: str, is_package: bool) -
     return [target] + [f"{target}.{a.name}" for a in node.names]
 
 
+def imports(tree: ast.AST):
+    """Every import statement at any depth, except under `if TYPE_CHECKING:` (type hints, never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            yield from (n for child in node.orelse for n in imports(ast.Module(body=[child], type_ignores=[])))
+        else:
+            yield from imports(node)
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the package's modules it imports, at any level of the file (functions included)."""
     mods = module_files()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for module, path in mods.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
+        for node in imports(ast.parse(path.read_text(), str(path))):
             names = [n for n in imported(node, module, path.name == "__init__.py") if n in mods and n != module]
             submodules = [n for n in names if n.rsplit(".", 1)[0] in names]
             # `from . import store` loads the submodule store, not a cycle through the package itself
@@ -71,7 +80,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert "mtplab.pool" in graph and graph["mtplab.pool"]  # the graph is read, not empty
+    assert "mtplab.sweep.pool" in graph and graph["mtplab.sweep.pool"]  # the graph is read, not empty
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
@@ -83,4 +92,37 @@ def test_a_cycle_is_named():
 
 def test_function_level_imports_count():
     graph = import_graph()
-    assert "mtplab.cluster" in graph["mtplab.pool"]  # make_pool imports RayPool inside the function
+    assert "mtplab.sweep.cluster" in graph["mtplab.sweep.pool"]  # make_pool imports RayPool inside the function
+
+
+# The layers, bottom to top (ARCHITECTURE.md): a module imports from its own layer and the ones below it only.
+LAYERS = ("base", "model", "runtime", "engine", "check", "measure", "experiment", "sweep", "report", "cli")
+
+
+def layer_of(module: str) -> int:
+    """A module's layer index: its sub-package's place in LAYERS (the package itself is the bottom, __main__ the top)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return -1
+    if parts[1] == "__main__":
+        return len(LAYERS)
+    return LAYERS.index(parts[1])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up the layers, as 'importer -> imported'."""
+    return [f"{m} -> {d}" for m in sorted(graph) for d in sorted(graph[m]) if layer_of(d) > layer_of(m)]
+
+
+def test_every_module_sits_in_a_layer():
+    unplaced = [m for m in module_files() if m.count(".") >= 1 and m.split(".")[1] not in (*LAYERS, "__main__")]
+    assert unplaced == []
+
+
+def test_imports_go_down_the_layers():
+    assert upward_imports(import_graph()) == []
+
+
+def test_an_upward_import_is_named():
+    graph = {"mtplab.model.artifact": {"mtplab.sweep.store"}, "mtplab.sweep.store": {"mtplab.model.artifact"}}
+    assert upward_imports(graph) == ["mtplab.model.artifact -> mtplab.sweep.store"]

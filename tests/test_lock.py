@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from mtplab.lock import LockedError, folder_lock
+from mtplab.base.lock import LockedError, folder_lock
 
-HOLD = "import sys, time; from mtplab.lock import folder_lock\nwith folder_lock(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(60)"
+HOLD = "import sys, time; from mtplab.base.lock import folder_lock\nwith folder_lock(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(60)"
 
 
 def test_a_live_holder_is_refused_naming_its_pid_and_start_time(tmp_path):
@@ -38,7 +38,7 @@ def test_a_stale_lock_is_taken_over_with_a_message(tmp_path, capsys):
 
 
 def test_a_released_lock_leaves_no_file_and_a_second_holder_can_take_it(tmp_path):
-    from mtplab.lock import folder_lock
+    from mtplab.base.lock import folder_lock
 
     path = tmp_path / ".sweep.lock"
     with folder_lock(path, "the sweep"):

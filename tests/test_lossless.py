@@ -5,20 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtplab import commit as commit_ops
-from mtplab import engine as engine_mod
-from mtplab import oracle
-from mtplab.config import COMMITS, RunConfig
-from mtplab.engine import Engine
-from mtplab.executor import Executor, Slot
-from mtplab.experiment import run_point
+from mtplab.check import verdict as oracle
+from mtplab.engine import acceptance
+from mtplab.engine import commits as commit_ops
+from mtplab.engine import engine as engine_mod
+from mtplab.engine.engine import Engine
+from mtplab.engine.strategies import COMMITS
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.model import graph
+from mtplab.runtime.executor import Executor, Slot
 
 READVANCE = ("readvance-batched", "readvance-m1")
 
 
 def _run(tiny, commit: str, schedule: str = "decode-verify", **kw):
     run = RunConfig(
-        preset="tiny", k=3, drafter="oracle", alpha=0.7, commit=commit, schedule=schedule, tokens=48, **kw
+        model="tiny", k=3, drafter="oracle", alpha=0.7, commit=commit, schedule=schedule, tokens=48, **kw
     )
     return run_point(run, tiny)
 
@@ -44,9 +47,9 @@ def test_clean_runs_pass_with_every_commit_checked(clean):
 
 @pytest.mark.parametrize("commit", COMMITS)
 def test_over_accepting_by_one_is_caught_at_the_first_rejected_draft(tiny, clean, commit, monkeypatch):
-    real = engine_mod.accepted_count
+    real = acceptance.accepted_count
     monkeypatch.setattr(
-        engine_mod, "accepted_count", lambda xp, d, t: np.minimum(real(xp, d, t) + 1, d.shape[0])
+        acceptance, "accepted_count", lambda xp, d, t: np.minimum(real(xp, d, t) + 1, d.shape[0])
     )
     r = _run(tiny, commit)
     _failed(r)
@@ -59,7 +62,7 @@ def test_over_accepting_by_one_is_caught_at_the_first_rejected_draft(tiny, clean
 
 @pytest.mark.parametrize("commit", READVANCE)
 def test_a_skipped_restore_is_caught_at_the_first_commit(tiny, commit, monkeypatch):
-    monkeypatch.setattr(Engine, "restore", lambda self: None)
+    monkeypatch.setattr(Engine, "restore_state", lambda self: None)
     r = _run(tiny, commit)
     _failed(r)
     assert r.identity["state_first_divergence"]["step"] == 1  # the verify's advance is never undone
@@ -76,8 +79,8 @@ def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch
 
 @pytest.mark.parametrize("off", [-1, +1])
 def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, monkeypatch):
-    real = commit_ops.replay_transitions
-    monkeypatch.setattr(commit_ops, "replay_transitions", lambda cfg, s, flat, n: real(cfg, s, flat, n + off))
+    real = graph.replay_transitions
+    monkeypatch.setattr(graph, "replay_transitions", lambda cfg, s, flat, n: real(cfg, s, flat, n + off))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]
@@ -122,7 +125,7 @@ def test_half_a_unit_on_one_state_element_after_one_commit_is_caught_at_that_com
     real = Engine.commit
     calls = []
 
-    def commit_fn(self, ver, consumed, start):
+    def commit_fn(self, ver, consumed, start=None):
         real(self, ver, consumed, start)
         calls.append(1)
         if len(calls) == 8:
@@ -201,7 +204,7 @@ def test_a_nan_in_one_verify_logit_is_reported_where_it_was_first_seen(tiny, sch
 
 
 def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_independent_stepper(tiny, monkeypatch):
-    from mtplab import runtime
+    from mtplab.runtime import sessions as runtime
 
     real = runtime.length_feeds
 
@@ -222,7 +225,7 @@ def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_ind
 
 @pytest.mark.parametrize("commit", ["select", "readvance-batched"])
 def test_a_verify_writing_its_kv_one_row_late_in_a_few_steps_is_caught_in_the_kv(tiny, commit, monkeypatch):
-    from mtplab import runtime
+    from mtplab.runtime import sessions as runtime
 
     real, verifies = runtime.target_io, []
 
@@ -248,7 +251,7 @@ def test_a_verify_writing_its_kv_one_row_late_in_a_few_steps_is_caught_in_the_kv
 def test_a_relative_drift_of_1e_5_per_commit_is_caught_within_two_commits(tiny, monkeypatch):
     real = Engine.commit
 
-    def commit(self, ver, consumed, start):
+    def commit(self, ver, consumed, start=None):
         real(self, ver, consumed, start)
         for a in self.state.gdn.values():
             a *= 1 + 1e-5

@@ -6,8 +6,8 @@ import ast
 import math
 from pathlib import Path
 
-from mtplab import measure
-from mtplab.result import RunResult
+from mtplab.measure import rounds as measure
+from mtplab.measure.result import RunResult
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mtplab"
 
@@ -77,7 +77,7 @@ def test_the_builder_takes_medians_with_cis_and_the_efficiency():
 
 
 def test_every_engine_builds_its_result_here():
-    """A RunResult is built from measurements in mtplab.measure only, so no engine counts its own way
+    """A RunResult is built from measurements in mtplab.measure.rounds only, so no engine counts its own way
     (one re-made from a saved result.json, RunResult(**data), builds nothing)."""
     builders = []
     for path in PACKAGE.rglob("*.py"):
@@ -85,4 +85,4 @@ def test_every_engine_builds_its_result_here():
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "RunResult":
                 if node.args or any(k.arg is not None for k in node.keywords):
                     builders.append(path.name)
-    assert set(builders) == {"measure.py"}
+    assert set(builders) == {"rounds.py"}

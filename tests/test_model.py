@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from mtplab.commit import rebuild_conv, replay_transitions
+from mtplab.engine.commits import rebuild_conv
 from mtplab.model import ModelConfig, build_model, load_artifact, preset
+from mtplab.model.graph import replay_transitions
 from mtplab.model.reference import ReferenceModel
 from mtplab.model.weights import target_weights
 
@@ -156,10 +157,10 @@ def test_external_manifest_is_validated_against_the_model(tiny, tmp_path):
 
 
 def test_generation_varies_and_margins_are_clear(tiny):
-    from mtplab.config import RunConfig
-    from mtplab.engine import Engine, prompt_tokens
+    from mtplab.engine.engine import Engine, prompt_tokens
+    from mtplab.experiment.config import RunConfig
 
-    eng = Engine(RunConfig(preset="tiny"), tiny)
+    eng = Engine(RunConfig(model="tiny"), tiny)
     g = eng.greedy(prompt_tokens(tiny.config.vocab_size, 8, 0), 64)
     assert len(set(g.tokens)) > 16
     assert np.median(g.margins) > 1.0

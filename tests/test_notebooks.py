@@ -104,7 +104,7 @@ def test_run_point_by_hand_writes_its_files_under_results_not_the_cwd(tmp_path, 
 
 
 def test_a_missing_sweep_names_the_command_that_makes_it(tmp_path, monkeypatch):
-    from mtplab import workspace
+    from mtplab.sweep import workspace
 
     monkeypatch.setenv("MTPLAB_RESULTS", str(tmp_path))
     with pytest.raises(ValueError, match="`make demo`"):

@@ -9,14 +9,15 @@ import numpy as np
 import onnx
 import pytest
 
-from mtplab.arena import Arena
-from mtplab.config import COMMITS, RunConfig
-from mtplab.device import Device
-from mtplab.engine import Engine
-from mtplab.executor import CpuPlanBackend
-from mtplab.experiment import run_point
-from mtplab.policy import POLICIES
-from mtplab.runtime import IN_PLACE, TargetState, check_in_place, in_place_pairs, target_io
+from mtplab.engine.engine import Engine
+from mtplab.engine.strategies import COMMITS
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.runtime.arena import Arena
+from mtplab.runtime.device import Device
+from mtplab.runtime.executor import CpuPlanBackend
+from mtplab.runtime.policy import POLICIES
+from mtplab.runtime.sessions import IN_PLACE, TargetState, check_in_place, in_place_pairs, target_io
 
 
 class RecordingBackend(CpuPlanBackend):
@@ -45,7 +46,7 @@ def test_the_table_allows_kv_and_gdn_state_and_never_the_conv_carry():
 @pytest.mark.parametrize("policy_name, commit", list(itertools.product(POLICIES, COMMITS)))
 def test_every_binding_the_engine_makes_is_in_place_only_where_the_kernel_allows(tiny, policy_name, commit):
     backend = RecordingBackend()
-    run = RunConfig(preset="tiny", k=3, drafter="mtp", policy=policy_name, commit=commit, tokens=24)
+    run = RunConfig(model="tiny", k=3, drafter="mtp", policy=policy_name, commit=commit, tokens=24)
     r = run_point(run, tiny, Engine(run, tiny, device=Device("cpu", np, backend)))
     assert r.lossless, r.verdict
     models = {}

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from mtplab import selection
+from mtplab.report import selection
 
 
 def _row(**kw) -> dict:

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mtplab import stats
+from mtplab.measure import stats
 
 
 def test_bootstrap_ci_of_a_known_spread_brackets_the_true_median():

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from mtplab import grid, store
-from mtplab.device import cuda_available
-from mtplab.publish import make_report
-from mtplab.sweep import run_sweep
+from mtplab.report.publish import make_report
+from mtplab.runtime.device import cuda_available
+from mtplab.sweep import grid, store
+from mtplab.sweep.run import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +65,7 @@ def test_a_small_sweeps_report_stands_alone_with_no_empty_panel(smoke):
 
 def test_a_relative_results_folder_works(tmp_path, tiny, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = grid.parse({"name": "rel", "defaults": {"preset": "tiny", "tokens": 8}, "k": [1]})
+    spec = grid.parse({"name": "rel", "defaults": {"model": "tiny", "tokens": 8}, "k": [1]})
     sweep_dir = run_sweep(spec, "results", quiet=True)
     assert (tmp_path / "results" / "rel" / "points" / spec.points[0].id / "result.json").exists()
     assert (store.load(sweep_dir).status == "ok").all()
@@ -82,7 +82,7 @@ def test_rerun_without_resume_refuses(smoke):
         run_sweep(grid.load(preset="smoke"), smoke.parent, quiet=True)
 
 
-QUICK = {"name": "quick", "defaults": {"preset": "tiny", "tokens": 8, "policy": "shared-max"}, "k": [1, 2, 3]}
+QUICK = {"name": "quick", "defaults": {"model": "tiny", "tokens": 8, "policy": "shared-max"}, "k": [1, 2, 3]}
 
 
 def sweep_command(tmp_path, spec: dict = QUICK, workers: int = 2) -> list[str]:
@@ -91,7 +91,7 @@ def sweep_command(tmp_path, spec: dict = QUICK, workers: int = 2) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "mtplab.cli",
+        "mtplab.cli.main",
         "sweep",
         str(path),
         "--results",
@@ -225,13 +225,13 @@ def test_a_corrupt_point_is_named_moved_aside_and_run_again(smoke, tmp_path, cap
 def test_a_point_that_fails_its_lossless_check_is_a_mismatch_and_fails_the_sweep(
     tmp_path, tiny, monkeypatch, overaccepting_notebooks, capsys
 ):
-    from mtplab.cli import main
+    from mtplab.cli.main import main
 
     monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(overaccepting_notebooks))
     path = tmp_path / "g.yaml"
     path.write_text(
         yaml.safe_dump(
-            {"name": "m", "defaults": {"preset": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.5}, "k": [2]}
+            {"name": "m", "defaults": {"model": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.5}, "k": [2]}
         )
     )
     args = ["sweep", str(path), "--results", str(tmp_path / "r"), "--workers", "1"]
@@ -244,7 +244,7 @@ def test_a_point_that_fails_its_lossless_check_is_a_mismatch_and_fails_the_sweep
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, monkeypatch, failing_notebooks):
-    spec = grid.parse({"name": "mixed", "defaults": {"preset": "tiny", "tokens": 16}, "k": [1, 2]})
+    spec = grid.parse({"name": "mixed", "defaults": {"model": "tiny", "tokens": 16}, "k": [1, 2]})
     monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(failing_notebooks))
     sweep_dir = run_sweep(spec, tmp_path / "results", quiet=True)
     df = store.load(sweep_dir)
@@ -270,33 +270,33 @@ def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, mon
         ({"seed": ["x", 1, -1]}, r"seed in the spec: seed='x', -1: must be an integer >= 0"),
         ({"int4": ["no"]}, r"int4 in the spec: int4='no': must be true or false"),
         ({"k": [0, "x", 2]}, r"k in the spec: k=0, 'x': must be an integer >= 1"),
-        ({"drafter": ["mtp"], "alpha": [0.5, 0.7]}, r"point id tiny-k3-mtp-\S+ names two different points .*alpha"),
+        ({"drafter": ["mtp"], "alpha": [0.5, 0.7]}, r"alpha=0.5 with drafter='mtp': alpha belongs to the oracle drafter"),
         ({"name": "../escaped"}, r"name='../escaped': must be a folder name"),
         ({"tokens": [300]}, r"tokens=300: .*exceeds the tiny model's max_seq_len 256 .*\(in grids\[0\]\)"),
-        ({"grids": [{"preset": ["small"], "model": ["tiny"]}]}, r"preset='small' and model='tiny': name the model once"),
+        ({"grids": [{"preset": ["small"], "model": ["tiny"]}]}, r"preset and model in grids\[0\]: name the model once"),
     ],
 )
 def test_bad_grid_spec_fails_before_any_point_naming_the_key(source, message):
     with pytest.raises(ValueError, match=message) as err:
-        grid.parse({"defaults": {"preset": "tiny"}} | source)
+        grid.parse({"defaults": {"model": "tiny"}} | source)
     assert "\n" not in str(err.value)
 
 
-def test_a_model_named_at_a_more_specific_level_replaces_the_defaults_preset():
+def test_a_model_named_at_a_more_specific_level_replaces_an_older_specs_defaults_preset():
     spec = grid.parse({"name": "m", "defaults": {"preset": "small", "tokens": 8}, "model": ["tiny"], "k": [1]})
     assert [p.run.model for p in spec.points] == ["tiny"]
 
 
 def test_every_problem_of_a_spec_is_reported_at_once():
     with pytest.raises(ValueError) as err:
-        grid.parse({"defaults": {"preset": "tiny"}, "k": [0], "policy": ["nope"], "repeats": 0, "name": "a/b"})
+        grid.parse({"defaults": {"model": "tiny"}, "k": [0], "policy": ["nope"], "repeats": 0, "name": "a/b"})
     assert [m in str(err.value) for m in ("k in the spec", "policy in the spec", "'repeats'", "name='a/b'")] == [
         True
     ] * 4
 
 
 def test_distinct_floats_make_distinct_points():
-    spec = grid.parse({"defaults": {"preset": "tiny", "drafter": "oracle"}, "alpha": [0.7, 0.70000001]})
+    spec = grid.parse({"defaults": {"model": "tiny", "drafter": "oracle"}, "alpha": [0.7, 0.70000001]})
     assert sorted(p.id.split("-")[2] for p in spec.points) == ["oracle0.7", "oracle0.70000001"]
 
 
@@ -309,7 +309,7 @@ def test_a_yaml_syntax_error_is_one_line_with_its_line(tmp_path):
 
 def test_an_engine_whose_package_is_missing_is_refused_with_the_install_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # as if not installed
-    spec = grid.parse({"defaults": {"preset": "tiny"}, "engine": ["ort-genai"]})
+    spec = grid.parse({"defaults": {"model": "tiny"}, "engine": ["ort-genai"]})
     with pytest.raises(ValueError, match=r"engine: .*pip install 'mtplab\[peer\]'"):
         run_sweep(spec, tmp_path / "results", quiet=True)
     assert not (tmp_path / "results").exists()
@@ -326,7 +326,7 @@ def test_default_grid_covers_every_policy_commit_k_and_alpha():
 
 def test_grid_spec_file(tmp_path):
     path = tmp_path / "g.yaml"
-    path.write_text(yaml.safe_dump({"name": "g", "defaults": {"preset": "tiny"}, "k": [1, 2], "repeats": 2}))
+    path.write_text(yaml.safe_dump({"name": "g", "defaults": {"model": "tiny"}, "k": [1, 2], "repeats": 2}))
     spec = grid.load(path)
     assert spec.name == "g" and len(spec.points) == 4
 
@@ -339,7 +339,8 @@ def test_a_cuda_sweep_without_a_gpu_fails_before_writing_anything(tmp_path):
 
 
 def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
-    from mtplab import quality, store
+    from mtplab.report import quality
+    from mtplab.sweep import store
 
     calibration = quality.load_calibration(smoke)
     assert set(calibration) == {"tiny"} and "target" in calibration["tiny"]
@@ -354,22 +355,6 @@ def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
     assert not quality.efficiency_table(df).empty
     for fig in (quality.speedup_with_ci(df, calibration), quality.drift(df)):
         assert fig.axes
-
-
-def test_a_sweep_over_a_builder_folder_and_a_preset_reports_both(tmp_path, tiny):
-    fixture = Path(__file__).parent / "data" / "builder-tiny"
-    spec = grid.parse({
-        "name": "models",
-        "defaults": {"tokens": 24, "drafter": "oracle", "alpha": 0.7, "rounds": 1, "k": 2},
-        "model": [str(fixture), "tiny"],
-    })
-    assert sorted(p.id.split("-")[0] for p in spec.points) == ["builder", "tiny"]  # builder-tiny-k2-..., tiny-k2-...
-    sweep_dir = run_sweep(spec, tmp_path, quiet=True)
-    df = store.load(sweep_dir)
-    assert sorted(df.model_name) == ["builder-tiny", "tiny"] and (df.status == "ok").all() and df.lossless.all()
-    assert set(json.loads((sweep_dir / "calibration.json").read_text())) == {"builder-tiny", "tiny"}
-    html = make_report(sweep_dir).read_text()
-    assert "Model <code>builder-tiny</code>" in html and "Model <code>tiny</code>" in html
 
 
 def test_a_sweep_naming_a_broken_builder_folder_is_refused_before_any_point(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtplab.provenance import fixed_and_varied
-from mtplab.tables import ci_text, points_html
+from mtplab.report.provenance import fixed_and_varied
+from mtplab.report.tables import ci_text, points_html
 
 ROWS = [
     {"point_id": "tiny-k1-oracle0.7-shared-max-select-decode-verify-t32-s0-r0", "status": "ok", "engine": "mtplab",

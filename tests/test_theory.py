@@ -2,7 +2,7 @@
 
 import pytest
 
-from mtplab import theory
+from mtplab.measure import theory
 
 
 def test_acceptance_length_limits():

@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .behaviour import fitted_head
-from .config import ModelConfig
-from .forms import check_runtime, choose_form
-from .graph import build_mtp, build_target, mtp_io, target_io
-from .onnx_read import io_table
-from .stepper import runnable_providers
-from .weights import target_weights
+from mtplab.base.paths import cache_root
+from mtplab.model.behaviour import fitted_head
+from mtplab.model.config import ModelConfig
+from mtplab.model.forms import check_runtime, choose_form
+from mtplab.model.graph import build_mtp, build_target, mtp_signature, target_signature
+from mtplab.model.onnx_read import io_table
+from mtplab.model.stepper import runnable_providers
+from mtplab.model.weights import target_weights
 
 REQUIRED_OPS = {
     "GroupQueryAttention": "1.18",
@@ -36,7 +37,7 @@ REQUIRED_OPS = {
 
 def cache_dir() -> Path:
     """Where built models live: $MTPLAB_CACHE, else ~/.cache/mtplab/models."""
-    return Path(os.environ.get("MTPLAB_CACHE", Path.home() / ".cache" / "mtplab")) / "models"
+    return cache_root() / "models"
 
 
 def available_ops() -> set[str]:
@@ -89,7 +90,7 @@ class Artifact:
     @property
     def description(self):
         """The runtime contract (mtplab.model.description) of this built-in model."""
-        from .description import describe_builtin
+        from mtplab.model.description import describe_builtin
 
         return describe_builtin(self.config, self.target, self.mtp)
 
@@ -199,7 +200,7 @@ def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = F
     message if it is not intact. Builds of one folder are serialised by a lock and swapped in
     atomically, so concurrent builds (and --force) never expose a half-built artifact.
     """
-    from ..lock import folder_lock
+    from mtplab.base.lock import folder_lock
 
     if cfg.graph_form is None:  # the installed runtime's form, recorded in the config (manifest, cache key)
         cfg = cfg.replace(graph_form=choose_form()[0].name)
@@ -232,8 +233,8 @@ def _build(cfg: ModelConfig, key: str) -> dict[str, bytes]:
     head, behaviour = fitted_head(cfg, tw | effective, target_blob)
     mtp, ops_m, _ = build_mtp(cfg, head)
     blobs = {"target.onnx": target_blob, "mtp.onnx": mtp.SerializeToString()}
-    t_in, t_out = target_io(cfg)
-    m_in, m_out = mtp_io(cfg)
+    t_in, t_out = target_signature(cfg)
+    m_in, m_out = mtp_signature(cfg)
     n_params = lambda model: int(sum(np.prod(t.dims) for t in model.graph.initializer))  # noqa: E731
     manifest = {
         "format": "mtplab-artifact/1",

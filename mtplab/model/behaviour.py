@@ -13,10 +13,10 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from .config import ModelConfig
-from .reference import ReferenceMTP, rmsnorm
-from .stepper import Stepper, runnable_providers
-from .weights import Weights, mtp_weights
+from mtplab.model.config import ModelConfig
+from mtplab.model.reference import ReferenceMTP, rmsnorm
+from mtplab.model.stepper import Stepper, runnable_providers
+from mtplab.model.weights import Weights, mtp_weights
 
 SEEDS = (0, 1, 2, 3, 4)  # prompt seeds the figures are taken over
 FIGURE_TOKENS = 64

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import onnx
 
-from .description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
-from .onnx_read import attributes, consumer, data_files, graph_io_table
+from mtplab.model.description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
+from mtplab.model.onnx_read import attributes, consumer, data_files, graph_io_table
 
 # KV capacity mtplab allocates for a builder model, at most its context length.
 DEFAULT_CAPACITY = 1024
@@ -51,7 +51,7 @@ class BuilderModel:
 
     path: Path
     description: ModelDescription
-    config: dict  # genai_config.json
+    genai_config: dict  # genai_config.json, as read
     ops: dict  # {"target": {op: count}, "mtp": {...}}
     parameters: dict  # {"target": n, "mtp": n}
     content: str  # hash of the graphs and genai_config (not the weights' data files)
@@ -74,7 +74,7 @@ class BuilderModel:
         d = self.description
         ops = sorted(set(self.ops["target"]) | set(self.ops["mtp"]))
         return (
-            f"{d.name}: onnxruntime-genai builder model ({self.config['model'].get('type', '?')}), "
+            f"{d.name}: onnxruntime-genai builder model ({self.genai_config['model'].get('type', '?')}), "
             f"{self.parameters['target'] / 1e6:.2f}M params (MTP head {self.parameters['mtp'] / 1e6:.2f}M), "
             f"{d.layers_line()}, {d.dtype} activations{', ' + self.weights if self.weights else ''}, "
             f"ops: {', '.join(o.split(':')[-1] for o in ops)}"
@@ -151,7 +151,7 @@ def _dims(folder: Path, name: str, dims: tuple, rank: int) -> tuple[int, ...]:
 
 def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> BuilderModel:
     """Read and check a builder output folder; ValueError naming the problem, before any session is made."""
-    from .surgery import select_copy
+    from mtplab.model.surgery import select_copy
 
     folder = Path(folder)
     cfg_path = folder / "genai_config.json"
@@ -235,7 +235,7 @@ def check_builder_ops(folder: Path, ops: set[str]) -> None:
     """ValueError naming every op the graphs use that the installed onnxruntime does not know."""
     import onnxruntime
 
-    from .artifact import available_ops
+    from mtplab.model.artifact import available_ops
 
     missing = sorted(ops - available_ops())
     if missing:

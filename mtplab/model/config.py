@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from .forms import FORMS, GraphForm, resolve
+from mtplab.model.forms import FORMS, GraphForm, resolve
 
 DTYPES = ("fp32", "fp16")
 WEIGHT_FORMATS = ("fp32", "int4")
@@ -237,3 +237,20 @@ def preset(name: str, **overrides) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}: allowed presets are {sorted(PRESETS)}")
     cfg = PRESETS[name]
     return cfg.replace(**overrides) if overrides else cfg
+
+
+def capacity_problem(prompt_len: int, tokens: int, k: int, capacity: int, what: str) -> str | None:
+    """Why a run's prompt, tokens and verify headroom 2*(k+1) do not fit a KV capacity (`what` names it), or None."""
+    headroom = 2 * (k + 1)
+    if prompt_len + headroom >= capacity:
+        return (
+            f"prompt_len={prompt_len}: the prompt and 2*(k+1) = {headroom} tokens of verify headroom leave no room "
+            f"for tokens in {what} {capacity}"
+        )
+    need = prompt_len + tokens + headroom
+    if need > capacity:
+        return (
+            f"tokens={tokens}: prompt ({prompt_len}) + tokens + 2*(k+1) = {need} exceeds {what} {capacity} "
+            f"(allowed: tokens <= {capacity - prompt_len - headroom})"
+        )
+    return None

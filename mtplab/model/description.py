@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig
-from .onnx_read import graph_io_table
+from mtplab.model.config import ModelConfig
+from mtplab.model.onnx_read import graph_io_table
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class ModelDescription:
 
     @property
     def precision(self) -> str:
-        """"fp16", "fp32" or "int8" (int8 matmul inputs): the key of the tolerance tables (mtplab.oracle, lossless)."""
+        """"fp16", "fp32" or "int8" (int8 matmul inputs): the key of the tolerance tables (mtplab.check.verdict, lossless)."""
         if self.int8_compute:
             return "int8"
         return "fp16" if self.target.dtype == "float16" else "fp32"
@@ -141,12 +141,6 @@ class ModelDescription:
     def max_k(self) -> int | None:
         """The largest draft length a verify can take (None: no limit from the model)."""
         return self.transition_capacity - 1 if self.transition_capacity else None
-
-    def commit_problem(self, commit: str) -> str | None:
-        """Why this commit strategy cannot run on the model (None: it can)."""
-        if commit == "select" and not self.select:
-            return f"commit='select' cannot run on {self.name}: {self.select_refused}"
-        return None
 
     def layers_line(self) -> str:
         attn, lin = len(self.attention_layers), len(self.linear_layers)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from mtplab.base.threads import session_options
+
 
 @dataclass(frozen=True)
 class GraphForm:
@@ -128,7 +130,7 @@ def cpu_runs_gated_delta_net() -> bool:
     )
     model.ir_version = 10
     try:
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(model.SerializeToString(), session_options(1), providers=["CPUExecutionProvider"])
     except Exception:  # noqa: BLE001 - no kernel is the answer
         return False
     return True

@@ -52,3 +52,22 @@ def copy_data_files(model: onnx.ModelProto, source: Path, dest: Path) -> None:
     for name in data_files(model):
         if not (dest / name).exists():
             shutil.copy2(source / name, dest / name)
+
+
+_OP_PATTERNS = (
+    r"kernel for com\.microsoft\.(\w+)\(",
+    r"implementation for (\w+)\(",
+    r"running (\w+) node",
+    r"(?:node:|Name:|name )'([A-Za-z]+)_\d+'",  # the built-in graphs name nodes {op}_{n}
+)
+
+
+def failing_op(err: BaseException | str) -> str | None:
+    """The op an onnxruntime error message names, if it names one."""
+    import re
+
+    for pattern in _OP_PATTERNS:
+        m = re.search(pattern, str(err))
+        if m:
+            return m.group(1)
+    return None

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ModelConfig
-from .graph import EPS
-from .weights import Weights, dequantize_int4, rotary_cache
+from mtplab.model.config import ModelConfig
+from mtplab.model.graph import EPS
+from mtplab.model.weights import Weights, dequantize_int4, rotary_cache
 
 
 def rmsnorm(x: np.ndarray, gamma: np.ndarray) -> np.ndarray:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig
-from .description import ModelDescription, describe_builtin
+from mtplab.base.threads import session_options
+from mtplab.model.config import ModelConfig
+from mtplab.model.description import ModelDescription, describe_builtin
 
 
 class Stepper:
@@ -28,11 +29,7 @@ class Stepper:
                  threads: int = 0, providers=None):
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so = session_options(threads)
         if isinstance(model, ModelConfig):
             model = describe_builtin(model, Path("target.onnx"), Path("mtp.onnx"))
         self.desc, self.io = model, model.target
@@ -115,7 +112,7 @@ def runnable_providers() -> list[str] | None:
     >= 1.32), else CUDA when present (onnxruntime-gpu 1.30/1.31 ship the kernel for CUDA only), else None."""
     import onnxruntime as ort
 
-    from .forms import cpu_runs_gated_delta_net
+    from mtplab.model.forms import cpu_runs_gated_delta_net
 
     if cpu_runs_gated_delta_net():
         return ["CPUExecutionProvider"]

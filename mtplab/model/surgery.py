@@ -21,8 +21,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .description import ModelDescription, SelectOutput
-from .onnx_read import attributes, consumer, copy_data_files
+from mtplab.base.threads import session_options
+from mtplab.model.description import ModelDescription, SelectOutput
+from mtplab.model.onnx_read import attributes, consumer, copy_data_files
 
 SURGERY_VERSION = 1
 LINEAR_ROLES = ("query", "key", "value", "past_state", "decay", "beta")
@@ -44,7 +45,7 @@ def refusal(desc: ModelDescription, model: onnx.ModelProto) -> str:
 
 def select_copy(desc: ModelDescription, model: onnx.ModelProto, content: str) -> ModelDescription:
     """The description with its target swapped for mtplab's copy that outputs select's inputs (cached by content)."""
-    from .artifact import cache_dir
+    from mtplab.model.artifact import cache_dir
 
     why = refusal(desc, model)
     if why:
@@ -106,12 +107,10 @@ def _probe(desc: ModelDescription, path: Path, exposed) -> dict:
     """Run the copy once on 2 tokens to learn each exposed output's shape and dtype."""
     import onnxruntime as ort
 
-    from .description import length_feeds
+    from mtplab.model.description import length_feeds
 
     io, M = desc.target, 2
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
     feeds = {io.input_ids: np.zeros((1, M), np.int64), **length_feeds(io, 0, M, M)}
     for kv in io.kv:
         empty = np.zeros((1, kv.heads, 0, kv.head_dim), desc.np_dtype)

@@ -14,7 +14,7 @@ import hashlib
 
 import numpy as np
 
-from .config import ModelConfig
+from mtplab.model.config import ModelConfig
 
 Weights = dict[str, np.ndarray]
 

@@ -1,0 +1,104 @@
+"""`make bench`: the benchmarks, each in a process of its own, and one table of what they found.
+
+- greedy and MTP against onnxruntime-genai (benchmarks/mtplab_vs_genai.py) on `small` and on the builder
+  fixture, at 1 and 2 threads: medians of the per-round paired ratios with 95% CIs;
+- engine greedy against a bare replay loop and the speculative host share (benchmarks/executor_overhead.py,
+  tiny, 1 thread);
+- the efficiency range of the demo's sibling-pinned/select points (results/demo, when `make demo` ran).
+Each line names its thread pool; --pools global per-session runs the pool comparison side by side
+(processes alternating). The load average is printed before and after: numbers from a busy machine
+are not numbers.
+
+    python benchmarks/bench.py [--rounds 5] [--tokens 128] [--pools global] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FIXTURE = HERE.parent / "tests" / "data" / "builder-tiny"
+GOALS = {"greedy": ">= 1.0 (CI low >= 0.95)", "mtp": "> 1", "ratio": "<= 1.2x", "share": "<= 20%",
+         "efficiency": ">= 0.9"}
+
+
+def _run(script: str, args: list[str], out: Path) -> dict:
+    cmd = [sys.executable, str(HERE / script), *args, "--json", str(out)]
+    print("$", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
+    return json.loads(out.read_text())
+
+
+def _ci(r: dict, pct: bool = False) -> str:
+    lo, hi = r["ci"]
+    f = (lambda v: f"{v:.1%}") if pct else (lambda v: f"{v:.2f}")
+    return f"{f(r['median'])} [{f(lo)}, {f(hi)}]"
+
+
+def efficiency_range(sweep: Path) -> str | None:
+    """min / median / max efficiency of a sweep's sibling-pinned/select mtplab points, or None without the sweep."""
+    if not (sweep / "results.parquet").exists():
+        return None
+    from mtplab.experiment.config import defaults
+    from mtplab.sweep import store
+
+    df = store.load(sweep)
+    d = defaults()
+    own = df[(df.status == "ok") & (df.engine == "mtplab") & (df.policy == d["policy"]) & (df.commit == d["commit"])]
+    e = own.efficiency.dropna()
+    if e.empty:
+        return None
+    return f"min {e.min():.2f}, median {e.median():.2f}, max {e.max():.2f} over {len(e)} points"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--pools", nargs="+", default=["global"], choices=("global", "per-session"))
+    ap.add_argument("--quick", action="store_true", help="tiny and the fixture only, 3 rounds of 64 tokens")
+    args = ap.parse_args()
+    rounds, tokens = (3, 64) if args.quick else (args.rounds, args.tokens)
+    models = ["tiny", str(FIXTURE)] if args.quick else ["small", str(FIXTURE)]
+    print(f"load before: {os.getloadavg()}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            for threads in (1, 2):
+                for pool in args.pools:
+                    out = Path(tmp) / f"genai-{len(rows)}.json"
+                    r = _run("mtplab_vs_genai.py", ["--model", model, "--threads", str(threads), "--rounds", str(rounds),
+                                                    "--tokens", str(tokens), "--pool", pool], out)
+                    name = f"{Path(model).name}, {threads} thread{'s' if threads > 1 else ''}, {pool} pool"
+                    rows.append((name, "greedy mtplab / genai", _ci(r["ratios"]["greedy"]), GOALS["greedy"]))
+                    mtp = [r["ratios"][k] for k in r["ratios"] if k.startswith("mtp")]
+                    low = min(mtp, key=lambda x: x["median"])
+                    rows.append((name, "MTP mtplab / genai, lowest k and schedule", _ci(low), GOALS["mtp"]))
+                    if not all(r["identical"].values()):
+                        rows.append((name, "OUTPUT DIFFERS FROM GREEDY", str(r["identical"]), ""))
+        for pool in args.pools:
+            out = Path(tmp) / f"overhead-{pool}.json"
+            t = _run("executor_overhead.py", ["--threads", "1", "--pool", pool] + (["--rounds", "5"] if args.quick else []),
+                     out)["per_token"]
+            name = f"tiny, 1 thread, {pool} pool"
+            rows.append((name, "engine greedy / bare replay loop", _ci({"median": t["ratio"], "ci": t["ratio_ci"]}),
+                         GOALS["ratio"]))
+            rows.append((name, "speculative host share (k=3)", _ci({"median": t["share"], "ci": t["share_ci"]}, True),
+                         GOALS["share"]))
+    demo = efficiency_range(HERE.parent / "results" / "demo")
+    rows.append(("results/demo", "efficiency, sibling-pinned/select points", demo or "no demo sweep (make demo)",
+                 GOALS["efficiency"]))
+    print(f"\nload after: {os.getloadavg()}")
+    print(f"{'where':34} {'measure':44} {'median [95% CI]':28} goal")
+    for where, what, value, goal in rows:
+        print(f"{where:34} {what:44} {value:28} {goal}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""What every layer uses: where mtplab keeps things, file locks, host and device arrays alike."""

@@ -1,0 +1,384 @@
+"""The timed rounds, audited at no extra forward: each timed run must do what the checked pass showed.
+
+A timed run is traced by what the engine counts anyway (forwards by label and M; each slot's
+captures, replays, fallbacks, invalidations, warm-ups and eager runs), its tokens, its accepted
+counts, its clock stamps and the state it ends in; nothing is added inside the timed loop.
+
+- greedy: n tokens equal to the reference; exactly one prefill and n - 1 decodes at M=1 on the
+  Primary slot, replayed (at most a warm-up and a capture first), no fallback, no invalidation
+  (one, the prefill's, when the decode plan is not retained), no other slot running; the state it
+  ends in equals the lockstep reference's at that length (bitwise where the same M=1 kernels run on
+  the same device).
+- speculative: tokens equal to the reference; the same forwards, the same accepted-count sequence
+  and, per slot, the same number of forwards and eager runs as the checked speculative run, no more
+  forwards outside a plan (warm-ups, fallbacks) than it beyond SETUP_RUNS, and invalidations within
+  one (where the previous run left a slot moves its set-up); the state it ends in bitwise equal to
+  the checked run's.
+- both: n - 1 counted tokens and a rate of counted / seconds; a timed window that opens after the
+  run's untimed setup (prefill) and before its first forward, and closes after its last forward and
+  before the call returns; the slots' counters equal what the plan backend itself ran, and no slot
+  captures a plan without a cause (an invalidation, or no plan ready when the run began).
+
+A difference is a problem (the point is a mismatch, the reason naming the round, the side and what
+differed), except those a backend explains, which are named warnings: fallbacks where a plan
+capture was declined (a CUDA graph-id budget spent), a state within the rule's tolerance but not
+bitwise off the CPU (on the CPU the same computation gives the same bits: a problem), a clock
+window that does not hold the run's forwards.
+
+Before any of it, `engine_problems` holds the built engine to its config (threads, policy, slot
+flags) and `checked_problems` holds the checked speculative run to what its config implies: the
+forwards by (slot, M) that its schedule, drafter and commit strategy make for its accepted counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mtplab.base.threads import thread_pool, threads_used
+from mtplab.check.verdict import StateRule, states_difference
+from mtplab.engine.strategies import COMMITS, DRAFTERS, SCHEDULES
+from mtplab.runtime.executor import ACTIVITY_KEYS, COUNTER_KEYS, Slot, Status
+
+RUN_KEYS = ("warmups", "captures", "replays", "fallbacks", "eager")  # every forward a slot runs is one of these
+# The forwards a slot may spend setting its plan up again at the start of a run (a warm-up and a capture): the
+# state the previous run left the slot in (another side, another plan size) moves them between runs.
+SETUP_RUNS = 2
+
+
+def _activity(engine) -> dict[str, dict[str, int]]:
+    return engine.target.activity() | engine.mtp.activity()
+
+
+def _runs(c: dict) -> int:
+    return sum(c.get(k, 0) for k in RUN_KEYS)
+
+
+@dataclass
+class Trace:
+    """What one run executed: forward counts, slot activity and the backend's own run counts (deltas),
+    the slots' states when it began, its tokens and accepted counts."""
+
+    forwards_before: dict
+    activity_before: dict
+    calls_before: dict
+    ready_before: dict  # slot label -> whether it held a plan ready to replay when the run began
+    forwards: dict = field(default_factory=dict)
+    activity: dict = field(default_factory=dict)
+    calls: dict = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)
+    accepted: list[int] | None = None
+
+    @classmethod
+    def begin(cls, engine) -> Trace:
+        ready = {label: st.status is Status.READY for label, st in _slot_states(engine)}
+        return cls(dict(engine.forwards), _activity(engine), dict(engine.device.backend.calls), ready)
+
+    def end(self, engine, tokens: list[int], accepted: list[int] | None = None) -> Trace:
+        before = self.forwards_before
+        self.forwards = {k: d for k, v in engine.forwards.items() if (d := v - before.get(k, 0))}
+        self.activity = {
+            slot: {k: v - self.activity_before.get(slot, {}).get(k, 0) for k, v in c.items()}
+            for slot, c in _activity(engine).items()
+        }
+        self.calls = {k: v - self.calls_before.get(k, 0) for k, v in engine.device.backend.calls.items()}
+        self.tokens, self.accepted = list(tokens), None if accepted is None else list(accepted)
+        return self
+
+    def honesty_problems(self) -> list[str]:
+        """Where the slots' counters disagree with what the backend ran, or a slot captured without a cause."""
+        out = []
+        total = {k: sum(c.get(k, 0) for c in self.activity.values()) for k in ACTIVITY_KEYS}
+        ran = {"replay": total["replays"], "capture": total["captures"], "eager": _off_plan(total)}
+        if ran != self.calls:
+            out.append(f"the backend ran {self.calls}, the slots counted {ran}")
+        for slot, c in self.activity.items():
+            allowed = c.get("invalidations", 0) + (0 if self.ready_before.get(slot) else 1)
+            if c.get("captures", 0) > allowed:
+                out.append(f"the {slot} slot captured {c['captures']} plans with {c.get('invalidations', 0)} "
+                           f"invalidations{'' if self.ready_before.get(slot) else ' and no plan ready at its start'}")
+        return out
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The slot counters in the seed's form (what a RunResult's `slots` holds)."""
+        return {slot: {k: c[k] for k in COUNTER_KEYS} for slot, c in self.activity.items()}
+
+    def counters_before(self) -> dict[str, dict[str, int]]:
+        return {slot: {k: c[k] for k in COUNTER_KEYS} for slot, c in self.activity_before.items()}
+
+
+@dataclass
+class Audit:
+    """Checks every timed run of a point against the checked pass; collects problems and warnings."""
+
+    engine: object
+    n: int
+    prompt_len: int
+    reference: list[int]
+    spec_trace: Trace
+    spec_state: dict
+    greedy_state: dict | None
+    greedy_rule: StateRule
+    rtol: float  # the precision's relative tolerance (oracle.STATE_RTOL): beyond it a state difference is a problem
+    problems: list[str] = field(default_factory=list)
+    warnings: dict[str, str] = field(default_factory=dict)  # name -> the first message of that kind
+    warning_counts: dict[str, int] = field(default_factory=dict)
+
+    def _problem(self, r: int | None, side: str, text: str) -> None:
+        self.problems.append(f"{side}: {text}" if r is None else f"timed round {r}, {side}: {text}")
+
+    def _warn(self, name: str, r: int, side: str, text: str) -> None:
+        self.warnings.setdefault(name, f"timed round {r}, {side}: {text}")
+        self.warning_counts[name] = self.warning_counts.get(name, 0) + 1
+
+    # -- the sides ---------------------------------------------------------------------------
+    def greedy(self, r: int, trace: Trace, sample: dict, g, returned: float) -> None:
+        """Audit one timed greedy run `g` (its trace ended right after the call returned at `returned`)."""
+        side, n, P = "greedy", self.n, self.prompt_len
+        started, seconds = g.started, g.seconds
+        self._tokens(r, side, trace.tokens)
+        if g.margins or g.logits:
+            self._problem(r, side, f"it computed {len(g.margins)} top-2 margins and kept {len(g.logits)} logits rows: "
+                                   "work the decoder it measures does not do")
+        for text in trace.honesty_problems():
+            self._problem(r, side, text)
+        want = {f"prefill/M={P}": 1, **({"primary/M=1": n - 1} if n > 1 else {})}
+        if trace.forwards != want:
+            self._problem(r, side, f"forwards {trace.forwards}, expected {want}")
+        primary = self.engine.target.labels[Slot.PRIMARY]
+        for slot, c in trace.activity.items():
+            if slot != primary and _runs(c):
+                self._problem(r, side, f"the {slot} slot ran {_nonzero(c)}: greedy runs only the Primary slot")
+        c = trace.activity.get(primary, {})
+        decodes = _runs(c) - c.get("eager", 0)
+        setup = c.get("warmups", 0) + c.get("captures", 0)
+        may_invalidate = 0 if self.engine.target.retain else 1  # the prefill's eager run drops the plan
+        if c.get("eager", 0) != 1 or decodes != n - 1:
+            self._problem(r, side, f"primary ran {c.get('eager', 0)} eager forwards and {decodes} through its plan "
+                                   f"({_nonzero(c)}), expected 1 (the prefill) and {n - 1}")
+        elif c.get("fallbacks", 0):
+            self._fallbacks(r, side, primary, f"{c['fallbacks']} of {n - 1} decodes fell back")
+        elif setup > SETUP_RUNS or c.get("invalidations", 0) > may_invalidate:
+            self._problem(r, side, f"primary {_nonzero(c)}: expected {n - 1} decodes replayed after at most a "
+                                   "warm-up and a capture")
+        if self.greedy_state is not None and self.engine.state.length == P + n - 1:
+            self._state(r, side, self.engine.state.snapshot(copy=False), self.greedy_state, self.greedy_rule,
+                        "the lockstep reference's")
+        self._clock(r, side, sample, "greedy_", started, seconds, returned)
+
+    def speculative(self, r: int, trace: Trace, sample: dict, started: float, seconds: float, returned: float) -> None:
+        """Audit one timed speculative run against the checked speculative run."""
+        side, checked = "speculative", self.spec_trace
+        self._tokens(r, side, trace.tokens)
+        for text in trace.honesty_problems():
+            self._problem(r, side, text)
+        if trace.accepted != checked.accepted:
+            first = next((i for i, (a, b) in enumerate(zip(trace.accepted, checked.accepted)) if a != b),
+                         min(len(trace.accepted), len(checked.accepted)))
+            self._problem(r, side, f"accepted counts differ from the checked run's from step {first + 1} "
+                                   f"({len(trace.accepted)} steps, checked {len(checked.accepted)})")
+        if trace.forwards != checked.forwards:
+            diff = _forwards_diff(trace.forwards, checked.forwards)
+            self._problem(r, side, f"forwards differ from the checked run's, (timed, checked): {diff}")
+        for slot, want in checked.activity.items():
+            got = trace.activity.get(slot, {})
+            if _runs(got) != _runs(want) or got.get("eager", 0) != want.get("eager", 0):
+                self._problem(r, side, f"the {slot} slot ran {_runs(got)} forwards ({_nonzero(got)}), the checked run "
+                                       f"{_runs(want)} ({_nonzero(want)})")
+            elif _off_plan(got) > _off_plan(want) + SETUP_RUNS:
+                if got.get("fallbacks", 0) > want.get("fallbacks", 0) + SETUP_RUNS:
+                    self._fallbacks(r, side, slot, f"{_nonzero(got)}, the checked run {_nonzero(want)}")
+                else:
+                    self._problem(r, side, f"the {slot} slot ran {_off_plan(got)} forwards outside its plan "
+                                           f"({_nonzero(got)}), the checked run {_off_plan(want)} ({_nonzero(want)})")
+            elif abs(got.get("invalidations", 0) - want.get("invalidations", 0)) > 1:
+                self._problem(r, side, f"the {slot} slot invalidated {got.get('invalidations', 0)} plans, the checked "
+                                       f"run {want.get('invalidations', 0)}")
+        same = StateRule(True, 0.0, "the timed run repeats the checked run's computation")
+        self._state(r, side, self.engine.state.snapshot(copy=False), self.spec_state, same, "the checked run's",
+                    bitwise_or_problem=self.engine.device.name == "cpu")
+        self._clock(r, side, sample, "", started, seconds, returned)
+
+    # -- pieces --------------------------------------------------------------------------------
+    def _tokens(self, r: int, side: str, tokens: list[int]) -> None:
+        n = self.n
+        if len(tokens) < n:
+            self._problem(r, side, f"made {len(tokens)} tokens, asked for {n}")
+        elif tokens[:n] != self.reference[:n]:
+            first = next(i for i, (a, b) in enumerate(zip(tokens, self.reference)) if a != b)
+            self._problem(r, side, f"token {first} is {tokens[first]}, the reference has {self.reference[first]}")
+
+    def _fallbacks(self, r: int, side: str, slot: str, text: str) -> None:
+        st = next((s for lbl, s in _slot_states(self.engine) if lbl == slot), None)
+        reason = st.reason if st is not None else ""
+        if reason.startswith("capture declined"):
+            self._warn("timed_fallbacks", r, side, f"the {slot} slot: {text} ({reason})")
+        else:
+            self._problem(r, side, f"the {slot} slot: {text}, and no declined capture explains it")
+
+    def _state(self, r: int, side: str, got: dict, ref: dict, rule: StateRule, whose: str,
+               bitwise_or_problem: bool = False) -> None:
+        if set(got) != set(ref):
+            self._problem(r, side, f"the committed state's tensors differ from {whose}: {sorted(set(got) ^ set(ref))}")
+            return
+        diff = states_difference(got, ref, StateRule(False, self.rtol, rule.why))
+        if diff["first_bad"] is not None:
+            bad = diff["first_bad"]
+            self._problem(r, side, f"the state it ends in differs from {whose}: {bad['tensor']} max abs diff "
+                                   f"{bad['max_abs_diff']:.3g}, relative {bad['max_rel_diff']:.3g}")
+        elif rule.bitwise and not diff["bitwise"] and bitwise_or_problem:  # the CPU kernels are deterministic
+            self._problem(r, side, f"the state it ends in is within {diff['max_rel_diff']:.2g} relative of {whose}, "
+                                   f"not bitwise: on the CPU the same computation gives the same bits")
+        elif rule.bitwise and not diff["bitwise"]:
+            self._warn("timed_state_not_bitwise", r, side, f"the state it ends in is within "
+                       f"{diff['max_rel_diff']:.2g} relative of {whose}, not bitwise ({rule.why})")
+
+    def _clock(self, r: int, side: str, sample: dict, prefix: str, started: float, seconds: float,
+               returned: float) -> None:
+        n = self.n
+        counted = sample.get(f"{prefix}counted")
+        if counted != n - 1:
+            self._problem(r, side, f"counted {counted} tokens, expected {n - 1} (those after the prefill's token, "
+                                   "up to the n-th)")
+        rate = sample.get(f"{prefix}tokens_per_s")
+        if n == 1:  # nothing is counted: the rate says nothing (NaN)
+            pass
+        elif not (seconds > 0 and rate is not None and abs(rate * seconds - (n - 1)) <= 1e-9 * (n - 1)):
+            self._problem(r, side, f"tokens/s {rate} is not {n - 1} tokens / {seconds:.6g} s")
+        opened, first, last = self.engine.opened, self.engine.first_forward, self.engine.last_forward
+        if started < opened:
+            self._warn("clock", r, side, f"the timed window opened {1e3 * (opened - started):.3f} ms before the "
+                                         "untimed setup (the prefill) ended")
+        elif started + seconds > returned + 1e-6:
+            self._warn("clock", r, side, f"{1e3 * (started + seconds - returned):.3f} ms more than the call took "
+                                         "were counted")
+        elif first is not None and started > first + 1e-9:
+            self._warn("clock", r, side, f"the timed window opened {1e3 * (started - first):.3f} ms after its first "
+                                         "forward began")
+        elif last is not None and started + seconds < last - 1e-9:
+            self._warn("clock", r, side, f"the timed window closed {1e3 * (last - started - seconds):.3f} ms before its "
+                                         "last forward ended: time spent in the run went uncounted")
+
+    def summary(self) -> dict:
+        """What the RunResult keeps: the problems, and each warning's first message and count."""
+        return {
+            "problems": self.problems[:8],
+            "problem_count": len(self.problems),
+            "warnings": {k: {"message": m, "count": self.warning_counts[k]} for k, m in self.warnings.items()},
+        }
+
+
+def engine_problems(engine) -> list[str]:
+    """Where the built engine does not run what its RunConfig says (before any forward is judged)."""
+    run, out = engine.run_cfg, []
+    sessions = [*engine.target.sessions.values(), *engine.mtp.sessions.values()]
+    pool = thread_pool()
+    if pool["kind"] == "global":  # the process's sessions share one pool
+        own = sum(s.get_session_options().use_per_session_threads for s in sessions)
+        if own:
+            out.append(f"{own} of its sessions have intra-op pools of their own, the process shares one")
+        if pool["threads"] != threads_used(run.threads):
+            out.append(f"its sessions share a pool of {pool['threads']} threads, the config says {run.threads} "
+                       f"({threads_used(run.threads)} threads)")
+    else:
+        threads = {s.get_session_options().intra_op_num_threads for s in sessions}
+        if threads != {run.threads}:
+            out.append(f"its sessions run {sorted(threads)} intra-op threads, the config says {run.threads}")
+    if engine.policy.name != run.policy:
+        out.append(f"its arena policy is {engine.policy.name!r}, the config says {run.policy!r}")
+    sibling = engine.target.sessions[Slot.VERIFY] is not engine.target.sessions[Slot.PRIMARY]
+    if sibling != engine.policy.sibling_session:
+        out.append(f"the Verify slot {'has' if sibling else 'lacks'} a session of its own under policy {run.policy!r}")
+    for name, want in (("retain", run.retain_decode_graph_across_spec), ("validate", run.validate),
+                       ("max_recaptures", run.max_recaptures)):
+        if getattr(engine.target, name) != want:
+            out.append(f"its executor has {name}={getattr(engine.target, name)!r}, the config says {want!r}")
+    return out
+
+
+def expected_forwards(run, prompt_len: int, accepted: list[int]) -> dict[str, int]:
+    """The forwards by (slot, M) a speculative run of these accepted counts makes, from its config alone:
+    the prefill, the schedule's decodes and one verify per step, the head's if the drafter runs it, the commits'."""
+    k, steps = run.k, len(accepted)
+    want: dict[str, int] = {f"prefill/M={prompt_len}": 1, f"verify/M={k + 1}": steps,
+                            "primary/M=1": SCHEDULES.get(run.schedule).decodes * steps}
+    if DRAFTERS.get(run.drafter).uses_head(run):  # the head's prefill (M = the prompt), then k drafts a step
+        want[f"mtp/M={prompt_len}"] = 1
+        want["mtp/M=1"] = want.get("mtp/M=1", 0) + k * steps
+    for key, n in COMMITS.get(run.commit).forwards(accepted).items():
+        want[key] = want.get(key, 0) + n
+    return {key: v for key, v in want.items() if v}
+
+
+def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
+    """Where the checked speculative run did not do what its config implies (the timed runs are held to it)."""
+    run, accepted, out = engine.run_cfg, trace.accepted or [], []
+    if any(not 0 <= a <= run.k for a in accepted):
+        out.append(f"accepted counts outside 0..{run.k}: {sorted(set(a for a in accepted if not 0 <= a <= run.k))}")
+    per_step = SCHEDULES.get(run.schedule).extra_tokens  # tokens a step makes beyond its accepted drafts
+    made = 1 + sum(a + per_step for a in accepted)
+    if len(trace.tokens) != made:
+        out.append(f"it made {len(trace.tokens)} tokens, its {len(accepted)} steps account for {made}")
+    want = expected_forwards(run, prompt_len, accepted)
+    if trace.forwards != want:
+        diff = _forwards_diff(trace.forwards, want)
+        out.append(f"its forwards are not what {run.schedule}, drafter {run.drafter} and commit {run.commit} make "
+                   f"for its accepted counts, (ran, expected): {diff}")
+    return out + trace.honesty_problems()
+
+
+def _slot_states(engine):
+    for ex in (engine.target, engine.mtp):
+        for slot, st in ex.state.items():
+            yield ex.labels[slot], st
+
+
+def _off_plan(c: dict) -> int:
+    """Forwards a slot ran outside a plan: warm-ups, fallbacks and eager runs."""
+    return c.get("warmups", 0) + c.get("fallbacks", 0) + c.get("eager", 0)
+
+
+def _forwards_diff(ran: dict, want: dict) -> dict[str, tuple[int, int]]:
+    """{forward key: (ran, wanted)} where the two counts differ."""
+    return {k: (ran.get(k, 0), want.get(k, 0)) for k in sorted(set(ran) | set(want)) if ran.get(k, 0) != want.get(k, 0)}
+
+
+def _nonzero(c: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in c.items() if v) or "nothing"
+
+
+def result_problems(result, n: int, k: int, generated: int) -> list[str]:
+    """Every published aggregate of a point recomputed from its rounds and accepted counts with plain numpy."""
+    import numpy as np
+
+    out, samples = [], result.round_samples
+
+    def off(a, b) -> bool:
+        a, b = float(a), float(b)
+        return not (a == b or (np.isnan(a) and np.isnan(b)) or abs(a - b) <= 1e-9 * max(abs(a), abs(b)))
+
+    for s in samples:
+        if off(s["speedup"], s["tokens_per_s"] / s["greedy_tokens_per_s"]):
+            out.append(f"round {s['round']}'s speedup {s['speedup']:.6g} is not its tokens/s over greedy's")
+    for name in ("speedup", "tokens_per_s", "greedy_tokens_per_s"):
+        median = float(np.median([s[name] for s in samples]))
+        if off(getattr(result, name), median):
+            out.append(f"{name} {getattr(result, name):.6g} is not the median of its rounds ({median:.6g})")
+    acc = np.asarray(result.accepted_per_step, dtype=float)
+    steps = len(acc)
+    if steps:
+        expect = {
+            "steps": steps,
+            "accepted": acc.sum(),
+            "drafted": steps * k,
+            "draft_acceptance": acc.sum() / (steps * k),
+            "acceptance_length": 1 + acc.mean(),
+            "tokens_per_step": generated / steps,
+        }
+        for name, value in expect.items():
+            if off(getattr(result, name), value):
+                out.append(f"{name} {getattr(result, name):.6g}, its accepted counts give {value:.6g}")
+        per_position = [float((acc >= i).mean()) for i in range(1, k + 1)]
+        if len(result.acceptance_per_position) != k or any(
+                off(a, b) for a, b in zip(result.acceptance_per_position, per_position)):
+            out.append(f"per-position acceptance {result.acceptance_per_position}, its accepted counts give {per_position}")
+    return out

@@ -1,0 +1,113 @@
+"""Named warnings: what a point measured that is not an error, yet a careful reader must be told.
+
+Each warning is {"name", "message"}; the names are stable (the report counts them):
+- efficiency: measured / predicted speedup outside EFFICIENCY_BAND (the cost model misses something,
+  or the machine was busy);
+- unaccounted: the timed wall time per step and the sum of the step's measured phases disagree by
+  more than UNACCOUNTED_BAND allows (time spent outside the phases, or phases timed outside the clock);
+- acceptance_below_calibration: the MTP head accepted fewer drafts than its calibration predicts, by
+  more than both samples' noise explains (one-sided z-test, false-alarm rate ACCEPTANCE_FALSE_ALARM);
+- oracle_acceptance: the oracle drafter's accepted counts are not what its alpha sets (two-sided
+  z-test, false-alarm rate ORACLE_FALSE_ALARM): the drafter does not draft as configured;
+- the timed-round audit's own (mtplab.check.audit): timed_fallbacks, timed_state_not_bitwise, clock.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mtplab.engine.strategies import DRAFTERS
+
+EFFICIENCY_BAND = (0.7, 1.3)
+# (wall - sum of phases) / wall. Clean points measured here: 0.2-2% (the loop's own bookkeeping); a phase
+# timed outside the clock makes it negative, a slow host path between the phases large.
+UNACCOUNTED_BAND = (-0.03, 0.15)
+ACCEPTANCE_FALSE_ALARM = 0.01
+_Z = 2.326  # one-sided 1% normal quantile
+
+
+def warning(name: str, message: str) -> dict:
+    return {"name": name, "message": message}
+
+
+def expected_accepted(per_position: list[float], alpha: float, k: int) -> tuple[float, float]:
+    """Mean and variance of the accepted count per step at k drafts, from calibrated P(accepted >= i)
+    (geometric alpha^i beyond the calibrated positions)."""
+    p = [per_position[i - 1] if i <= len(per_position) else alpha**i for i in range(1, k + 1)]
+    mean = sum(p)
+    second = sum((2 * i - 1) * pi for i, pi in enumerate(p, start=1))  # E[A^2] = sum (2i - 1) P(A >= i)
+    return mean, max(second - mean * mean, 0.0)
+
+
+def _z(accepted: list[int], mean: float, var: float, reference_steps: int | None = None) -> tuple[float, float]:
+    """(the run's mean accepted drafts per step, its z against `mean`): the run's standard error, plus the
+    reference's when the mean is itself an estimate over `reference_steps`; no variance: 0 or +-inf."""
+    got = sum(accepted) / len(accepted)
+    se = math.sqrt(var / len(accepted) + (var / reference_steps if reference_steps else 0.0))
+    if se == 0:
+        return got, 0.0 if got == mean else math.copysign(float("inf"), got - mean)
+    return got, (got - mean) / se
+
+
+def acceptance_warning(accepted: list[int], k: int, calibration: dict) -> dict | None:
+    """The acceptance_below_calibration warning, or None: the run's mean accepted drafts per step against
+    the calibration's, a one-sided z-test on both samples' standard errors."""
+    acc = calibration.get("mtp_acceptance") or {}
+    steps_cal = acc.get("steps") or 0
+    if not accepted or not steps_cal:
+        return None
+    mean, var = expected_accepted(acc.get("per_position", []), acc.get("alpha", 0.0), k)
+    got, z = _z(accepted, mean, var, steps_cal)
+    if z >= -_Z:
+        return None
+    return warning(
+        "acceptance_below_calibration",
+        f"the MTP head accepted {got:.2f} drafts per step over {len(accepted)} steps, its calibration predicts "
+        f"{mean:.2f} (alpha {acc.get('alpha', 0):.2f} over {steps_cal} steps); z = {z:.1f}, "
+        f"below the {ACCEPTANCE_FALSE_ALARM:.0%} false-alarm line: the head drafts worse here than calibrated",
+    )
+
+
+ORACLE_FALSE_ALARM = 0.001
+_Z2 = 3.291  # two-sided 0.1% normal quantile
+
+
+def oracle_warning(accepted: list[int], k: int, alpha: float) -> dict | None:
+    """The oracle_acceptance warning, or None: the oracle drafter's accepted counts against the distribution
+    its alpha sets (P(accepted >= i) = alpha^i), a two-sided z-test at ORACLE_FALSE_ALARM."""
+    if not accepted:
+        return None
+    mean, var = expected_accepted([], alpha, k)
+    got, z = _z(accepted, mean, var)
+    if abs(z) <= _Z2:
+        return None
+    return warning(
+        "oracle_acceptance",
+        f"the oracle drafter accepted {got:.2f} drafts per step over {len(accepted)} steps, alpha {alpha:g} sets "
+        f"{mean:.2f}; z = {z:.1f}, beyond the two-sided {ORACLE_FALSE_ALARM:.1%} false-alarm line: it does not "
+        "draft as configured",
+    )
+
+
+def point_warnings(efficiency: float, unaccounted: float, drafter: str, accepted: list[int], k: int,
+                   calibration: dict | None, audit: dict, alpha: float | None = None) -> list[dict]:
+    """Every named warning of one point (see the module docstring)."""
+    out = []
+    lo, hi = EFFICIENCY_BAND
+    if efficiency == efficiency and not lo <= efficiency <= hi:
+        out.append(warning("efficiency", f"efficiency {efficiency:.2f} is outside [{lo}, {hi}]: the measured "
+                                         "speedup is not what the calibrated cost model predicts"))
+    lo, hi = UNACCOUNTED_BAND
+    if unaccounted == unaccounted and not lo <= unaccounted <= hi:
+        out.append(warning("unaccounted", f"{unaccounted:.1%} of the timed wall time per step is outside the "
+                                          f"measured phases (allowed [{lo:.0%}, {hi:.0%}]): "
+                                          + ("phases timed outside the clock" if unaccounted < lo
+                                             else "host work between the phases")))
+    source = DRAFTERS.get(drafter).acceptance  # where the drafter's acceptance comes from decides the test
+    if source == "calibration" and calibration is not None and (w := acceptance_warning(accepted, k, calibration)):
+        out.append(w)
+    if source == "setting" and alpha is not None and (w := oracle_warning(accepted, k, alpha)):
+        out.append(w)
+    for name, w in audit.get("warnings", {}).items():
+        out.append(warning(name, w["message"] + (f" ({w['count']} runs)" if w["count"] > 1 else "")))
+    return out

@@ -1,0 +1,228 @@
+"""The checked (untimed) pass of a point: what the lossless verdict is built from.
+
+Three independent looks, none of them inside a timed loop:
+- a `Watch` on every forward of the greedy reference and of the checked speculative run: any
+  NaN or Inf in logits or hidden states is recorded with where it was first seen;
+- a `Lockstep` reference: a plain `session.run` stepper (no IOBinding, no plans, no arenas) fed
+  the greedy tokens, advanced to each length the speculative run commits to, where the committed
+  GatedDeltaNet and conv states are compared tensor by tensor (memory: one extra state);
+- an `anchor`: the float64 numpy reference (`mtplab.model.reference`) on the weights the ONNX
+  file holds, for the prefill and the first decoded tokens, which catches a bug that greedy and
+  speculative share (the prefill, the decode path).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from mtplab.check.audit import Trace
+from mtplab.check.verdict import StateRule, state_rule, states_difference, token_identity
+from mtplab.model import Artifact
+from mtplab.model.reference import ReferenceModel, weights_from_onnx
+from mtplab.model.stepper import Stepper
+from mtplab.runtime.arena import to_numpy
+
+ANCHOR_TOKENS = 16  # greedy tokens the float64 anchor checks on models larger than tiny (see anchor_tokens)
+# The anchor compares ONNX Runtime's logits with float64 numpy: rounding of the run's dtype only.
+ANCHOR_TOLERANCE = {"fp32": 5e-3, "fp16": 0.25}
+# The lockstep reference's argmax may differ from greedy's only where its top logits are this close.
+DISAGREEMENT_MARGIN = {"fp32": 1e-3, "fp16": 5e-2, "int8": 5e-2}
+
+
+def _first_non_finite(a: np.ndarray) -> int | None:
+    bad = ~np.isfinite(a)
+    return int(np.argmax(bad.reshape(-1))) if bad.any() else None
+
+
+@dataclass
+class Watch:
+    """Looks at every forward's logits and hidden states; keeps the first non-finite one seen."""
+
+    run: str = "greedy"
+    forwards: int = 0
+    non_finite: dict | None = None
+
+    def start(self, run: str) -> None:
+        """Count the forwards of another run from 1 (the first non-finite seen is kept)."""
+        self.run, self.forwards = run, 0
+
+    def __call__(self, label: str, length: int, out: dict) -> None:
+        self.forwards += 1
+        if self.non_finite is not None:
+            return
+        for tensor in ("logits", "hidden"):
+            where = _first_non_finite(to_numpy(out[tensor]))
+            if where is not None:
+                self.non_finite = {
+                    "run": self.run,
+                    "forward": self.forwards,
+                    "label": label,
+                    "position": length,
+                    "tensor": tensor,
+                    "element": where,
+                }
+                return
+
+
+@dataclass
+class Lockstep:
+    """The independent reference stepped to every committed length, compared state and KV by state and KV."""
+
+    stepper: Stepper
+    sequence: list[int]  # prompt + greedy tokens: what every committed prefix must equal
+    rule: StateRule
+    keep_at: int | None = None  # a length whose reference state is kept (the timed greedy runs end there)
+    kept: dict | None = None
+    commits: int = 0
+    max_abs_diff: float = 0.0
+    max_rel_diff: float = 0.0
+    bitwise: bool = True
+    first_divergence: dict | None = None
+    reference_disagreements: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, art: Artifact, prompt: list[int], greedy_tokens: list[int], rule: StateRule,
+              keep_at: int | None = None):
+        """A lockstep reference after the prompt, comparing under `rule` (oracle.state_rule)."""
+        step = Stepper(art.description)
+        step.forward(prompt)
+        return cls(step, list(prompt) + list(greedy_tokens), rule, keep_at)
+
+    @property
+    def reference_bytes(self) -> int:
+        return sum(a.nbytes for a in self.stepper.snapshot().values())
+
+    def advance_to(self, length: int) -> None:
+        while self.stepper.length < length:
+            pos = self.stepper.length
+            out = self.stepper.forward([self.sequence[pos]])
+            if self.stepper.length == self.keep_at:
+                self.kept = self.stepper.snapshot()
+            expected = self.sequence[pos + 1] if pos + 1 < len(self.sequence) else None
+            row = out["logits"][0]
+            got = int(row.argmax())
+            if expected is not None and got != expected and len(self.reference_disagreements) < 8:
+                margin = float(row[got]) - float(row[expected])
+                if margin > DISAGREEMENT_MARGIN[self.stepper.desc.precision]:  # not a near-tie that rounding decides
+                    self.reference_disagreements.append(
+                        {"position": pos + 1, "greedy": expected, "reference": got, "margin": margin}
+                    )
+
+    def check(self, step: int, length: int, state: dict[str, np.ndarray]) -> None:
+        """Compare the committed state and KV rows at `length` with the reference's; keep the first divergence."""
+        self.commits += 1
+        self.advance_to(length)
+        diff = states_difference(state, self.stepper.snapshot(), self.rule)
+        self.max_abs_diff = max(self.max_abs_diff, diff["max_abs_diff"])
+        self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
+        self.bitwise &= diff["bitwise"]
+        if diff["first_bad"] is not None and self.first_divergence is None:
+            self.first_divergence = {"step": step, "length": length} | diff["first_bad"]
+
+    def summary(self) -> dict:
+        return {
+            "state_max_abs_diff": self.max_abs_diff if self.commits else None,
+            "state_max_rel_diff": self.max_rel_diff if self.commits else None,
+            "state_bitwise": self.bitwise if self.commits else None,
+            "state_first_divergence": self.first_divergence,
+            "state_commits_checked": self.commits,
+            "state_rule": self.rule.text(),
+            "kv_checked": bool(self.stepper.kv),
+            "state_reference_bytes": self.reference_bytes,
+            "reference_disagreements": self.reference_disagreements,
+        }
+
+
+def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int]) -> dict | None:
+    """Greedy's first logits rows (prefill's last, then each decode) against the float64 reference.
+
+    logits[j] is the row that produced tokens[j]. Reports the max logit difference, the first
+    token the reference disagrees on, and whether both stay within ANCHOR_TOLERANCE. None for a
+    model mtplab has no numpy reference of (builder models: the lockstep stepper is their reference).
+    """
+    cfg = art.description.config
+    if cfg is None:
+        return None
+    ref = ReferenceModel(cfg, weights_from_onnx(art.target))
+    # One teacher-forced forward over the prompt and greedy's first tokens: row P-1+j produced tokens[j].
+    out = ref.forward(list(prompt) + list(tokens[: len(logits) - 1]), ref.new_state())["logits"]
+    rows = list(out[len(prompt) - 1 :])
+    tolerance = ANCHOR_TOLERANCE[cfg.dtype]
+    diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - r))) for a, r in zip(logits, rows)]
+    worst = max(diffs) if all(np.isfinite(diffs)) else float("inf")
+    # A token disagreement counts where the reference prefers another token by more than rounding can explain.
+    first = next((j for j, r in enumerate(rows) if r.max() - r[tokens[j]] > tolerance), None)
+    return {
+        "positions": len(rows),
+        "max_logit_diff": worst,
+        "tolerance": tolerance,
+        "first_token_disagreement": first,
+        "ok": worst <= tolerance and first is None,
+    }
+
+
+def anchor_tokens(desc, n: int) -> int:
+    """How many of greedy's tokens the float64 anchor checks: every token on a model as small as tiny
+    (layers x hidden^2 under 1e6: the numpy forward costs milliseconds), else the first ANCHOR_TOKENS."""
+    cfg = desc.config
+    if cfg is not None and cfg.num_layers * cfg.hidden_size**2 < 1e6:
+        return n
+    return min(n, ANCHOR_TOKENS)
+
+
+class Checked(NamedTuple):
+    """What the checked pass leaves for the verdict and for auditing the timed rounds."""
+
+    greedy: Any  # engine.Greedy: the reference tokens and margins
+    spec: dict  # the checked speculative run (tokens, accepted, ...)
+    identity: dict  # what oracle.verdict reads
+    spec_trace: Trace  # what the checked speculative run executed
+    spec_state: dict  # its committed state (and KV rows) at its end
+    greedy_state: dict | None  # the reference's state at prompt + n - 1, where an n-token greedy run ends
+
+
+def checked_pass(engine, prompt: list[int], n: int) -> Checked:
+    """The untimed reference and checked speculative run of a point.
+
+    The greedy reference gives the tokens and margins; the speculative run is compared with it
+    token by token, and with the lockstep reference state and KV after every commit and once more
+    after it returns; every forward of both runs is watched for NaN and Inf; the anchor checks
+    greedy's rows against float64 numpy (every token on tiny, the first 16 elsewhere).
+    """
+    run, art = engine.run_cfg, engine.art
+    same_device = engine.device.name == "cpu"
+    watch = engine.watch = Watch("greedy")
+    try:
+        greedy = engine.greedy(prompt, n + run.k + 1, keep_logits=anchor_tokens(engine.desc, n))
+        t0 = time.perf_counter()
+        anchored = anchor(art, prompt, greedy.logits, greedy.tokens)
+        t1 = time.perf_counter()
+        rule = state_rule(run.commit, engine.desc.precision, same_device)
+        lock = Lockstep.start(art, prompt, greedy.tokens, rule, keep_at=len(prompt) + n - 1)
+        watch.start("speculative")
+        checks = [time.perf_counter() - t1]
+
+        def on_commit(step: int, length: int) -> None:
+            t = time.perf_counter()
+            lock.check(step, length, engine.state.snapshot(copy=False))
+            checks[0] += time.perf_counter() - t
+
+        trace = Trace.begin(engine)
+        spec = engine.speculative(prompt, n, reference=greedy.tokens, on_commit=on_commit)
+        trace.end(engine, spec["tokens"], spec["accepted"])
+        on_commit(len(spec["accepted"]), engine.state.length)  # what the run left behind, after its last commit
+        lock.advance_to(len(prompt) + n - 1)
+    finally:
+        engine.watch = None
+    identity = token_identity(spec["tokens"][:n], greedy.tokens[:n], greedy.margins)
+    identity |= lock.summary() | {"non_finite": watch.non_finite, "anchor": anchored}
+    identity["check_seconds"] = {
+        "anchor": t1 - t0,
+        "lockstep": checks[0],
+        "speculative": spec["seconds"],
+    }
+    return Checked(greedy, spec, identity, trace, engine.state.snapshot(), lock.kept)

@@ -1,0 +1,177 @@
+"""The lossless verdict: speculative output must equal greedy token for token, and state for state."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from mtplab.engine.strategies import COMMITS
+
+# Each commit strategy's guarantee against the plain session.run reference, per backend and precision.
+# Tolerances are relative to the compared tensor's largest magnitude: max|a - b| <= rtol * max|b|.
+# fp32 1e-5: the M=k+1 verify (select) and the M=n re-advance (readvance-batched) round their matrix products
+# differently from M=1; measured worst over k = 1, 3, 6, both schedules, 96 tokens: 0 on the builder fixture,
+# 3.7e-7 on tiny (attention at layer 1 feeds later GatedDeltaNet layers), 8.2e-7 (state) and 6.6e-7 (KV) on small. A 1e-5 relative drift per commit is over it after 2 commits.
+# fp16: a few fp16 ulps (2^-10). "int8": fp32 activations whose matmul inputs are rounded to int8 (MatMulNBits
+# accuracy_level 4, the builder's int4 export): a batched forward can move an input across a rounding step, and
+# the recurrent state carries it on (seen: 0.022 after 14 commits on a 6-layer int4 builder model).
+STATE_RTOL = {"fp32": 1e-5, "fp16": 4e-3, "int8": 5e-2}
+
+
+@dataclass(frozen=True)
+class StateRule:
+    """What a run's committed state (recurrent, conv and KV rows) must satisfy against the reference."""
+
+    bitwise: bool
+    rtol: float
+    why: str
+
+    def text(self) -> str:
+        return ("bitwise" if self.bitwise else f"relative {self.rtol:g}") + f": {self.why}"
+
+
+def state_rule(commit: str, precision: str, same_device: bool) -> StateRule:
+    """The guarantee a commit strategy (its registered `bitwise` and `why`), or "greedy" decoding, gives on this
+    backend and precision.
+
+    Bitwise where the run and the reference execute the same M=1 kernels on the same device
+    (readvance-m1, greedy); a relative tolerance wherever rounding legitimately differs.
+    """
+    rtol = STATE_RTOL[precision]
+    bitwise, why = (True, "advances one token at a time with the reference's kernels") if commit == "greedy" else (
+        COMMITS.get(commit).bitwise, COMMITS.get(commit).why)
+    if bitwise and same_device:
+        return StateRule(True, 0.0, f"{commit} {why}, on the same device")
+    if bitwise:
+        return StateRule(False, rtol, f"{commit} runs on another device than the CPU reference: rounding differs")
+    return StateRule(False, rtol, f"{commit} {why}")
+
+
+def token_identity(spec: list[int], greedy: list[int], greedy_margins: list[float]) -> dict:
+    """Compare every token; on failure give the first diverging position and greedy's top-2 margin there."""
+    n = min(len(spec), len(greedy))
+    first = next((i for i in range(n) if spec[i] != greedy[i]), None)
+    if first is None and len(spec) != len(greedy):
+        first = n
+    return {
+        "token_identical": first is None,
+        "first_divergence": first,
+        "margin_at_divergence": None if first is None or first >= len(greedy_margins) else greedy_margins[first],
+        "greedy_token_at_divergence": None if first is None or first >= len(greedy) else int(greedy[first]),
+        "spec_token_at_divergence": None if first is None or first >= len(spec) else int(spec[first]),
+    }
+
+
+def tensor_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float, bool]:
+    """(max abs difference, that relative to max|b|, bitwise equal) of two tensors of one shape.
+
+    A NaN or Inf makes both differences infinite, so they never pass a tolerance; a shape
+    difference too. The relative scale of an all-zero reference is 1e-30 (any difference fails).
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return float("inf"), float("inf"), False
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    if diff.size == 0:
+        return 0.0, 0.0, True
+    if not np.isfinite(diff).all():
+        return float("inf"), float("inf"), False
+    worst = float(diff.max())
+    scale = max(float(np.abs(b).max()), 1e-30)
+    return worst, worst / scale, bool(np.array_equal(a, b))
+
+
+def states_difference(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], rule: StateRule) -> dict:
+    """Every tensor of two state snapshots (same names) under a rule: the worst differences and the first
+    tensor that breaks the rule (None if none)."""
+    if set(got) != set(ref):
+        raise ValueError(f"state names differ: {sorted(set(got) ^ set(ref))}")
+    out = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "bitwise": True, "first_bad": None}
+    for name in ref:
+        worst, rel, same = tensor_difference(got[name], ref[name])
+        out["max_abs_diff"] = max(out["max_abs_diff"], worst)
+        out["max_rel_diff"] = max(out["max_rel_diff"], rel)
+        out["bitwise"] &= same
+        bad = not same if rule.bitwise else not rel <= rule.rtol
+        if bad and out["first_bad"] is None:
+            out["first_bad"] = {"tensor": name, "max_abs_diff": worst, "max_rel_diff": rel,
+                                "non_finite": worst == float("inf")}
+    return out
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _state_where(first: dict) -> str:
+    return f" after step {first['step']} (length {first['length']}), {first['tensor']}"
+
+
+def verdict(identity: dict) -> tuple[bool, str]:
+    """(ok, message). Every check that ran must pass; the message names the first failure and where.
+
+    Tokens must match greedy's; nothing non-finite may appear in any forward; greedy must agree
+    with the float64 anchor; the state and KV after every commit must match the lockstep reference
+    under the commit's rule (`state_rule`, named in the message).
+    """
+    fail = "LOSSLESS CHECK FAILED: "
+    bad = identity.get("non_finite")
+    if bad:
+        return False, fail + (
+            f"non-finite {bad['tensor']} in the {bad['run']} run, forward {bad['forward']} ({bad['label']}) "
+            f"at position {bad['position']}"
+        )
+    first = identity.get("state_first_divergence")
+    if not identity["token_identical"]:
+        return False, fail + (
+            f"speculative output diverges from greedy at token {identity['first_divergence']} "
+            f"(greedy {identity['greedy_token_at_divergence']}, speculative {identity['spec_token_at_divergence']}; "
+            f"greedy top-2 logit margin there {_fmt(identity['margin_at_divergence'])})"
+            + (f"; the recurrent state first differed{_state_where(first)}" if first and "step" in first else "")
+        )
+    anchor = identity.get("anchor")
+    if anchor and not anchor["ok"]:
+        where = anchor["first_token_disagreement"]
+        return False, fail + (
+            f"greedy disagrees with the float64 reference over the prefill and first {anchor['positions'] - 1} "
+            f"tokens: max logit difference {_fmt(anchor['max_logit_diff'])} (tolerance {anchor['tolerance']})"
+            + (f", first different token at {where}" if where is not None else "")
+            + ": a bug that greedy and speculative share"
+        )
+    if identity.get("reference_disagreements"):
+        d = identity["reference_disagreements"][0]
+        return False, fail + (
+            f"greedy and the plain session.run reference disagree at position {d['position']} "
+            f"(greedy {d['greedy']}, reference {d['reference']})"
+        )
+    rule = identity.get("state_rule") or "the lockstep reference's rule"
+    if first is not None:
+        where = _state_where(first) if "step" in first else " at the end of the run"
+        kind = "non-finite" if first["non_finite"] else (
+            f"max abs diff {_fmt(first['max_abs_diff'])}, relative {_fmt(first.get('max_rel_diff'))}")
+        return False, fail + f"committed state differs from the reference's{where}: {kind} (rule: {rule})"
+    diff = identity.get("state_max_abs_diff")
+    if diff is None:
+        state = " (state not observable)"
+    else:
+        checked = identity.get("state_commits_checked")
+        what = "state and KV" if identity.get("kv_checked") else "state"
+        after = f" at {checked} checks (after every commit and at the end of the run)" if checked else ""
+        if identity.get("state_bitwise"):
+            state = f", {what} bitwise{after}"
+        else:
+            state = f", {what} within {_fmt(identity.get('state_max_rel_diff'))} relative{after}"
+        state += f" (rule: {rule})"
+    anchored = ""
+    if anchor:
+        anchored = (f"; greedy matches the float64 reference over {anchor['positions']} positions "
+                    f"({_fmt(anchor['max_logit_diff'])})")
+    return True, "identical to greedy: every token" + state + anchored
+
+
+def shout(message: str) -> None:
+    """Print a lossless failure loudly on stderr."""
+    bar = "!" * min(len(message), 100)
+    print(f"\n{bar}\n{message}\n{bar}\n", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""Entry points: the mtplab command, doctor and the GPU check."""

@@ -1,0 +1,68 @@
+"""Acceptance rules: which drafts a verify keeps, and how the target's and a drafter's tokens are chosen.
+
+The built-in rule, greedy-match, is exact greedy decoding: the target's token is its argmax, a
+draft is kept while it equals the target's argmax at its position, and the verdict is token
+identity with greedy decoding. A rule is an object in `mtplab.engine.strategies.ACCEPTANCE`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtplab.engine.strategies import ACCEPTANCE
+
+
+class AcceptanceRule:
+    """name: the RunConfig `acceptance` value; summary: what it keeps, one line.
+
+    Every method takes the array module (numpy or CuPy) and device arrays, and returns device arrays:
+    nothing here waits for the device (the verify reads its result once).
+    """
+
+    name: str = ""
+    summary: str = ""
+
+    def token(self, xp, row):
+        """The target's token from one logits row [V]: the prefill's, each greedy decode's."""
+        raise NotImplementedError
+
+    def draft_token(self, xp, row):
+        """A drafter's token from its own logits row [V]."""
+        raise NotImplementedError
+
+    def accept(self, xp, drafts, logits):
+        """(accepted count as a 0-d array, the target's tokens t0..tk [k+1]) for drafts [k] and the verify's
+        logits [k+1, V]; the bonus token is tokens[count]."""
+        raise NotImplementedError
+
+
+class GreedyMatch(AcceptanceRule):
+    name = "greedy-match"
+    summary = "keep the longest prefix of drafts equal to the target's argmax, then the target's argmax (lossless)"
+
+    def token(self, xp, row):
+        return row.argmax() if xp is np else xp.argmax(row)  # numpy: the method, without np.argmax's dispatch
+
+    draft_token = token
+
+    def accept(self, xp, drafts, logits):
+        targets = xp.argmax(logits, axis=-1)
+        return accepted_count(xp, drafts, targets), targets
+
+
+def accepted_count(xp, drafts, targets):
+    """Longest prefix where drafts[i] equals targets[i], on the device (a 0-d array)."""
+    match = (drafts == targets[: drafts.shape[0]]).astype(np.int32)
+    return xp.cumprod(match).sum()
+
+
+def top2_margin_xp(xp, row):
+    """The gap between a row's largest and second-largest value, as a 0-d float64 array on the row's device
+    (0 on a tie): nothing waits for the device."""
+    row = row.astype(xp.float64).ravel()
+    top = row.max()
+    second = xp.where(row == top, -xp.inf, row).max()
+    return xp.where((row == top).sum() > 1, 0.0, top - second)
+
+
+GREEDY_MATCH = ACCEPTANCE.register(GreedyMatch())

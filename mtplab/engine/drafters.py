@@ -1,0 +1,174 @@
+"""Drafters: the model's MTP head, and a controlled-acceptance oracle for performance studies.
+
+A drafter kind (DrafterKind, registered in `mtplab.engine.strategies.DRAFTERS`) says which RunConfig
+parameters it takes, where its acceptance comes from and whether the MTP head runs, and builds the
+run's drafter. Every drafter takes the same calls: prefill(tokens, hidden) once per generation, then
+draft(first, hidden, position, k) per step: k draft tokens following `first`, the token at
+`position + 1`, given the target's hidden state at `position`; a device array [k] (int64).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol
+
+import numpy as np
+
+from mtplab.base.names import canonical
+from mtplab.engine.strategies import DRAFTERS
+from mtplab.model.description import ModelDescription
+from mtplab.runtime.arena import array_module
+from mtplab.runtime.executor import Executor, Slot
+from mtplab.runtime.sessions import MtpState, mtp_io
+
+
+class Drafter(Protocol):
+    def prefill(self, tokens: list[int], hidden) -> None: ...
+    def draft(self, first, hidden, position: int, k: int): ...
+
+
+class MtpDrafter:
+    """Chained drafting with the MTP head: (next token, hidden) -> logits, head hidden -> next draft."""
+
+    def __init__(self, desc: ModelDescription, executor: Executor, state: MtpState, forwards: dict, choose=None):
+        self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
+        self.choose = choose  # the acceptance rule's draft_token(xp, row); None: argmax
+
+    def prefill(self, tokens: list[int], hidden) -> None:
+        """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j."""
+        feeds, outputs, bound = mtp_io(self.desc, self.state, list(tokens), hidden, 0)
+        self.executor.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+        key = f"mtp/M={len(tokens)}"
+        self.forwards[key] = self.forwards.get(key, 0) + 1
+
+    def draft(self, first, hidden, position: int, k: int):
+        """k draft tokens following `first` (an int or a device scalar) and its target hidden state.
+
+        Stays on the device: each draft's argmax feeds the next head step, and the k drafts come
+        back as a device array [k] (int64); nothing here waits for the device.
+        """
+        io = self.desc.mtp
+        xp = array_module(self.state.kv[0])
+        pick = self.choose or _argmax
+        drafts = xp.empty(k, dtype=np.int64)
+        token = first
+        for i in range(k):
+            feeds, outputs, bound = mtp_io(self.desc, self.state, token, hidden, position + i)
+            out = self.executor.run(Slot.PRIMARY, feeds, outputs, bound)
+            self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + 1
+            token = pick(xp, out[io.logits][0, 0])
+            hidden = out[io.hidden][0, 0]
+            drafts[i] = token
+        return drafts
+
+
+def _argmax(xp, row):
+    return row.argmax() if xp is np else xp.argmax(row)
+
+
+class OracleDrafter:
+    """Proposes the greedy reference token with probability alpha, else a wrong one (seeded).
+
+    Performance-only, like SGLang's simulated acceptance: never judge accuracy with it. By default
+    it still runs the MTP head so the draft cost is real; without a head (free drafts) it skips it.
+    """
+
+    def __init__(self, reference: list[int], alpha: float, seed: int, vocab: int, head: MtpDrafter | None, xp=np):
+        self.reference, self.alpha, self.vocab, self.head, self.xp = reference, alpha, vocab, head, xp
+        digest = hashlib.sha256(f"oracle:{seed}:{alpha}".encode()).digest()
+        self.rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        self.offset = 0
+
+    def prefill(self, tokens: list[int], hidden) -> None:
+        # tokens = prompt[1:] + [the prefill's token]: position p's next token is reference[p - offset + 1].
+        self.offset = len(tokens)
+        if self.head is not None:
+            self.head.prefill(tokens, hidden)
+
+    def draft(self, first, hidden, position: int, k: int):
+        """Drafts for the reference tokens after `first` (at position + 1): right with probability alpha."""
+        if self.head is not None:
+            self.head.draft(first, hidden, position, k)
+        index = position - self.offset + 1  # where `first` sits in the reference
+        out = []
+        for i in range(1, k + 1):
+            ref = self.reference[index + i]
+            if self.rng.random() < self.alpha:
+                out.append(ref)
+            else:
+                out.append(int((ref + 1 + self.rng.integers(self.vocab - 1)) % self.vocab))
+        return self.xp.asarray(np.asarray(out, dtype=np.int64))
+
+
+class DrafterKind:
+    """What a drafter is to the rest of mtplab.
+
+    name: the RunConfig `drafter` value; summary: one line.
+    params: the RunConfig fields it takes (refused with any other drafter; the oracle's alpha).
+    acceptance: where its acceptance comes from, for the prediction and the acceptance warning:
+    "setting" (the `alpha` it is given), "calibration" (the MTP head's, measured apart) or None (no prediction).
+    needs_reference: it drafts from the greedy reference's tokens.
+    peer: the onnxruntime-genai peer runs this drafter too.
+    """
+
+    name: str = ""
+    summary: str = ""
+    params: tuple[str, ...] = ()
+    acceptance: str | None = None
+    needs_reference: bool = False
+    peer: bool = False  # the onnxruntime-genai peer runs it too (its MtpGenerator runs the model's MTP head)
+
+    def uses_head(self, run) -> bool:
+        """Whether the MTP head runs k steps per speculative step (and its prefill) in this run."""
+        return False
+
+    def build(self, engine, reference: list[int] | None) -> Drafter:
+        """The run's drafter on an Engine (its public attributes: desc, xp, head, run_cfg)."""
+        raise NotImplementedError
+
+    def id_part(self, values: dict) -> str:
+        """How a point id names this drafter with its parameters (values: the run's fields)."""
+        return self.name
+
+    def text(self, values: dict) -> str:
+        """This drafter with its parameters, in words."""
+        return self.name
+
+
+class MtpKind(DrafterKind):
+    name = "mtp"
+    summary = "the model's MTP head, chained k steps"
+    acceptance = "calibration"
+    peer = True
+
+    def uses_head(self, run) -> bool:
+        return True
+
+    def build(self, engine, reference):
+        return engine.head
+
+
+class OracleKind(DrafterKind):
+    name = "oracle"
+    summary = "the greedy reference's token with probability alpha, else a wrong one (performance studies only)"
+    params = ("alpha", "oracle_free_drafts")
+    acceptance = "setting"
+    needs_reference = True
+
+    def uses_head(self, run) -> bool:
+        return not run.oracle_free_drafts
+
+    def build(self, engine, reference):
+        run = engine.run_cfg
+        head = None if run.oracle_free_drafts else engine.head
+        return OracleDrafter(reference, run.alpha, run.seed, engine.desc.vocab_size, head, engine.xp)
+
+    def id_part(self, values: dict) -> str:
+        return self.name + canonical(float(values["alpha"]))
+
+    def text(self, values: dict) -> str:
+        return f"oracle alpha={float(values['alpha']):g}"
+
+
+MTP = DRAFTERS.register(MtpKind())
+ORACLE = DRAFTERS.register(OracleKind())

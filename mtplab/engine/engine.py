@@ -1,0 +1,349 @@
+"""The speculative engine: greedy baseline and MTP speculative decoding on the two-slot executor.
+
+The Engine holds the sessions, slots, arenas and state of one run, and the strategies its config
+names (mtplab.engine.strategies): a commit strategy, a drafter, a step schedule, an acceptance rule.
+One speculative step (draft, verify on Slot.VERIFY, accept, commit the recurrent state for it) is a
+short function per schedule (mtplab.engine.schedules) that calls the Engine's public methods.
+KV rollback is contents-only: the logical length shrinks, buffers stay.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mtplab.engine import commits, drafters, schedules  # noqa: F401 - the built-in strategies register
+from mtplab.engine.acceptance import top2_margin_xp
+from mtplab.engine.drafters import Drafter, MtpDrafter
+from mtplab.engine.schedules import Phases
+from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
+from mtplab.model import PRESETS, build_model, preset
+from mtplab.model.config import capacity_problem, k_problem
+from mtplab.runtime.arena import to_numpy
+from mtplab.runtime.device import Device, device_for
+from mtplab.runtime.executor import Executor, Slot, SlotMemory
+from mtplab.runtime.policy import policy, presize, slot_memory
+from mtplab.runtime.sessions import MtpState, TargetState, mtp_io, target_io
+
+if TYPE_CHECKING:  # the config sits above the engine: the engine reads its fields only
+    from mtplab.experiment.config import RunConfig
+
+
+@dataclass
+class Greedy:
+    tokens: list[int]
+    margins: list[float]
+    seconds: float
+    decodes: int
+    logits: list[np.ndarray] = field(default_factory=list)
+    started: float = float("nan")  # perf_counter when the timed window opened
+
+
+def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
+    """A deterministic prompt for a seed."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, length)]
+
+
+@functools.cache
+def cpu_kernel_present() -> bool:
+    """Whether this onnxruntime's CPU EP runs GatedDeltaNet (probed once per process)."""
+    from mtplab.model.forms import cpu_runs_gated_delta_net
+
+    return cpu_runs_gated_delta_net()
+
+
+def model_for(run: RunConfig):
+    """The model a RunConfig runs: a preset's build (fp16 on CUDA: GroupQueryAttention there is fp16/bf16
+    only), or the folder `run.model` names (builder output, or an mtplab artifact)."""
+    spec = run.model
+    if spec not in PRESETS:
+        from mtplab.model.folders import open_model
+
+        return open_model(spec)
+    if run.backend == "cpu" and not cpu_kernel_present():
+        import onnxruntime
+
+        raise ValueError(
+            f"onnxruntime {onnxruntime.__version__} has no CPU GatedDeltaNet kernel, which the built-in model needs "
+            "(the 1.30 and 1.31 CPU wheels hold its schema only): install onnxruntime>=1.32, or run --backend cuda "
+            "with onnxruntime-gpu"
+        )
+    return build_model(
+        preset(spec, weight_format="int4" if run.int4 else "fp32", dtype="fp16" if run.backend == "cuda" else "fp32")
+    )
+
+
+class Engine:
+    """Sessions, arenas, executors and state for one RunConfig on one model and device."""
+
+    def __init__(self, run: RunConfig, artifact=None, device: Device | None = None):
+        self.run_cfg = run
+        dev = self.device = device or device_for(run.backend, run.max_recaptures, threads=run.threads)
+        self.art = artifact or model_for(run)
+        desc = self.desc = self.art.description
+        self.cfg = desc.config  # the built-in model's ModelConfig (None for other models)
+        check_run_on_model(run, desc)
+        dev.check_model(desc)
+        self.xp = dev.xp
+        pol = self.policy = policy(run.policy)
+        self.main = dev.arena("main")
+        self.state = TargetState.allocate(desc, self.main)
+        shared = dev.shared_weights(self.art.target) if pol.sibling_session else None
+        primary_session = dev.session(self.art.target, shared)
+        verify_session = dev.session(self.art.target, shared) if pol.sibling_session else primary_session
+        self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
+        # Largest I/O any slot binds: verify at M=k+1, both recurrent modes.
+        big = np.zeros(run.k + 1, dtype=np.int64)
+        specs = [target_io(desc, self.state, big, in_place) for in_place in (True, False)]
+        memory, arenas = slot_memory(
+            pol, dev, self.main, specs, dev.host_inputs, frozenset({desc.target.logits, desc.target.hidden})
+        )
+        self.arenas = {"main": self.main, **arenas}
+        self.target = Executor(
+            {Slot.PRIMARY: primary_session, Slot.VERIFY: verify_session},
+            memory,
+            backend=dev.backend,
+            max_recaptures=run.max_recaptures,
+            validate=run.validate,
+            retain_decode_graph_across_spec=run.retain_decode_graph_across_spec,
+        )
+        self.mtp_state = MtpState.allocate(desc, self.main)
+        mtp_arena = self.arenas["mtp"] = dev.arena("mtp")
+        feeds, outputs, _ = mtp_io(desc, self.mtp_state, 0, np.zeros(desc.hidden_size), 0)
+        presize(mtp_arena, feeds, outputs, skip=dev.host_inputs)
+        self.mtp = Executor(
+            {Slot.PRIMARY: dev.session(self.art.mtp)},
+            {Slot.PRIMARY: SlotMemory(mtp_arena, host_inputs=dev.host_inputs)},
+            labels={Slot.PRIMARY: "mtp"},
+            backend=dev.backend,
+            max_recaptures=run.max_recaptures,
+            validate=run.validate,
+        )
+        self.forwards: dict[str, int] = {}
+        self._keys: dict[tuple, str] = {}  # forward counter names by (slot, label, M)
+        io = desc.target
+        self._roles = (io.logits, io.hidden) if (io.logits, io.hidden) != ("logits", "hidden") else ()
+        self.watch = None  # the checked pass looks at every forward's outputs (lossless.Watch)
+        self.opened = float("nan")  # perf_counter at the end of the last run's untimed setup (prefill)
+        # perf_counter at the start of the first target forward after that setup, and at the end of the last one
+        self.first_forward: float | None = None
+        self.last_forward: float | None = None
+        self.acceptance = ACCEPTANCE.get(run.acceptance)
+        self.head = MtpDrafter(desc, self.mtp, self.mtp_state, self.forwards, self.acceptance.draft_token)
+        self.snapshot = [
+            self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())
+        ]
+        self._handoff_bytes = desc.hidden_size * 4
+        self._handoff = None  # the step's hidden-state block from the shared pool, given back at end_step
+        self.last_hidden = self.main.reserve("last_hidden", (desc.hidden_size,), np.float32)
+        self._verify_start = 0
+        self.use_commit(run.commit)
+
+    # -- the run's strategies ------------------------------------------------------------------
+    @property
+    def k(self) -> int:
+        return self.run_cfg.k
+
+    @property
+    def length(self) -> int:
+        """Tokens the target's state holds."""
+        return self.state.length
+
+    def use_commit(self, name: str) -> None:
+        """Commit with the registered strategy `name` from now on (the calibration times each in turn)."""
+        strategy = COMMITS.get(name)
+        if problem := strategy.refusal(self.desc):
+            raise ValueError(problem)
+        self.commit_strategy, self._commit = strategy, strategy.prepare(self)
+
+    # -- forwards ------------------------------------------------------------------------------
+    def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:
+        """One target forward of `tokens` (ints, or a host or device array) at the current length.
+
+        Returns the outputs by role: "logits", "hidden", and the graph's own names for the rest.
+        The caller advances the length.
+        """
+        if self.first_forward is None:  # one clock read per forward on the common path (the end stamp below)
+            self.first_forward = time.perf_counter()
+        if isinstance(tokens, list):
+            tokens = np.asarray(tokens, dtype=np.int64)
+        feeds, outputs, bound = target_io(self.desc, self.state, tokens, in_place)
+        run = self.target.run_eager if eager else self.target.run
+        out = run(slot, feeds, outputs, bound)
+        if in_place:
+            self.state.carry()
+        if self._roles:  # the graph names its outputs otherwise: add them under their roles
+            out["logits"], out["hidden"] = out[self._roles[0]], out[self._roles[1]]
+        key = self._keys.get((slot, label, tokens.size))
+        if key is None:
+            key = self._keys[(slot, label, tokens.size)] = f"{label or self.target.labels[slot]}/M={tokens.size}"
+        self.forwards[key] = self.forwards.get(key, 0) + 1
+        if self.watch is not None:
+            self.watch(key, self.state.length, out)
+        self.last_forward = time.perf_counter()
+        return out
+
+    def start(self, prompt: list[int]) -> dict:
+        """A new generation: state and plans reset, the prompt prefilled (eager, untimed); the prefill's outputs."""
+        self.state.reset()
+        self.mtp_state.kv[0][...] = 0
+        self.mtp_state.kv[1][...] = 0
+        self.target.new_generation()
+        self.mtp.new_generation()
+        out = self.forward(Slot.PRIMARY, prompt, eager=True, label="prefill")
+        self.state.length = len(prompt)
+        self.opened = time.perf_counter()  # the untimed setup ends here (the audit holds timed windows to it)
+        self.first_forward = self.last_forward = None
+        return out
+
+    # -- greedy --------------------------------------------------------------------------------
+    def greedy(
+        self, prompt: list[int], n: int, eager: bool = False, keep_logits: int = 0, margins: bool = True
+    ) -> Greedy:
+        """Greedy decoding of n tokens at M=1 on Slot.PRIMARY.
+
+        Tokens and margins stay on the device until the end: the loop never waits for it (each
+        argmax feeds the next decode directly). eager=True runs every decode outside the slot's plan.
+        keep_logits=m keeps the first m logits rows (prefill's last, then each decode) for the anchor.
+        margins=False skips the top-2 margins (a timed run: the decoder it measures computes none).
+        Time starts after the prefill; `decodes` = n - 1 tokens are timed (the first is the prefill's).
+        """
+        xp, state, forward, choose = self.xp, self.state, self.forward, self.acceptance.token
+        out = self.start(prompt)
+        row = out["logits"][0, -1]
+        tokens, rows = [choose(xp, row)], [row.copy()][:keep_logits]
+        gaps = [top2_margin_xp(xp, row)] if margins else []
+        t0 = time.perf_counter()
+        while len(tokens) < n:
+            out = forward(Slot.PRIMARY, tokens[-1].reshape(1), eager=eager)
+            state.length += 1
+            row = out["logits"][0, 0]
+            if len(rows) < keep_logits:
+                rows.append(row.copy())
+            tokens.append(choose(xp, row))
+            if margins:
+                gaps.append(top2_margin_xp(xp, row))
+        if margins:
+            host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(gaps)]))
+        else:
+            host = [self.device.read(xp.stack(tokens)), []]
+        seconds = time.perf_counter() - t0
+        logits = [to_numpy(r) for r in rows]
+        return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, logits, t0)
+
+    # -- speculative ---------------------------------------------------------------------------
+    def drafter(self, reference: list[int] | None) -> Drafter:
+        """The run's drafter (its registered kind builds it; the oracle drafts from the greedy reference)."""
+        kind = DRAFTERS.get(self.run_cfg.drafter)
+        if kind.needs_reference and reference is None:
+            raise ValueError(f"the {kind.name} drafter needs the greedy reference tokens")
+        return kind.build(self, reference)
+
+    def speculative(
+        self, prompt: list[int], n: int, reference: list[int] | None = None, on_commit: Callable | None = None
+    ) -> dict:
+        """Speculative decoding until at least n tokens; returns tokens and per-step statistics.
+
+        on_commit(step, length), when given, is called after every commit (the checked pass
+        compares the committed state there; timed runs pass nothing). The schedule's step
+        function (mtplab.engine.schedules) does one draft-verify-accept-commit round.
+        """
+        drafter = self.drafter(reference)
+        out = self.start(prompt)
+        emitted = [int(self.device.read(self.acceptance.token(self.xp, out["logits"][0, -1])))]
+        drafter.prefill(prompt[1:] + emitted, out["hidden"][0])
+        self.last_hidden[...] = out["hidden"][0, -1]
+        self.opened = time.perf_counter()  # the head's prefill is untimed setup too
+        self.first_forward = self.last_forward = None
+        step, phases = SCHEDULES.get(self.run_cfg.schedule).step, Phases()
+        accepted: list[int] = []
+        t_start = time.perf_counter()
+        while len(emitted) < n:
+            accepted.append(step(self, emitted, drafter, phases))
+            if on_commit is not None:
+                on_commit(len(accepted), self.state.length)
+        seconds = time.perf_counter() - t_start
+        return {"tokens": emitted, "seconds": seconds, "accepted": accepted, "split": phases.seconds,
+                "started": t_start}
+
+    # -- one step's parts (mtplab.engine.schedules) ----------------------------------------------
+    def begin_step(self, hidden=None):
+        """The step's hidden-state handoff buffer, from the shared pool until end_step; `hidden` copied in if given."""
+        self._handoff = self.main.acquire("decode-handoff", self._handoff_bytes)
+        buf = self._handoff.carve({"hidden": ((self.desc.hidden_size,), np.float32)})["hidden"]
+        if hidden is not None:
+            buf[...] = hidden
+        return buf
+
+    def decode(self, token, hidden):
+        """One M=1 decode of `token` on Slot.PRIMARY; its hidden state into `hidden`; its token (on the device)."""
+        out = self.forward(Slot.PRIMARY, [token])
+        self.state.length += 1
+        hidden[...] = out["hidden"][0, 0]
+        return self.acceptance.token(self.xp, out["logits"][0, 0])
+
+    def keep_hidden(self, ver: dict, n: int) -> None:
+        """Keep the verify's hidden state at the last committed position (the fused schedule drafts from it)."""
+        self.last_hidden[...] = ver["hidden"][0, n]
+
+    def end_step(self) -> None:
+        """Give the handoff buffer back and tell the executor the step is over."""
+        if self._handoff is not None:
+            self.main.release(self._handoff)
+            self._handoff = None
+        self.target.end_step()
+
+    def verify(self, first, drafts) -> tuple[int, list[int], int, dict]:
+        """Verify [first, d1..dk] on Slot.VERIFY: (accepted count, consumed tokens, bonus token, outputs).
+
+        consumed = [first, d1..dn]: the tokens whose state the commit keeps. The step's one host read.
+        """
+        xp, k, in_place = self.xp, int(drafts.shape[0]), self.commit_strategy.verify_in_place
+        if in_place:
+            self.save_state()
+        self._verify_start = self.state.length
+        ids = xp.concatenate([xp.asarray(first, dtype=np.int64).reshape(1), drafts])
+        ver = self.forward(Slot.VERIFY, ids, in_place=in_place)
+        n_dev, targets = self.acceptance.accept(xp, drafts, ver["logits"][0])
+        host = self.device.read(xp.concatenate([n_dev.reshape(1).astype(np.int64), ids, targets]))
+        n = int(host[0])  # host = [n, first, d1..dk, t0..tk]
+        return n, [int(t) for t in host[1 : 2 + n]], int(host[k + 2 + n]), ver
+
+    def save_state(self) -> None:
+        """Snapshot the recurrent state (before a verify that advances it in place)."""
+        for snap, live in zip(self.snapshot, self.state.recurrent_arrays()):
+            snap[...] = live
+
+    def restore_state(self) -> None:
+        """Put back the recurrent state of the last save_state."""
+        for snap, live in zip(self.snapshot, self.state.recurrent_arrays()):
+            live[...] = snap
+
+    def commit(self, ver: dict | None, consumed: list[int], start: int | None = None) -> None:
+        """Make the state hold exactly `consumed` after position `start` (default: where the last verify began),
+        with the run's commit strategy; KV rollback is contents-only."""
+        start = self._verify_start if start is None else start
+        self.state.length = start
+        self.target.rollback(Slot.PRIMARY)
+        self._commit(ver, consumed, start)
+        self.state.length = start + len(consumed)
+
+
+def check_run_on_model(run: RunConfig, desc) -> None:
+    """ValueError, before any session is made, if the run asks what the model cannot do."""
+    problems = [
+        problem
+        for problem in (
+            k_problem(run.k, desc.transition_capacity) if desc.transition_capacity else None,
+            COMMITS.get(run.commit).refusal(desc),
+            capacity_problem(run.prompt_len, run.tokens, run.k, desc.capacity, f"{desc.name}'s KV capacity"),
+        )
+        if problem is not None
+    ]
+    if problems:
+        raise ValueError("; ".join(problems))

@@ -1,0 +1,275 @@
+"""The cost model's inputs, measured apart from any point: forward, head and commit times, head acceptance.
+
+`calibrate(preset)` measures, interleaved over `repeats` (each repeat visits every item once, so
+drift spreads over all of them): the target forward T(M) for M = 1..8 on replayed plans (M=1 on
+Primary as greedy decodes, M >= 2 on Verify as the select commit's verify runs) and the same
+forwards eager (what a fallback costs), one MTP head step and the whole draft phase of k = 1..7
+drafts (host work included), greedy's own cost per token (its loop, not just the forward), and
+each commit strategy's cost for n committed tokens = 1..8. It also measures the MTP head's
+acceptance on prompts no point uses, and records the load average before and after. Results are cached per model, machine, threads and
+onnxruntime version; `mtplab.measure.theory.predict` turns them into a point's predicted speedup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mtplab.base.paths import cache_root
+from mtplab.base.threads import threads_used
+from mtplab.engine.strategies import COMMITS
+from mtplab.experiment.config import RunConfig, model_name
+from mtplab.measure import stats, theory
+from mtplab.measure.env import _cpu_name
+from mtplab.measure.result import dumps, write_atomic
+from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS
+from mtplab.runtime.executor import Slot
+
+MAX_M = MAX_TRANSITION_CAPACITY  # verify sizes 1..8 cover k = 0..7
+ACCEPTANCE_SEEDS = (1000, 1001, 1002)  # prompts for the head's acceptance; sweep seeds stay below them
+ACCEPTANCE_K = 4
+PROMPT_LEN = 8
+GREEDY_TOKENS = 16  # decodes per greedy sample of the calibration
+
+
+def model_hash(model: str) -> str:
+    """A preset's config hash, or a folder's content hash (its graphs and config)."""
+    if model in PRESETS:
+        from mtplab.model import preset as model_preset
+
+        return model_preset(model).config_hash()
+    from mtplab.model.folders import open_model
+
+    return open_model(model).identity()["hash"]
+
+
+REPEATS = 3  # what runs and sweeps use; another count is cached apart and never replaces it
+
+
+def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
+    """What a calibration is valid for: model (a preset name or a folder), machine, threads, onnxruntime and
+    how many repeats measured it."""
+    import onnxruntime
+
+    return {
+        "preset": model_name(model),
+        "model": model_hash(model),
+        "machine": f"{platform.node()} / {_cpu_name()}",
+        "threads": threads,
+        "onnxruntime": onnxruntime.__version__,
+        **({} if repeats == REPEATS else {"repeats": repeats}),
+    }
+
+
+def cache_path(key: dict) -> Path:
+    import hashlib
+
+    root = cache_root()
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "calibration" / f"{key['preset']}-{digest}.json"
+
+
+def _median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _acceptance(model: str, tokens: int, threads: int) -> dict:
+    """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
+    from mtplab.engine.engine import Engine, model_for
+
+    art = model_for(RunConfig(model=model, threads=threads))
+    # A model with a short context gets fewer tokens per prompt: prompt + tokens + verify headroom must fit.
+    tokens = max(2, min(tokens, art.description.capacity - PROMPT_LEN - 2 * (ACCEPTANCE_K + 1)))
+    run = RunConfig(model=model, k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1, threads=threads)
+    engine = Engine(run, art)
+    counts: list[int] = []
+    for seed in ACCEPTANCE_SEEDS:
+        from mtplab.engine.engine import prompt_tokens
+
+        counts += engine.speculative(prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, seed), tokens)["accepted"]
+    acc = np.asarray(counts, dtype=float)
+    per_pos = [float((acc >= i).mean()) for i in range(1, ACCEPTANCE_K + 1)]
+    return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
+
+
+def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0) -> dict:
+    """Measure the calibration of one model (a preset name or a folder) on `threads` intra-op threads
+    (RunConfig.threads: 0 is every core)."""
+    from mtplab.engine.engine import Engine, prompt_tokens
+
+    t_start = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    run = RunConfig(
+        model=model, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1, threads=threads
+    )
+    engine = Engine(run)
+    prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
+    engine.start(prompt)
+    L0 = engine.state.length
+    tok = int(prompt[0])
+    engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
+
+    def forward(M: int) -> dict:
+        engine.state.length = L0
+        if M == 1:
+            return engine.forward(Slot.PRIMARY, [tok])
+        return engine.forward(Slot.VERIFY, [tok] * M, in_place=False)
+
+    def head() -> None:
+        engine.head.draft(tok, engine.last_hidden, L0, 1)
+
+    def draft(k: int) -> None:  # the whole draft phase of k drafts, host work included
+        engine.head.draft(tok, engine.last_hidden, L0, k)
+
+    def eager(M: int) -> dict:  # the same forward outside the slot's plan: what a fallback runs
+        engine.state.length = L0
+        if M == 1:
+            return engine.forward(Slot.PRIMARY, [tok], eager=True)
+        return engine.forward(Slot.VERIFY, [tok] * M, in_place=False, eager=True)
+
+    def greedy_token() -> float:  # greedy's own loop: a replayed M=1 forward plus its per-token host work
+        g = engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)
+        return g.seconds / g.decodes
+
+    def commit(strategy: str, n: int, reps: int) -> float:
+        """Median seconds of one commit of n tokens (the verify it commits from is untimed, run once)."""
+        engine.use_commit(strategy)
+        engine.state.length = L0
+        # A strategy that reads the verify's outputs gets them; one whose verify runs in place restores a snapshot.
+        ver = None if engine.commit_strategy.verify_in_place else forward(MAX_M)
+        engine.save_state()
+        times = []
+        for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
+            t0 = time.perf_counter()
+            engine.commit(ver, [tok] * n, L0)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times[1:]))
+
+    samples: dict[str, list[float]] = {}
+    strategies = [c.name for c in COMMITS.values() if c.refusal(engine.desc) is None]
+
+    def add(name: str, value: float) -> None:
+        samples.setdefault(name, []).append(value)
+
+    for _ in range(repeats):
+        for M in range(1, MAX_M + 1):
+            forward(M)  # a changed size recaptures the slot's plan: untimed
+            add(f"target/{M}", _median_time(lambda M=M: forward(M), reps))
+        for M in range(1, MAX_M + 1):
+            add(f"eager/{M}", _median_time(lambda M=M: eager(M), reps))
+        head()
+        add("head", _median_time(head, reps))
+        for k in range(1, MAX_M):
+            add(f"draft/{k}", _median_time(lambda k=k: draft(k), reps))
+        add("greedy_token", float(np.median([greedy_token() for _ in range(reps)])))
+        engine.start(prompt)  # back to the state the other items are measured from
+        engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
+        for strategy in strategies:
+            for n in range(1, MAX_M + 1):
+                add(f"commit/{strategy}/{n}", commit(strategy, n, reps))
+    summary = {name: stats.summarize(v) for name, v in samples.items()}
+
+    def table(prefix: str) -> dict:
+        return {name[len(prefix) :]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
+
+    return {
+        "key": cache_key(model, threads_used(threads), repeats),
+        "repeats": repeats,
+        "reps_per_sample": reps,
+        "target": table("target/"),
+        "eager": table("eager/"),
+        "head": summary["head"]["median"],
+        "draft": table("draft/"),
+        "greedy_token": summary["greedy_token"]["median"],
+        "commit": {s: table(f"commit/{s}/") for s in strategies},
+        "ci": {name: s["ci"] for name, s in summary.items()},
+        "mtp_acceptance": _acceptance(model, acceptance_tokens, threads),
+        "seconds": time.perf_counter() - t_start,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def greedy_token_now(model: str, threads: int, samples: int = 3) -> float:
+    """Greedy's seconds per token on this model now (its loop, as `measure` takes `greedy_token`)."""
+    from mtplab.engine.engine import Engine, prompt_tokens
+
+    engine = Engine(RunConfig(model=model, k=1, tokens=GREEDY_TOKENS + 1, rounds=1, threads=threads))
+    prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
+    engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)  # warm-up and capture
+    times = []
+    for _ in range(samples):
+        g = engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)
+        times.append(g.seconds / g.decodes)
+    return float(np.median(times))
+
+
+def sweep_calibration(calibration_file: str, run: RunConfig) -> dict | None:
+    """The calibration a sweep measured for this run's model and threads (calibration.json), or None."""
+
+    path = Path(calibration_file) if calibration_file else None
+    if path is None or not path.exists():
+        return None
+    calib = json.loads(path.read_text()).get(model_name(run.model))
+    if calib is None or calib.get("key", {}).get("threads") != threads_used(run.threads):
+        return None
+    return calib
+
+
+def load_or_measure(model: str, say=print, threads: int = 0, **kwargs) -> dict:
+    """The cached calibration for this model, machine, threads and onnxruntime; measured first when missing."""
+    key = cache_key(model, threads_used(threads))
+    path = cache_path(key)
+    if path.exists():
+        try:
+            calib = json.loads(path.read_text())
+            if calib.get("key") == key:
+                return calib
+        except (OSError, ValueError):
+            pass
+    say(f"no calibration for {key['preset']} on {key['threads']} threads (onnxruntime {key['onnxruntime']}): "
+        "measuring it")
+    calib = measure(model, threads=threads, **kwargs)
+    write_atomic(path, dumps(calib, indent=1))
+    return calib
+
+
+def format_table(calib: dict) -> str:
+    """The calibration as text: T(M) and T(M)/T(1), the head step, commit costs per n."""
+    t1 = calib["target"]["1"]
+    lines = [
+        f"calibration  preset={calib['key']['preset']} threads={calib['key']['threads']} "
+        f"onnxruntime={calib['key']['onnxruntime']} repeats={calib['repeats']}",
+        "  M        " + " ".join(f"{m:>8}" for m in calib["target"]),
+        "  T(M) ms  " + " ".join(f"{v * 1e3:8.3f}" for v in calib["target"].values()),
+        "  T(M)/T(1)" + " ".join(f"{v / t1:8.2f}" for v in calib["target"].values()),
+        f"  head step {calib['head'] * 1e3:.3f} ms ({calib['head'] / t1:.2f} T(1))",
+    ]
+    if calib.get("eager"):
+        eager = calib["eager"]
+        lines.insert(4, "  eager ms  " + " ".join(f"{eager[m] * 1e3:8.3f}" for m in calib["target"] if m in eager))
+        lines.insert(5, "  eager/T(M)" + " ".join(f"{eager[m] / v:8.2f}" for m, v in calib["target"].items() if m in eager))
+    if calib.get("draft"):
+        lines.append("  draft phase k=1..{} ms ".format(len(calib["draft"]))
+                     + " ".join(f"{v * 1e3:.3f}" for v in calib["draft"].values()))
+    if calib.get("greedy_token"):
+        lines.append(f"  greedy per token {calib['greedy_token'] * 1e3:.3f} ms ({calib['greedy_token'] / t1:.2f} T(1): "
+                     "its loop's host work included)")
+    for strategy, costs in calib["commit"].items():
+        lines.append(f"  commit {strategy:17} n=1..{len(costs)} ms " + " ".join(f"{v * 1e3:.3f}" for v in costs.values()))
+    acc = calib["mtp_acceptance"]
+    lines.append(
+        f"  MTP head acceptance (seeds {list(acc['seeds'])}): alpha {acc['alpha']:.3f}, "
+        "P(accepted>=i) " + " ".join(f"{p:.2f}" for p in acc["per_position"])
+    )
+    return "\n".join(lines)

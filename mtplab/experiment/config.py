@@ -1,0 +1,373 @@
+"""Run configuration: one frozen dataclass, the single source of every run parameter, validated once, before any work.
+
+Each field carries its metadata (`param`): its group (the model, decoding, the executor,
+measurement), help text, choices or rule, whether a sweep may vary it, how it shows in a point id,
+and its command-line form. The `mtplab run` options (`mtplab.cli.main`), the sweep's dimensions and
+point ids (`mtplab.sweep.grid`), the report's parameter tables and the parameters of
+notebooks/run_point.ipynb are derived from the fields, so a new field appears in all of them. The
+strategy fields (commit, drafter, schedule, acceptance) take the names registered in
+`mtplab.engine.strategies`; a drafter's own parameters (the oracle's alpha) are refused with any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtplab.base.names import canonical
+from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
+from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS, capacity_problem, k_problem
+from mtplab.runtime.executor import max_recaptures_problem
+from mtplab.runtime.policy import POLICIES
+
+BACKENDS = ("cpu", "cuda")
+ENGINES = ("mtplab", "ort-genai")
+GROUPS = ("model", "decoding", "executor", "measurement")
+
+
+def _integer(lo: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _boolean(v) -> bool:
+    return isinstance(v, bool)
+
+
+INTEGER_1 = (_integer(1), "an integer >= 1")
+INTEGER_0 = (_integer(0), "an integer >= 0")
+BOOLEAN = (_boolean, "true or false (a boolean)")
+UNIT_INTERVAL = (
+    lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
+    "within [0, 1], a number",
+)
+
+
+MAX_ROUNDS = 1000
+THREADS_PER_CORE = 4  # intra-op threads a run may ask for, per core of this machine
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+ROUNDS = (lambda v: _integer(1)(v) and v <= MAX_ROUNDS, f"an integer in 1..{MAX_ROUNDS}")
+THREADS = (
+    lambda v: _integer(0)(v) and v <= THREADS_PER_CORE * _cores(),
+    f"an integer in 0..{THREADS_PER_CORE * _cores()} (0: onnxruntime's default; at most {THREADS_PER_CORE} per core "
+    f"of this machine's {_cores()})",
+)
+
+
+def param(
+    default,
+    help: str,
+    *,
+    group: str,
+    choices=None,
+    rule: tuple | None = None,
+    sweep: bool = True,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    cli_unset: bool = False,
+    tag: str | None = None,
+    id: tuple | None = None,
+    per_run: bool = False,
+):
+    """A RunConfig field with its metadata.
+
+    group: one of GROUPS (the command line's option groups, the report's parameter table);
+    help: the one help text (the command line, the notebook and the docs read it);
+    choices: the allowed values (a tuple, or a registry's `names` for a strategy), or rule:
+    (accepts(value) -> bool, what is allowed);
+    sweep: whether a grid spec may vary it (a dimension);
+    flag: the command-line option when not `--name-with-dashes` (booleans: `--name` turns on a
+    field defaulting False; a field defaulting True gets `--no-...`); aliases: older option names;
+    cli_unset: the option has no default on the command line (given or not is told apart);
+    id: where a point id names it: ("head" | "body" | "tail", rank, form), form a format string for
+    the canonical value or a function (value, all values) -> text; None for a field its drafter names
+    ("none"); default ("tail", 100, None): tag + the value when not the default (a boolean: the tag alone;
+    tag defaults to the field's name, `no` + the name for a boolean defaulting True). Head and tail
+    parts show only values other than the default; body parts always show.
+    per_run: a supplied Engine may run it with another value (the run's length).
+    """
+    assert group in GROUPS, group
+    if rule is None and choices is None:
+        rule = BOOLEAN if isinstance(default, bool) else None
+    meta = {
+        "group": group,
+        "help": help,
+        "choices": choices,
+        "rule": rule,
+        "sweep": sweep,
+        "flag": flag,
+        "aliases": aliases,
+        "cli_unset": cli_unset,
+        "tag": tag,
+        "id": ("tail", 100, None) if id is None else id,
+        "per_run": per_run,
+    }
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _model_ok(v) -> bool:
+    if not isinstance(v, str):
+        return False
+    if v in PRESETS:
+        return True
+    folder = Path(v)
+    return (folder / "genai_config.json").is_file() or (folder / "manifest.json").is_file()
+
+
+MODEL_RULE = (
+    _model_ok,
+    f"a preset name {list(PRESETS)}, or a folder holding genai_config.json (onnxruntime-genai builder output) "
+    "or manifest.json (an mtplab artifact)",
+)
+
+
+def model_name(spec: str) -> str:
+    """A model's short name: the preset's, or the folder's."""
+    return spec if spec in PRESETS else Path(spec).name
+
+
+def _drafter_id(value, values: dict) -> str:
+    return DRAFTERS.get(value).id_part(values)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One experiment point: greedy baseline + speculative run on one model."""
+
+    # -- the model
+    model: str = param(
+        "small",
+        f"the model: a preset name ({', '.join(PRESETS)}), or a folder the onnxruntime-genai model builder wrote (or an "
+        "mtplab artifact)",
+        group="model", rule=MODEL_RULE, aliases=("--preset",), id=("body", 0, lambda v, values: model_name(v)),
+    )
+    int4: bool = param(False, "int4 weights", group="model", id=("tail", 0, None))
+    backend: str = param("cpu", "where the graphs run", group="model", choices=BACKENDS, id=("head", 0, "{}"))
+    engine: str = param("mtplab", "whose decoder (ort-genai: the onnxruntime-genai peer)", group="model",
+                        choices=ENGINES, id=("head", 1, "{}"))
+    # -- decoding
+    k: int = param(3, f"drafts per step (the built-in model: 1..{MAX_TRANSITION_CAPACITY - 1})", group="decoding",
+                   rule=INTEGER_1, id=("body", 1, "k{}"))
+    drafter: str = param("mtp", "who drafts", group="decoding", choices=DRAFTERS.names, id=("body", 2, _drafter_id))
+    alpha: float = param(
+        0.8, "oracle drafter acceptance per position, in [0, 1] (the oracle's parameter)", group="decoding",
+        rule=UNIT_INTERVAL, cli_unset=True, id=("none", 0, None),
+    )
+    oracle_free_drafts: bool = param(False, "oracle drafter skips the MTP head (the oracle's parameter)",
+                                     group="decoding", tag="free", id=("tail", 2, None))
+    commit: str = param("select", "commit strategy", group="decoding", choices=COMMITS.names, id=("body", 4, "{}"))
+    schedule: str = param("decode-verify", "step schedule", group="decoding", choices=SCHEDULES.names,
+                          id=("body", 5, "{}"))
+    acceptance: str = param("greedy-match", "acceptance rule", group="decoding", choices=ACCEPTANCE.names,
+                            tag="acc-", id=("tail", 8, None))
+    # -- the executor
+    policy: str = param("sibling-pinned", "arena policy", group="executor", choices=tuple(POLICIES),
+                        id=("body", 3, "{}"))
+    validate: bool = param(True, "check each plan's binding signature before replay (off: the negative control)",
+                           group="executor", id=("tail", 4, None))
+    retain_decode_graph_across_spec: bool = param(
+        True, "keep the decode graph captured across speculative steps (off: the seed before its fix)",
+        group="executor", flag="--no-retain", tag="noretain", id=("tail", 5, None),
+    )
+    max_recaptures: int = param(
+        3, "invalidations before a slot falls back for good", group="executor",
+        rule=(lambda v: max_recaptures_problem(v) is None, "an integer >= 0"), tag="mr", id=("tail", 6, None),
+    )
+    # -- measurement
+    tokens: int = param(128, "tokens to generate", group="measurement", rule=INTEGER_1, id=("body", 6, "t{}"),
+                        per_run=True)
+    prompt_len: int = param(8, "prompt tokens", group="measurement", rule=INTEGER_1, tag="p", id=("tail", 3, None),
+                            per_run=True)
+    seed: int = param(0, "prompt seed, an integer >= 0", group="measurement", rule=INTEGER_0, id=("body", 7, "s{}"))
+    rounds: int = param(
+        3, f"paired greedy/speculative timed rounds (1..{MAX_ROUNDS}), timed after the untimed checked pass",
+        group="measurement", rule=ROUNDS, id=("tail", 1, "n{}"),
+    )
+    threads: int = param(
+        0,
+        "ONNX Runtime intra-op threads per session (0: onnxruntime's default, every core; a sweep gives each "
+        "point cores / workers)",
+        group="measurement", rule=THREADS, tag="th", id=("tail", 7, None),
+    )
+
+    def __post_init__(self) -> None:
+        validate_run(self)
+        if self.model not in PRESETS:  # a folder: absolute, so a point's notebook finds it from its own cwd
+            object.__setattr__(self, "model", str(Path(self.model).resolve()))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> RunConfig:
+        """A RunConfig from stored fields (a result.json's config, a notebook's `point`), older names read too."""
+        return cls(**upgrade(values))
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def group(self, name: str) -> dict:
+        """The fields of one group (GROUPS), by name."""
+        return {f.name: getattr(self, f.name) for f in fields() if f.metadata["group"] == name}
+
+
+def upgrade(values: dict) -> dict:
+    """Stored RunConfig fields in today's names: an older `preset` (with `model` empty: the preset) becomes `model`."""
+    values = dict(values)
+    if "preset" in values:
+        preset = values.pop("preset")
+        if not values.get("model"):
+            values["model"] = preset
+    return values
+
+
+def fields() -> tuple[dataclasses.Field, ...]:
+    """The run parameters: RunConfig's fields, each with its `param` metadata."""
+    return dataclasses.fields(RunConfig)
+
+
+def dimensions() -> tuple[str, ...]:
+    """The fields a grid spec may vary, in field order."""
+    return tuple(f.name for f in fields() if f.metadata["sweep"])
+
+
+def defaults() -> dict:
+    return {f.name: f.default for f in fields()}
+
+
+def choices(f: dataclasses.Field) -> tuple | None:
+    """A field's allowed values (a strategy field's: the names registered now), or None for a rule."""
+    c = f.metadata["choices"]
+    return tuple(c()) if callable(c) else c
+
+
+def _field(name: str) -> dataclasses.Field:
+    return {f.name: f for f in fields()}[name]
+
+
+def field_problem(name: str, values: list) -> str | None:
+    """What is wrong with these values of one RunConfig field, naming every bad one; None if all are fine."""
+    f = _field(name)
+    allowed = choices(f)
+    if allowed is not None:
+        bad = [v for v in values if not (isinstance(v, str) and v in allowed)]
+        shown = ", ".join(repr(v) for v in bad)
+        return f"unknown {name} {shown}: allowed values are {list(allowed)}" if bad else None
+    accepts, rule = f.metadata["rule"]
+    bad = [v for v in values if not accepts(v)]
+    return f"{name}={', '.join(repr(v) for v in bad)}: must be {rule}" if bad else None
+
+
+def drafter_params() -> dict[str, list[str]]:
+    """Each drafter parameter (a RunConfig field) and the registered drafters that take it."""
+    out: dict[str, list[str]] = {}
+    for kind in DRAFTERS.values():
+        for p in kind.params:
+            out.setdefault(p, []).append(kind.name)
+    return out
+
+
+def drafter_param_problems(drafter: str, given: dict) -> list[str]:
+    """A drafter parameter given (explicitly: on the command line, in a grid entry) to a drafter that does not take it."""
+    out = []
+    for name, takers in drafter_params().items():
+        if name in given and given[name] is not None and drafter not in takers:
+            out.append(f"{name}={given[name]!r} with drafter={drafter!r}: {name} belongs to the "
+                       f"{' and '.join(takers)} drafter{'s' if len(takers) > 1 else ''} (drop it, or use "
+                       f"drafter={takers[0]!r})")
+    return out
+
+
+def run_problems(values: dict) -> list[str]:
+    """Every problem with a RunConfig's field values (defaults for the missing ones), each naming the field."""
+    unknown = sorted(set(values) - {f.name for f in fields()})
+    if unknown:
+        return [f"unknown RunConfig fields {unknown}"]
+    cfg = defaults() | values
+    problems = [p for name, value in cfg.items() if (p := field_problem(name, [value]))]
+    if problems:  # the checks across fields need valid fields
+        return problems
+    if cfg["engine"] == "ort-genai" and (not DRAFTERS.get(cfg["drafter"]).peer or cfg["backend"] != "cpu"):
+        peers = [d.name for d in DRAFTERS.values() if d.peer]
+        problems.append(
+            f"engine='ort-genai' runs the real MTP head on the CPU: needs drafter in {peers} and backend='cpu' "
+            f"(got drafter={cfg['drafter']!r}, backend={cfg['backend']!r})"
+        )
+    commit = COMMITS.get(cfg["commit"])
+    if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
+        others = [c.name for c in COMMITS.values() if not c.primary_multi_token]
+        problems.append(
+            f"validate=False with commit={commit.name!r}: its commits run M=n on the Primary slot, and "
+            "without the signature check the captured M=1 plan would replay with M=n inputs, which ONNX Runtime's "
+            "GroupQueryAttention rejects rather than computing a wrong result; run the negative control with "
+            f"commit in {others}"
+        )
+    # A drafter's parameters, set away from their defaults, belong to it.
+    problems += drafter_param_problems(
+        cfg["drafter"], {n: cfg[n] for n in drafter_params() if cfg[n] != _field(n).default}
+    )
+    folder = cfg["model"] not in PRESETS
+    if folder and cfg["int4"]:
+        problems.append(
+            "int4=True with a model folder: int4 builds a preset's weights as int4; a folder's weights are as it was "
+            "exported (the model builder's -p int4)"
+        )
+    k = cfg["k"]
+    if not folder and (problem := k_problem(k)):  # a folder's own limit is checked when it is opened
+        problems.append(problem)
+    model = PRESETS.get(cfg["model"])  # a folder's capacity is checked when it is opened (engine.check_run_on_model)
+    if model is not None and (
+        problem := capacity_problem(cfg["prompt_len"], cfg["tokens"], k, model.max_seq_len,
+                                    f"the {cfg['model']} model's max_seq_len")
+    ):
+        problems.append(problem)
+    return problems
+
+
+def point_id(run: RunConfig, repeat: int = 0) -> str:
+    """A point's stable readable id, from the fields' `id` metadata: head parts, body parts, r<repeat>, tail parts."""
+    values = run.to_dict()
+    placed: dict[str, list] = {"head": [], "body": [], "tail": []}
+    for order, f in enumerate(fields()):
+        place, rank, form = f.metadata["id"]
+        value = values[f.name]
+        if place == "none" or not f.metadata["sweep"] or (place != "body" and value == f.default):
+            continue
+        if callable(form):
+            text = form(value, values)
+        elif form is not None:
+            text = form.format(canonical(value))
+        else:
+            text = id_part(f, value)
+        placed[place].append((rank, order, text))
+    parts = [text for _, _, text in sorted(placed["head"])] + [text for _, _, text in sorted(placed["body"])]
+    return "-".join(parts + [f"r{repeat}"] + [text for _, _, text in sorted(placed["tail"])])
+
+
+def id_part(f: dataclasses.Field, value) -> str:
+    """A tail field's part of a point id: its tag (+ the value unless a boolean)."""
+    tag = f.metadata.get("tag")
+    if isinstance(value, bool):
+        return tag or (f"no{f.name}" if f.default is True else f.name)
+    return f"{tag or f.name}{canonical(value)}"
+
+
+class ConfigError(ValueError):
+    """A RunConfig refused: every problem (`problems`), each saying what was wrong and what is allowed."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def validate_run(cfg) -> None:
+    """Every RunConfig check, once (RunConfig.__post_init__); ConfigError names all the problems."""
+    problems = run_problems(dataclasses.asdict(cfg))
+    if problems:
+        raise ConfigError(problems)

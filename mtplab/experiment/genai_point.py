@@ -1,0 +1,120 @@
+"""A sweep point on the onnxruntime-genai peer, in mtplab's RunResult (fields genai lacks stay empty)."""
+
+from __future__ import annotations
+
+from mtplab.base.threads import threads_used
+from mtplab.check import verdict as oracle
+from mtplab.engine.engine import Engine, model_for, prompt_tokens
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.genai_builder import builder_peer_folder
+from mtplab.experiment.genai_export import export_genai
+from mtplab.experiment.genai_runner import GenaiPeer, genai_version, require_genai
+from mtplab.measure import rounds as measure
+from mtplab.measure.env import environment
+from mtplab.measure.result import RunResult
+from mtplab.model import Artifact, cache_dir
+
+
+def exported(art: Artifact, threads: int = 0):
+    """The og.Model folders (target/, mtp/) of a model for `threads` intra-op threads (RunConfig.threads),
+    made once in the cache: a builder folder gets the copy genai needs (mtplab.experiment.genai_builder), the
+    built-in model its export."""
+    threads = threads_used(threads)
+    if art.description.kind == "builder":
+        return builder_peer_folder(art, threads)
+    folder = cache_dir() / f"{art.path.name}-genai-v2-t{threads}"
+    if not (folder / "manifest.json").exists():
+        export_genai(art, folder, threads)
+    return folder
+
+
+def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, rounds: int) -> dict:
+    """Paired rounds: genai greedy and genai MTP (order alternating), then mtplab's greedy, each round.
+
+    Every side counts and is timed as mtplab.measure.rounds says.
+    """
+    samples, last, greedy_tokens = [], None, None
+    for r in range(rounds):
+        order = ("greedy", "mtp") if r % 2 == 0 else ("mtp", "greedy")
+        sample = measure.paired_round(r, order)
+        for side in order:
+            if side == "greedy":
+                tokens, seconds = peer.greedy(prompt, n)
+                measure.record_side(sample, side, tokens, n, seconds)
+                greedy_tokens = greedy_tokens or tokens
+            else:
+                tokens, seconds, stats = peer.mtp(prompt, n, k)
+                measure.record_side(sample, side, tokens, n, seconds)
+                last = (tokens, stats)
+        g = engine.greedy(prompt, n, margins=False)
+        sample["mtplab_greedy_tokens_per_s"] = measure.tokens_per_s(g.tokens, n, g.seconds)
+        samples.append(measure.close_round(sample))
+    return {"samples": samples, "tokens": last[0], "stats": last[1], "greedy_tokens": greedy_tokens}
+
+
+def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResult:
+    """Greedy (og.Generator) and MTP (og.MtpGenerator, real head, k drafts) on the same model and prompt,
+    checked against mtplab's greedy reference."""
+    require_genai()
+    art = artifact or model_for(run)
+    n = run.tokens
+    prompt = prompt_tokens(art.description.vocab_size, run.prompt_len, run.seed)
+    engine = Engine(run.replace(engine="mtplab"), art)
+    reference = engine.greedy(prompt, n)
+    peer = GenaiPeer(exported(art, run.threads))
+    peer.greedy(prompt, 16)  # warm-ups, both generators
+    peer.mtp(prompt, 16, run.k)
+    measured = peer_rounds(peer, engine, prompt, n, run.k, run.rounds)
+    samples, tokens, stats = measured["samples"], measured["tokens"], measured["stats"]
+    greedy_tokens = measured["greedy_tokens"]
+    identity = oracle.token_identity(tokens, reference.tokens[: len(tokens)], reference.margins)
+    greedy_identity = oracle.token_identity(greedy_tokens, reference.tokens[: len(greedy_tokens)], reference.margins)
+    identity |= {
+        "state_max_abs_diff": None,
+        "state_bitwise": None,
+        "greedy_token_identical": greedy_identity["token_identical"],
+        "stopped_at_eos": len(tokens) < n,
+    }
+    ok, verdict = oracle.verdict(identity)
+    if ok and not greedy_identity["token_identical"]:
+        ok, verdict = False, "LOSSLESS CHECK FAILED: genai greedy differs from mtplab greedy: " + str(greedy_identity)
+    if not ok:
+        oracle.shout(verdict)
+    accepted, evaluated = int(stats.get("draft_tokens_accepted", 0)), int(stats.get("draft_tokens_evaluated", 0))
+    mtplab_greedy = measure.summary_of(samples, "mtplab_greedy_tokens_per_s")
+    # genai reports no per-step acceptance: per-position acceptance stays empty
+    acceptance = measure.acceptance(int(stats.get("rounds", 0)), accepted, evaluated, len(tokens) - 1)
+    return measure.run_result(
+        samples,
+        n,
+        acceptance,
+        config=run.to_dict(),
+        model=art.identity(),
+        prompt=prompt,
+        tokens=tokens,
+        forwards={
+            "target": int(stats.get("target_forward_passes", 0)),
+            "draft": int(stats.get("draft_forward_passes", 0)),
+        },
+        time_split={},
+        slots={},
+        greedy_slots={},
+        slot_reasons={},
+        arena={},
+        identity=identity,
+        theory={},
+        env=environment(run.backend, run.threads) | {
+            "engine": "onnxruntime-genai " + genai_version(),
+            # genai makes its own sessions: a pool each, its session_options' intra-op threads, onnxruntime's spinning
+            "thread_pool": {"kind": "per session (onnxruntime-genai's own)", "threads": threads_used(run.threads),
+                            "spinning": "onnxruntime's default (on)"},
+        },
+        lossless=ok,
+        verdict=verdict,
+        extra={
+            "genai_stats": {k: v for k, v in stats.items() if isinstance(v, (int, float))},
+            "draft_acceptance_denominator": "draft tokens evaluated (og.MtpGenerator.get_stats), last round",
+            "mtplab_greedy_tokens_per_s": mtplab_greedy["median"],
+            "mtplab_greedy_tokens_per_s_ci": mtplab_greedy["ci"],
+        },
+    )

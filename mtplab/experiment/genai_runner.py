@@ -1,0 +1,62 @@
+"""onnxruntime-genai as a side-by-side peer: its greedy and MTP loops on an export (mtplab.experiment.genai_export)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+INSTALL_HINT = "the ort-genai engine needs onnxruntime-genai: pip install 'mtplab[peer]'"
+
+
+def require_genai():
+    try:
+        import onnxruntime_genai as og
+    except ImportError as err:
+        raise ValueError(INSTALL_HINT) from err
+    return og
+
+
+def genai_version() -> str:
+    """The installed onnxruntime-genai's version."""
+    import importlib.metadata as md
+
+    return md.version("onnxruntime-genai")
+
+
+class GenaiPeer:
+    """og.Generator (greedy) and og.MtpGenerator (MTP, real head) on an exported model."""
+
+    def __init__(self, folder: str | Path):
+        og = self.og = require_genai()
+        self.main, self.head = og.Model(str(Path(folder) / "target")), og.Model(str(Path(folder) / "mtp"))
+
+    def _params(self, total: int, k: int | None = None):
+        params = self.og.GeneratorParams(self.main)
+        params.set_search_options(max_length=total, do_sample=False)
+        if k is not None:
+            params.set_speculative_options(max_draft_tokens=k)
+        return params
+
+    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        """n tokens; the time covers the n - 1 after the prefill's token, as mtplab's greedy."""
+        gen = self.og.Generator(self.main, self._params(len(prompt) + n))
+        gen.append_tokens(np.asarray(prompt, dtype=np.int32))
+        gen.generate_next_token()  # the prompt's forward: timed from the first decode, as mtplab's greedy
+        tokens = [int(gen.get_next_tokens()[0])]
+        t0 = time.perf_counter()
+        while not gen.is_done() and len(tokens) < n:
+            gen.generate_next_token()
+            tokens.append(int(gen.get_next_tokens()[0]))
+        return tokens, time.perf_counter() - t0
+
+    def mtp(self, prompt: list[int], n: int, k: int) -> tuple[list[int], float, dict]:
+        """n tokens (max_length stops it: no overshoot); timed from after the prompt's forward."""
+        gen = self.og.MtpGenerator(self.main, self.head, self._params(len(prompt) + n, k))
+        gen.append_tokens(np.asarray(prompt, dtype=np.int32))
+        t0 = time.perf_counter()
+        while not gen.is_done():
+            gen.generate_next_token()
+        seconds = time.perf_counter() - t0
+        return [int(t) for t in gen.get_sequence()[len(prompt) :]][:n], seconds, gen.get_stats()

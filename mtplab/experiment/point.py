@@ -1,0 +1,289 @@
+"""One experiment point: the greedy baseline and a speculative run in one process, checked and measured."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from mtplab.base.threads import use_global_pool
+from mtplab.check import flags, lossless
+from mtplab.check import verdict as oracle
+from mtplab.check.audit import Audit, Trace, checked_problems, engine_problems, result_problems
+from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.strategies import DRAFTERS
+from mtplab.experiment import config
+from mtplab.experiment.config import RunConfig
+from mtplab.measure import rounds as measure
+from mtplab.measure import theory
+from mtplab.measure.env import environment
+from mtplab.measure.result import RunResult
+from mtplab.model import Artifact
+from mtplab.runtime.executor import Slot
+
+
+def _diff(after: dict, before: dict) -> dict:
+    return {slot: {k: v - before.get(slot, {}).get(k, 0) for k, v in c.items()} for slot, c in after.items()}
+
+
+def _counters(engine: Engine) -> dict:
+    return engine.target.counters() | engine.mtp.counters()
+
+
+def dedicate_process(run: RunConfig) -> None:
+    """This process runs `run` only (a sweep point's kernel, `mtplab run`): on mtplab's engine, its sessions then
+    share one onnxruntime thread pool (mtplab.base.threads); the onnxruntime-genai peer keeps genai's own."""
+    if run.engine == "mtplab":
+        use_global_pool(run.threads)
+
+
+def run_point(
+    run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None, calibration: dict | None = None
+) -> RunResult:
+    """One point on the engine the config names: mtplab's own, or the onnxruntime-genai peer."""
+    if run.engine == "ort-genai":
+        from mtplab.experiment.genai_point import run_genai_point
+
+        return run_genai_point(run, artifact)
+    return run_mtplab_point(run, artifact, engine, calibration)
+
+
+def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> None:
+    """Refuse an engine built for another config (or model) than the run's: the result would misreport it."""
+    have, want = engine.run_cfg.to_dict(), run.to_dict()
+    per_run = {f.name for f in config.fields() if f.metadata["per_run"]}  # only the run's length may differ
+    diff = {k: (have[k], v) for k, v in want.items() if k not in per_run and have[k] != v}
+    if diff or (artifact is not None and artifact.path != engine.art.path):
+        detail = (
+            f"differs in {diff} as (engine, run)" if diff else f"engine model {engine.art.path}, run {artifact.path}"
+        )
+        raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
+
+
+def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, checked: lossless.Checked) -> dict:
+    """`rounds` paired rounds of greedy and speculative, the order alternating (G S, S G, G S, ...).
+
+    Both sides count as mtplab.measure.rounds says (the n - 1 tokens after the prefill's token, timed from
+    after the prefill; speculative's overshoot in its last step is not counted). Timed runs do only
+    what their decoders do; each is audited afterwards against the checked pass (mtplab.check.audit): its
+    tokens, forwards, slot activity, accepted counts, final state and clock.
+    """
+    audit = Audit(
+        engine, n, len(prompt), checked.greedy.tokens, checked.spec_trace, checked.spec_state, checked.greedy_state,
+        oracle.state_rule("greedy", engine.desc.precision, engine.device.name == "cpu"),
+        oracle.STATE_RTOL[engine.desc.precision],
+    )
+    samples, split, accepted, generated = [], {}, [], 0
+    for r in range(rounds):
+        order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
+        sample = measure.paired_round(r, order)
+        for side in order:
+            trace = Trace.begin(engine)
+            if side == "greedy":
+                g = engine.greedy(prompt, n, margins=False)
+                returned = time.perf_counter()
+                measure.record_side(sample, side, g.tokens, n, g.seconds)
+                audit.greedy(r, trace.end(engine, g.tokens), sample, g, returned)
+            else:
+                spec = engine.speculative(prompt, n, reference=checked.greedy.tokens)
+                returned = time.perf_counter()
+                measure.record_side(sample, side, spec["tokens"], n, spec["seconds"])
+                sample["steps"] = len(spec["accepted"])
+                audit.speculative(r, trace.end(engine, spec["tokens"], spec["accepted"]), sample, spec["started"],
+                                  spec["seconds"], returned)
+                split = {key: split.get(key, 0.0) + v for key, v in spec["split"].items()}
+                accepted = spec["accepted"]
+                generated = len(spec["tokens"]) - 1  # after the prefill's token, overshoot included
+        samples.append(measure.close_round(sample))
+    return {"samples": samples, "audit": audit, "split": split, "accepted": accepted, "generated": generated}
+
+
+def calibration_for(run: RunConfig, say=print) -> dict:
+    """The cached cost-model calibration for the run's model, this machine and threads (measured when missing)."""
+    from mtplab.experiment.calibrate import load_or_measure
+
+    return load_or_measure(run.model, say=say, threads=run.threads)
+
+
+def run_mtplab_point(
+    run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None, calibration: dict | None = None
+) -> RunResult:
+    """The lossless check, then `run.rounds` paired timed rounds, in one RunResult.
+
+    The checked pass (untimed) runs first and warms every plan up; its counters are the point's
+    slot counters. The speedup is the median of the rounds' paired ratios, with a bootstrap CI.
+    The prediction comes from the calibration (`mtplab.experiment.calibrate`), never from this run's times.
+    """
+    if engine is not None:
+        check_engine(run, engine, artifact)
+    engine = engine or Engine(run, artifact)
+    desc, k, n = engine.desc, run.k, run.tokens
+    prompt = prompt_tokens(desc.vocab_size, run.prompt_len, run.seed)
+    built = [f"the engine: {p}" for p in engine_problems(engine)]  # it runs what the config says
+    # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
+    checked = lossless.checked_pass(engine, prompt, n)
+    built += [f"the checked speculative run: {p}" for p in checked_problems(engine, checked.spec_trace, len(prompt))]
+    reference, identity = checked.greedy, checked.identity
+    greedy_slots = checked.spec_trace.counters_before()
+    slots = checked.spec_trace.counters()
+    forwards = checked.spec_trace.forwards
+    # Timed: paired rounds; they do only what the decoders they measure do, and are audited after each run.
+    primary = engine.target.state[Slot.PRIMARY]
+    fallbacks = primary.fallbacks
+    timed_before = _counters(engine)
+    timed = timed_rounds(engine, prompt, n, run.rounds, checked)
+    timed_slots = _diff(_counters(engine), timed_before)
+    audit = timed["audit"].summary()
+    audit["problems"] = built + audit["problems"]
+    audit["problem_count"] += len(built)
+    baseline = "paired rounds"
+    if primary.fallbacks != fallbacks:  # the Primary slot lost its plan for good (CUDA graph ids spent)
+        baseline = "paired rounds; the Primary slot ran eager in some of them"
+    samples = timed["samples"]
+    steps = len(timed["accepted"])
+    calibration = calibration if calibration is not None else calibration_for(run)
+    alpha, alpha_source = acceptance_alpha(run, calibration)
+    # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction
+    predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n,
+                               eager_share=eager_share(slots, engine.target.labels)) if (
+        alpha is not None and theory.covers(calibration, k, run.commit)) else None
+    split = {key: v / run.rounds for key, v in timed["split"].items()}  # per speculative run
+    acceptance = measure.acceptance(
+        steps, int(sum(timed["accepted"])), steps * k, timed["generated"], timed["accepted"], k
+    )
+    result = measure.run_result(
+        samples,
+        n,
+        acceptance,
+        predicted={"speedup": predicted["speedup"], "alpha": alpha} if predicted else None,
+        config=run.to_dict(),
+        model=engine.art.identity(),
+        prompt=prompt,
+        tokens=reference.tokens[:n],
+        forwards=forwards,
+        time_split=split,
+        slots=slots,
+        greedy_slots=greedy_slots,
+        slot_reasons={engine.target.labels[s]: st.reason for s, st in engine.target.state.items()},
+        arena={name: a.stats() for name, a in engine.arenas.items()}
+        | ({"cuda_graphs": graphs} if (graphs := engine.device.graph_stats()) else {}),
+        identity=identity | {"timed_audit": audit},
+        theory=(predicted or {}) | ({
+            "acceptance_length": theory.acceptance_length(alpha, k),
+            "acceptance_per_position": theory.per_position(alpha, k),
+            "alpha_source": alpha_source,
+        } if alpha is not None else {"alpha_source": alpha_source}),
+        env=environment(run.backend, run.threads) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
+        extra={
+            "greedy_baseline": baseline,
+            "timed_slots": timed_slots,
+            "calibration": calibration["key"],
+            "calibration_measured": {"at": calibration.get("measured_at"), "load": calibration.get("load"),
+                                     "source": calibration.get("source", "cached on this machine")},
+            "accounting": accounting(samples, split, steps),
+        },
+    )
+    published = [f"the published numbers: {p}" for p in result_problems(result, n, k, timed["generated"])]
+    audit["problems"] += published
+    audit["problem_count"] += len(published)
+    ok, verdict = oracle.verdict(identity)
+    if ok and audit["problems"]:
+        more = audit["problem_count"] - 1
+        ok, verdict = False, "RUN CHECK FAILED: " + audit["problems"][0] + (
+            f" (and {more} more difference{'s' if more > 1 else ''})" if more else "")
+    if not ok:
+        oracle.shout(verdict)
+    result.lossless, result.verdict = ok, verdict
+    result.warnings = flags.point_warnings(
+        result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter, checked.spec["accepted"], k,
+        calibration, audit, alpha=run.alpha,
+    )
+    return result
+
+
+def acceptance_alpha(run: RunConfig, calibration: dict) -> tuple[float | None, str]:
+    """The per-position acceptance a prediction uses, and where it comes from (the run's drafter says)."""
+    source = DRAFTERS.get(run.drafter).acceptance
+    if source == "setting":
+        return run.alpha, "oracle setting"
+    if source == "calibration":
+        return calibration["mtp_acceptance"]["alpha"], "acceptance calibration"
+    return None, f"none (the {run.drafter} drafter's acceptance is neither set nor calibrated)"
+
+
+def eager_share(slots: dict, labels: dict) -> dict:
+    """The share of the Primary and Verify slots' forwards that ran outside a plan in the checked run (counts)."""
+    out = {}
+    for slot in (Slot.PRIMARY, Slot.VERIFY):
+        c = slots.get(labels.get(slot, ""), {})
+        runs = c.get("replays", 0) + c.get("captures", 0) + c.get("fallbacks", 0)
+        out[slot.name.lower()] = c.get("fallbacks", 0) / runs if runs else 0.0
+    return out
+
+
+def accounting(samples: list[dict], split: dict, steps: int) -> dict:
+    """Accounting check (not a prediction): wall time per step against the sum of the measured split."""
+    if not steps:
+        return {"wall_per_step": float("nan"), "split_per_step": float("nan"), "unaccounted": float("nan")}
+    wall = float(np.mean([s["seconds"] for s in samples])) / steps
+    summed = sum(split.values()) / steps
+    return {"wall_per_step": wall, "split_per_step": summed, "unaccounted": (wall - summed) / wall}
+
+
+def drafter_text(c: dict) -> str:
+    """A stored config's drafter with its parameters, in words (the name alone for a drafter not registered here)."""
+    kind = DRAFTERS.find(c["drafter"])
+    return kind.text(c) if kind is not None else c["drafter"]
+
+
+def _ci(ci, fmt: str) -> str:
+    lo, hi = (float("nan") if v is None else v for v in ci) if ci else (float("nan"), float("nan"))
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def result_text(r: RunResult) -> str:
+    """One RunResult as text: throughput, acceptance, per-slot counters in the seed's form, identity."""
+    c = r.config
+    lines = [
+        f"mtplab run  engine={c['engine']} model={r.model.get('name', config.upgrade(c)['model'])} k={c['k']} "
+        f"drafter={drafter_text(c)}"
+        + f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']} tokens={c['tokens']} backend={c['backend']}",
+        f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
+        f"  speculative {r.tokens_per_s:8.1f} tok/s {_ci(r.tokens_per_s_ci, '.1f')}",
+        f"  speedup {r.speedup:.2f}x {_ci(r.speedup_ci, '.2f')}   {len(r.round_samples)} paired "
+        + ("round" if len(r.round_samples) == 1 else "rounds")
+        + ("" if r.stable else "   no CI from one round" if len(r.round_samples) < 2
+           else "   UNSTABLE (CI half-width > 5% of the median)"),
+    ]
+    if r.predicted:
+        when = r.extra.get("calibration_measured") or {}
+        lines.append(
+            f"  predicted {r.predicted['speedup']:.2f}x from the calibration   efficiency {r.efficiency:.2f} "
+            f"{_ci(r.efficiency_ci, '.2f')}"
+            + (f"   (calibration: {when.get('source', 'cached on this machine')}, measured {when.get('at')}, load "
+               f"{when.get('load')})" if when else "")
+        )
+    lines += [
+        f"  tokens/step {r.tokens_per_step:.2f}"
+        + (f" (theory {r.theory['tokens_per_step']:.2f})" if "tokens_per_step" in r.theory else "")
+        + "   acceptance length "
+        f"{r.acceptance_length:.2f}   draft acceptance {r.draft_acceptance:.1%}",
+    ]
+    if r.acceptance_per_position:  # the peer reports neither
+        lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position))
+    if r.time_split:
+        lines.append("  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()))
+    if r.slots:
+        lines.append("  slot counters of the checked speculative run (the greedy reference run before it had already "
+                     "captured the Primary plan: primary captures=0):")
+    for slot, counters in r.slots.items():
+        lines.append(
+            f"  {slot}: "
+            + " ".join(f"{k}={v}" for k, v in counters.items())
+            + (f"   [{r.slot_reasons[slot]}]" if r.slot_reasons.get(slot) else "")
+        )
+    for w in r.warnings:
+        lines.append(f"  WARNING {w['name']}: {w['message']}")
+    lines.append(("  OK: " if r.lossless else "  FAIL: ") + r.verdict)
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Numbers: paired rounds and their statistics, the one RunResult, the speculative-decoding theory, the environment a number was taken in."""

@@ -1,0 +1,141 @@
+"""RunResult: one experiment point, saved as one JSON object and flattened to one table row."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunResult:
+    config: dict
+    model: dict
+    prompt: list[int]
+    tokens: list[int]
+    seconds: float
+    tokens_per_s: float
+    greedy_seconds: float
+    greedy_tokens_per_s: float
+    speedup: float
+    steps: int
+    tokens_per_step: float
+    acceptance_length: float
+    draft_acceptance: float
+    acceptance_per_position: list[float]
+    drafted: int
+    accepted: int
+    forwards: dict[str, int]
+    time_split: dict[str, float]
+    slots: dict[str, dict[str, int]]
+    greedy_slots: dict[str, dict[str, int]]
+    slot_reasons: dict[str, str]
+    arena: dict[str, Any]
+    identity: dict[str, Any]
+    theory: dict[str, Any]
+    env: dict[str, Any]
+    lossless: bool = True
+    verdict: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    accepted_per_step: list[int] = field(default_factory=list)
+    # Paired timed rounds: every round's samples, medians' 95% bootstrap CIs, stable = CI half-width <= 5%.
+    round_samples: list[dict] = field(default_factory=list)
+    speedup_ci: list[float] = field(default_factory=list)
+    tokens_per_s_ci: list[float] = field(default_factory=list)
+    greedy_tokens_per_s_ci: list[float] = field(default_factory=list)
+    stable: bool = False
+    # From the calibration alone (mtplab.measure.theory.predict); efficiency = measured / predicted speedup.
+    predicted: dict[str, Any] = field(default_factory=dict)
+    efficiency: float = float("nan")
+    efficiency_ci: list[float] = field(default_factory=list)
+    # Named warnings (mtplab.check.flags): what is not an error but a reader must be told; [] in older results.
+    warnings: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """Strict JSON: a value that is not a finite number (tokens/step when no step ran, say) is null."""
+        return dumps(self.to_dict(), indent=1)
+
+    def save(self, path: str | Path) -> None:
+        write_atomic(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunResult:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def row(self) -> dict:
+        """Flat scalars for a table; nested detail goes in JSON columns."""
+        return flatten(self.to_dict())
+
+
+JSON_COLUMNS = (
+    "prompt",
+    "tokens",
+    "acceptance_per_position",
+    "forwards",
+    "time_split",
+    "arena",
+    "env",
+    "extra",
+    "greedy_slots",
+    "slot_reasons",
+    "model",
+    "round_samples",
+    "warnings",
+)
+
+
+def finite(value):
+    """value with every NaN or infinity (nested, numpy scalars too) replaced by None."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if isinstance(value, float) or type(value).__module__ == "numpy":
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            return value
+        return f if math.isfinite(f) else None
+    return value
+
+
+def dumps(value, **kwargs) -> str:
+    """json.dumps that never writes NaN or Infinity (strict parsers reject them): they become null."""
+    return json.dumps(finite(value), allow_nan=False, default=float, **kwargs)
+
+
+def flatten(d: dict, top: bool = True) -> dict:
+    """Nested dicts become dotted columns; lists and the JSON_COLUMNS (top level only) become JSON text."""
+    row: dict[str, Any] = {}
+    for key, value in d.items():
+        if top and key in JSON_COLUMNS:
+            row[key] = dumps(value)
+        elif isinstance(value, dict):
+            for sub, v in flatten(value, top=False).items():
+                row[f"{key}.{sub}"] = v
+        elif isinstance(value, list):
+            row[key] = dumps(value)
+        else:
+            row[key] = value
+    return row
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write via a temp file in the same folder and rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,116 @@
+"""One definition of each rate a point reports, and the one RunResult builder every engine uses.
+
+Counting: a run counts the tokens after the prefill's token up to the n-th, timed from after the
+prefill (a speculative run's overshoot in its last step is not counted; a run that stops early, at
+an EOS token, counts what it made). Tokens/s = counted tokens / seconds. A paired round's speedup =
+its speculative tokens/s / its greedy tokens/s. A point's tokens/s, greedy tokens/s, speedup and
+efficiency are medians over its paired rounds with 95% bootstrap CIs (mtplab.measure.stats).
+
+Acceptance: tokens/step = tokens made after the prefill's token (overshoot included) / steps;
+acceptance length = 1 + accepted / steps (vLLM's definition); draft acceptance = accepted / drafted;
+per position, P(accepted >= i) over the steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtplab.measure import stats
+from mtplab.measure.result import RunResult
+
+
+def rate(count: float, per: float) -> float:
+    """count / per, NaN when either is 0 (nothing counted or nothing timed: nothing to say)."""
+    return count / per if count and per else float("nan")
+
+
+def counted(tokens: list[int], n: int) -> int:
+    """How many of a run's tokens are timed: those after the prefill's token, up to the n-th."""
+    return max(0, min(len(tokens), n) - 1)
+
+
+def tokens_per_s(tokens: list[int], n: int, seconds: float) -> float:
+    """A run's tokens/s: its counted tokens over its timed seconds."""
+    return rate(counted(tokens, n), seconds)
+
+
+def paired_round(r: int, order: tuple[str, str]) -> dict:
+    """A paired round's sample before its sides ran: its number and the order of its sides."""
+    return {"round": r, "order": "-".join(order)}
+
+
+def record_side(sample: dict, side: str, tokens: list[int], n: int, seconds: float) -> None:
+    """One side of a paired round: `greedy` sets greedy_tokens_per_s, greedy_seconds and greedy_counted, any
+    other side (the speculative one) tokens_per_s, seconds and counted."""
+    prefix = "greedy_" if side == "greedy" else ""
+    sample[f"{prefix}counted"] = counted(tokens, n)
+    sample[f"{prefix}tokens_per_s"] = tokens_per_s(tokens, n, seconds)
+    sample[f"{prefix}seconds"] = seconds
+
+
+def close_round(sample: dict) -> dict:
+    """The round's speedup, once both sides ran."""
+    sample["speedup"] = rate(sample["tokens_per_s"], sample["greedy_tokens_per_s"])
+    return sample
+
+
+def summary_of(samples: list[dict], key: str) -> dict:
+    """Median, 95% CI and the stable flag of one rate over the rounds."""
+    return stats.summarize([s[key] for s in samples])
+
+
+def paired_ratio(a: list[float], b: list[float]) -> dict:
+    """Median and CI of the per-round ratios a / b (rounds paired)."""
+    return stats.summarize([rate(x, y) for x, y in zip(a, b)])
+
+
+def acceptance(
+    steps: int, accepted: int, drafted: int, generated: int, per_step: list[int] | None = None, k: int = 0
+) -> dict:
+    """The RunResult's acceptance fields; per-position acceptance only where every step's count is known."""
+    per_position = []
+    if per_step is not None:
+        acc = np.asarray(per_step, dtype=float)
+        per_position = [float((acc >= i).mean()) if len(acc) else 0.0 for i in range(1, k + 1)]
+    return {
+        "steps": steps,
+        "tokens_per_step": generated / steps if steps else float("nan"),
+        "acceptance_length": 1.0 + (accepted / steps if steps else 0.0),
+        "draft_acceptance": accepted / drafted if drafted else 0.0,
+        "acceptance_per_position": per_position,
+        "drafted": drafted,
+        "accepted": accepted,
+        "accepted_per_step": [int(a) for a in per_step or []],
+    }
+
+
+def run_result(samples: list[dict], n: int, acceptance_fields: dict, predicted: dict | None = None, **fields) -> RunResult:
+    """A point's RunResult from its paired rounds (see record_side, close_round) and acceptance fields.
+
+    Every rate comes from here; `fields` are the rest (config, model, identity, slots, ...).
+    predicted: the calibration's prediction ({"speedup", "alpha"}); efficiency = measured / predicted per round.
+    """
+    speedup = summary_of(samples, "speedup")
+    spec_tps = summary_of(samples, "tokens_per_s")
+    greedy_tps = summary_of(samples, "greedy_tokens_per_s")
+    if predicted:
+        efficiency = [rate(s["speedup"], predicted["speedup"]) for s in samples]
+        fields |= {
+            "predicted": predicted,
+            "efficiency": stats.median(efficiency),
+            "efficiency_ci": stats.bootstrap_ci(efficiency),
+        }
+    return RunResult(
+        seconds=stats.median([s["seconds"] for s in samples]),
+        tokens_per_s=spec_tps["median"],
+        greedy_seconds=rate(n - 1, greedy_tps["median"]),
+        greedy_tokens_per_s=greedy_tps["median"],
+        speedup=speedup["median"],
+        round_samples=samples,
+        speedup_ci=speedup["ci"],
+        tokens_per_s_ci=spec_tps["ci"],
+        greedy_tokens_per_s_ci=greedy_tps["ci"],
+        stable=speedup["stable"],
+        **acceptance_fields,
+        **fields,
+    )

@@ -1,0 +1,132 @@
+"""Speculative-decoding theory (Leviathan et al. 2023) for both step schedules.
+
+schedule="decode-verify" (the seed's): decode (M=1, one guaranteed token) -> k drafts -> verify
+(M=k+1) -> n accepted drafts plus one bonus token, so tokens/step = 1 + (1 - a^(k+1)) / (1 - a).
+schedule="fused" (vLLM, SGLang): no decode, tokens/step = (1 - a^(k+1)) / (1 - a), which is
+Leviathan's expected accepted-plus-bonus count and vLLM's acceptance length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtplab.engine.strategies import SCHEDULES
+
+
+def acceptance_length(alpha: float, k: int) -> float:
+    """Expected accepted drafts + 1 bonus (Leviathan's tokens per verify; vLLM's acceptance length)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def tokens_per_step(alpha: float, k: int, schedule: str = "decode-verify") -> float:
+    """Tokens per speculative step: acceptance length, plus the decode's guaranteed token if any."""
+    return acceptance_length(alpha, k) + SCHEDULES.get(schedule).decodes
+
+
+def per_position(alpha: float, k: int) -> list[float]:
+    """P(accepted >= i) for i = 1..k under independent per-position acceptance alpha."""
+    return [alpha**i for i in range(1, k + 1)]
+
+
+def fit_alpha(per_position_measured: list[float]) -> float:
+    """The alpha whose geometric curve alpha^i best fits measured P(accepted >= i) (least squares)."""
+    p = np.asarray(per_position_measured, dtype=float)
+    if p.size == 0:
+        return 0.0
+    grid = np.linspace(0.0, 1.0, 2001)
+    i = np.arange(1, p.size + 1)
+    err = ((grid[:, None] ** i[None, :] - p[None, :]) ** 2).sum(axis=1)
+    return float(grid[int(err.argmin())])
+
+
+def predicted_speedup(
+    alpha: float,
+    k: int,
+    t_greedy: float,
+    t_decode: float,
+    t_draft: float,
+    t_verify: float,
+    t_commit: float,
+    schedule: str = "decode-verify",
+) -> float:
+    """Speedup over greedy predicted from alpha and measured costs (seconds).
+
+    t_greedy: greedy seconds per token. Per speculative step: t_decode (one M=1 forward), t_draft
+    (one head step, k of them), t_verify (one M=k+1 forward) and t_commit.
+    """
+    step = t_decode + k * t_draft + t_verify + t_commit
+    return tokens_per_step(alpha, k, schedule) * t_greedy / step if step > 0 else float("nan")
+
+
+def accepted_distribution(alpha: float, k: int) -> list[float]:
+    """P(n accepted drafts = j) for j = 0..k under per-position acceptance alpha."""
+    return [alpha**j * (1.0 - alpha) for j in range(k)] + [alpha**k]
+
+
+def covers(calibration: dict, k: int, commit: str) -> bool:
+    """Whether the calibration measured what a prediction at k needs: T(k+1) and the commit of k+1 tokens."""
+    return str(k + 1) in calibration["target"] and str(k + 1) in calibration["commit"].get(commit, {})
+
+
+def expected_steps(alpha: float, k: int, schedule: str, tokens: int) -> float:
+    """Expected speculative steps until a run has made `tokens` tokens (the prefill's token first).
+
+    A run stops at the step that reaches n, so its last step is partly wasted (the overshoot, uncounted):
+    at tens of tokens that end effect is a few percent of the speedup, which the infinite-length
+    tokens/step alone misses.
+    """
+    dist = accepted_distribution(alpha, k)
+    extra = SCHEDULES.get(schedule).extra_tokens  # tokens a step makes beyond its accepted drafts
+    need = max(tokens - 1, 0)
+    f = [0.0] * (need + k + extra + 1)  # f[m]: expected steps still to run with m tokens still to make
+    for m in range(1, need + 1):
+        f[m] = 1.0 + sum(p * f[max(m - (j + extra), 0)] for j, p in enumerate(dist))
+    return f[need]
+
+
+def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None,
+            eager_share: dict | None = None) -> dict:
+    """A point's speedup from alpha, k, the schedule, the commit and the calibration alone.
+
+    Greedy costs its calibrated cost per token (its loop: T(1) plus per-token host work; T(1) for an
+    older calibration). A step costs [T(1) if decode-verify] + the draft phase of k drafts (k head steps
+    for an older calibration) + T(k+1) + the expected commit cost over the accepted count (commit of
+    j+1 tokens when j drafts pass). eager_share: the share of each slot's forwards that ran outside a plan
+    ({"primary": f, "verify": f}, counts from the point's checked run, no time), priced at the eager
+    T(M). tokens: the run's length, so the last step's overshoot is priced (else an infinitely long run).
+    No time from the point's own run enters: that is what makes measured/predicted an efficiency.
+    """
+    target, commits = calibration["target"], calibration["commit"][commit]
+    eager = calibration.get("eager") or {}
+    share = eager_share or {}
+
+    def forward(M: int, slot: str) -> float:
+        f = share.get(slot, 0.0) if str(M) in eager else 0.0
+        return (1 - f) * target[str(M)] + f * eager.get(str(M), target[str(M)])
+
+    t1 = target["1"]
+    greedy = calibration.get("greedy_token", t1)
+    draft = (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
+    commit_cost = sum(p * commits[str(j + 1)] for j, p in enumerate(accepted_distribution(alpha, k)))
+    decodes = SCHEDULES.get(schedule).decodes
+    decode = decodes * forward(1, "primary")
+    step = decode + draft + forward(k + 1, "verify") + commit_cost
+    per_step = tokens_per_step(alpha, k, schedule)
+    if tokens is not None and tokens > 1:
+        speedup = (tokens - 1) * greedy / (expected_steps(alpha, k, schedule, tokens) * step)
+    else:
+        speedup = per_step * greedy / step
+    return {
+        "alpha": alpha,
+        "tokens_per_step": per_step,
+        "step_seconds": step,
+        "greedy_seconds_per_token": greedy,
+        "speedup": speedup,
+        "verify_cost_ratio": target[str(k + 1)] / t1,
+        "draft_cost_ratio": calibration["head"] / t1,
+        "commit_cost_ratio": commit_cost / t1,
+        "decode_cost_ratio": float(decodes),
+        "fallback_cost_ratio": (eager[str(k + 1)] / target[str(k + 1)]) if str(k + 1) in eager else None,
+    }

@@ -1,0 +1,149 @@
+"""Each standard figure's recipe, once: whether the sweep can fill it, its caption, and the drawing.
+
+The report notebook and the notebooks that show part of it (02_k_acceptance, 03_arena_and_commit)
+call these, so a figure reads the same wherever it appears. Each takes the sweep's points that ran
+(status ok), shows its caption in the notebook and returns the figure; it shows nothing and returns
+None when the sweep's points cannot fill it (mtplab.report.selection.figures_for). STANDARD lists the
+report's figures in order: a new figure is a drawing in plots.py and a recipe here, added to STANDARD.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mtplab.report import findings, plots, provenance, selection, tables
+
+
+def _markdown(text: str) -> None:
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))
+
+
+def _fills(ok: pd.DataFrame, figure: str) -> bool:
+    return selection.figures_for(ok)[figure]
+
+
+def per_model(figure, ok: pd.DataFrame, *args):
+    """A figure for each model of the sweep, each under its model's name (one model: the figure alone).
+
+    Figures of different models never share axes: their forwards cost differently.
+    """
+    names = selection.models(ok)
+    if len(names) <= 1:
+        return figure(ok, *args)
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+    from IPython.utils.capture import capture_output
+
+    for name in names:
+        with capture_output(stdout=False, stderr=False) as shown:  # the recipe's caption, if it draws at all
+            fig = figure(ok[ok.model_name == name], *args)
+        empty = fig is None or (isinstance(fig, pd.DataFrame) and fig.empty)
+        if empty and not shown.outputs:
+            continue
+        _markdown(f"**Model `{name}`**")
+        shown.show()
+        if not empty:
+            display(fig)  # a figure or a table
+            if hasattr(fig, "savefig"):
+                plt.close(fig)
+    return None
+
+
+def speedup_vs_alpha(ok: pd.DataFrame):
+    """Speedup against the oracle's alpha, one line per k, the prediction dashed."""
+    if not _fills(ok, "alpha_grid"):
+        return None
+    _markdown(
+        "## Speedup against acceptance\n"
+        "Oracle drafter (controlled per-position acceptance alpha; performance only, never accuracy). "
+        "Solid: measured. Dashed: predicted from alpha and the calibration's cost ratios (measured apart from any point)."
+    )
+    return plots.speedup_vs_alpha(ok)
+
+
+def tokens_per_s_vs_alpha(ok: pd.DataFrame):
+    """Speculative tokens/s against the oracle's alpha, greedy dotted."""
+    return plots.tokens_per_s_vs_alpha(ok) if _fills(ok, "alpha_grid") else None
+
+
+def acceptance(ok: pd.DataFrame):
+    """Acceptance length against Leviathan's formula."""
+    if not _fills(ok, "acceptance"):
+        return None
+    _markdown(
+        "## Acceptance\n"
+        "Acceptance length = 1 + accepted/steps (vLLM's definition); per-position acceptance = P(accepted >= i)."
+    )
+    return plots.acceptance_vs_theory(ok)
+
+
+def per_position(ok: pd.DataFrame):
+    """P(accepted >= i) by draft position at the largest k."""
+    return plots.per_position(ok) if _fills(ok, "per_position") else None
+
+
+def slot_counters(ok: pd.DataFrame):
+    """Both slots' counters under each arena policy, a panel per slot and commit strategy."""
+    if not _fills(ok, "counters"):
+        return None
+    grid = selection.policy_grid(ok)
+    _markdown(
+        "## The two slots under each arena policy\n"
+        "Counts per run, one panel per slot and commit strategy (nothing averaged across strategies), "
+        f"for the {provenance.plural(len(grid), 'point')} at k={grid.k.iloc[0]}"
+        + (f", alpha={grid.alpha.iloc[0]:g}" if len(selection.set_acceptance(grid)) == len(grid) else "")
+        + "."
+    )
+    return plots.slot_counters(selection.counters_long(ok))
+
+
+def counters_table(ok: pd.DataFrame) -> None:
+    """The slot counters of the figure above as a table."""
+    if _fills(ok, "counters"):
+        from IPython.display import HTML, display
+
+        display(HTML(tables.counters_html(selection.counters_long(ok))))
+
+
+def time_split(ok: pd.DataFrame):
+    """Where a speculative step's time goes, by commit strategy."""
+    if not _fills(ok, "time_split"):
+        return None
+    _markdown("## Where a speculative step's time goes, by commit strategy")
+    return plots.time_split(ok)
+
+
+def memory(ok: pd.DataFrame):
+    """Peak memory held by mtplab's arenas per policy."""
+    return plots.memory_by_policy(ok) if _fills(ok, "memory") else None
+
+
+def peer(ok: pd.DataFrame):
+    """mtplab next to onnxruntime-genai: the findings, then tokens/s per k."""
+    if not _fills(ok, "peer"):
+        return None
+    _markdown(
+        "## Side by side with onnxruntime-genai\n"
+        "The same model exported in genai's form; og.Generator for greedy, og.MtpGenerator with the real head."
+    )
+    _markdown(findings.peer(ok))
+    return plots.peer_comparison(ok)
+
+
+# The report's figures, in the order it shows them (notebooks/report.ipynb shows each for every model).
+STANDARD = (speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, slot_counters, counters_table,
+            time_split, memory, peer)
+
+
+def show(figure, ok: pd.DataFrame, *args) -> None:
+    """Show one figure for every model of the sweep (per_model), in the notebook's output, in order."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    fig = per_model(figure, ok, *args)
+    if fig is not None and not (isinstance(fig, pd.DataFrame) and fig.empty):
+        display(fig)
+        if hasattr(fig, "savefig"):
+            plt.close(fig)

@@ -1,0 +1,208 @@
+"""Findings computed from a sweep's data, for the report: no number is written by hand."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mtplab.report import selection
+from mtplab.report.provenance import plural
+from mtplab.report.selection import alpha_grid, counters_long, own_head, peer_rows
+from mtplab.report.tables import ci_pair as _interval
+from mtplab.report.tables import count_text
+
+
+def per_model(findings, df: pd.DataFrame) -> str:
+    """Findings of each model of the sweep under its name (one model: the findings alone)."""
+    names = selection.models(df)
+    if len(names) <= 1:
+        return findings(df)
+    return "\n\n".join(f"#### Model `{name}`\n\n" + findings(df[df.model_name == name]) for name in names)
+
+
+def _point_text(r) -> str:
+    lo, hi = _interval(r.get("speedup_ci"))
+    stable = "stable" if bool(r.get("stable")) else "unstable"
+    return f"**{r.speedup:.2f}x** [{lo:.2f}, {hi:.2f}] ({stable}) at k={r.k}, {r.schedule}, {r.policy}, {r.commit}"
+
+
+def stability_findings(df: pd.DataFrame) -> list[str]:
+    """How sure the sweep's numbers are: stable points, CI widths, greedy drift and load, before any headline."""
+    own = selection.own_engine(df[df.status != "failed"])
+    if own.empty:
+        return []
+    ci = [_interval(v) for v in own.speedup_ci] if "speedup_ci" in own else []
+    half = pd.Series([(hi - lo) / 2 / abs(m) for (lo, hi), m in zip(ci, own.speedup)], dtype=float)
+    stable = int(own.stable.fillna(False).astype(bool).sum()) if "stable" in own else 0
+    g = own.greedy_tokens_per_s.dropna()
+    text = (f"- **How sure**: {stable} of {plural(len(own), 'mtplab point')} stable (speedup CI half-width at most 5%); "
+            f"median half-width {half.median():.1%}")
+    if len(g):
+        text += (f"; mtplab's greedy ran {g.min():.1f}-{g.max():.1f} tok/s across the sweep's points (a spread of "
+                 f"{g.max() / g.min() - 1:.0%}: why every figure is a ratio from paired rounds)")
+    return [text + "."]
+
+
+def headline_findings(ok: pd.DataFrame) -> list[str]:
+    """Where MTP beats greedy, the real head first: each best point with its CI and stability; every count
+    with its denominator; 'beats' means the speedup CI lies above 1, 'within noise' that it holds 1."""
+    out = []
+    own = selection.own_engine(ok)
+    for label, part, note in (
+        ("Real MTP head", selection.measured_acceptance(own), ""),
+        ("Oracle drafter", selection.set_acceptance(own),
+         " (a performance-only setting: its acceptance is set by alpha, not earned by a head)"),
+    ):
+        if part.empty:
+            continue
+        ci = [_interval(v) for v in part.speedup_ci] if "speedup_ci" in part else [(float("nan"),) * 2] * len(part)
+        above = sum(lo > 1 for lo, _ in ci)
+        below = sum(hi < 1 for _, hi in ci)
+        best = part.loc[part.speedup.idxmax()]
+        out.append(
+            f"- {label}{note}: speculative decoding beats greedy (CI above 1) at {above} of "
+            f"{plural(len(part), 'point')}, loses "
+            f"(CI below 1) at {below}, within noise at {len(part) - above - below}. Best: {_point_text(best)}"
+            + (f", alpha={best.alpha:g}" if selection.acceptance_source(best.drafter) == "setting" else "")
+            + f"; {best.tokens_per_s:.0f} vs {best.greedy_tokens_per_s:.0f} tok/s."
+        )
+    peer = peer_rows(ok)
+    head = selection.measured_acceptance(own)
+    if len(peer) and len(head):
+        genai_greedy = peer.greedy_tokens_per_s.median()
+        mine = head.greedy_tokens_per_s.median()
+        fastest = head.loc[head.tokens_per_s.idxmax()]
+        faster = "faster" if fastest.tokens_per_s > genai_greedy else "slower"
+        out.append(
+            f"- Against onnxruntime-genai on the same model: its greedy {genai_greedy:.1f} tok/s, mtplab's "
+            f"{mine:.1f} ({mine / genai_greedy:.2f}x, medians over the sweep); mtplab's fastest real-head point "
+            f"({fastest.tokens_per_s:.1f} tok/s, k={fastest.k}, {fastest.schedule}) is {faster} than genai's plain "
+            "greedy (absolute tokens/s from different moments of the sweep: read with its spread above)."
+        )
+    return out
+
+
+def sweep_findings(df: pd.DataFrame) -> str:
+    """A sweep's findings as a markdown bullet list: how sure, identity, where MTP beats greedy (real head first),
+    best k per alpha, policies, theory fit."""
+    out = stability_findings(df)
+    ok = df[df.status != "failed"]  # every point that ran: ok, or mismatch (its lossless check failed)
+    failed = df[df.status == "failed"]
+    if len(failed):
+        out.append(f"- **{len(failed)} point(s) failed to run**: " + ", ".join(failed.point_id))
+    lossy = ok[~ok.lossless.astype(bool)]
+    if len(lossy):
+        items = ", ".join(f"`{r.point_id}` (token {r['identity.first_divergence']})" for _, r in lossy.iterrows())
+        expected = lossy["validate"].eq(False).all() if "validate" in lossy else False
+        out.append(
+            f"- **Lossless check FAILED at {len(lossy)} of {len(ok)} points**: {items}"
+            + (" (all are negative controls with validation off)" if expected else "")
+        )
+    else:
+        out.append(f"- **Every one of the {plural(len(ok), 'point')} is token-identical to greedy.**")
+    if len(ok):
+        checked = ok.get("identity.state_commits_checked", pd.Series(0, index=ok.index)).fillna(0) > 0
+        state_ok = checked & ok.lossless.astype(bool)
+        out.append(
+            f"- Recurrent state and KV checked after every commit at {checked.sum()} of {plural(len(ok), 'point')}"
+            f" ({state_ok.sum()} matching the reference)"
+            + (f"; not checked at {(~checked).sum()} (peer engine rows)." if (~checked).any() else ".")
+        )
+    out.extend(warning_findings(ok))
+    out.extend(headline_findings(ok))
+    g = alpha_grid(ok)
+    for sched, s in g.groupby("schedule"):
+        parts = []
+        for alpha, a in s.groupby("alpha"):
+            m = a.groupby("k").speedup.mean()
+            best = a[a.k == m.idxmax()].iloc[0]
+            lo, hi = _interval(best.get("speedup_ci"))
+            ties = [int(k) for k, r in a.groupby("k") if k != m.idxmax() and _interval(r.iloc[0].get("speedup_ci"))[1] >= lo]
+            parts.append(f"alpha={alpha:g}: k={m.idxmax()} ({m.max():.2f}x [{lo:.2f}, {hi:.2f}]"
+                         + (f"; k={', '.join(map(str, ties))} within its CI" if ties else "") + ")")
+        out.append(f"- Best k per alpha, schedule `{sched}`: " + "; ".join(parts) + ".")
+    mtp = own_head(ok)
+    if len(mtp):
+        for sched, s in mtp.groupby("schedule"):
+            b = s.loc[s.speedup.idxmax()]
+            out.append(
+                f"- Built-in MTP head, `{sched}`: draft acceptance {s.draft_acceptance.mean():.0%} "
+                f"(fitted alpha {s['theory.alpha'].mean():.2f}); best k={b.k} at {b.speedup:.2f}x."
+            )
+    out.extend(policy_findings(counters_long(ok)))
+    if len(ok) and "efficiency" in ok and ok.efficiency.notna().any():
+        e = ok.efficiency.dropna()
+        ci = [_interval(v) for v in ok.loc[e.index, "efficiency_ci"]] if "efficiency_ci" in ok else []
+        holds_one = sum(lo <= 1 <= hi for lo, hi in ci)
+        out.append(
+            f"- Efficiency (measured / predicted speedup, the prediction from the sweep's calibration alone): median "
+            f"{e.median():.2f}, {e.min():.2f}-{e.max():.2f} over {plural(len(e), 'point')}; {(e > 1).sum()} above 1, "
+            f"{(e < 1).sum()} below; the CI holds 1 at {holds_one}. Per policy and commit under Measurement quality."
+        )
+        vr = ok["theory.verify_cost_ratio"].median()
+        out.append(
+            f"- A verify forward costs {vr:.2f}x a greedy decode here (median over points), a draft {ok['theory.draft_cost_ratio'].median():.3f}x."
+        )
+    return "\n".join(out)
+
+
+def warning_findings(ok: pd.DataFrame) -> list[str]:
+    """One bullet naming the points' warnings (mtplab.check.flags) by kind, with the first message of each kind."""
+    import json
+
+    if "warnings" not in ok or ok.empty:
+        return []
+    kinds: dict[str, list[tuple[str, str]]] = {}
+    for _, row in ok.iterrows():
+        for w in json.loads(row["warnings"]) if isinstance(row["warnings"], str) else []:
+            kinds.setdefault(w["name"], []).append((row.point_id, w["message"]))
+    if not kinds:
+        return [f"- No named warnings at any of the {plural(len(ok), 'point')} (efficiency, accounting, head "
+                "acceptance, timed-round audit)."]
+    flagged = len({p for items in kinds.values() for p, _ in items})
+    parts = [f"`{name}` at {len(items)} (e.g. `{items[0][0]}`: {items[0][1]})" for name, items in sorted(kinds.items())]
+    return [f"- **Warnings at {flagged} of {plural(len(ok), 'point')}**: " + "; ".join(parts) + "."]
+
+
+def policy_findings(long: pd.DataFrame) -> list[str]:
+    """Per policy: under which commit strategies both slots replayed with no fallback or invalidation, and the rest."""
+    out = []
+    if long.empty:
+        return out
+    for policy in long.policy.unique():
+        clean, other = [], []
+        for commit, c in long[long.policy == policy].groupby("commit"):
+            bad = []
+            for slot, r in c.groupby("slot")[["replays", "fallbacks", "invalidations", "hazards"]].mean().iterrows():
+                trouble = [f"{count_text(r[n])} {n}" for n in ("fallbacks", "invalidations", "hazards") if r[n]]
+                if trouble or not r.replays:
+                    bad.append(f"{slot} " + (", ".join(trouble) or "never replays"))
+            (other.append(f"`{commit}`: " + "; ".join(bad)) if bad else clean.append(f"`{commit}`"))
+        text = f"- `{policy}` (per run): "
+        if clean:
+            text += "both slots replay with 0 fallbacks, 0 invalidations, 0 hazards under " + ", ".join(clean)
+        if other:
+            text += ("; under " if clean else "under ") + "; ".join(other)
+        out.append(text + ".")
+    return out
+
+
+def peer(df: pd.DataFrame) -> str:
+    """Markdown: mtplab next to onnxruntime-genai, where the sweep has peer rows."""
+    ok = df[df.status == "ok"]
+    peer = peer_rows(ok)
+    if peer.empty:
+        return "_This sweep has no onnxruntime-genai rows (add `engine: [ort-genai]` to a grid)._"
+    own = own_head(ok)
+    out = [
+        f"- Greedy: mtplab {own.greedy_tokens_per_s.median():.1f} tok/s (median over its {plural(len(own), 'real-head point')}) "
+        f"vs onnxruntime-genai {peer.greedy_tokens_per_s.median():.1f} tok/s (median over its {plural(len(peer), 'row')}; "
+        f"{own.greedy_tokens_per_s.median() / peer.greedy_tokens_per_s.median():.2f}x)."
+    ]
+    for k, p in peer.groupby("k"):
+        mine = own[own.k == k]
+        best = mine.loc[mine.tokens_per_s.idxmax()] if len(mine) else None
+        text = f"- k={k}: genai MTP {p.tokens_per_s.mean():.1f} tok/s ({p.speedup.mean():.2f}x its greedy, draft acceptance {p.draft_acceptance.mean():.0%})"
+        if best is not None:
+            text += f"; mtplab best {best.tokens_per_s:.1f} tok/s ({best.schedule}, {best.speedup:.2f}x)"
+        out.append(text + ("; identical to greedy." if p.lossless.all() else "; **NOT identical to greedy**."))
+    return "\n".join(out)

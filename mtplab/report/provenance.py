@@ -1,0 +1,143 @@
+"""The report's header: where, when, with what and on which grid a sweep's numbers were measured."""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+import yaml
+
+from mtplab.engine.strategies import DRAFTERS
+from mtplab.experiment.config import drafter_params, fields
+
+# Run parameters a sweep can vary or fix: RunConfig's fields (the model by its name, a preset's or a builder
+# folder's: store.load's model_name); rounds and threads have rows of their own.
+OWN_ROWS = ("rounds", "threads")
+PARAMETERS = ("model_name", *(f.name for f in fields() if f.name != "model" and f.name not in OWN_ROWS))
+
+# Parameters that mean nothing for a row: the peer engine has no mtplab policy, commit or schedule;
+# alpha belongs to the oracle drafter.
+PEER_ONLY_BLANK = ("policy", "commit", "schedule", "validate", "retain_decode_graph_across_spec", "max_recaptures")
+
+
+def blank_inapplicable(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy with cells that do not apply to their row set to NA (alpha off the oracle; mtplab's knobs on the peer)."""
+    out = df.copy()
+    if "drafter" in out:  # a drafter's own parameters, on the rows of drafters that take them only
+        for name in drafter_params():
+            if name in out:
+                takes = out.drafter.map(lambda d, n=name: (kind := DRAFTERS.find(d)) is not None and n in kind.params)
+                out[name] = out[name].astype(object).where(takes, None)
+    if "engine" in out:
+        peer = out.engine != "mtplab"
+        for c in PEER_ONLY_BLANK:
+            if c in out:
+                out[c] = out[c].astype(object).where(~peer, None)
+    return out
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def fixed_and_varied(df: pd.DataFrame) -> tuple[dict, dict]:
+    """Parameters with one value over every point (fixed) and those with several (varied, sorted values)."""
+    fixed, varied = {}, {}
+    df = blank_inapplicable(df)
+    for p in PARAMETERS:
+        if p not in df:
+            continue
+        values = sorted({v for v in df[p] if pd.notna(v)}, key=str)
+        if len(values) == 1:
+            fixed[p] = values[0]
+        elif values:
+            varied[p] = values
+    return fixed, varied
+
+
+def _shown(parameter: str) -> str:
+    return "model" if parameter == "model_name" else parameter
+
+
+def _row(name: str, value: str) -> str:
+    return f"<tr><th>{html.escape(name)}</th><td>{value}</td></tr>"
+
+
+def _rounds(df) -> str:
+    """The paired rounds per point, as the results record them ("3", or "3-5")."""
+    import json
+
+    if "round_samples" not in df or df.empty:
+        return "an unrecorded number of"
+    counts = sorted({len(json.loads(v)) if isinstance(v, str) else len(v or []) for v in df.round_samples})
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
+def header_html(sweep: dict, df: pd.DataFrame) -> str:
+    """The provenance block: counts, spec, fixed and varied parameters, repeats, threads, versions, machine, load."""
+    env = sweep.get("env", {})
+    spec = sweep.get("spec") or {}
+    fixed, varied = fixed_and_varied(df)
+    counts = ", ".join(f"{sweep.get(s, 0)} {s}" for s in ("ok", "mismatch", "failed"))
+    spec_name = spec.get("name", sweep["name"])
+    title = f"mtplab sweep <code>{html.escape(sweep['name'])}</code>" + (
+        f" (spec <code>{html.escape(str(spec_name))}</code>)" if spec_name != sweep["name"] else ""
+    )
+    load = f"{sweep.get('load_start', 'n/a')} at the start, {sweep.get('load_end', 'n/a')} at the end"
+    versions = ", ".join(
+        f"{name} {env.get(key) or 'not installed'}"
+        for name, key in (
+            ("mtplab", "mtplab"),
+            ("onnxruntime", "onnxruntime"),
+            ("onnxruntime-genai", "onnxruntime_genai"),
+            ("numpy", "numpy"),
+            ("Python", "python"),
+        )
+    )
+    rows = [
+        _row("points", f"{plural(sweep['points'], 'point')}: {counts}" + (" (interrupted)" if sweep.get("interrupted") else "")),
+        _row("fixed parameters", html.escape(", ".join(f"{_shown(k)}={v}" for k, v in fixed.items()) or "none")),
+        _row(
+            "varied parameters",
+            html.escape("; ".join(f"{_shown(k)}: {', '.join(map(str, v))}" for k, v in varied.items()) or "none"),
+        ),
+        _row("repeats", f"{spec.get('repeats', 1)} per point (a repeat is a whole point again); each point ran "
+                        f"{_rounds(df)} paired greedy/speculative rounds"),
+        _row(
+            "threads",
+            f"{plural(sweep['workers'], 'point')} at a time x {plural(sweep['threads_per_point'], 'ORT thread')} each "
+            f"({sweep.get('executor', 'local')} executor)",
+        ),
+        _row("versions", html.escape(versions) + f", git {html.escape(str(env.get('git_revision') or 'n/a'))}"),
+        _row(
+            "machine",
+            html.escape(
+                f"{env.get('device')} ({env.get('provider')}), {env.get('cpu_count')} cores, "
+                f"{env.get('memory_gib', 'n/a')} GiB, {env.get('platform')}"
+            ),
+        ),
+        _row("load average (1 min)", load),
+        _row("time", f"{sweep['started']} to {sweep['finished']} UTC, {sweep['wall_seconds']} s wall"),
+    ]
+    spec_text = html.escape(yaml.safe_dump(spec, sort_keys=False).strip())
+    return (
+        f"<h1>{title}</h1><table class='provenance'>{''.join(rows)}</table>"
+        f"<details><summary>sweep spec</summary><pre>{spec_text}</pre></details>"
+    )
+
+
+HOW_TO_READ = """\
+**How to read this report.** Each point is an untimed checked run, then paired timed rounds of
+greedy and of speculative decoding on the same prompt, in one process (the header says how many);
+*speedup* is the median over the rounds of speculative tokens/s over greedy tokens/s (above 1:
+speculative is faster), with its 95% CI. The *oracle* drafter proposes the right token with a set probability alpha
+per position, so it measures performance at a chosen acceptance and says nothing about accuracy;
+the *MTP head* is the model's own drafter. *Acceptance length* = 1 + accepted drafts per step;
+*draft acceptance* = accepted / drafted. *Theory* is Leviathan's formula priced with the sweep's
+calibration (measured apart from every point: greedy's loop, the draft phase, the verify, the commit,
+fallbacks at their eager cost, the run's length). The *slot counters* say, per run, how often the M=1 decode plan (primary slot) and the
+M=k+1 verify plan (verify slot) were captured, replayed, fell back to eager, were invalidated, or
+hit a hazard. *Lossless* means the speculative tokens equal greedy's, and, where the state check ran,
+every committed recurrent state and KV row matches an independent reference, and every timed run
+did what the checked one did. The header above says what was
+fixed and what varied; the table at the end holds every point (download it as CSV there)."""

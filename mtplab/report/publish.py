@@ -1,0 +1,42 @@
+"""`mtplab report`: execute notebooks/report.ipynb on a sweep and publish it as code-free HTML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtplab.measure.result import write_atomic
+from mtplab.sweep import store
+from mtplab.sweep.kernel import ensure_kernel
+from mtplab.sweep.point_exec import notebooks_dir
+
+
+def make_report(sweep_dir: str | Path) -> Path:
+    """Run the report notebook on sweep_dir, convert it with nbconvert --no-input, refresh results/index.html."""
+    import nbformat
+    import papermill as pm
+    from nbconvert import HTMLExporter
+
+    sweep_dir = Path(sweep_dir).resolve()
+    if not (sweep_dir / "sweep.json").exists() or not (sweep_dir / "results.parquet").exists():
+        raise ValueError(
+            f"{sweep_dir} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first"
+        )
+    store.check_fresh(sweep_dir)
+    executed = sweep_dir / "report.ipynb"
+    pm.execute_notebook(
+        str(notebooks_dir() / "report.ipynb"),
+        str(executed),
+        parameters={"sweep_dir": str(sweep_dir)},
+        kernel_name=ensure_kernel(),
+        progress_bar=False,
+        cwd=str(sweep_dir),
+    )
+    exporter = HTMLExporter()
+    exporter.exclude_input = True
+    exporter.exclude_input_prompt = True
+    exporter.exclude_output_prompt = True
+    body, _ = exporter.from_notebook_node(nbformat.read(str(executed), as_version=4))
+    out = sweep_dir / "report.html"
+    write_atomic(out, body)
+    store.write_index(sweep_dir.parent)
+    return out

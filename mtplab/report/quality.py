@@ -1,0 +1,180 @@
+"""The report's measurement-quality view: CIs, the calibrated prediction, efficiency, drift and load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from mtplab.experiment.config import defaults
+from mtplab.measure import theory
+from mtplab.measure.stats import STABLE_HALF_WIDTH
+from mtplab.report.plots import _k_color
+from mtplab.report.selection import set_acceptance
+from mtplab.report.tables import ci_pair
+
+
+def _format_table(calib: dict) -> str:
+    import warnings
+
+    with warnings.catch_warnings():  # a dependency imports tqdm.auto, which warns inside notebooks
+        warnings.simplefilter("ignore")
+        from mtplab.experiment.calibrate import format_table
+    return format_table(calib)
+
+
+def _ci(col: pd.Series) -> np.ndarray:
+    """A column of [lo, hi] (lists or JSON text) as an n x 2 float array (NaN where missing)."""
+    return np.array([ci_pair(v) for v in col], dtype=float).reshape(-1, 2)
+
+
+def load_calibration(sweep_dir: str | Path) -> dict:
+    """calibration.json beside the sweep: {model name: calibration}; {} when the sweep has none."""
+    path = Path(sweep_dir) / "calibration.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def speedup_with_ci(df: pd.DataFrame, calibration: dict):
+    """Oracle points: measured median speedup with 95% CI bars; predicted curves from the calibration alone."""
+    policy, commit = defaults()["policy"], defaults()["commit"]
+    o = set_acceptance(df[(df.policy == policy) & (df.commit == commit)])
+    schedules = sorted(o.schedule.unique()) or [defaults()["schedule"]]
+    fig, axes = plt.subplots(1, len(schedules), figsize=(6 * len(schedules), 4), squeeze=False)
+    alphas = np.linspace(0.0, 1.0, 51)
+    for ax, schedule in zip(axes[0], schedules):
+        s = o[o.schedule == schedule]
+        for k in sorted(s.k.unique()):
+            color = _k_color(k)
+            p = s[s.k == k].sort_values("alpha")
+            ci = _ci(p.speedup_ci)
+            err = np.abs(np.vstack([p.speedup - ci[:, 0], ci[:, 1] - p.speedup]))
+            ax.errorbar(p.alpha, p.speedup, yerr=np.nan_to_num(err), fmt="o", color=color, capsize=3, label=f"k={k}")
+            calib = calibration.get(p.model_name.iloc[0]) if len(p) else None
+            if calib and theory.covers(calib, int(k), commit):
+                n = int(p.tokens.iloc[0]) if "tokens" in p else None
+                pred = [theory.predict(a, int(k), schedule, commit, calib, tokens=n)["speedup"] for a in alphas]
+                ax.plot(alphas, pred, "--", color=color)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(title=f"{schedule}: measured (95% CI) and predicted (dashed)", xlabel="alpha", ylabel="speedup")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def efficiency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Efficiency (measured / predicted speedup) per policy and commit: median, range over the points, and the
+    median of the points' own 95% CI bounds; 1 where the cost model accounts for everything the run did."""
+    m = df[(df.engine == "mtplab") & df.efficiency.notna()]
+    if m.empty:
+        return pd.DataFrame()
+    ci = _ci(m.efficiency_ci)
+    m = m.assign(ci_lo=ci[:, 0], ci_hi=ci[:, 1])
+    table = (
+        m.groupby(["policy", "commit"])
+        .agg(points=("efficiency", "size"), median=("efficiency", "median"), lowest=("efficiency", "min"),
+             highest=("efficiency", "max"), ci_low=("ci_lo", "median"), ci_high=("ci_hi", "median"))
+        .round(3)
+    )
+    table.columns = ["points", "efficiency (median)", "lowest point", "highest point", "95% CI low (median)",
+                     "95% CI high (median)"]
+    return table
+
+
+def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
+    """Per-point CI width, unstable points, greedy drift over the sweep, load, threads and the calibration."""
+    ci = _ci(df.speedup_ci)
+    width = (ci[:, 1] - ci[:, 0]) / 2 / df.speedup.abs()
+    unstable = df[~df.stable.fillna(False).astype(bool)]
+    lines = [
+        f"- Speedup CI half-width over all {len(df)} points (the onnxruntime-genai rows included): median "
+        f"{np.nanmedian(width):.1%}, worst {np.nanmax(width):.1%} (stable: at most {STABLE_HALF_WIDTH:.0%}); "
+        f"{len(df) - len(unstable)} of {len(df)} stable."
+        if len(df) and not np.all(np.isnan(width))
+        else "- No speedup CIs in this sweep.",
+    ]
+    if len(unstable):
+        shown = ", ".join(f"`{p}`" for p in unstable.point_id[:8])
+        more = f" and {len(unstable) - 8} more (the points table has every CI)" if len(unstable) > 8 else ""
+        lines.append(f"- Unstable points ({len(unstable)}): {shown}{more}")
+    keys = [c for c in ("model_name", "engine") if c in df]
+    groups = list(df.groupby(keys)) if keys else [((), df)]
+    for key, part in groups:  # one model on one engine: the same greedy each point, so a spread is drift
+        g = part.greedy_tokens_per_s.dropna()
+        if len(g):
+            label = f" ({', '.join(map(str, key if isinstance(key, tuple) else (key,)))})" if len(groups) > 1 else ""
+            lines.append(
+                f"- Greedy tok/s over the sweep's points{label}: min {g.min():.1f}, median {g.median():.1f}, max "
+                f"{g.max():.1f} (a spread of {g.max() / g.min() - 1:.0%}; the figure below shows it against time)."
+            )
+    load = [sweep.get("load_start"), sweep.get("load_end")]
+    if None not in load:
+        lines.append(f"- 1-minute load average at the start {load[0]}, at the end {load[1]}.")
+    lines.append(f"- Threads per point: {sweep.get('threads_per_point', 'unknown')}.")
+    checks = sweep.get("calibration_check") or {}
+    for name, calib in calibration.items():
+        lines.extend(calibration_lines(name, calib, checks.get(name)))
+        lines.append("\n```\n" + _format_table(calib) + "\n```")
+    return "\n".join(lines)
+
+
+def calibration_lines(name: str, calib: dict, check: dict | None) -> list[str]:
+    """Which calibration the predictions used, when and under what load, how the machine moved by the sweep's
+    end, and what a fallback costs here."""
+    load = calib.get("load")
+    out = [
+        f"- Calibration of `{name}` (every prediction and efficiency): {calib.get('source', 'cached (an older sweep)')}, "
+        f"at {calib.get('measured_at', 'an unrecorded time')}"
+        + (f", 1-minute load {load[0]} before and {load[1]} after" if load else ", load not recorded") + "."
+    ]
+    if check:
+        out.append(
+            f"- Re-checked at the sweep's end: greedy {1e3 * check['greedy_token_start']:.3f} ms per token at the "
+            f"start, {1e3 * check['greedy_token_end']:.3f} ms at the end ({check['drift']:+.1%}, load "
+            f"{check.get('load_end')}): predictions are as good as this stability."
+        )
+    eager, target = calib.get("eager") or {}, calib.get("target") or {}
+    ms = sorted(target, key=int)
+    dips = [(a, b) for a, b in zip(ms, ms[1:]) if target[b] < target[a]]
+    if dips:
+        ci = calib.get("ci") or {}
+        a, b = dips[0]
+
+        def interval(m):
+            lo, hi = ci.get(f"target/{m}", [None, None])
+            return f"[{1e3 * lo:.3f}, {1e3 * hi:.3f}] ms" if lo is not None and hi is not None else "(no CI)"
+
+        out.append(
+            f"- T({b}) < T({a}) in the calibration ({1e3 * target[b]:.3f} vs {1e3 * target[a]:.3f} ms; CIs {interval(b)} "
+            f"and {interval(a)}): a wider forward is not slower here where the CIs overlap (noise, or a kernel "
+            "that blocks the wider product better); predictions use the medians as measured."
+        )
+    if eager:
+        ratios = [eager[m] / target[m] for m in sorted(eager, key=int) if m in target]
+        out.append(
+            f"- What a fallback costs on this backend: an eager forward (outside a plan) takes {min(ratios):.2f}-"
+            f"{max(ratios):.2f}x a replayed one at M = 1..{len(ratios)} (on the CPU a plan saves only the binding; "
+            "on a GPU it saves the kernel launches); predictions price each point's own replay/fallback mix."
+        )
+    return out
+
+
+def drift(df: pd.DataFrame):
+    """Greedy tok/s of each point against when it was measured: the machine's drift over the sweep."""
+    fig, ax = plt.subplots(figsize=(6, 3))
+    env = df["env"] if "env" in df else pd.Series(dtype=object)
+    t = pd.to_numeric(env.map(lambda e: (json.loads(e) if isinstance(e, str) else e or {}).get("measured_at")))
+    ok = t.notna() & df.greedy_tokens_per_s.notna()
+    if ok.any():
+        ci = _ci(df.greedy_tokens_per_s_ci[ok])
+        x = (t[ok] - t[ok].min()) / 60
+        y = df.greedy_tokens_per_s[ok]
+        err = np.abs(np.vstack([y - ci[:, 0], ci[:, 1] - y]))
+        ax.errorbar(x, y, yerr=np.nan_to_num(err), fmt="o", capsize=2)
+    ax.set(xlabel="minutes into the sweep", ylabel="greedy tok/s (95% CI)", title="Greedy throughput over the sweep")
+    fig.tight_layout()
+    return fig
+

@@ -1,0 +1,141 @@
+"""Which rows of a sweep (see store.load) each figure, table and finding is computed on.
+
+The plots draw what these select and the findings state numbers over the same rows, so a figure
+and the sentence about it always speak of the same points.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from mtplab.engine.strategies import DRAFTERS
+from mtplab.experiment.config import defaults
+
+COUNTERS = ("captures", "replays", "fallbacks", "invalidations", "hazards")
+SLOTS = ("primary", "verify", "mtp")
+PINNED = defaults()["policy"]  # the policy a figure of one policy shows when the sweep has it
+SCHEDULE = defaults()["schedule"]  # the schedule figures of one schedule show
+
+
+def acceptance_source(drafter: str) -> str | None:
+    """Where a drafter's acceptance comes from ("setting": its alpha; "calibration": the MTP head's, measured);
+    None for a drafter this process has not registered."""
+    kind = DRAFTERS.find(drafter)
+    return kind.acceptance if kind is not None else None
+
+
+def set_acceptance(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose drafter's acceptance is a setting (the oracle's alpha): what the alpha figures sweep."""
+    return df[df.drafter.map(acceptance_source) == "setting"] if len(df) else df
+
+
+def measured_acceptance(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose drafter's acceptance is measured (the MTP head's)."""
+    return df[df.drafter.map(acceptance_source) == "calibration"] if len(df) else df
+
+
+def parse_json(col: pd.Series) -> pd.Series:
+    """A JSON column (JSON text per row, see result.JSON_COLUMNS) as Python values."""
+    return col.map(lambda v: json.loads(v) if isinstance(v, str) else v)
+
+
+def own_engine(df: pd.DataFrame) -> pd.DataFrame:
+    """mtplab's own rows (a sweep without an engine column has no others)."""
+    return df[df.engine == "mtplab"] if "engine" in df else df
+
+
+def own_head(df: pd.DataFrame) -> pd.DataFrame:
+    """mtplab's own runs with the built-in MTP head (not the onnxruntime-genai peer)."""
+    engine = df.engine if "engine" in df else pd.Series("mtplab", index=df.index)
+    return measured_acceptance(df[engine == "mtplab"])
+
+
+def peer_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The onnxruntime-genai peer's rows (none when the sweep has no engine column)."""
+    return df[df.engine == "ort-genai"] if "engine" in df else df.iloc[:0]
+
+
+def own_head_beside_peer(df: pd.DataFrame) -> pd.DataFrame:
+    """mtplab's MTP-head rows shown next to the peer: the pinned policy's when the sweep has it."""
+    own = own_head(df)
+    return own[own.policy == PINNED] if PINNED in set(own.policy) else own
+
+
+def alpha_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """Oracle points of the (policy, commit) pair swept over the most alphas: the k x alpha grid."""
+    o = set_acceptance(df)
+    if o.empty:
+        return o
+    best = o.groupby(["policy", "commit"])["alpha"].nunique().idxmax()
+    return o[(o.policy == best[0]) & (o.commit == best[1])]
+
+
+def policy_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """Oracle points of the default schedule at the (k, alpha) swept over the most policies: the policy x commit grid."""
+    o = set_acceptance(df[df.schedule == SCHEDULE])
+    if o.empty:
+        return df
+    k, alpha = o.groupby(["k", "alpha"])["policy"].nunique().idxmax()
+    return o[(o.k == k) & (o.alpha == alpha)]
+
+
+def split_points(df: pd.DataFrame) -> pd.DataFrame:
+    """Oracle points of the default schedule whose step time split is compared across commit strategies.
+
+    The pinned policy's when the sweep has it, at the k where the most commit strategies ran (then the
+    most points, then the smallest k): a figure that compares strategies needs them all at one k.
+    """
+    s = set_acceptance(df[df.schedule == SCHEDULE])
+    if PINNED in set(s.policy):
+        s = s[s.policy == PINNED]
+    if s.empty:
+        return s
+    per_k = s.groupby("k").agg(commits=("commit", "nunique"), points=("commit", "size"))
+    k = per_k.sort_values(["commits", "points"], ascending=False, kind="stable").index[0]
+    return s[s.k == k]
+
+
+def counters_long(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-slot counters of the policy x commit grid in long form (policy, commit, slot, counters)."""
+    rows = []
+    for _, r in policy_grid(df).iterrows():
+        for slot in ("primary", "verify"):
+            if f"slots.{slot}.replays" in r and pd.notna(r[f"slots.{slot}.replays"]):
+                rows.append(
+                    {
+                        "policy": r.policy,
+                        "commit": r.commit,
+                        "slot": slot,
+                        **{c: r[f"slots.{slot}.{c}"] for c in COUNTERS},
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def peak_arena_mib(df: pd.DataFrame) -> pd.Series:
+    """Per row: peak MiB held by all mtplab arenas (named buffers, pool blocks, persistent state)."""
+    return parse_json(df.arena).map(lambda a: sum(v.get("peak_bytes", v["bytes_held"]) for v in a.values()) / 2**20)
+
+
+def figures_for(df: pd.DataFrame) -> dict[str, bool]:
+    """Which standard figures this sweep's points can fill (a report shows only those: no empty panels)."""
+    own = own_engine(df)
+    g = alpha_grid(own)
+    top_k = own.k.max() if len(own) else None
+    split = set_acceptance(own[own.schedule == SCHEDULE])
+    return {
+        "alpha_grid": g.alpha.nunique() >= 2,  # a curve against alpha needs two alphas at least
+        "acceptance": len(g) > 0 or len(own_head(own)) > 0,
+        "per_position": len(g[g.k == top_k]) > 0 or len(own_head(own)[lambda m: m.k == top_k]) > 0,
+        "counters": len(own) > 0,
+        "time_split": len(split) > 0,
+        "memory": len(own) > 0 and "arena" in own,
+        "peer": "engine" in df and (df.engine == "ort-genai").any(),
+    }
+
+
+def models(df) -> list[str]:
+    """The models a sweep's rows ran on, by name (store.load's model_name); [] for a frame without them."""
+    return sorted(df.model_name.unique()) if "model_name" in df and len(df) else []

@@ -1,0 +1,1 @@
+"""Sessions, the target's state buffers and feeds from the model description, arenas and arena policies, binding signatures, the two-slot Executor (capture, replay, fallbacks) and the device backends (numpy + IOBinding plans, CuPy + CUDA graphs)."""

@@ -1,0 +1,363 @@
+"""The two-slot executor: per-slot capture state, pure retarget, and per-slot counters.
+
+Slot.PRIMARY holds the M=1 decode plan and Slot.VERIFY the M=k+1 verify plan, on ONE executor.
+Each slot runs: eager warm-up -> capture -> replay while the binding signature matches. A
+mismatch invalidates and recaptures (bounded by max_recaptures per generation, then eager); a
+binding that cannot be made (buffer too small) declines into an eager run. The backend is the
+narrow seam where a plan is captured and replayed: IOBinding on CPU, CUDA graphs on GPU.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from mtplab.runtime.arena import Arena, Block, BufferTooSmall, address, layout_bytes, put
+from mtplab.runtime.signature import AddressCache, Binding, ReplayCheck, describe_mismatch, signature
+
+
+class Slot(enum.IntEnum):
+    PRIMARY = 0  # the M=1 decode graph
+    VERIFY = 1  # the M=k+1 speculative-verify graph
+
+
+class Status(enum.Enum):
+    NEEDS_WARMUP = "needs-warmup"
+    ARMED = "armed"
+    READY = "ready"
+    UNSUPPORTED = "unsupported"
+
+
+COUNTER_KEYS = ("captures", "replays", "fallbacks", "invalidations", "hazards")
+# Runs outside a plan that are no fallback: the warm-up before a capture, and eager forwards (a prefill).
+# Counted for the timed-round audit (every forward a slot ran is one of these or a COUNTER_KEYS run).
+ACTIVITY_KEYS = (*COUNTER_KEYS, "warmups", "eager")
+
+
+def max_recaptures_problem(value) -> str | None:
+    """Why a max_recaptures value is not allowed (the one rule: RunConfig's field applies it too), or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None
+    return f"max_recaptures={value!r}: must be an integer >= 0"
+
+
+@dataclass
+class SlotCaptureState:
+    """Host-side capture bookkeeping of one slot. Never reset by a switch to another slot."""
+
+    status: Status = Status.NEEDS_WARMUP
+    signature: tuple | None = None
+    plan: Any = None
+    plan_blocks: list[tuple[Block, str | None]] = field(default_factory=list)
+    check: ReplayCheck | None = None
+    reason: str = ""
+    generation_invalidations: int = 0
+    captures: int = 0
+    replays: int = 0
+    fallbacks: int = 0
+    invalidations: int = 0
+    hazards: int = 0
+    warmups: int = 0
+    eager: int = 0
+
+    def counters(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in COUNTER_KEYS}
+
+    def activity(self) -> dict[str, int]:
+        """The counters plus warm-ups and eager runs: every forward the slot ran is counted once."""
+        return {k: getattr(self, k) for k in ACTIVITY_KEYS}
+
+
+class CaptureDeclined(Exception):
+    """Raised by a backend that will not capture this plan; the slot runs eager instead."""
+
+
+class PlanBackend(Protocol):
+    """The capture/replay seam. CPU: IOBinding plans. CUDA: graphs by gpu_graph_id."""
+
+    def eager(self, session: Any, binds: list[Binding]) -> None: ...
+    def capture(self, session: Any, binds: list[Binding], owner: str) -> Any: ...
+    def replay(self, session: Any, plan: Any) -> None: ...
+    def drop(self, plan: Any) -> None: ...
+
+
+def backend_calls() -> dict[str, int]:
+    """A backend's own count of the runs it executed, by kind: the executor's slot counters are audited against it."""
+    return {"eager": 0, "capture": 0, "replay": 0}
+
+
+class CpuPlanBackend:
+    """A plan is an IOBinding with every input and output bound by raw pointer."""
+
+    def __init__(self):
+        self.calls = backend_calls()
+
+    @staticmethod
+    def _binding(session, binds: list[Binding]):
+        io = session.io_binding()
+        for b in binds:
+            bind = io.bind_output if b.output else io.bind_input
+            bind(b.name, "cpu", 0, b.array.dtype, list(b.array.shape), address(b.array))
+        return io
+
+    def eager(self, session, binds: list[Binding]) -> None:
+        session.run_with_iobinding(self._binding(session, binds))
+        self.calls["eager"] += 1
+
+    def capture(self, session, binds: list[Binding], owner: str = "slot"):
+        plan = self._binding(session, binds)
+        session.run_with_iobinding(plan)
+        self.calls["capture"] += 1
+        return plan
+
+    def replay(self, session, plan) -> None:
+        session.run_with_iobinding(plan)
+        self.calls["replay"] += 1
+
+    def drop(self, plan) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class SlotMemory:
+    """Where a slot's staged inputs and outputs live.
+
+    Named buffers come from `arena`. Outputs listed in `step_scoped` instead come from a block of
+    `pool`, acquired per step; unpinned, the block goes back to the pool at end_step(). Feeds in
+    `host_inputs` stay in host memory whatever the arena's device (inputs an op reads on the CPU).
+    """
+
+    arena: Arena
+    pool: Arena | None = None
+    step_scoped: frozenset[str] = frozenset()
+    pinned: bool = True
+    owner: str = ""
+    host_inputs: frozenset[str] = frozenset()
+    block: Block | None = None
+    views: dict[tuple, Any] = field(default_factory=dict)
+    host: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def _view(self, name: str, shape: tuple[int, ...], dtype) -> Any:
+        key = (name, shape, dtype)
+        view = self.views.get(key)
+        if view is None:
+            view = self.views[key] = self.arena.view(name, shape, dtype)
+        return view
+
+    def stage(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Copy the feeds into this slot's input buffers (stable addresses) and return those."""
+        views = {}
+        for name, value in feeds.items():
+            if name in self.host_inputs:
+                view = self.host.get(name)
+                if view is None or view.shape != value.shape or view.dtype != value.dtype:
+                    view = self.host[name] = np.empty(value.shape, value.dtype)
+            else:
+                view = self._view(f"feed.{name}", value.shape, value.dtype)
+            put(view, value)
+            views[name] = view
+        return views
+
+    def temporaries(self, feeds: dict[str, Any], outputs: dict[str, tuple]) -> tuple[dict, dict]:
+        """Fresh buffers for an eager run outside the slot's plan: (staged feeds, outputs)."""
+        xp = self.arena.xp
+        staged = {}
+        for name, value in feeds.items():
+            host = name in self.host_inputs or xp is np
+            staged[name] = np.ascontiguousarray(value) if host else xp.ascontiguousarray(xp.asarray(value))
+        outs = {n: (xp.empty(shape, dtype), None) for n, (shape, dtype) in outputs.items()}
+        return staged, outs
+
+    def outputs(self, spec: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, tuple[Any, Block | None]]:
+        scoped = {n: s for n, s in spec.items() if n in self.step_scoped and self.pool is not None}
+        out: dict[str, tuple[Any, Block | None]] = {}
+        if scoped:
+            need = layout_bytes(scoped)
+            if self.block is None:
+                self.block = self.pool.acquire(self.owner, need)
+            if self.block.nbytes < need:
+                raise BufferTooSmall(f"{self.owner} workspace: needs {need} bytes, block holds {self.block.nbytes}")
+            for name, view in self.block.carve(scoped).items():
+                out[name] = (view, self.block)
+        for name, (shape, dtype) in spec.items():
+            if name not in out:
+                out[name] = (self._view(name, shape, dtype), None)
+        return out
+
+    def end_step(self) -> None:
+        if self.block is not None and not self.pinned:
+            self.pool.release(self.block)
+            self.block = None
+
+
+class Executor:
+    """One executor, up to two slots, each with its own session, memory and SlotCaptureState."""
+
+    def __init__(
+        self,
+        sessions: dict[Slot, Any],
+        memory: dict[Slot, SlotMemory],
+        labels: dict[Slot, str] | None = None,
+        backend: PlanBackend | None = None,
+        max_recaptures: int = 3,
+        validate: bool = True,
+        retain_decode_graph_across_spec: bool = True,
+    ):
+        if problem := max_recaptures_problem(max_recaptures):
+            raise ValueError(problem)
+        self.sessions = sessions
+        self.memory = memory
+        self.labels = labels or {s: s.name.lower() for s in sessions}
+        self.backend = backend or CpuPlanBackend()
+        self.max_recaptures = max_recaptures
+        self.validate = validate
+        self.retain = retain_decode_graph_across_spec
+        self.state = {s: SlotCaptureState() for s in sessions}
+        self.address = AddressCache()
+
+    # -- retarget and lifecycle -------------------------------------------------------------
+    def new_generation(self) -> None:
+        """Start a generation: per-generation recapture budgets reset; counters and plans stay."""
+        for st in self.state.values():
+            st.generation_invalidations = 0
+            if st.status is Status.UNSUPPORTED:
+                st.status = Status.NEEDS_WARMUP
+                st.plan, st.check = None, None
+
+    def end_step(self) -> None:
+        """End of a speculative step: unpinned step-scoped workspaces go back to the pool."""
+        for mem in self.memory.values():
+            mem.end_step()
+
+    def invalidate(self, slot: Slot, reason: str) -> None:
+        """Throw the slot's plan away (counted); the next run recaptures, or runs eager at the cap."""
+        st = self.state[slot]
+        if st.plan is None:
+            return
+        self.backend.drop(st.plan)
+        st.plan, st.signature, st.plan_blocks, st.check = None, None, [], None
+        st.invalidations += 1
+        st.generation_invalidations += 1
+        st.reason = f"invalidated: {reason}"
+        if st.generation_invalidations > self.max_recaptures:
+            st.status = Status.UNSUPPORTED
+            st.reason += f" (max_recaptures={self.max_recaptures} reached: eager for the rest of the generation)"
+        else:
+            st.status = Status.ARMED
+
+    def rollback(self, slot: Slot) -> None:
+        """A contents-only KV rollback happened. Without retain it throws the plan away, as the seed did."""
+        if not self.retain:
+            self.invalidate(slot, "KV rollback (retain_decode_graph_across_spec off)")
+
+    # -- running ---------------------------------------------------------------------------
+    def _binds(self, staged, outs, bound) -> list[Binding]:
+        binds = [Binding(n, a, False) for n, a in staged.items()]
+        binds += [Binding(n, a, out) for n, a, out in bound]
+        binds += [Binding(n, a, True, blk) for n, (a, blk) in outs.items()]
+        return binds
+
+    def run_eager(self, slot: Slot, feeds, outputs, bound) -> dict[str, Any]:
+        """An eager forward on the slot's session, outside its plan, into temporaries.
+
+        Without retain_decode_graph_across_spec it invalidates the slot's plan (the seed's Blocker B).
+        """
+        if not self.retain:
+            self.invalidate(slot, "eager forward on the slot's session")
+        self.state[slot].eager += 1
+        return self._eager_temporaries(slot, feeds, outputs, bound)
+
+    def _eager_temporaries(self, slot, feeds, outputs, bound) -> dict[str, Any]:
+        staged, outs = self.memory[slot].temporaries(feeds, outputs)
+        self.backend.eager(self.sessions[slot], self._binds(staged, outs, bound))
+        return {n: a for n, (a, _) in outs.items()}
+
+    def run(
+        self,
+        slot: Slot,
+        feeds: dict[str, np.ndarray],
+        outputs: dict[str, tuple[tuple[int, ...], Any]],
+        bound: list[tuple[str, Any, bool]],
+    ) -> dict[str, Any]:
+        """Run one forward on `slot`: warm-up, capture or replay as its state allows.
+
+        feeds: small host inputs, staged into the slot's buffers. outputs: name -> (shape, dtype),
+        placed by the slot's memory. bound: caller-owned persistent buffers (KV, recurrent state),
+        as (name, array, is_output). Returns the output arrays of this run.
+        """
+        if slot not in self.sessions:  # each run names its slot: that is the whole retarget
+            raise ValueError(f"slot {slot!r} is not configured on this executor: it has {list(self.sessions)}")
+        st, mem, session = self.state[slot], self.memory[slot], self.sessions[slot]
+        check = st.check
+        if check is not None and st.status is Status.READY and check.stage(mem, feeds, outputs, bound):
+            # The run's signature is the plan's (ReplayCheck): replay, as the full path would.
+            if st.plan_blocks:
+                st.hazards += sum(1 for blk, owner in st.plan_blocks if blk.owner != owner)
+            self.backend.replay(session, st.plan)
+            st.replays += 1
+            return dict(check.result)
+        try:
+            staged, outs = mem.stage(feeds), mem.outputs(outputs)
+        except BufferTooSmall as err:
+            st.fallbacks += 1
+            st.reason = f"capture declined: {err}"
+            return self._eager_temporaries(slot, feeds, outputs, bound)
+        binds = self._binds(staged, outs, bound)
+        result = {n: a for n, (a, _) in outs.items()}
+        sig = signature(binds, self.address)
+
+        if st.status is Status.UNSUPPORTED:
+            self.backend.eager(session, binds)
+            st.fallbacks += 1
+            return result
+        if st.status is Status.READY:
+            if self.validate and sig != st.signature:
+                self.invalidate(slot, describe_mismatch(st.signature, sig))
+                if st.status is Status.UNSUPPORTED:
+                    self.backend.eager(session, binds)
+                    st.fallbacks += 1
+                    return result
+            else:
+                st.hazards += sum(1 for blk, owner in st.plan_blocks if blk.owner != owner)
+                self.backend.replay(session, st.plan)
+                st.replays += 1
+                if sig == st.signature:  # new objects with the plan's signature: check those from now on
+                    st.check = ReplayCheck(mem, feeds, outputs, staged, outs, bound)
+                return result
+        if st.status is Status.NEEDS_WARMUP:
+            self.backend.eager(session, binds)
+            st.warmups += 1
+            st.status = Status.ARMED
+            return result
+        # ARMED: capture now; this run is the step's forward.
+        try:
+            st.plan = self.backend.capture(session, binds, self.labels[slot])
+        except CaptureDeclined as err:
+            st.status, st.reason = Status.UNSUPPORTED, f"capture declined: {err}"
+            st.fallbacks += 1
+            self.backend.eager(session, binds)
+            return result
+        st.signature = sig
+        st.plan_blocks = [(b.block, b.block.owner) for b in binds if b.block is not None]
+        st.check = ReplayCheck(mem, feeds, outputs, staged, outs, bound)
+        st.captures += 1
+        st.status = Status.READY
+        return result
+
+    # -- reporting -------------------------------------------------------------------------
+    def counters(self) -> dict[str, dict[str, int]]:
+        """{slot label: {captures, replays, fallbacks, invalidations, hazards}}."""
+        return {self.labels[s]: st.counters() for s, st in self.state.items()}
+
+    def activity(self) -> dict[str, dict[str, int]]:
+        """{slot label: counters plus warm-ups and eager runs}: what the timed-round audit compares."""
+        return {self.labels[s]: st.activity() for s, st in self.state.items()}
+
+    def format_counters(self) -> str:
+        """The seed's form: `primary: captures=1 replays=127 fallbacks=0 invalidations=0 hazards=0`."""
+        return "\n".join(
+            f"{label}: " + " ".join(f"{k}={v}" for k, v in c.items()) for label, c in self.counters().items()
+        )

@@ -1,0 +1,311 @@
+"""ONNX Runtime sessions and the model's persistent state buffers.
+
+The target's persistent bindings (attention KV buffers, conv carries, GatedDeltaNet states) are
+owned here and bound by address into every slot, by both sessions when Verify has a sibling.
+
+An op's output is bound onto its own input's buffer (updated in place) only where the op's kernel
+allows it (IN_PLACE). CausalConvWithState's never does: its present carry goes to a buffer of its
+own and carry_conv() copies it into the past carry after the run (on the device, in stream order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from mtplab.base.threads import session_options
+from mtplab.model.description import ModelDescription, StateTensor, length_feeds
+from mtplab.model.onnx_read import failing_op
+from mtplab.runtime.arena import Arena, address, to_numpy
+
+# Where an op's kernel allows an output on its input's buffer: {provider: {op: {(input, output)}}}, as the
+# kernels register it (KernelDefBuilder MayInplace) in onnxruntime 1.30-1.32. CUDA: GroupQueryAttention KV
+# (past_key 3 -> present_key 1, past_value 4 -> present_value 2) and GatedDeltaNet state (6 -> 1).
+# CausalConvWithState allows none on any provider: the CUDA kernel's past and present are __restrict__ and
+# the CPU decode path memcpy's past[1:] into present. The CPU kernels register no MayInplace; their
+# GroupQueryAttention takes a shared past/present buffer by design (past_present_share_buffer), and mtplab
+# holds the CPU to the CUDA table, so one binding rule serves both.
+IN_PLACE: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
+    "CUDAExecutionProvider": {"GroupQueryAttention": frozenset({(3, 1), (4, 2)}), "GatedDeltaNet": frozenset({(6, 1)})},
+}
+IN_PLACE["CPUExecutionProvider"] = IN_PLACE["CUDAExecutionProvider"]
+
+
+def _triple(b) -> tuple[str, Any, bool]:
+    return (b.name, b.array, b.output) if hasattr(b, "output") else (b[0], b[1], b[2])
+
+
+def in_place_pairs(model: onnx.ModelProto, binds) -> list[tuple[str | None, int, int, str, str]]:
+    """(op, input index, output index, input, output) of every bound output that shares an input's buffer.
+
+    binds: the executor's Bindings or (name, array, is_output) triples. op is None when no single node
+    takes that input and produces that output.
+    """
+    triples = [_triple(b) for b in binds]
+    inputs = {address(a): name for name, a, out in triples if not out}
+    pairs = []
+    for out_name, a, out in triples:
+        in_name = inputs.get(address(a)) if out else None
+        if in_name is None:
+            continue
+        node = next((n for n in model.graph.node if in_name in n.input and out_name in n.output), None)
+        if node is None:
+            pairs.append((None, -1, -1, in_name, out_name))
+        else:
+            pairs.append(
+                (node.op_type, list(node.input).index(in_name), list(node.output).index(out_name), in_name, out_name)
+            )
+    return pairs
+
+
+def check_in_place(model: onnx.ModelProto, binds, provider: str) -> None:
+    """Raise ValueError naming every output bound on an input's buffer where the op's kernel does not allow it."""
+    table = IN_PLACE.get(provider, {})
+    bad = [
+        f"{o} on {i} ({op or 'not one node'} {ii}->{oi})"
+        for op, ii, oi, i, o in in_place_pairs(model, binds)
+        if (ii, oi) not in table.get(op, ())
+    ]
+    if bad:
+        raise ValueError(f"bound in place where the {provider} kernel does not allow it: {'; '.join(bad)}")
+
+
+def shared_initializers(path, device: str = "cpu") -> dict[str, Any]:
+    """The model's weights as OrtValues on `device` ("cpu" or "cuda"), for add_initializer in several sessions."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    return {
+        t.name: ort.OrtValue.ortvalue_from_numpy(numpy_helper.to_array(t), device, 0) for t in model.graph.initializer
+    }
+
+
+def make_session(
+    path,
+    shared: dict[str, Any] | None = None,
+    threads: int = 0,
+    provider: str | tuple[str, dict] = "CPUExecutionProvider",
+):
+    """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies.
+
+    provider: a name, or (name, provider options) as onnxruntime takes it.
+    """
+    import onnxruntime as ort
+
+    so = session_options(threads)
+    for name, value in (shared or {}).items():
+        so.add_initializer(name, value)
+    try:
+        return ort.InferenceSession(str(path), so, providers=[provider])
+    except Exception as err:
+        op, text = failing_op(err), str(err)
+        if op is None or not ("Kernel not found" in text or "Could not find an implementation" in text):
+            raise
+        ep = provider if isinstance(provider, str) else provider[0]
+        since = KERNEL_SINCE.get((op, ep))
+        hint = f": its first {ep} kernel ships in onnxruntime {since}" if since else ""
+        raise RuntimeError(f"onnxruntime {ort.__version__} has no {ep} kernel for {op}{hint} ({path})") from err
+
+
+# Kernels that arrived after their op's schema: (op, provider) -> first onnxruntime release with the kernel.
+KERNEL_SINCE = {("GatedDeltaNet", "CPUExecutionProvider"): "1.32"}
+
+
+class Buffers(dict):
+    """A state's buffers by layer or name, counting replacements: what target_io builds once stays valid
+    only while no buffer has been replaced (a moved buffer must reach the executor's check)."""
+
+    version = 0
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.version += 1
+
+
+@dataclass
+class TargetState:
+    """Persistent state of one sequence on the target: buffers bound by address, plus its length.
+
+    kv[layer] = (key, value) [1, heads, capacity, head_dim]; conv[layer] and gdn[layer] hold each
+    linear-attention layer's conv and recurrent state in the layouts the model description gives;
+    present[past name] is the own output buffer of a state whose kernel cannot write in place.
+    """
+
+    desc: ModelDescription
+    arena: Arena
+    length: int = 0
+    kv: Buffers = field(default_factory=Buffers)  # {layer: (key, value)}
+    conv: Buffers = field(default_factory=Buffers)
+    gdn: Buffers = field(default_factory=Buffers)
+    present: Buffers = field(default_factory=Buffers)
+    io_cache: dict = field(default_factory=dict)  # target_io's fixed part by (M, mode), and the carries
+
+    def layout(self) -> int:
+        """Changes whenever a buffer is replaced."""
+        return self.kv.version + self.conv.version + self.gdn.version + self.present.version
+
+    @classmethod
+    def allocate(cls, desc: ModelDescription, arena: Arena) -> TargetState:
+        st = cls(desc, arena)
+        T = desc.np_dtype
+        for kv in desc.target.kv:
+            shape = (1, kv.heads, desc.capacity, kv.head_dim)
+            st.kv[kv.layer] = (
+                arena.reserve(f"state.{kv.past_key}", shape, T),
+                arena.reserve(f"state.{kv.past_value}", shape, T),
+            )
+        for s in desc.target.states:
+            buf = arena.reserve(f"state.{s.past}", s.shape, np.dtype(s.dtype))
+            (st.conv if s.kind == "conv" else st.gdn)[s.layer] = buf
+            if not s.in_place:
+                st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, np.dtype(s.dtype))
+        return st
+
+    def fixed(self, key, build, *args):
+        """What `build(*args)` makes from the buffers, cached under key until a buffer is replaced."""
+        layout = self.layout()
+        if self.io_cache.get("layout") != layout:
+            self.io_cache = {"layout": layout}
+        value = self.io_cache.get(key)
+        if value is None:
+            value = self.io_cache[key] = build(*args)
+        return value
+
+    def reset(self) -> None:
+        self.length = 0
+        for a in self.recurrent_arrays():
+            a[...] = 0
+        for k, v in self.kv.values():
+            k[...] = 0
+            v[...] = 0
+
+    def array(self, s: StateTensor) -> np.ndarray:
+        return (self.conv if s.kind == "conv" else self.gdn)[s.layer]
+
+    def carry(self) -> None:
+        """After an in-place forward: the states written to buffers of their own become the committed ones."""
+        for committed, present in self.fixed("carries", self._carries):
+            committed[...] = present
+
+    def _carries(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(self.array(s), self.present[s.past]) for s in self.desc.target.states if not s.in_place]
+
+    def recurrent_arrays(self) -> list[np.ndarray]:
+        return [self.array(s) for s in self.desc.target.states]
+
+    def recurrent(self) -> dict[str, np.ndarray]:
+        """The conv and recurrent states by name, conv_state.{i} / gdn_state.{i} (what the lossless check compares)."""
+        return {s.key: self.array(s) for s in self.desc.target.states}
+
+    def snapshot(self, copy: bool = True) -> dict[str, np.ndarray]:
+        """The committed state on the host: conv and recurrent states, and every attention layer's KV rows
+        [0, length) (rows past the length are scratch a rollback left behind). copy=False: host arrays are
+        views (compare them at once, before the next forward)."""
+        take = (lambda a: np.array(to_numpy(a))) if copy else to_numpy
+        out = {name: take(a) for name, a in self.recurrent().items()}
+        for layer, (k, v) in self.kv.items():
+            out[f"kv.{layer}.key"] = take(k[:, :, : self.length])
+            out[f"kv.{layer}.value"] = take(v[:, :, : self.length])
+        return out
+
+
+def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recurrent_in_place: bool = True):
+    """(feeds, outputs, bound) for a forward of `tokens` at the state's current length.
+
+    Lengths are static-shaped, as onnxruntime-genai arranges them for graph replay: the attention
+    span is always the KV capacity (total_sequence_length, or the attention_mask's width), and the
+    real lengths travel in tensors the graph re-reads on every replay (seqlens_k, the mask's ones).
+
+    KV is always in place (one buffer bound as past and present). A conv or recurrent state goes in
+    place where its kernel allows it, else to a buffer of its own (copy it with carry() after the
+    run), unless recurrent_in_place=False, when every present state goes to an output of its own
+    and the committed state is left untouched.
+    """
+    io = desc.target
+    M = int(tokens.shape[-1])
+    if st.length + M > desc.capacity:
+        raise ValueError(f"sequence would reach {st.length + M} tokens, beyond the KV capacity {desc.capacity}")
+    feeds = {io.input_ids: token_ids(tokens, M), **length_feeds(io, st.length, M, desc.capacity)}
+    # Outputs and bindings depend only on M, the mode and the state's buffers.
+    outputs, bound = st.fixed((M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
+    return feeds, outputs, bound
+
+
+def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[dict, list]:
+    io, T = desc.target, desc.np_dtype
+    outputs: dict[str, tuple[tuple[int, ...], Any]] = {
+        io.logits: ((1, M, desc.vocab_size), T),
+        io.hidden: ((1, M, desc.hidden_size), T),
+    }
+    bound: list[tuple[str, Any, bool]] = []
+    for kv in io.kv:
+        k, v = st.kv[kv.layer]
+        bound += [(kv.past_key, k, False), (kv.present_key, k, True)]
+        bound += [(kv.past_value, v, False), (kv.present_value, v, True)]
+    for s in io.states:
+        live = st.array(s)
+        bound.append((s.past, live, False))
+        if not recurrent_in_place:
+            outputs[s.present] = (s.shape, np.dtype(s.dtype))
+        else:
+            bound.append((s.present, live if s.in_place else st.present[s.past], True))
+    outputs.update(select_output_shapes(desc, M))
+    return outputs, tuple(bound)  # immutable: the executor's replay check may take it by identity
+
+
+def select_output_shapes(desc: ModelDescription, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The extra outputs the `select` commit reads, with their shapes for a forward of M tokens."""
+    return {o.name: (o.sized(M), np.dtype(o.dtype)) for roles in desc.target.select_outputs.values()
+            for o in roles.values()}
+
+
+def token_ids(tokens: Any, M: int) -> Any:
+    """input_ids [1, M] int64 from Python ints, or from a host or device array (which stays where it is)."""
+    if hasattr(tokens, "reshape"):
+        return tokens.reshape(1, M).astype(np.int64, copy=False)
+    return np.asarray(tokens, dtype=np.int64).reshape(1, M)
+
+
+@dataclass
+class MtpState:
+    """The MTP head's own KV cache and the length it holds."""
+
+    kv: tuple[np.ndarray, np.ndarray]
+    length: int = 0
+    io_cache: dict[int, tuple] = field(default_factory=dict)  # mtp_io's fixed part, by M
+
+    @classmethod
+    def allocate(cls, desc: ModelDescription, arena: Arena) -> MtpState:
+        (kv,) = desc.mtp.kv
+        shape = (1, kv.heads, desc.capacity, kv.head_dim)
+        T = desc.np_dtype
+        return cls((arena.reserve("state.mtp_key", shape, T), arena.reserve("state.mtp_value", shape, T)))
+
+
+def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray, position: int):
+    """(feeds, outputs, bound) for an MTP-head forward: M tokens + the target's hidden states from `position`.
+
+    Entry j of the head's KV pairs token j+1 with the target's hidden state j.
+    """
+    io = desc.mtp
+    M = len(tokens) if isinstance(tokens, (list, tuple)) else int(getattr(tokens, "size", 1))
+    T = desc.np_dtype
+    feeds = {
+        io.input_ids: token_ids(tokens, M),
+        io.hidden_input: hidden.astype(T, copy=False).reshape(1, M, desc.hidden_size),
+        **length_feeds(io, position, M, desc.capacity),
+    }
+    fixed = st.io_cache.get(M)
+    if fixed is None or fixed[2] is not st.kv:  # built once per M for these KV buffers
+        outputs = {io.logits: ((1, M, desc.vocab_size), T), io.hidden: ((1, M, desc.hidden_size), T)}
+        (kv,) = io.kv
+        k, v = st.kv
+        bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
+                 (kv.present_value, v, True))
+        fixed = st.io_cache[M] = (outputs, bound, st.kv)
+    return feeds, fixed[0], fixed[1]
+

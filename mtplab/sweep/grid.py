@@ -1,0 +1,284 @@
+"""Sweep grid specs: YAML with lists per dimension, validated before any point runs."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from mtplab.experiment import config
+from mtplab.experiment.config import RunConfig, field_problem
+from mtplab.model.config import PRESETS
+
+SPEC_DIR = Path(__file__).parent / "grids"
+DIMENSIONS = config.dimensions()  # every RunConfig field a spec may vary
+SPEC_KEYS = ("name", "defaults", "grids", "repeats", "resources", "allow_mismatch")
+TOP_KEYS = (*SPEC_KEYS, *DIMENSIONS)
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point: a RunConfig and its repeat index, with a stable readable id."""
+
+    run: RunConfig
+    repeat: int = 0
+
+    @property
+    def id(self) -> str:
+        return config.point_id(self.run, self.repeat)
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    name: str
+    points: tuple[Point, ...]
+    source: dict
+    resources: dict | None = None  # per-point resource request for cluster executors
+    allow_mismatch: bool = False  # a point whose lossless check fails does not fail the sweep
+
+
+def check_name(name) -> str | None:
+    """Why a sweep name is not a safe folder name under the results root, or None."""
+    if isinstance(name, str) and SAFE_NAME.fullmatch(name):
+        return None
+    return (
+        f"name={name!r}: must be a folder name of letters, digits, '.', '_' or '-' "
+        "(up to 100, starting with a letter or digit)"
+    )
+
+
+def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
+    """Every problem with one mapping of dimensions: unknown keys, shapes, and each key's bad values."""
+    if not isinstance(d, dict):
+        return [f"{where} must be a mapping of dimension: values (got {d!r})"]
+    out, dimensions = [], config.dimensions()
+    for key, value in d.items():
+        if key not in dimensions:
+            out.append(f"unknown key {key!r} in {where} (allowed: {list(dimensions)})")
+            continue
+        if isinstance(value, list):
+            if not value:
+                out.append(f"{key!r} in {where} is an empty list")
+                continue
+        elif not allow_scalars:
+            out.append(f"{key!r} in {where} must be a list (got {value!r})")
+            continue
+        problem = field_problem(key, value if isinstance(value, list) else [value])
+        if problem:
+            out.append(f"{key} in {where}: {problem}")
+    return out
+
+
+def _resource_problems(resources) -> list[str]:
+    if resources is None:
+        return []
+    if not isinstance(resources, dict):
+        return ["'resources' must be a mapping like {num_cpus: 1, num_gpus: 0}"]
+    out = []
+    for key, value in resources.items():
+        if key not in RESOURCE_KEYS:
+            out.append(f"unknown key {key!r} in resources (allowed: {list(RESOURCE_KEYS)})")
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            out.append(f"resources.{key}={value!r}: must be a number >= 0")
+    return out
+
+
+def _shape_problems(source: dict) -> list[str]:
+    """Every problem found without expanding the grid: keys, shapes, per-dimension values, scalars."""
+    dimensions = config.dimensions()
+    top_keys = (*SPEC_KEYS, *dimensions)
+    out = [f"unknown key {key!r} (allowed: {list(top_keys)})" for key in source if key not in top_keys]
+    out += _dimension_problems("defaults", source.get("defaults") or {}, allow_scalars=True)
+    top = {k: v for k, v in source.items() if k in dimensions}
+    out += _dimension_problems("the spec", top, allow_scalars=False)
+    grids = source.get("grids") or [{}]
+    if not isinstance(grids, list):
+        out.append(f"'grids' must be a list of mappings (got {grids!r})")
+    else:
+        for n, g in enumerate(grids):
+            out += _dimension_problems(f"grids[{n}]", g, allow_scalars=False)
+    repeats = source.get("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        out.append(f"'repeats' must be an integer >= 1 (got {repeats!r})")
+    if "name" in source and (problem := check_name(source["name"])):
+        out.append(problem)
+    if not isinstance(source.get("allow_mismatch", False), bool):
+        out.append(f"allow_mismatch={source['allow_mismatch']!r}: must be true or false (a boolean)")
+    return out + _resource_problems(source.get("resources"))
+
+
+def _expand(source: dict) -> tuple[dict[str, Point], list[str]]:
+    """The points of a well-shaped spec, and every problem across fields or between point ids."""
+    defaults = source.get("defaults") or {}
+    dimensions = config.dimensions()
+    top = {k: v for k, v in source.items() if k in dimensions}
+    points: dict[str, Point] = {}
+    problems: list[str] = []
+    for n, g in enumerate(source.get("grids") or [{}]):
+        dims = {k: (v if isinstance(v, list) else [v]) for k, v in defaults.items()} | top | g
+        keys, explicit = list(dims), set(top) | set(g)
+        for values in itertools.product(*(dims[k] for k in keys)):
+            params = dict(zip(keys, values))
+            bad = _drafter_params(params, explicit)
+            try:
+                run = RunConfig(**params)
+            except config.ConfigError as err:
+                bad += [b for b in err.problems if b not in bad]
+            if bad:
+                problems += [f"{b} (in grids[{n}])" for b in bad if f"{b} (in grids[{n}])" not in problems]
+                continue
+            for r in range(source.get("repeats", 1)):
+                p = Point(run, r)
+                other = points.setdefault(p.id, p)
+                if other.run != run:  # one id for two configs: a point would be silently dropped
+                    diff = {k: (v, getattr(run, k)) for k, v in other.run.to_dict().items() if getattr(run, k) != v}
+                    problems.append(f"point id {p.id} names two different points ({diff}); make them differ in the id")
+    return points, problems
+
+
+def _drafter_params(params: dict, explicit: set[str]) -> list[str]:
+    """A drafter's parameters in one point: from `defaults`, they apply where the point's drafter takes them
+    (dropped elsewhere, in place); given explicitly (the spec's top level, a grid) to a drafter that does not
+    take them, they are refused, as on the command line."""
+    drafter = params.get("drafter", config.defaults()["drafter"])
+    for name, takers in config.drafter_params().items():
+        if name in params and name not in explicit and drafter not in takers:
+            del params[name]
+    return config.drafter_param_problems(drafter, {n: params[n] for n in config.drafter_params() if n in params})
+
+
+def _upgrade(source: dict) -> tuple[dict, list[str]]:
+    """An older spec's `preset:` (the model) as `model:`, at every level; both at one level is a problem."""
+    problems: list[str] = []
+
+    def level(where: str, d):
+        if not isinstance(d, dict) or "preset" not in d:
+            return d
+        if "model" in d:
+            problems.append(f"preset and model in {where}: name the model once (model takes a preset name or a folder)")
+            return d
+        return {("model" if k == "preset" else k): v for k, v in d.items()}
+
+    out = level("the spec", source)
+    if "defaults" in out:
+        out = {**out, "defaults": level("defaults", out["defaults"])}
+    if isinstance(out.get("grids"), list):
+        out = {**out, "grids": [level(f"grids[{n}]", g) for n, g in enumerate(out["grids"])]}
+    return out, problems
+
+
+def parse(source: dict) -> GridSpec:
+    """Expand a spec (a union of cartesian products over `grids`, or one product) into points.
+
+    Every problem is found before any point runs and reported at once, each naming its key and
+    all of its bad values. An older spec's `preset:` reads as `model:`.
+    """
+    if not isinstance(source, dict):
+        _fail(["the top level must be a mapping"])
+    source, problems = _upgrade(source)
+    problems += _shape_problems(source)
+    if problems:
+        _fail(problems)
+    points, problems = _expand(source)
+    if problems:
+        _fail(problems)
+    return GridSpec(
+        str(source.get("name", "sweep")),
+        tuple(points.values()),
+        source,
+        source.get("resources"),
+        source.get("allow_mismatch", False),
+    )
+
+
+def _fail(problems: list[str]) -> None:
+    raise ValueError("grid spec: " + "; ".join(problems))
+
+
+def check_models(spec: GridSpec) -> None:
+    """Open every model folder the spec names and hold each point to it: a bad folder, or a point its
+    model cannot run (k, commit, tokens), is refused before any point runs."""
+    from mtplab.engine.engine import check_run_on_model
+    from mtplab.model.folders import open_model
+
+    problems, opened = [], {}
+    for p in spec.points:
+        if p.run.model in PRESETS:
+            continue
+        if p.run.model not in opened:
+            try:
+                opened[p.run.model] = open_model(p.run.model).description
+            except ValueError as err:
+                opened[p.run.model] = None
+                problems.append(f"model: {err}")
+        if opened[p.run.model] is not None:
+            try:
+                check_run_on_model(p.run, opened[p.run.model])
+            except ValueError as err:
+                problems.append(f"point {p.id}: {err}")
+    if problems:
+        _fail(sorted(set(problems)))
+
+
+def require_engines(spec: GridSpec) -> None:
+    """Refuse a spec whose engines' packages are not installed, with the install line."""
+    if any(p.run.engine == "ort-genai" for p in spec.points):
+        from mtplab.experiment.genai_runner import require_genai
+
+        try:
+            require_genai()
+        except ValueError as err:
+            _fail([f"engine: {err}"])
+
+
+def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
+    """A spec from a YAML file, or a named preset (smoke, default)."""
+    if (spec is None) == (preset is None):
+        raise ValueError("give a grid spec file or --grid (one of " + ", ".join(presets()) + ")")
+    if preset is not None:
+        if preset not in presets():
+            raise ValueError(f"unknown sweep preset {preset!r}: allowed presets are {presets()}")
+        path = SPEC_DIR / f"{preset}.yaml"
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise ValueError(f"grid spec {path} does not exist")
+    try:
+        source = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"grid spec {path}: YAML syntax error{where}: {problem}") from None
+    if preset is None and isinstance(source, dict):
+        source = models_beside(source, path.parent)
+    return parse(source)
+
+
+def models_beside(source: dict, base: Path) -> dict:
+    """The spec with each relative `model:` folder that exists beside the spec file made absolute, so a spec
+    names its models the same from any working directory (others stay as written: relative to it)."""
+
+    def fix(value):
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if isinstance(value, str) and value not in PRESETS and not Path(value).is_absolute():
+            candidate = base / value
+            return str(candidate.resolve()) if candidate.is_dir() else value
+        return value
+
+    out = dict(source)
+    for holder in [out, out.get("defaults"), *(out.get("grids") or [])]:
+        for key in ("model", "preset"):
+            if isinstance(holder, dict) and key in holder:
+                holder[key] = fix(holder[key])
+    return out
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))

@@ -1,0 +1,67 @@
+"""One sweep point executed through papermill into points/<id>/: what the local pool and Ray tasks both run."""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+from mtplab.sweep import grid, store
+from mtplab.sweep.kernel import ensure_kernel
+
+Outcome = tuple[str, str, str | None]  # (point id, status, error or lossless verdict)
+
+
+def notebooks_dir() -> Path:
+    """notebooks/ beside the package (an editable install or a checkout), or $MTPLAB_NOTEBOOKS."""
+    env = os.environ.get("MTPLAB_NOTEBOOKS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def point_run(point: grid.Point, threads: int = 0):
+    """The RunConfig a point runs: its own, with the sweep's `threads` per point unless the spec fixes them."""
+    return point.run if point.run.threads or not threads else point.run.replace(threads=threads)
+
+
+def point_parameters(point: grid.Point, run_dir: Path, threads: int = 0, calibration_file: str = "") -> dict:
+    """run_point.ipynb's parameters: the point's RunConfig fields (`point`), its folder and the sweep's calibration."""
+    return {"point": point_run(point, threads).to_dict(), "run_dir": str(run_dir), "calibration_file": calibration_file}
+
+
+def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int) -> Outcome:
+    """Run one point through papermill into points/<id>/; returns (id, ok|mismatch|failed, error or verdict).
+
+    threads: the intra-op threads of the point's sessions, unless its spec fixes them (RunConfig.threads).
+    """
+    import papermill as pm
+
+    error = None
+    # The folder is absolute: the notebook runs with its cwd there, so a relative run_dir would nest.
+    with store.point_folder(points_dir, point.id) as tmp:
+        try:
+            pm.execute_notebook(
+                str(notebooks_dir() / "run_point.ipynb"),
+                str(tmp / "run_point.ipynb"),
+                parameters=point_parameters(point, tmp, threads, str(Path(points_dir).parent / "calibration.json")),
+                kernel_name=ensure_kernel(),
+                execution_timeout=timeout,
+                progress_bar=False,
+                cwd=str(tmp),
+            )
+            if not (tmp / store.RESULT).exists():
+                error = "the notebook finished without writing result.json"
+        except Exception as err:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
+            error = f"{type(err).__name__}: {err}".strip()[:4000] or traceback.format_exc()[-4000:]
+        if error is not None:
+            store.write_error(tmp, asdict(point_run(point, threads)), error)
+            return point.id, "failed", error
+        result = json.loads((tmp / store.RESULT).read_text())
+    return point.id, store.result_status(result), result.get("verdict")
+
+
+def record_failure(points_dir: Path, point: grid.Point, error: str) -> None:
+    """A point that never produced a folder (its worker died): record the cause as its error."""
+    with store.point_folder(points_dir, point.id) as tmp:
+        store.write_error(tmp, asdict(point.run), error)

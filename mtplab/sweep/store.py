@@ -1,0 +1,209 @@
+"""The results store: point folders, results.parquet, sweep.json and results/index.html."""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+
+from mtplab.measure.result import flatten, write_atomic
+
+RESULT = "result.json"
+ERROR = "error.json"
+CORRUPT = ".corrupt"  # points/.corrupt/: unreadable or incomplete points moved aside on resume
+STATUSES = ("ok", "mismatch", "failed")  # mismatch: ran, but the lossless check failed (result kept)
+
+
+@contextmanager
+def point_folder(points_dir: str | Path, point_id: str) -> Iterator[Path]:
+    """A hidden scratch folder that becomes points/<id>/ in one rename when the block completes.
+
+    Readers never see half a point; a block that dies leaves only the hidden folder, which a
+    resumed sweep clears.
+    """
+    points_dir = Path(points_dir).resolve()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{point_id}.", dir=points_dir))
+    yield tmp
+    final = points_dir / point_id
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+
+
+def write_error(folder: Path, config: dict, error: str) -> None:
+    """Record why a point failed (its result.json, if any, is removed)."""
+    (folder / RESULT).unlink(missing_ok=True)
+    write_atomic(folder / ERROR, json.dumps({"config": config, "error": error}, indent=1))
+
+
+def result_status(result: dict) -> str:
+    """ok, or mismatch when the point ran but its lossless check failed."""
+    return "ok" if result.get("lossless", True) else "mismatch"
+
+
+def point_folders(points_dir: Path) -> list[Path]:
+    """Installed point folders (hidden scratch and .corrupt left out), sorted by id."""
+    if not points_dir.exists():
+        return []
+    return sorted(p for p in points_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def same_config(stored: dict, config: dict) -> bool:
+    """Whether a stored result's config is a point's. Where the spec leaves `threads` to the sweep (0), the
+    thread count it ran on is the sweep's choice (recorded in the result, not part of the point)."""
+    if not config.get("threads", 0):
+        stored, config = ({k: v for k, v in c.items() if k != "threads"} for c in (stored, config))
+    return stored == config
+
+
+def corrupt_reason(folder: Path, config: dict | None = None) -> str | None:
+    """Why a point folder cannot be used (unreadable or invalid JSON, incomplete), or None if it can.
+
+    With config, a result.json for another config is invalid too.
+    """
+    from mtplab.measure.result import RunResult
+
+    name = RESULT if (folder / RESULT).exists() else ERROR if (folder / ERROR).exists() else None
+    if name is None:
+        return f"incomplete: neither {RESULT} nor {ERROR}"
+    try:
+        data = json.loads((folder / name).read_text())
+    except (OSError, ValueError) as err:
+        return f"unreadable {name}: {err}"
+    if not isinstance(data, dict):
+        return f"invalid {name}: not a JSON object"
+    if name == ERROR:
+        return None if "error" in data else f"invalid {name}: no 'error'"
+    try:
+        RunResult(**data)
+    except TypeError as err:
+        return f"invalid {name}: {err}"
+    if config is not None and not same_config(data["config"], config):
+        return f"invalid {name}: its config is not this point's"
+    return None
+
+
+def move_corrupt(points_dir: Path, folder: Path) -> Path:
+    """Move a point folder aside into points/.corrupt/ (never overwriting an earlier one)."""
+    dest_dir = points_dir / CORRUPT
+    dest_dir.mkdir(exist_ok=True)
+    dest = dest_dir / folder.name
+    n = 1
+    while dest.exists():
+        dest, n = dest_dir / f"{folder.name}.{n}", n + 1
+    os.rename(folder, dest)
+    return dest
+
+
+def clear_scratch(points_dir: Path) -> None:
+    """Remove hidden scratch folders left by a stopped or killed run (points/.corrupt/ is kept)."""
+    for stale in points_dir.glob(".*"):
+        if stale.name != CORRUPT:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def point_rows(sweep_dir: Path) -> list[dict]:
+    """One row per finished point folder: its RunResult flattened, or its error."""
+    rows = []
+    for point in point_folders(sweep_dir / "points"):
+        if (point / RESULT).exists():
+            result = json.loads((point / RESULT).read_text())
+            row = flatten(result)
+            row |= {"point_id": point.name, "status": result_status(result), "error": None}
+        elif (point / ERROR).exists():
+            err = json.loads((point / ERROR).read_text())
+            row = {f"config.{k}": v for k, v in err.get("config", {}).items()}
+            row |= {"point_id": point.name, "status": "failed", "error": err.get("error")}
+        else:
+            continue
+        rows.append(row)
+    return rows
+
+
+def collect(sweep_dir: str | Path) -> pd.DataFrame:
+    """Gather every point into results.parquet (written atomically) and return the table."""
+    sweep_dir = Path(sweep_dir)
+    df = pd.DataFrame(point_rows(sweep_dir))
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    write_atomic(sweep_dir / "results.parquet", buf.getvalue())
+    return df
+
+
+def check_fresh(sweep_dir: str | Path) -> None:
+    """Refuse a results.parquet older than a point folder, or naming other points than the folders hold."""
+    sweep_dir = Path(sweep_dir)
+    path = sweep_dir / "results.parquet"
+    folders = point_folders(sweep_dir / "points")
+    stamps = [f.stat().st_mtime_ns for folder in folders for f in (folder, *folder.iterdir())]
+    stale = bool(stamps) and max(stamps) > path.stat().st_mtime_ns
+    if not stale:
+        ids = set(pd.read_parquet(path, columns=["point_id"]).point_id) if folders else set()
+        stale = ids != {f.name for f in folders}
+    if stale:
+        raise ValueError(
+            f"{path} is older than the points in {sweep_dir / 'points'}: re-collect it with "
+            f"`mtplab sweep <spec> --name {sweep_dir.name} --resume` (it collects without re-running finished points)"
+        )
+
+
+def load(sweep_dir: str | Path) -> pd.DataFrame:
+    """The sweep's table, config columns under short names (k, alpha, policy, ...); the output ids are generated_tokens."""
+    sweep_dir = Path(sweep_dir)
+    path = sweep_dir / "results.parquet"
+    if not path.exists():
+        raise ValueError(f"{sweep_dir}: no results.parquet (run `mtplab sweep` first)")
+    check_fresh(sweep_dir)
+    df = pd.read_parquet(path)
+    # The generated token ids would collide with config.tokens (how many to generate).
+    df = df.rename(columns={"tokens": "generated_tokens"})
+    # The result's model record (JSON) would collide with config.model (the folder or preset it names).
+    info = df.pop("model") if "model" in df.columns else pd.Series([None] * len(df), index=df.index)
+    df = df.rename(columns={c: c.split(".", 1)[1] for c in df.columns if c.startswith("config.")})
+    return df.assign(model_info=info, model_name=model_names(df, info))
+
+
+def model_names(df: pd.DataFrame, info: pd.Series) -> list[str]:
+    """Each row's model by name (a preset's, or a builder folder's), failed points included."""
+    from mtplab.experiment.config import model_name
+
+    named = [json.loads(v).get("name") if isinstance(v, str) and v.startswith("{") else None for v in info]
+    spec = df["model"] if "model" in df else pd.Series([""] * len(df), index=df.index)
+    preset = df["preset"] if "preset" in df else pd.Series([""] * len(df), index=df.index)
+    return [
+        n if isinstance(n, str) and n else model_name(m if isinstance(m, str) and m else str(p))
+        for n, m, p in zip(named, spec, preset)
+    ]
+
+
+def write_index(results_root: str | Path) -> Path:
+    """results/index.html: every sweep with its date, environment, point counts and a link."""
+    root = Path(results_root)
+    rows = []
+    for sj in sorted(root.glob("*/sweep.json")):
+        s = json.loads(sj.read_text())
+        env = s.get("env", {})
+        report = sj.parent / "report.html"
+        link = f'<a href="{html.escape(sj.parent.name)}/report.html">report</a>' if report.exists() else "no report yet"
+        rows.append(
+            f"<tr><td>{html.escape(s.get('name', sj.parent.name))}</td><td>{html.escape(s.get('finished', ''))}</td>"
+            f"<td>{html.escape(str(env.get('device', '')))} / onnxruntime {html.escape(str(env.get('onnxruntime', '')))}</td>"
+            f"<td>{s.get('ok', 0)}</td><td>{s.get('mismatch', 0)}</td><td>{s.get('failed', 0)}</td><td>{link}</td></tr>"
+        )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>mtplab results</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 12px;text-align:left}</style></head><body>"
+        "<h1>mtplab sweeps</h1><table><tr><th>sweep</th><th>finished</th><th>environment</th><th>ok</th>"
+        "<th>mismatch</th><th>failed</th><th></th></tr>" + "".join(rows) + "</table></body></html>"
+    )
+    path = root / "index.html"
+    write_atomic(path, page)
+    return path

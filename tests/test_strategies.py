@@ -1,0 +1,102 @@
+"""Strategies are registered objects: a commit strategy, a drafter and an acceptance rule of a user's own
+(tests/toy_strategies.py, which touches nothing in mtplab/) run through run_point with its lossless check,
+grid validation, a sweep and its report."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import synthetic_calibration
+
+from mtplab.engine.strategies import COMMITS, DRAFTERS, PLUGINS_ENV, Registry
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.point import run_point
+from mtplab.report.publish import make_report
+from mtplab.sweep import grid, store
+from mtplab.sweep.run import run_sweep
+
+TESTS = Path(__file__).resolve().parent
+TOY = dict(model="tiny", k=3, drafter="copy-reference", commit="readvance-eager", tokens=24, rounds=1)
+
+
+@pytest.fixture
+def toys(monkeypatch):
+    """The toy strategies registered for one test, in this process and (as a plugin) in the ones it starts."""
+    monkeypatch.setenv(PLUGINS_ENV, "toy_strategies")
+    monkeypatch.setenv("PYTHONPATH", f"{TESTS}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    module = importlib.import_module("toy_strategies")
+    yield module
+    module.unregister()
+    sys.modules.pop("toy_strategies", None)
+
+
+def test_a_registry_refuses_a_taken_name_and_names_what_is_registered():
+    reg = Registry("widget")
+    reg.register(type("W", (), {"name": "a"})())
+    with pytest.raises(ValueError, match="a widget named 'a' is already registered"):
+        reg.register(type("W", (), {"name": "a"})())
+    with pytest.raises(ValueError, match=r"unknown widget 'b': registered are \['a'\]"):
+        reg.get("b")
+    assert list(reg) == ["a"] and "a" in reg and reg.find("b") is None
+
+
+def test_toy_strategies_run_lossless_and_the_acceptance_rule_decides_what_is_kept(tiny, toys):
+    calibration = synthetic_calibration(1e-4)
+    kept_one = run_point(RunConfig(**TOY, acceptance="first-only"), tiny, calibration=calibration)
+    assert kept_one.lossless and kept_one.identity["token_identical"], kept_one.verdict
+    assert kept_one.identity["state_bitwise"]  # the toy commit says bitwise: held to it
+    first, second = kept_one.acceptance_per_position[:2]  # P(accepted >= 1), P(accepted >= 2)
+    assert first == 1.0 and second == 0.0  # perfect drafts, one kept a step
+    assert kept_one.tokens_per_step == 3.0  # decode + one kept draft + bonus
+    assert "mtp/M=1" not in kept_one.forwards  # the drafter runs no head, and the audit expected none
+    assert not kept_one.predicted and "none" in kept_one.theory["alpha_source"]
+    all_kept = run_point(RunConfig(**TOY), tiny, calibration=calibration)
+    assert all_kept.lossless and all_kept.acceptance_per_position == [1.0, 1.0, 1.0]  # greedy-match keeps all
+
+
+def test_a_toy_commit_that_breaks_its_promise_is_caught(tiny, toys, monkeypatch):
+    monkeypatch.setattr(toys.ReadvanceEager, "forwards", lambda self, accepted: {})
+    r = run_point(RunConfig(**TOY), tiny, calibration=synthetic_calibration(1e-4))
+    assert not r.lossless and "its forwards are not what" in r.verdict
+
+
+def test_grids_validate_toy_names_and_a_drafters_parameters(toys):
+    spec = grid.parse({"model": ["tiny"], "drafter": ["copy-reference"], "commit": ["readvance-eager", "select"],
+                       "acceptance": ["first-only"], "tokens": [16]})
+    assert sorted(p.id for p in spec.points) == [
+        "tiny-k3-copy-reference-sibling-pinned-readvance-eager-decode-verify-t16-s0-r0-acc-first-only",
+        "tiny-k3-copy-reference-sibling-pinned-select-decode-verify-t16-s0-r0-acc-first-only",
+    ]
+    with pytest.raises(ValueError, match=r"unknown commit 'nope': allowed values are \[.*'readvance-eager'"):
+        grid.parse({"model": ["tiny"], "commit": ["nope"]})
+    with pytest.raises(ValueError, match="alpha=0.5 with drafter='copy-reference': alpha belongs to the oracle"):
+        grid.parse({"model": ["tiny"], "drafter": ["copy-reference"], "alpha": [0.5]})
+    # a drafter parameter in `defaults` applies where the drafter takes it only
+    mixed = grid.parse({"defaults": {"alpha": 0.6}, "model": ["tiny"], "drafter": ["copy-reference", "oracle"]})
+    assert sorted(p.run.alpha for p in mixed.points) == [0.6, RunConfig().alpha]
+
+
+def test_a_sweep_of_a_builder_folder_and_a_preset_with_toy_strategies_reports_both(tmp_path, tiny, toys):
+    fixture = TESTS / "data" / "builder-tiny"
+    spec = grid.parse({
+        "name": "models",
+        "defaults": {"tokens": 24, "rounds": 1, "k": 2},
+        "grids": [{"model": [str(fixture)], "drafter": ["oracle"], "alpha": [0.7]},
+                  {"model": ["tiny"], "drafter": ["copy-reference"], "commit": ["readvance-eager"]}],
+    })
+    assert sorted(p.id.split("-")[0] for p in spec.points) == ["builder", "tiny"]  # builder-tiny-k2-..., tiny-k2-...
+    sweep_dir = run_sweep(spec, tmp_path, quiet=True)
+    df = store.load(sweep_dir)
+    assert sorted(df.model_name) == ["builder-tiny", "tiny"] and (df.status == "ok").all() and df.lossless.all()
+    assert set(json.loads((sweep_dir / "calibration.json").read_text())) == {"builder-tiny", "tiny"}
+    html = make_report(sweep_dir).read_text()
+    assert "Model <code>builder-tiny</code>" in html and "Model <code>tiny</code>" in html
+    assert "readvance-eager" in html and "copy-reference" in html
+
+
+def test_the_builtin_strategies_are_registered():
+    assert set(COMMITS) == {"readvance-m1", "readvance-batched", "select"} and set(DRAFTERS) == {"mtp", "oracle"}
