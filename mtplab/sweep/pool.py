@@ -59,8 +59,9 @@ class LocalPool:
         self.pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        # Spawned, not forked: a fork copies locks that the parent's threads (onnxruntime's, Ray's) may hold,
-        # and a forked worker can wait on one forever. A spawned worker is the sweep's own child (die_with_parent).
+        # Spawned, not forked: a fork copies locks that the parent's other threads (numpy's BLAS, onnxruntime's
+        # pools, Ray's and gRPC's) may hold at that moment, and a forked worker can wait on one forever (seen after
+        # Ray ran in the process). A spawned worker starts clean, a second or two later, as the sweep's own child.
         return ProcessPoolExecutor(max_workers=self.workers, initializer=die_with_parent, initargs=(os.getpid(),),
                                    mp_context=multiprocessing.get_context("spawn"))
 
