@@ -27,17 +27,17 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.8)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--policy", default="sibling-pinned")
-    ap.add_argument("--preset", default="small")
+    ap.add_argument("--model", default="small", help="a preset name or a builder output folder")
     ap.add_argument("--backend", default="cpu", help="cpu, or cuda (CUDA graphs, the fp16 build)")
     args = ap.parse_args()
-    art = model_for(RunConfig(model=args.preset, backend=args.backend))
+    art = model_for(RunConfig(model=args.model, backend=args.backend))
     combos = list(itertools.product(SCHEDULES, COMMITS, args.ks))
     engines = {}
     rows: dict[tuple, list] = {c: [] for c in combos}
     for _ in range(args.rounds):
         for sched, commit, k in combos:
             run = RunConfig(
-                preset=args.preset,
+                model=args.model,
                 k=k,
                 drafter="oracle",
                 alpha=args.alpha,

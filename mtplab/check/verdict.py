@@ -32,16 +32,18 @@ class StateRule:
         return ("bitwise" if self.bitwise else f"relative {self.rtol:g}") + f": {self.why}"
 
 
-def state_rule(commit: str, precision: str, same_device: bool) -> StateRule:
-    """The guarantee a commit strategy (its registered `bitwise` and `why`), or "greedy" decoding, gives on this
-    backend and precision.
+def state_rule(commit: str | None, precision: str, same_device: bool) -> StateRule:
+    """The guarantee a commit strategy (its registered `bitwise` and `why`), or greedy decoding itself (None),
+    gives on this backend and precision.
 
     Bitwise where the run and the reference execute the same M=1 kernels on the same device
     (readvance-m1, greedy); a relative tolerance wherever rounding legitimately differs.
     """
     rtol = STATE_RTOL[precision]
-    bitwise, why = (True, "advances one token at a time with the reference's kernels") if commit == "greedy" else (
-        COMMITS.get(commit).bitwise, COMMITS.get(commit).why)
+    strategy = COMMITS.get(commit) if commit is not None else None
+    bitwise, why = (strategy.bitwise, strategy.why) if strategy else (True, "advances one token at a time with the "
+                                                                             "reference's kernels")
+    commit = commit or "greedy"
     if bitwise and same_device:
         return StateRule(True, 0.0, f"{commit} {why}, on the same device")
     if bitwise:

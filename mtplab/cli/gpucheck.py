@@ -190,7 +190,7 @@ def _format(row: dict) -> str:
         return head + f"ERROR in op {row['op'] or '(not named)'}: {row['error']}"
     s = row["slots"]
     return head + (
-        f"{'dv' if row['schedule'] == 'decode-verify' else 'fu':5} "
+        f"{row['schedule'][:5]:5} "
         f"{row['greedy_tok_s']:12.1f} {row['spec_tok_s']:11.1f} {row['speedup']:7.2f}x  {str(row['identical']):9}  "
         f"{_c(s['primary']):15}  {_c(s['verify']):14}  {_c(s['mtp'])}"
     )

@@ -12,7 +12,7 @@
   graph of its own). The conv carry is the last (kernel-1) rows of [carry, conv inputs of the accepted tokens].
 
 A strategy is an object in `mtplab.engine.strategies.COMMITS`; a new one subclasses CommitStrategy
-and registers itself (see tests/test_strategies.py).
+and registers itself (tests/toy_strategies.py has one written outside mtplab).
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ class Select(CommitStrategy):
     summary = "keep the verify's state for the accepted prefix (GatedDeltaNet transitions or LinearAttention replayed)"
 
     def refusal(self, desc):
-        return None if desc.select else f"commit='select' cannot run on {desc.name}: {desc.select_refused}"
+        return None if desc.select else (f"commit='select' cannot run on {desc.name}: "
+                                         f"{desc.select_refused or 'its graphs give select nothing to replay'}")
 
     def prepare(self, engine):
         apply = select_commit(engine.desc, engine.device)

@@ -44,7 +44,7 @@ class MtpDrafter:
     def draft(self, first, hidden, position: int, k: int):
         """k draft tokens following `first` (an int or a device scalar) and its target hidden state.
 
-        Stays on the device: each draft's argmax feeds the next head step, and the k drafts come
+        Stays on the device: each draft (the acceptance rule's draft_token, argmax by default) feeds the next head step, and the k drafts come
         back as a device array [k] (int64); nothing here waits for the device.
         """
         io = self.desc.mtp

@@ -28,13 +28,14 @@ def load_plugins() -> list[str]:
     global _plugins_loaded
     if _plugins_loaded:
         return []
-    _plugins_loaded = True
+    _plugins_loaded = True  # before the imports: a plugin that reads a registry while it loads does not recurse
     names = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
-    names += [ep.value for ep in metadata.entry_points(group=PLUGINS_GROUP)]
+    names += [ep.module for ep in metadata.entry_points(group=PLUGINS_GROUP)]
     for name in names:
         try:
             importlib.import_module(name)
         except ImportError as err:
+            _plugins_loaded = False  # every later read says so again, rather than "unknown strategy"
             raise ImportError(f"{PLUGINS_ENV} / {PLUGINS_GROUP} names {name!r}, which does not import: {err}") from err
     return names
 
@@ -65,7 +66,8 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except (KeyError, TypeError):
-            raise ValueError(f"unknown {self.kind} {name!r}: registered are {list(self.names())}") from None
+            raise ValueError(f"unknown {self.kind} {name!r}: registered are {list(self.names())} (strategies of your "
+                             f"own: a module that registers them, named in ${PLUGINS_ENV})") from None
 
     def find(self, name: str) -> T | None:
         """The strategy registered as `name`, or None (a stored result may name one this process lacks)."""

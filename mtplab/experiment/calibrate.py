@@ -52,8 +52,9 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
-    """What a calibration is valid for: model (a preset name or a folder), machine, threads, onnxruntime and
-    how many repeats measured it."""
+    """What a calibration is valid for: model (a preset name or a folder), machine, threads, onnxruntime, the
+    commit strategies registered (a new one is measured, not missing from a cached table) and how many repeats
+    measured it."""
     import onnxruntime
 
     return {
@@ -62,6 +63,7 @@ def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
         "machine": f"{platform.node()} / {_cpu_name()}",
         "threads": threads,
         "onnxruntime": onnxruntime.__version__,
+        "commits": sorted(COMMITS.names()),
         **({} if repeats == REPEATS else {"repeats": repeats}),
     }
 

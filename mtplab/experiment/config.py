@@ -6,7 +6,8 @@ and its command-line form. The `mtplab run` options (`mtplab.cli.main`), the swe
 point ids (`mtplab.sweep.grid`), the report's parameter tables and the parameters of
 notebooks/run_point.ipynb are derived from the fields, so a new field appears in all of them. The
 strategy fields (commit, drafter, schedule, acceptance) take the names registered in
-`mtplab.engine.strategies`; a drafter's own parameters (the oracle's alpha) are refused with any other.
+`mtplab.engine.strategies`; a drafter's own parameters (the oracle's alpha), set away from their defaults,
+are refused with any other drafter (the command line and grids refuse them given at all).
 """
 
 from __future__ import annotations
@@ -288,7 +289,7 @@ def run_problems(values: dict) -> list[str]:
     """Every problem with a RunConfig's field values (defaults for the missing ones), each naming the field."""
     unknown = sorted(set(values) - {f.name for f in fields()})
     if unknown:
-        return [f"unknown RunConfig fields {unknown}"]
+        return [f"unknown RunConfig fields {unknown} (the fields are {[f.name for f in fields()]})"]
     cfg = defaults() | values
     problems = [p for name, value in cfg.items() if (p := field_problem(name, [value]))]
     if problems:  # the checks across fields need valid fields

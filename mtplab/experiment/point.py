@@ -71,7 +71,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, checked
     """
     audit = Audit(
         engine, n, len(prompt), checked.greedy.tokens, checked.spec_trace, checked.spec_state, checked.greedy_state,
-        oracle.state_rule("greedy", engine.desc.precision, engine.device.name == "cpu"),
+        oracle.state_rule(None, engine.desc.precision, engine.device.name == "cpu"),
         oracle.STATE_RTOL[engine.desc.precision],
     )
     samples, split, accepted, generated = [], {}, [], 0

@@ -273,7 +273,7 @@ def time_split(df: pd.DataFrame):
     alphas = ", ".join(f"{a:g}" for a in sorted(s.alpha.unique()))
     ax.set_xticks(range(len(table)), [f"{c}\n({counts[c]} point{'s' if counts[c] > 1 else ''})" for c in table.index])
     ax.set_xlabel(f"commit strategy (each bar: the mean over its points, alpha {alphas})")
-    ax.set_title(f"Step time split (k={k}, policy={s.policy.iloc[0]}, decode-verify)")
+    ax.set_title(f"Step time split (k={k}, policy={s.policy.iloc[0]}, {SCHEDULE})")
     ax.legend(title="phase", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig

@@ -12,6 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mtplab.engine.strategies import PLUGINS_ENV
+
 INSTALL_HINT = "the ray executor needs Ray: pip install 'mtplab[cluster]' (or: pip install 'ray>=2.9')"
 WORKER_RETRIES = 2  # a worker that dies (not a point that raises) is retried this many times
 
@@ -64,14 +66,17 @@ class RayPool:
         self.resources = dict(resources or {})
         self.started_here = not ray.is_initialized()
         if self.started_here:
+            # Strategies a plugin registers reach the points: every task imports the same plugin modules.
+            env = {"env_vars": {PLUGINS_ENV: os.environ[PLUGINS_ENV]}} if os.environ.get(PLUGINS_ENV) else None
             if address:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False, runtime_env=env)
             else:
                 ray.init(
                     num_cpus=os.cpu_count(),
                     include_dashboard=False,
                     log_to_driver=False,
                     _temp_dir=_short_temp_dir(sweep_dir / ".ray"),
+                    runtime_env=env,
                 )
         self.cancelled, self.running = False, {}
         self.task = ray.remote(max_retries=WORKER_RETRIES, retry_exceptions=False)(run_point_task)
