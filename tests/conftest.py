@@ -37,6 +37,13 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def small():
+    """Built by `mtplab model build` in a process of its own (one thread pool for its thousands of reference
+    forwards, as the command gives it), then loaded from the session's cache."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "mtplab", "model", "build", "--preset", "small"], check=True,
+                   capture_output=True)
     return build_model(preset("small"))
 
 

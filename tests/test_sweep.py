@@ -63,14 +63,6 @@ def test_a_small_sweeps_report_stands_alone_with_no_empty_panel(smoke):
     assert "11.0" not in html  # counters are integers
 
 
-def test_a_relative_results_folder_works(tmp_path, tiny, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    spec = grid.parse({"name": "rel", "defaults": {"model": "tiny", "tokens": 8}, "k": [1]})
-    sweep_dir = run_sweep(spec, "results", quiet=True)
-    assert (tmp_path / "results" / "rel" / "points" / spec.points[0].id / "result.json").exists()
-    assert (store.load(sweep_dir).status == "ok").all()
-
-
 def test_resume_runs_nothing_when_finished(smoke):
     before = {p.name: p.stat().st_mtime_ns for p in (smoke / "points").iterdir()}
     run_sweep(grid.load(preset="smoke"), smoke.parent, resume=True, quiet=True)
@@ -243,10 +235,14 @@ def test_a_point_that_fails_its_lossless_check_is_a_mismatch_and_fails_the_sweep
     assert main(args + ["--resume", "--allow-mismatch"]) == 0
 
 
-def test_a_failing_point_is_recorded_and_the_sweep_completes(tmp_path, tiny, monkeypatch, failing_notebooks):
+def test_a_failing_point_is_recorded_and_the_sweep_completes_in_a_relative_results_folder(
+        tmp_path, tiny, monkeypatch, failing_notebooks):
     spec = grid.parse({"name": "mixed", "defaults": {"model": "tiny", "tokens": 16}, "k": [1, 2]})
     monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(failing_notebooks))
-    sweep_dir = run_sweep(spec, tmp_path / "results", quiet=True)
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = run_sweep(spec, "results", quiet=True)
+    assert sweep_dir == tmp_path / "results" / "mixed"
+    assert (sweep_dir / "points" / spec.points[0].id / "result.json").exists()
     df = store.load(sweep_dir)
     assert sorted(df.status) == ["failed", "ok"]
     failed = df[df.status == "failed"].iloc[0]

@@ -11,8 +11,11 @@ from mtplab.experiment.config import BACKENDS, RunConfig
 
 
 def _model_build(args) -> int:
+    from mtplab.base.threads import use_global_pool
     from mtplab.model import build_model, preset
 
+    if args.own_process:  # the build's reference runs thousands of forwards alone: one pool, spinning as default
+        use_global_pool(0)
     try:
         cfg = preset(args.preset, weight_format="int4" if args.int4 else "fp32", dtype=args.dtype)
         art = build_model(cfg, out=args.out, force=args.force)
