@@ -159,3 +159,12 @@ def test_a_result_records_its_run_and_reads_back(tiny):
     assert d["theory"]["tokens_per_step"] == pytest.approx(theory.tokens_per_step(alpha, 2, run.schedule))
     assert set(d["slots"]) == {"primary", "verify", "mtp"} and d["slots"]["verify"]["replays"] > 0
     assert d["env"]["provider"] == "CPUExecutionProvider"
+
+
+def test_a_reference_too_short_for_the_oracles_last_drafts_is_refused_before_the_run(tiny):
+    engine = Engine(RunConfig(model="tiny", k=3, drafter="oracle", alpha=0.7, tokens=16), tiny)
+    prompt = engine_mod.prompt_tokens(tiny.config.vocab_size, 8, 0)
+    reference = engine.greedy(prompt, 16).tokens
+    with pytest.raises(ValueError, match=r"needs its first 20 tokens \(n \+ k \+ 1\), got 16"):
+        engine.speculative(prompt, 16, reference=reference)
+    assert engine.speculative(prompt, 16, reference=engine.greedy(prompt, 20).tokens)["tokens"][:16] == reference

@@ -244,6 +244,13 @@ class Engine:
             raise ValueError(f"the {kind.name} drafter needs the greedy reference tokens")
         return kind.build(self, reference)
 
+    def _check_reference(self, reference: list[int] | None, n: int) -> None:
+        """A reference-reading drafter reads up to k + 1 tokens past the n a run makes (its last step's drafts)."""
+        need = n + self.k + 1
+        if DRAFTERS.get(self.run_cfg.drafter).needs_reference and reference is not None and len(reference) < need:
+            raise ValueError(f"the {self.run_cfg.drafter} drafter drafts from the greedy reference: a run of {n} tokens "
+                             f"at k={self.k} needs its first {need} tokens (n + k + 1), got {len(reference)}")
+
     def speculative(
         self, prompt: list[int], n: int, reference: list[int] | None = None, on_commit: Callable | None = None
     ) -> dict:
@@ -253,6 +260,7 @@ class Engine:
         compares the committed state there; timed runs pass nothing). The schedule's step
         function (mtplab.engine.schedules) does one draft-verify-accept-commit round.
         """
+        self._check_reference(reference, n)
         drafter = self.drafter(reference)
         out = self.start(prompt)
         emitted = [int(self.device.read(self.acceptance.token(self.xp, out["logits"][0, -1])))]
