@@ -142,6 +142,7 @@ class Engine:
         self._handoff = None  # the step's hidden-state block from the shared pool, given back at end_step
         self.last_hidden = self.main.reserve("last_hidden", (desc.hidden_size,), np.float32)
         self._verify_start = 0
+        self._prepared: dict = {}  # each commit strategy's prepared commit, by name
         self.use_commit(run.commit)
 
     # -- the run's strategies ------------------------------------------------------------------
@@ -159,7 +160,9 @@ class Engine:
         strategy = COMMITS.get(name)
         if problem := strategy.refusal(self.desc):
             raise ValueError(problem)
-        self.commit_strategy, self._commit = strategy, strategy.prepare(self)
+        if name not in self._prepared:  # prepared once per engine (select's replay graph is a session of its own)
+            self._prepared[name] = strategy.prepare(self)
+        self.commit_strategy, self._commit = strategy, self._prepared[name]
 
     # -- forwards ------------------------------------------------------------------------------
     def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:
