@@ -150,8 +150,6 @@ def _run_config(args) -> tuple[RunConfig | None, list[str]]:
     """The run's RunConfig, or every problem with the options at once."""
     given, problems = given_options(args)
     values = config.defaults() | given
-    if unknown := sorted(set(values) - set(config.defaults())):
-        return None, [f"unknown RunConfig fields {unknown}"]
     try:
         run = RunConfig(**values)
     except config.ConfigError as err:

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from mtplab.base.names import canonical
+from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription
 from mtplab.runtime.arena import array_module
@@ -30,9 +31,10 @@ class Drafter(Protocol):
 class MtpDrafter:
     """Chained drafting with the MTP head: (next token, hidden) -> logits, head hidden -> next draft."""
 
-    def __init__(self, desc: ModelDescription, executor: Executor, state: MtpState, forwards: dict, choose=None):
+    def __init__(self, desc: ModelDescription, executor: Executor, state: MtpState, forwards: dict,
+                 choose=GREEDY_MATCH.draft_token):
         self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
-        self.choose = choose  # the acceptance rule's draft_token(xp, row); None: argmax
+        self.choose = choose  # the acceptance rule's draft_token(xp, row)
 
     def prefill(self, tokens: list[int], hidden) -> None:
         """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j."""
@@ -49,7 +51,7 @@ class MtpDrafter:
         """
         io = self.desc.mtp
         xp = array_module(self.state.kv[0])
-        pick = self.choose or _argmax
+        pick = self.choose
         drafts = xp.empty(k, dtype=np.int64)
         token = first
         for i in range(k):
@@ -60,10 +62,6 @@ class MtpDrafter:
             hidden = out[io.hidden][0, 0]
             drafts[i] = token
         return drafts
-
-
-def _argmax(xp, row):
-    return row.argmax() if xp is np else xp.argmax(row)
 
 
 class OracleDrafter:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mtplab.engine import commits, drafters, schedules  # noqa: F401 - the built-in strategies register
 from mtplab.engine.acceptance import top2_margin_xp
 from mtplab.engine.drafters import Drafter, MtpDrafter
 from mtplab.engine.schedules import Phases

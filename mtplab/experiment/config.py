@@ -219,13 +219,13 @@ class RunConfig:
 
 
 def upgrade(values: dict) -> dict:
-    """Stored RunConfig fields in today's names: an older `preset` (with `model` empty: the preset) becomes `model`."""
-    values = dict(values)
-    if "preset" in values:
-        preset = values.pop("preset")
-        if not values.get("model"):
-            values["model"] = preset
-    return values
+    """Stored RunConfig fields in today's names, in their order: an older `preset` becomes `model` where `model` is
+    empty or absent, and is dropped where `model` names the model."""
+    if "preset" not in values:
+        return dict(values)
+    named = bool(values.get("model"))
+    return {("model" if k == "preset" else k): v for k, v in values.items()
+            if k != ("preset" if named else "model")}
 
 
 def fields() -> tuple[dataclasses.Field, ...]:

@@ -32,23 +32,34 @@ def per_model(figure, ok: pd.DataFrame, *args):
     names = selection.models(ok)
     if len(names) <= 1:
         return figure(ok, *args)
-    import matplotlib.pyplot as plt
-    from IPython.display import display
     from IPython.utils.capture import capture_output
 
     for name in names:
         with capture_output(stdout=False, stderr=False) as shown:  # the recipe's caption, if it draws at all
             fig = figure(ok[ok.model_name == name], *args)
-        empty = fig is None or (isinstance(fig, pd.DataFrame) and fig.empty)
+        empty = _empty(fig)
         if empty and not shown.outputs:
             continue
         _markdown(f"**Model `{name}`**")
         shown.show()
         if not empty:
-            display(fig)  # a figure or a table
-            if hasattr(fig, "savefig"):
-                plt.close(fig)
+            _display(fig)
     return None
+
+
+def _empty(fig) -> bool:
+    """A recipe drew nothing: no figure, or an empty table."""
+    return fig is None or (isinstance(fig, pd.DataFrame) and fig.empty)
+
+
+def _display(fig) -> None:
+    """Show a figure or a table in the notebook's output, now (a figure is closed after)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    display(fig)
+    if hasattr(fig, "savefig"):
+        plt.close(fig)
 
 
 def speedup_vs_alpha(ok: pd.DataFrame):
@@ -139,11 +150,6 @@ STANDARD = (speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, s
 
 def show(figure, ok: pd.DataFrame, *args) -> None:
     """Show one figure for every model of the sweep (per_model), in the notebook's output, in order."""
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
     fig = per_model(figure, ok, *args)
-    if fig is not None and not (isinstance(fig, pd.DataFrame) and fig.empty):
-        display(fig)
-        if hasattr(fig, "savefig"):
-            plt.close(fig)
+    if not _empty(fig):
+        _display(fig)

@@ -162,7 +162,7 @@ def _upgrade(source: dict) -> tuple[dict, list[str]]:
         if "model" in d:
             problems.append(f"preset and model in {where}: name the model once (model takes a preset name or a folder)")
             return d
-        return {("model" if k == "preset" else k): v for k, v in d.items()}
+        return config.upgrade(d)
 
     out = level("the spec", source)
     if "defaults" in out:
