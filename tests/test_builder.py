@@ -258,6 +258,48 @@ def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):
     assert "exceeds model's KV capacity 64 (allowed: tokens <= 52)" in capsys.readouterr().err
 
 
+def test_a_graph_reading_a_tensor_nothing_produces_is_refused_naming_it(copy):
+    """What the builder writes for its MultiHeadAttention exports (fp16 -e cpu, fp32 -e cuda, ...)."""
+    model = onnx.load(str(copy / "model.onnx"), load_external_data=False)
+    model.graph.node.append(onnx.helper.make_node("Shape", ["past_key_values.0.key"], ["shape_out"], name="reads_layer_0"))
+    onnx.save(model, str(copy / "model.onnx"))
+    with pytest.raises(ValueError, match=r"model\.onnx is not a valid graph: node reads_layer_0 reads "
+                                         r"'past_key_values\.0\.key'.*MultiHeadAttention exports"):
+        open_builder(copy)
+
+
+@pytest.fixture(scope="module")
+def fp16_logits(tmp_path_factory):
+    """The fixture with its logits cast to float16 (what onnxruntime-genai's MtpGenerator needs on the CPU)."""
+    from mtplab.experiment.genai_builder import _cast_logits
+
+    folder = tmp_path_factory.mktemp("fp16-logits") / "builder-fp16-logits"
+    shutil.copytree(FIXTURE, folder)
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    onnx.save(_cast_logits(model, "logits"), str(folder / "model.onnx"))
+    return open_builder(folder)
+
+
+def test_float16_logits_beside_float32_states_are_read_and_run_losslessly(fp16_logits):
+    t = fp16_logits.description.target
+    assert (t.logits_type, t.hidden_type, {kv.dtype for kv in t.kv}) == (np.float16, np.float32, {"float32"})
+    assert "logits: logits (float16); hidden state for the head: hidden_states (float32)" in inspect_text(fp16_logits)
+    *_, ok, verdict = _checked(fp16_logits, _run(k=3, commit="select"))
+    assert ok, verdict
+
+
+def test_bfloat16_graphs_are_refused_before_any_session_with_the_reason(builder):
+    import dataclasses
+
+    from mtplab.engine.engine import check_run_on_model
+
+    desc = builder.description
+    bf16 = dataclasses.replace(desc, target=dataclasses.replace(desc.target, dtype="bfloat16"))
+    with pytest.raises(ValueError, match=r"computes in bfloat16 \(activations, logits\).*build the model with -p fp16"):
+        check_run_on_model(_run(model=str(FIXTURE)), bf16)
+    check_run_on_model(_run(model=str(FIXTURE)), desc)
+
+
 def test_int4_belongs_to_presets_not_folders():
     with pytest.raises(ValueError, match="int4=True with a model folder"):
         RunConfig(model=str(FIXTURE), int4=True)

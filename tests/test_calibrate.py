@@ -11,29 +11,36 @@ from mtplab.engine.strategies import COMMITS
 from mtplab.experiment import calibrate
 from mtplab.measure import theory
 
+REFUSED = "the form of this model gives select nothing to replay (a test double's refusal)"
+
 
 @pytest.fixture(scope="module")
 def calib(tiny):
-    return calibrate.measure("tiny", repeats=2, reps=2, acceptance_tokens=24)
+    """tiny's calibration with select refused, as a model whose form select cannot replay refuses it (the run
+    that starts the calibration's engine must not be select's)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(COMMITS.get("select"), "refusal", lambda desc: REFUSED)
+        return calibrate.measure("tiny", repeats=2, reps=2, acceptance_tokens=24)
 
 
 def test_calibration_has_every_cost_the_prediction_needs(calib):
     assert list(calib["target"]) == [str(m) for m in range(1, 9)]
     assert all(v > 0 for v in calib["target"].values()) and calib["head"] > 0
-    assert set(calib["commit"]) == set(COMMITS)
+    assert set(calib["commit"]) == set(COMMITS) - {"select"} and calib["commits_skipped"] == {"select": REFUSED}
     assert all(list(c) == [str(n) for n in range(1, 9)] for c in calib["commit"].values())
     assert 0.0 <= calib["mtp_acceptance"]["alpha"] <= 1.0
     assert all(lo <= hi for lo, hi in calib["ci"].values())
     assert list(calib["eager"]) == list(calib["target"]) and list(calib["draft"]) == [str(k) for k in range(1, 8)]
     assert calib["greedy_token"] > 0 and len(calib["load"]) == 2
     for k in (1, 4, 7):
-        for commit in COMMITS:
+        for commit in calib["commit"]:
             assert theory.predict(0.7, k, "fused", commit, calib)["speedup"] > 0
 
 
 def test_the_table_names_each_cost(calib):
     text = calibrate.format_table(calib)
-    assert "T(M)/T(1)" in text and "head step" in text and "commit select" in text and "alpha" in text
+    assert "T(M)/T(1)" in text and "head step" in text and "commit readvance-m1" in text and "alpha" in text
+    assert f"commit select            not measured: {REFUSED}" in text
     assert "eager/T(M)" in text and "draft phase k=1..7" in text and "greedy per token" in text
 
 

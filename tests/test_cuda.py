@@ -11,7 +11,7 @@ from mtplab.engine.acceptance import accepted_count
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
-from mtplab.model.graph import replay_transitions, replay_transitions_xp, split_transitions
+from mtplab.model.graph import replay_transitions, replay_transitions_xp, transition_layout
 from mtplab.runtime import cuda
 from mtplab.runtime.arena import Arena, address
 from mtplab.runtime.device import Device
@@ -173,13 +173,13 @@ def test_device_side_acceptance_matches_the_host_rule():
 
 
 def test_device_state_replay_matches_select(tiny):
-    cfg = tiny.config
+    t = transition_layout(tiny.config)
     rng = np.random.default_rng(1)
-    flat = rng.standard_normal((1, cfg.transition_capacity * cfg.transition_width)).astype(np.float32)
-    state = rng.standard_normal((1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k)).astype(np.float32)
+    flat = rng.standard_normal((1, t.capacity * t.width)).astype(np.float32)
+    state = rng.standard_normal((1, t.value_heads, t.value_dim, t.key_dim)).astype(np.float32)
     host, device = state.copy(), state[0].copy()
-    replay_transitions(cfg, host, flat, 5)
-    replay_transitions_xp(np, device, *split_transitions(cfg, flat), 5, cfg.gdn_value_heads // cfg.gdn_key_heads)
+    replay_transitions(t, host, flat, 5)
+    replay_transitions_xp(np, device, *t.split(flat), 5, t.value_heads // t.key_heads)
     np.testing.assert_array_equal(host[0], device)
 
 

@@ -70,7 +70,7 @@ def test_a_skipped_restore_is_caught_at_the_first_commit(tiny, commit, monkeypat
 
 def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch):
     real = commit_ops.rebuild_conv
-    monkeypatch.setattr(commit_ops, "rebuild_conv", lambda state, inputs, n: real(state, inputs, n - 1))
+    monkeypatch.setattr(commit_ops, "rebuild_conv", lambda state, inputs, n, **kw: real(state, inputs, n - 1, **kw))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]

@@ -9,7 +9,7 @@ import pytest
 
 from mtplab.engine.commits import rebuild_conv
 from mtplab.model import ModelConfig, build_model, load_artifact, preset
-from mtplab.model.graph import replay_transitions
+from mtplab.model.graph import replay_transitions, transition_layout
 from mtplab.model.reference import ReferenceModel
 from mtplab.model.weights import target_weights
 
@@ -85,7 +85,7 @@ def test_transitions_replayed_for_any_prefix_give_the_state_of_running_it(tiny, 
             truth.forward(tokens[:j])
         for i in cfg.gdn_layer_ids:
             gdn, conv = base[i][0].copy(), base[i][1].copy()
-            replay_transitions(cfg, gdn, verify[f"gdn_transitions.{i}"], j)
+            replay_transitions(transition_layout(cfg), gdn, verify[f"gdn_transitions.{i}"], j)
             rebuild_conv(conv, verify[f"conv_input.{i}"], j)
             # the verify's M=5 forward (attention at layer 1 included) rounds the conv inputs of later layers
             # apart from an M=j forward's by a few float32 ulps

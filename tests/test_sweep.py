@@ -363,3 +363,16 @@ def test_a_sweep_naming_a_broken_builder_folder_is_refused_before_any_point(tmp_
     with pytest.raises(ValueError, match=r"missing file model\.onnx\.data"):
         run_sweep(spec, tmp_path / "results", quiet=True)
     assert not (tmp_path / "results" / "broken").exists()
+
+
+def test_a_point_whose_commit_the_model_refuses_is_refused_before_any_point_with_the_reason(tmp_path, monkeypatch):
+    from mtplab.engine.strategies import COMMITS
+
+    # a test double's refusal, as a folder whose form select cannot replay refuses it
+    monkeypatch.setattr(COMMITS.get("select"), "refusal", lambda desc: "select refused for this test")
+    folder = str(Path(__file__).parent / "data" / "builder-tiny-gdn")
+    spec = grid.parse({"name": "refused", "defaults": {"tokens": 16, "drafter": "oracle"}, "model": [folder],
+                       "commit": ["readvance-m1", "select"]})
+    with pytest.raises(ValueError, match=r"point builder-tiny-gdn-.*select.*: select refused for this test"):
+        run_sweep(spec, tmp_path / "results", quiet=True)
+    assert not (tmp_path / "results" / "refused").exists()

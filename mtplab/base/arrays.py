@@ -25,3 +25,13 @@ def array_module(a: Any) -> ModuleType:
 def to_numpy(a: Any) -> np.ndarray:
     """A host copy of a device array (waits for the device); host arrays pass through."""
     return a if array_module(a) is np else a.get()
+
+
+def dtype_of(name: str) -> np.dtype:
+    """The numpy dtype of a tensor element type name ("float32", "float16", "bfloat16", ...); numpy has no
+    bfloat16 of its own, so it comes from ml_dtypes (which onnx already depends on)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

@@ -14,10 +14,14 @@ from mtplab.engine.strategies import COMMITS
 # fp32 1e-5: the M=k+1 verify (select) and the M=n re-advance (readvance-batched) round their matrix products
 # differently from M=1; measured worst over k = 1, 3, 6, both schedules, 96 tokens: 0 on the builder fixture,
 # 3.7e-7 on tiny (attention at layer 1 feeds later GatedDeltaNet layers), 8.2e-7 (state) and 6.6e-7 (KV) on small. A 1e-5 relative drift per commit is over it after 2 commits.
-# fp16: a few fp16 ulps (2^-10). "int8": fp32 activations whose matmul inputs are rounded to int8 (MatMulNBits
-# accuracy_level 4, the builder's int4 export): a batched forward can move an input across a rounding step, and
-# the recurrent state carries it on (seen: 0.022 after 14 commits on a 6-layer int4 builder model).
-STATE_RTOL = {"fp32": 1e-5, "fp16": 4e-3, "int8": 5e-2}
+# fp16: fp16 activations round each layer's output to 2^-11 relative, and a batched forward rounds apart from M=1
+# by an ulp that later layers and the recurrent state carry on: measured worst over k = 1, 3, 6, both schedules,
+# 96 tokens, 2 seeds, every token identical: 2.6e-2 on the builder's GatedDeltaNet fp16 export run on the CPU
+# (tests/data/builder-tiny-gdn; readvance-batched and select alike). "int8": fp32 activations whose matmul
+# inputs are rounded to int8 (MatMulNBits accuracy_level 4, the builder's int4 export): a batched forward can
+# move an input across a rounding step, and the recurrent state carries it on (seen: 0.022 after 14 commits on a
+# 6-layer int4 builder model). A wrong commit moves the state by O(1) (seen: 1.4 and more).
+STATE_RTOL = {"fp32": 1e-5, "fp16": 5e-2, "int8": 5e-2}
 
 
 @dataclass(frozen=True)

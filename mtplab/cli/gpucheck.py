@@ -93,19 +93,18 @@ def kernel_check(cfg, backend: str) -> dict:
         return {"checked": False, "why": "the replay kernel is CUDA only; the CPU runs the numpy replay"}
     import cupy
 
-    from mtplab.model.graph import replay_transitions_xp, split_transitions
+    from mtplab.model.graph import replay_transitions_xp, transition_layout
     from mtplab.runtime.cuda import DeviceReplay
 
+    t = transition_layout(cfg)
     rng = np.random.default_rng(0)
-    flat = cupy.asarray(rng.random((1, cfg.transition_capacity * cfg.transition_width), dtype=np.float32))
-    state = cupy.asarray(
-        rng.standard_normal((1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k)).astype(np.float32)
-    )
-    worst, kernel = 0.0, DeviceReplay(cfg)
-    for n in range(1, cfg.transition_capacity + 1):
+    flat = cupy.asarray(rng.random((1, t.capacity * t.width), dtype=np.float32))
+    state = cupy.asarray(rng.standard_normal((1, t.value_heads, t.value_dim, t.key_dim)).astype(np.float32))
+    worst, kernel = 0.0, DeviceReplay(t)
+    for n in range(1, t.capacity + 1):
         a, b = state.copy(), state.copy()
         kernel(a, flat, n)
-        replay_transitions_xp(cupy, b[0], *split_transitions(cfg, flat), n, cfg.gdn_value_heads // cfg.gdn_key_heads)
+        replay_transitions_xp(cupy, b[0], *t.split(flat), n, t.value_heads // t.key_heads)
         worst = max(worst, float(cupy.abs(a - b).max()))
     return {"checked": True, "max_abs_diff": worst, "ok": worst <= 1e-5}
 

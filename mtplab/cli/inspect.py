@@ -43,15 +43,18 @@ def inspect_text(model, providers: list[str] | None = None) -> str:
     """The inspection report, as `mtplab model inspect` prints it."""
     desc: ModelDescription = model.description
     t, h = desc.target, desc.mtp
-    lines = [model.summary(), "", f"layers: {desc.layers_line()}"]
+    lines = [model.summary()]
+    if hasattr(model, "options"):
+        lines.append(f"builder options, as the folder tells them: {model.options()}")
+    lines += ["", f"layers: {desc.layers_line()}"]
     for i, kind in enumerate(desc.layer_kinds):
         lines.append(f"  layer {i}: {kind}")
     lines += ["", f"target graph {Path(desc.original_target or t.path).name}: inputs and outputs"]
     lines.append(f"  tokens: {t.input_ids}; lengths: {_lengths(t)}; positions: {_positions(t)}")
-    lines.append(f"  logits: {t.logits} ({t.dtype}); hidden state for the head: {t.hidden}")
+    lines.append(f"  logits: {t.logits} ({t.logits_type.name}); hidden state for the head: {t.hidden} ({t.hidden_type.name})")
     for kv in t.kv:
         lines.append(f"  KV layer {kv.layer}: {kv.past_key}/{kv.past_value} -> {kv.present_key}/{kv.present_value} "
-                     f"[1, {kv.heads}, capacity {desc.capacity}, {kv.head_dim}] (one buffer, past and present)")
+                     f"[1, {kv.heads}, capacity {desc.capacity}, {kv.head_dim}] {kv.dtype} (one buffer, past and present)")
     lines.append("state layouts:")
     for s in t.states:
         lines.append(f"  layer {s.layer} {s.kind}: {s.past} -> {s.present} {list(s.shape)} {s.dtype}, {s.layout} "

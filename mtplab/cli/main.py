@@ -265,6 +265,10 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class _EpilogFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    """_Formatter whose description and epilog keep their own lines."""
+
+
 def _help(text: str, choices=None) -> str:
     """An option's help with its choices; the formatter appends the default."""
     return text + (f" (choices: {', '.join(choices)})" if choices else "")
@@ -312,8 +316,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, help="output folder (required)")
     e.set_defaults(func=_export_genai)
 
+    from mtplab.model.builder import builder_forms_text
+
     i = model.add_parser(
-        "inspect", help="what mtplab finds in a model folder: layers, I/O, state layouts, commits, missing ops", **fmt
+        "inspect", help="what mtplab finds in a model folder: layers, I/O, state layouts, commits, missing ops",
+        epilog="onnxruntime-genai model builder forms (genai 0.18, onnxruntime 1.32, tried):\n" + builder_forms_text(),
+        formatter_class=_EpilogFormatter,
     )
     i.add_argument("folder", help="a folder the onnxruntime-genai model builder wrote, or a preset name")
     i.set_defaults(func=_model_inspect)

@@ -24,7 +24,7 @@ from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset
 from mtplab.model.config import capacity_problem, k_problem
 from mtplab.runtime.arena import to_numpy
-from mtplab.runtime.device import Device, device_for
+from mtplab.runtime.device import Device, backend_problem, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
 from mtplab.runtime.policy import policy, presize, slot_memory
 from mtplab.runtime.sessions import MtpState, TargetState, mtp_io, target_io
@@ -344,13 +344,29 @@ class Engine:
         self.state.length = start + len(consumed)
 
 
+def commits_on(desc) -> tuple[list[str], dict[str, str]]:
+    """The registered commit strategies this model runs, and {name: why} for those it refuses."""
+    refused = {c.name: why for c in COMMITS.values() if (why := c.refusal(desc)) is not None}
+    return [name for name in COMMITS.names() if name not in refused], refused
+
+
+def reference_run(run: RunConfig, desc) -> RunConfig:
+    """The run of an engine that only decodes greedily (a reference for another engine): k=1 and a commit the
+    model supports, whatever the run asks of its own engine."""
+    supported, _ = commits_on(desc)
+    commit = run.commit if run.commit in supported else (supported or [run.commit])[0]
+    return run.replace(engine="mtplab", k=1, commit=commit)
+
+
 def check_run_on_model(run: RunConfig, desc) -> None:
     """ValueError, before any session is made, if the run asks what the model cannot do."""
+    ours = run.engine == "mtplab"  # the peer engine has no commit, and no transitions to hold
     problems = [
         problem
         for problem in (
-            k_problem(run.k, desc.transition_capacity) if desc.transition_capacity else None,
-            COMMITS.get(run.commit).refusal(desc),
+            backend_problem(run.backend, desc),
+            k_problem(run.k, desc.transition_capacity) if ours and desc.transition_capacity else None,
+            COMMITS.get(run.commit).refusal(desc) if ours else None,
             capacity_problem(run.prompt_len, run.tokens, run.k, desc.capacity, f"{desc.name}'s KV capacity"),
         )
         if problem is not None

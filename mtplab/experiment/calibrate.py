@@ -85,14 +85,27 @@ def _median_time(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def _acceptance(model: str, tokens: int, threads: int) -> dict:
-    """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
-    from mtplab.engine.engine import Engine, model_for
+def _calibration_run(model: str, threads: int, **fields) -> tuple[RunConfig, object]:
+    """A RunConfig for measuring `model` with a commit it supports (the calibration measures every supported
+    commit itself; which one the engine starts with does not matter), and the opened model."""
+    from mtplab.engine.engine import commits_on, model_for
 
     art = model_for(RunConfig(model=model, threads=threads))
+    supported, refused = commits_on(art.description)
+    if not supported:
+        raise ValueError(f"{model_name(model)}: every commit strategy is refused: "
+                         + "; ".join(f"{n}: {why}" for n, why in refused.items()))
+    return RunConfig(model=model, threads=threads, commit=supported[0], **fields), art
+
+
+def _acceptance(model: str, tokens: int, threads: int) -> dict:
+    """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
+    from mtplab.engine.engine import Engine
+
+    run, art = _calibration_run(model, threads, k=ACCEPTANCE_K, drafter="mtp", rounds=1)
     # A model with a short context gets fewer tokens per prompt: prompt + tokens + verify headroom must fit.
     tokens = max(2, min(tokens, art.description.capacity - PROMPT_LEN - 2 * (ACCEPTANCE_K + 1)))
-    run = RunConfig(model=model, k=ACCEPTANCE_K, drafter="mtp", tokens=tokens, rounds=1, threads=threads)
+    run = run.replace(tokens=tokens)
     engine = Engine(run, art)
     counts: list[int] = []
     for seed in ACCEPTANCE_SEEDS:
@@ -107,14 +120,12 @@ def _acceptance(model: str, tokens: int, threads: int) -> dict:
 def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0) -> dict:
     """Measure the calibration of one model (a preset name or a folder) on `threads` intra-op threads
     (RunConfig.threads: 0 is every core)."""
-    from mtplab.engine.engine import Engine, prompt_tokens
+    from mtplab.engine.engine import Engine, commits_on, prompt_tokens
 
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]
-    run = RunConfig(
-        model=model, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1, threads=threads
-    )
-    engine = Engine(run)
+    run, art = _calibration_run(model, threads, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1)
+    engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine.start(prompt)
     L0 = engine.state.length
@@ -158,7 +169,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         return float(np.median(times[1:]))
 
     samples: dict[str, list[float]] = {}
-    strategies = [c.name for c in COMMITS.values() if c.refusal(engine.desc) is None]
+    strategies, skipped = commits_on(engine.desc)
 
     def add(name: str, value: float) -> None:
         samples.setdefault(name, []).append(value)
@@ -194,6 +205,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         "draft": table("draft/"),
         "greedy_token": summary["greedy_token"]["median"],
         "commit": {s: table(f"commit/{s}/") for s in strategies},
+        "commits_skipped": skipped,
         "ci": {name: s["ci"] for name, s in summary.items()},
         "mtp_acceptance": _acceptance(model, acceptance_tokens, threads),
         "seconds": time.perf_counter() - t_start,
@@ -206,7 +218,8 @@ def greedy_token_now(model: str, threads: int, samples: int = 3) -> float:
     """Greedy's seconds per token on this model now (its loop, as `measure` takes `greedy_token`)."""
     from mtplab.engine.engine import Engine, prompt_tokens
 
-    engine = Engine(RunConfig(model=model, k=1, tokens=GREEDY_TOKENS + 1, rounds=1, threads=threads))
+    run, art = _calibration_run(model, threads, k=1, tokens=GREEDY_TOKENS + 1, rounds=1)
+    engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)  # warm-up and capture
     times = []
@@ -269,6 +282,8 @@ def format_table(calib: dict) -> str:
                      "its loop's host work included)")
     for strategy, costs in calib["commit"].items():
         lines.append(f"  commit {strategy:17} n=1..{len(costs)} ms " + " ".join(f"{v * 1e3:.3f}" for v in costs.values()))
+    for strategy, why in calib.get("commits_skipped", {}).items():
+        lines.append(f"  commit {strategy:17} not measured: {why}")
     acc = calib["mtp_acceptance"]
     lines.append(
         f"  MTP head acceptance (seeds {list(acc['seeds'])}): alpha {acc['alpha']:.3f}, "

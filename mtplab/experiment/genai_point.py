@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mtplab.base.threads import threads_used
 from mtplab.check import verdict as oracle
-from mtplab.engine.engine import Engine, model_for, prompt_tokens
+from mtplab.engine.engine import Engine, model_for, prompt_tokens, reference_run
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_builder import builder_peer_folder
 from mtplab.experiment.genai_export import export_genai
@@ -59,7 +59,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
     art = artifact or model_for(run)
     n = run.tokens
     prompt = prompt_tokens(art.description.vocab_size, run.prompt_len, run.seed)
-    engine = Engine(run.replace(engine="mtplab"), art)
+    engine = Engine(reference_run(run, art.description), art)
     reference = engine.greedy(prompt, n)
     peer = GenaiPeer(exported(art, run.threads))
     peer.greedy(prompt, 16)  # warm-ups, both generators

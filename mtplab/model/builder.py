@@ -41,6 +41,29 @@ BUILDER_OPS_SEEN_IN = "onnxruntime 1.30.0, 1.31.1 and 1.32.0"
 RECURRENT_LAYOUTS = {"LinearAttention": "[B, Hv, Dk, Dv] K-major", "GatedDeltaNet": "[B, Hv, Dv, Dk] V-major"}
 
 
+# What onnxruntime-genai 0.18's builder writes for a Qwen3.5 hybrid, tried with mtplab on onnxruntime 1.32 (CPU):
+# (builder options, what mtplab does with the folder).
+BUILDER_FORMS = (
+    ("-p fp32 -e cpu", "runs: LinearAttention; every commit (select replays LinearAttention), the head, the peer"),
+    ("-p int4 -e cpu [--extra_options int4_accuracy_level=1|4]",
+     "runs: MatMulNBits weights; every commit, the head, the peer (accuracy_level 4: int8 matmul inputs, looser state "
+     "tolerance)"),
+    ("-p fp16 -e cuda", "runs on the CPU too: float16 LinearAttention + GroupQueryAttention; every commit, the head, "
+                        "the peer"),
+    ("-p fp16|int4 -e cuda --extra_options linear_attn_op=gated_delta_net",
+     "runs on the CPU too: GatedDeltaNet; every commit (select replays the op's own transitions), the head, the peer"),
+    ("a Cast of `logits` to float16 (what genai's MtpGenerator needs on the CPU)", "runs: logits read as float16"),
+    ("-p fp16|bf16 -e cpu, -p fp32 -e cuda", "refused: the builder writes an invalid graph (MultiHeadAttention form)"),
+    ("-p bf16 -e cuda", "refused: bfloat16 (the CPU EP lacks bfloat16 kernels; the CUDA backend runs float16)"),
+    ("-e cpu --extra_options linear_attn_op=gated_delta_net", "the builder refuses it (GatedDeltaNet needs -e cuda)"),
+)
+
+
+def builder_forms_text() -> str:
+    """The builder forms mtplab runs and refuses, one per line (README and `mtplab model inspect --help`)."""
+    return "\n".join(f"  {options}: {what}" for options, what in BUILDER_FORMS)
+
+
 def is_builder_folder(path: str | Path) -> bool:
     return (Path(path) / "genai_config.json").is_file()
 
@@ -64,6 +87,19 @@ class BuilderModel:
     @property
     def mtp(self) -> Path:
         return self.description.mtp.path
+
+    def options(self) -> str:
+        """The builder options this folder was made with, as far as its files tell them."""
+        d, t = self.description, self.description.target
+        precision = "int4" if self.weights.startswith("int4") else {"float32": "fp32", "float16": "fp16",
+                                                                     "bfloat16": "bf16"}.get(t.dtype, t.dtype)
+        if "accuracy_level 4" in self.weights:
+            precision += " (int4_accuracy_level=4)"
+        providers = self.genai_config["model"]["decoder"].get("session_options", {}).get("provider_options", [])
+        target = ", ".join(k for p in providers for k in p) or "cpu"
+        recurrent = {s.op for s in d.target.states if s.kind == "recurrent"}
+        op = "gated_delta_net" if "GatedDeltaNet" in recurrent else "linear_attention (default)"
+        return f"-p {precision} -e {target}, linear_attn_op={op}, logits {t.logits_type.name}"
 
     def identity(self) -> dict:
         """What a result records about the model it ran on."""
@@ -107,7 +143,24 @@ def _load_graph(folder: Path, filename: str, role: str) -> onnx.ModelProto:
     missing = sorted(f for f in data_files(model) if not (folder / f).is_file())
     if missing:
         raise _fail(folder, f"missing file {', '.join(missing)} (external weights of {filename})")
+    dangling = unproduced_inputs(model)
+    if dangling:
+        node, name = dangling[0]
+        hint = (" (seen with onnxruntime-genai 0.18's MultiHeadAttention exports, -p fp16/bf16 -e cpu and -p fp32 "
+                "-e cuda, whose mask subgraph reads layer 0's past key when layer 0 is no attention layer: rebuild "
+                "with another precision or execution provider)") if "past_key" in name else ""
+        raise _fail(folder, f"{filename} is not a valid graph: node {node} reads {name!r}, which is no graph input, "
+                            f"weight or node output ({len(dangling)} such input{'s' * (len(dangling) > 1)}), so "
+                            f"onnxruntime refuses to load it{hint}")
     return model
+
+
+def unproduced_inputs(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(node, input) pairs of the top-level graph whose input nothing produces (an invalid graph)."""
+    g = model.graph
+    have = {""} | {i.name for i in g.input} | {t.name for t in g.initializer}
+    have |= {o for n in g.node for o in n.output}
+    return [(n.name or n.op_type, i) for n in g.node for i in n.input if i not in have]
 
 
 def _parameters(model: onnx.ModelProto) -> int:
@@ -176,8 +229,6 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     mtp_model = _load_graph(folder, mtp_cfg.get("filename", "mtp.onnx"), "mtp")
     target_path, mtp_path = folder / dec.get("filename", "model.onnx"), folder / mtp_cfg.get("filename", "mtp.onnx")
     t_in, t_out = graph_io_table(target_path)
-    dtype = t_out.get(dec.get("outputs", {}).get("logits", "logits"), ((), "float32"))[1]
-    hidden_dtype = t_out.get(dec["outputs"].get("hidden_states", "hidden_states"), ((), dtype))[1]
     cap = min(capacity, int(model_cfg.get("context_length") or capacity))
 
     target = _graph_io(folder, target_path, target_model, dec, t_in, t_out, head_size=dec.get("head_size"))
@@ -204,9 +255,9 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
                             int8_compute=int8)
     for io, where in ((target, f"{folder.name}/{target_path.name}"), (head, f"{folder.name}/{mtp_path.name}")):
         check_graph(io, where)
-    if hidden_dtype != m_in.get(head.hidden_input, ((), hidden_dtype))[1]:
+    if target.dtype != m_in.get(head.hidden_input, ((), target.dtype))[1]:
         raise _fail(folder, f"the head's {head.hidden_input} is {m_in[head.hidden_input][1]}, "
-                            f"the target's hidden states are {hidden_dtype}")
+                            f"the target's hidden states are {target.dtype}")
     check_builder_ops(folder, {n.op_type for m in (target_model, mtp_model) for n in m.graph.node})
     blob = cfg_path.read_bytes() + target_path.read_bytes() + mtp_path.read_bytes()
     content = hashlib.sha256(blob).hexdigest()[:16]
@@ -286,7 +337,7 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
             raise _fail(folder, f"unknown KV layout: {past_k[i]} is declared {list(dims)} (mtplab needs "
                                 "[B, kv_heads, past, head_size] with kv_heads fixed and head_size known)")
         _check_kv_node(folder, where, model, past_k[i], past_v[i], pres_k[i], pres_v[i])
-        kv.append(KvLayer(i, past_k[i], past_v[i], pres_k[i], pres_v[i], int(heads), int(size)))
+        kv.append(KvLayer(i, past_k[i], past_v[i], pres_k[i], pres_v[i], int(heads), int(size), ins[past_k[i]][1]))
     states = []
     for kind, key_in, key_out in (("conv", "past_conv_names", "present_conv_names"),
                                   ("recurrent", "past_recurrent_names", "present_recurrent_names")):
@@ -309,6 +360,6 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
                                         f"{sorted(RECURRENT_LAYOUTS)}")
                 layout = RECURRENT_LAYOUTS[op]
             states.append(StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, False))
-    dtype = outs[logits][1]
+    dtype, logits_dtype = outs[hidden][1], outs[logits][1]
     return GraphIO(path, input_ids, logits, hidden, "attention_mask", positions, hidden_input, tuple(kv),
-                   tuple(states), dtype=dtype)
+                   tuple(states), dtype=dtype, logits_dtype="" if logits_dtype == dtype else logits_dtype)

@@ -72,13 +72,6 @@ class ModelConfig:
         return 2 * self.gdn_key_heads * self.gdn_head_dim_k + self.gdn_value_heads * self.gdn_head_dim_v
 
     @property
-    def transition_width(self) -> int:
-        """Floats per token in GatedDeltaNet's compact state update (scalar decay)."""
-        return (
-            self.gdn_value_heads + self.gdn_key_heads * self.gdn_head_dim_k + self.gdn_value_heads * self.gdn_head_dim_v
-        )
-
-    @property
     def form(self) -> GraphForm:
         return resolve(self.graph_form)
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplab.base.arrays import dtype_of
 from mtplab.model.config import ModelConfig
+from mtplab.model.graph import TransitionLayout, transition_layout
 from mtplab.model.onnx_read import graph_io_table
 
 
@@ -31,6 +33,11 @@ class KvLayer:
     present_value: str
     heads: int
     head_dim: int
+    dtype: str = "float32"
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return dtype_of(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,10 @@ class StateTensor:
     in_place: bool
 
     @property
+    def np_dtype(self) -> np.dtype:
+        return dtype_of(self.dtype)
+
+    @property
     def key(self) -> str:
         """The name the lossless check and the engine use for it: conv_state.{i} / gdn_state.{i}."""
         return f"{'conv_state' if self.kind == 'conv' else 'gdn_state'}.{self.layer}"
@@ -67,6 +78,10 @@ class SelectOutput:
 
     def sized(self, M: int) -> tuple[int, ...]:
         return tuple(M if d is None else d for d in self.shape)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return dtype_of(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -90,9 +105,18 @@ class GraphIO:
     states: tuple[StateTensor, ...] = ()
     query_seqlens: bool = False
     capture_count: bool = False
-    dtype: str = "float32"  # activations (logits, hidden, KV)
+    dtype: str = "float32"  # activations: the hidden state (each KV layer and state names its own)
+    logits_dtype: str = ""  # "" = dtype (a builder folder may cast its logits, e.g. to float16 for genai)
     # Extra outputs the `select` commit reads, per linear-attention layer: {layer: {role: SelectOutput}}.
     select_outputs: dict[int, dict[str, SelectOutput]] = field(default_factory=dict)
+
+    @property
+    def logits_type(self) -> np.dtype:
+        return dtype_of(self.logits_dtype or self.dtype)
+
+    @property
+    def hidden_type(self) -> np.dtype:
+        return dtype_of(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -107,9 +131,10 @@ class ModelDescription:
     capacity: int  # KV positions mtplab allocates (prompt + tokens + verify headroom must fit)
     target: GraphIO
     mtp: GraphIO
-    select: str  # "transitions" (built-in GatedDeltaNet factors), "replay-op" (builder surgery), or ""
+    select: str  # "transitions" (GatedDeltaNet's compact state update), "replay-op" (LinearAttention replayed), or ""
     select_refused: str = ""  # why `select` cannot run, when it cannot
-    transition_capacity: int = 0  # built-in: tokens per verify the transitions hold; 0: no limit
+    transition_capacity: int = 0  # tokens per verify GatedDeltaNet's transitions hold (select="transitions"); 0: no limit
+    transitions: TransitionLayout | None = None  # their layout, for select="transitions"
     config: ModelConfig | None = None  # the built-in model's config
     layer_kinds: tuple[str, ...] = ()  # per decoder layer: "attention" | "linear-attention"
     original_target: Path | None = None  # the user's graph, where `target` is mtplab's copy with extra outputs
@@ -133,10 +158,6 @@ class ModelDescription:
         if self.int8_compute:
             return "int8"
         return "fp16" if self.target.dtype == "float16" else "fp32"
-
-    @property
-    def np_dtype(self):
-        return np.dtype(self.target.dtype)
 
     def max_k(self) -> int | None:
         """The largest draft length a verify can take (None: no limit from the model)."""
@@ -185,7 +206,7 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
     T = "float16" if cfg.dtype == "fp16" else "float32"
     kv = tuple(
         KvLayer(i, f"past_key.{i}", f"past_value.{i}", f"present_key.{i}", f"present_value.{i}",
-                cfg.attn_kv_heads, cfg.attn_head_dim)
+                cfg.attn_kv_heads, cfg.attn_head_dim, T)
         for i in cfg.attention_layer_ids
     )
     states = []
@@ -203,7 +224,7 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
         select_outputs={
             i: {
                 "transitions": SelectOutput(
-                    f"gdn_transitions.{i}", (1, cfg.transition_capacity * cfg.transition_width), "float32"
+                    f"gdn_transitions.{i}", (1, cfg.transition_capacity * transition_layout(cfg).width), "float32"
                 ),
                 "conv_input": SelectOutput(f"conv_input.{i}", (1, None, cfg.gdn_conv_channels), T),
             }
@@ -211,13 +232,14 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
         },
     )
     head_kv = (KvLayer(0, "past_key.0", "past_value.0", "present_key.0", "present_value.0",
-                       cfg.attn_kv_heads, cfg.attn_head_dim),)
+                       cfg.attn_kv_heads, cfg.attn_head_dim, T),)
     mtp_io = GraphIO(Path(mtp), "input_ids", "logits", "mtp_hidden", "seqlens", hidden_input="hidden_states",
                      kv=head_kv, query_seqlens=form.query_seqlens, dtype=T)
     kinds = tuple("attention" if i in cfg.attention_layer_ids else "linear-attention" for i in range(cfg.num_layers))
     return ModelDescription(
         "built-in", cfg.name, str(Path(target).parent), cfg.vocab_size, cfg.hidden_size, cfg.max_seq_len,
         target_io, mtp_io, "transitions", transition_capacity=cfg.transition_capacity, config=cfg, layer_kinds=kinds,
+        transitions=transition_layout(cfg),
     )
 
 

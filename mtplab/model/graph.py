@@ -8,6 +8,8 @@ the config's graph form (mtplab.model.forms).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -108,7 +110,7 @@ def target_signature(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[
             outs.append(_value(f"present_conv_state.{i}", T, [1, cfg.conv_kernel - 1, C]))
             outs.append(_value(f"present_gdn_state.{i}", TensorProto.FLOAT, [1, Hv, Dv, Dk]))
             outs.append(
-                _value(f"gdn_transitions.{i}", TensorProto.FLOAT, [1, cfg.transition_capacity * cfg.transition_width])
+                _value(f"gdn_transitions.{i}", TensorProto.FLOAT, [1, cfg.transition_capacity * transition_layout(cfg).width])
             )
             outs.append(_value(f"conv_input.{i}", T, [1, "M", C]))
     return ins, outs
@@ -258,21 +260,41 @@ def build_mtp(cfg: ModelConfig, w: Weights) -> tuple[onnx.ModelProto, set[str], 
     return _model(g, ins, outs, "mtplab_mtp"), g.ops, g.dequantized
 
 
-def split_transitions(cfg: ModelConfig, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(decay [C, Hv], key [C, Hk, Dk], delta [C, Hv, Dv]) views of one layer's transitions row."""
-    C, Hv, Hk = cfg.transition_capacity, cfg.gdn_value_heads, cfg.gdn_key_heads
-    Dk, Dv = cfg.gdn_head_dim_k, cfg.gdn_head_dim_v
-    flat = flat.reshape(-1)
-    decay = flat[: C * Hv].reshape(C, Hv)
-    key = flat[C * Hv : C * (Hv + Hk * Dk)].reshape(C, Hk, Dk)
-    delta = flat[C * (Hv + Hk * Dk) : C * (Hv + Hk * Dk + Hv * Dv)].reshape(C, Hv, Dv)
-    return decay, key, delta
+@dataclass(frozen=True)
+class TransitionLayout:
+    """GatedDeltaNet's compact state update (scalar decay): per token, Hv decays, Hk keys of Dk, Hv deltas of Dv,
+    struct-of-arrays over `capacity` tokens in one float32 row."""
+
+    capacity: int
+    value_heads: int
+    key_heads: int
+    key_dim: int
+    value_dim: int
+
+    @property
+    def width(self) -> int:
+        """Floats per token."""
+        return self.value_heads + self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    def split(self, flat):
+        """(decay [C, Hv], key [C, Hk, Dk], delta [C, Hv, Dv]) views of one layer's transitions row."""
+        C, Hv, Hk, Dk, Dv = self.capacity, self.value_heads, self.key_heads, self.key_dim, self.value_dim
+        flat = flat.reshape(-1)
+        decay = flat[: C * Hv].reshape(C, Hv)
+        key = flat[C * Hv : C * (Hv + Hk * Dk)].reshape(C, Hk, Dk)
+        delta = flat[C * (Hv + Hk * Dk) : C * self.width].reshape(C, Hv, Dv)
+        return decay, key, delta
 
 
-def replay_transitions(cfg: ModelConfig, state: np.ndarray, flat: np.ndarray, n: int) -> None:
+def transition_layout(cfg: ModelConfig) -> TransitionLayout:
+    """The built-in model's transitions."""
+    return TransitionLayout(cfg.transition_capacity, cfg.gdn_value_heads, cfg.gdn_key_heads, cfg.gdn_head_dim_k,
+                            cfg.gdn_head_dim_v)
+
+
+def replay_transitions(layout: TransitionLayout, state: np.ndarray, flat: np.ndarray, n: int) -> None:
     """Advance a GatedDeltaNet state [1, Hv, Dv, Dk] (V-major) in place by the first n transitions."""
-    decay, key, delta = split_transitions(cfg, flat)
-    replay_transitions_xp(array_module(state), state[0], decay, key, delta, n, cfg.gdn_value_heads // cfg.gdn_key_heads)
+    replay_transitions_xp(array_module(state), state[0], *layout.split(flat), n, layout.value_heads // layout.key_heads)
 
 
 def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> None:

@@ -40,16 +40,15 @@ class Stepper:
         self.session = ort.InferenceSession(source, so, providers=providers or ["CPUExecutionProvider"])
         self.declared = {i.name: i for i in self.session.get_inputs()}
         self.inputs = set(self.declared)
-        self.T = model.np_dtype
         self.growing = self.io.lengths == "attention_mask"
         self.reset()
 
     def reset(self) -> None:
-        desc, T = self.desc, self.T
+        desc = self.desc
         self.length = 0
         cap = 0 if self.growing else desc.capacity
-        self.kv = {kv.layer: (np.zeros((1, kv.heads, cap, kv.head_dim), T),) * 2 for kv in self.io.kv}
-        self.states = {s.past: np.zeros(s.shape, np.dtype(s.dtype)) for s in self.io.states}
+        self.kv = {kv.layer: (np.zeros((1, kv.heads, cap, kv.head_dim), kv.np_dtype),) * 2 for kv in self.io.kv}
+        self.states = {s.past: np.zeros(s.shape, s.np_dtype) for s in self.io.states}
 
     def recurrent(self) -> dict[str, np.ndarray]:
         """The conv and recurrent states by the names the engine's state uses (live arrays, not copies)."""

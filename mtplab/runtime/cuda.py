@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from mtplab.model.graph import split_transitions
 from mtplab.runtime.executor import Binding, CaptureDeclined, backend_calls
 
 # Run config entries of every run on this backend: a run returns once its work is queued.
@@ -175,10 +174,10 @@ s = acc;
 class DeviceReplay:
     """select's GatedDeltaNet replay on the device: one elementwise kernel launch per layer."""
 
-    def __init__(self, cfg):
+    def __init__(self, layout):
         import cupy
 
-        self.cfg = cfg
+        self.layout = layout
         self.kernel = cupy.ElementwiseKernel(
             "raw float32 decay, raw float32 key, raw float32 delta, int32 n, int32 Hv, int32 Hk, int32 Dv, int32 Dk",
             "float32 s",
@@ -188,8 +187,6 @@ class DeviceReplay:
 
     def __call__(self, state, flat, n: int) -> None:
         """Advance state [1, Hv, Dv, Dk] in place by the first n transitions of `flat`."""
-        cfg = self.cfg
-        decay, key, delta = (a.ravel() for a in split_transitions(cfg, flat))
-        self.kernel(
-            decay, key, delta, n, cfg.gdn_value_heads, cfg.gdn_key_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k, state
-        )
+        t = self.layout
+        decay, key, delta = (a.ravel() for a in t.split(flat))
+        self.kernel(decay, key, delta, n, t.value_heads, t.key_heads, t.value_dim, t.key_dim, state)

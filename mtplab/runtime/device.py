@@ -65,25 +65,39 @@ class Device:
 
     def check_model(self, desc) -> None:
         """ValueError if this device cannot run the model as described (before any session is made)."""
-        if self.name == "cuda" and desc.dtype != "float16":
-            raise ValueError(
-                f"{desc.name} is a {desc.dtype} build: the CUDA backend needs an fp16 build "
-                "(GroupQueryAttention on CUDA is fp16/bf16 only): mtplab model build --dtype fp16"
-            )
+        if problem := backend_problem(self.name, desc):
+            raise ValueError(problem)
 
-    def transition_replay(self, cfg) -> Callable:
-        """select's GatedDeltaNet transition replay: one CuPy kernel per layer on CUDA, numpy on the CPU."""
+    def transition_replay(self, layout) -> Callable:
+        """select's GatedDeltaNet transition replay (a TransitionLayout): one CuPy kernel per layer on CUDA,
+        numpy on the CPU."""
         if self.name == "cuda":
             from mtplab.runtime.cuda import DeviceReplay
 
-            return DeviceReplay(cfg)
+            return DeviceReplay(layout)
         from mtplab.model.graph import replay_transitions
 
-        return functools.partial(replay_transitions, cfg)
+        return functools.partial(replay_transitions, layout)
 
     def graph_stats(self) -> dict:
         ids = getattr(self.backend, "ids", None)
         return ids.stats() if ids is not None else {}
+
+
+def backend_problem(backend: str, desc) -> str | None:
+    """Why `backend` cannot run the model as described (None when it can): read from the description alone."""
+    io = desc.target
+    types = {"activations": io.dtype, "logits": io.logits_type.name, **{kv.past_key: kv.dtype for kv in io.kv},
+             **{s.past: s.dtype for s in io.states}}
+    bf16 = sorted(name for name, t in types.items() if t == "bfloat16")
+    if bf16:
+        return (f"{desc.name} computes in bfloat16 ({', '.join(bf16)}), which mtplab's backends do not run: the CPU "
+                "EP lacks bfloat16 kernels for ops these graphs use (`mtplab model inspect` names them) and the CUDA "
+                "backend runs float16 graphs; build the model with -p fp16 (or fp32 for the CPU)")
+    if backend == "cuda" and desc.dtype != "float16":
+        return (f"{desc.name} is a {desc.dtype} build: the CUDA backend needs an fp16 build "
+                "(GroupQueryAttention on CUDA is fp16/bf16 only): mtplab model build --dtype fp16")
+    return None
 
 
 def cpu_device(threads: int = 0) -> Device:

@@ -151,18 +151,17 @@ class TargetState:
     @classmethod
     def allocate(cls, desc: ModelDescription, arena: Arena) -> TargetState:
         st = cls(desc, arena)
-        T = desc.np_dtype
         for kv in desc.target.kv:
             shape = (1, kv.heads, desc.capacity, kv.head_dim)
             st.kv[kv.layer] = (
-                arena.reserve(f"state.{kv.past_key}", shape, T),
-                arena.reserve(f"state.{kv.past_value}", shape, T),
+                arena.reserve(f"state.{kv.past_key}", shape, kv.np_dtype),
+                arena.reserve(f"state.{kv.past_value}", shape, kv.np_dtype),
             )
         for s in desc.target.states:
-            buf = arena.reserve(f"state.{s.past}", s.shape, np.dtype(s.dtype))
+            buf = arena.reserve(f"state.{s.past}", s.shape, s.np_dtype)
             (st.conv if s.kind == "conv" else st.gdn)[s.layer] = buf
             if not s.in_place:
-                st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, np.dtype(s.dtype))
+                st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, s.np_dtype)
         return st
 
     def fixed(self, key, build, *args):
@@ -236,10 +235,10 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
 
 
 def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[dict, list]:
-    io, T = desc.target, desc.np_dtype
+    io = desc.target
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
-        io.logits: ((1, M, desc.vocab_size), T),
-        io.hidden: ((1, M, desc.hidden_size), T),
+        io.logits: ((1, M, desc.vocab_size), io.logits_type),
+        io.hidden: ((1, M, desc.hidden_size), io.hidden_type),
     }
     bound: list[tuple[str, Any, bool]] = []
     for kv in io.kv:
@@ -250,7 +249,7 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
         live = st.array(s)
         bound.append((s.past, live, False))
         if not recurrent_in_place:
-            outputs[s.present] = (s.shape, np.dtype(s.dtype))
+            outputs[s.present] = (s.shape, s.np_dtype)
         else:
             bound.append((s.present, live if s.in_place else st.present[s.past], True))
     outputs.update(select_output_shapes(desc, M))
@@ -259,7 +258,7 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
 
 def select_output_shapes(desc: ModelDescription, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
     """The extra outputs the `select` commit reads, with their shapes for a forward of M tokens."""
-    return {o.name: (o.sized(M), np.dtype(o.dtype)) for roles in desc.target.select_outputs.values()
+    return {o.name: (o.sized(M), o.np_dtype) for roles in desc.target.select_outputs.values()
             for o in roles.values()}
 
 
@@ -282,8 +281,7 @@ class MtpState:
     def allocate(cls, desc: ModelDescription, arena: Arena) -> MtpState:
         (kv,) = desc.mtp.kv
         shape = (1, kv.heads, desc.capacity, kv.head_dim)
-        T = desc.np_dtype
-        return cls((arena.reserve("state.mtp_key", shape, T), arena.reserve("state.mtp_value", shape, T)))
+        return cls((arena.reserve("state.mtp_key", shape, kv.np_dtype), arena.reserve("state.mtp_value", shape, kv.np_dtype)))
 
 
 def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray, position: int):
@@ -293,15 +291,15 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
     """
     io = desc.mtp
     M = len(tokens) if isinstance(tokens, (list, tuple)) else int(getattr(tokens, "size", 1))
-    T = desc.np_dtype
     feeds = {
         io.input_ids: token_ids(tokens, M),
-        io.hidden_input: hidden.astype(T, copy=False).reshape(1, M, desc.hidden_size),
+        io.hidden_input: hidden.astype(desc.target.hidden_type, copy=False).reshape(1, M, desc.hidden_size),
         **length_feeds(io, position, M, desc.capacity),
     }
     fixed = st.io_cache.get(M)
     if fixed is None or fixed[2] is not st.kv:  # built once per M for these KV buffers
-        outputs = {io.logits: ((1, M, desc.vocab_size), T), io.hidden: ((1, M, desc.hidden_size), T)}
+        outputs = {io.logits: ((1, M, desc.vocab_size), io.logits_type),
+                   io.hidden: ((1, M, desc.hidden_size), io.hidden_type)}
         (kv,) = io.kv
         k, v = st.kv
         bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
