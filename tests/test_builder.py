@@ -77,8 +77,8 @@ def test_greedy_equals_onnxruntime_genai_generator_on_the_same_folder(builder):
 
 @pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
 @pytest.mark.parametrize("commit", ["readvance-m1", "readvance-batched", "select"])
-def test_oracle_drafts_are_lossless_at_k_1_to_4_for_every_commit(builder, commit, schedule):
-    for k in (1, 2, 3, 4):
+def test_oracle_drafts_are_lossless_at_k_1_and_4_for_every_commit(builder, commit, schedule):
+    for k in (1, 4):
         _, greedy, spec, identity, ok, verdict = _checked(builder, _run(k=k, commit=commit, schedule=schedule))
         assert ok, verdict
         assert spec["tokens"][:24] == greedy.tokens[:24]

@@ -39,3 +39,18 @@ def test_no_finite_samples_gives_nan_and_unstable():
 def test_the_ci_is_deterministic():
     x = [1.1, 1.3, 1.2, 1.25, 1.15]
     assert stats.bootstrap_ci(x) == stats.bootstrap_ci(x)
+
+
+@pytest.mark.parametrize("x, df, p", [(3.841459, 1, 0.05), (6.634897, 1, 0.01), (18.307038, 10, 0.05),
+                                      (124.342113, 100, 0.05), (0.5, 3, 0.918891), (0.0, 4, 1.0)])
+def test_chi_square_tail_matches_the_tables(x, df, p):
+    assert stats.chi2_sf(x, df) == pytest.approx(p, rel=1e-5)
+
+
+def test_two_sample_chi_square_tells_one_distribution_from_two():
+    rng = np.random.default_rng(0)
+    p = np.array([0.5, 0.3, 0.15, 0.05] + [0.0] * 4)
+    a, b = rng.multinomial(4000, p), rng.multinomial(4000, p)
+    c = rng.multinomial(4000, [0.45, 0.35, 0.15, 0.05] + [0.0] * 4)
+    assert stats.two_sample_chi_square(a, b)[2] > 0.01 and stats.two_sample_chi_square(a, c)[2] < 1e-6
+    assert stats.two_sample_chi_square(a, b)[1] == 3  # four cells with counts, the empty ones dropped

@@ -168,7 +168,8 @@ class Audit:
     def speculative(self, r: int, trace: Trace, sample: dict, started: float, seconds: float, returned: float) -> None:
         """Audit one timed speculative run against the checked speculative run."""
         side, checked = "speculative", self.spec_trace
-        self._tokens(r, side, trace.tokens)
+        # a sampled run's tokens are its own (the same seed, the same tokens), not greedy's
+        self._tokens(r, side, trace.tokens, checked.tokens if self.engine.acceptance.samples else None)
         for text in trace.honesty_problems():
             self._problem(r, side, text)
         if trace.accepted != checked.accepted:
@@ -199,13 +200,13 @@ class Audit:
         self._clock(r, side, sample, "", started, seconds, returned)
 
     # -- pieces --------------------------------------------------------------------------------
-    def _tokens(self, r: int, side: str, tokens: list[int]) -> None:
-        n = self.n
+    def _tokens(self, r: int, side: str, tokens: list[int], reference: list[int] | None = None) -> None:
+        n, reference = self.n, self.reference if reference is None else reference
         if len(tokens) < n:
             self._problem(r, side, f"made {len(tokens)} tokens, asked for {n}")
-        elif tokens[:n] != self.reference[:n]:
-            first = next(i for i, (a, b) in enumerate(zip(tokens, self.reference)) if a != b)
-            self._problem(r, side, f"token {first} is {tokens[first]}, the reference has {self.reference[first]}")
+        elif tokens[:n] != reference[:n]:
+            first = next(i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b)
+            self._problem(r, side, f"token {first} is {tokens[first]}, the reference has {reference[first]}")
 
     def _fallbacks(self, r: int, side: str, slot: str, text: str) -> None:
         st = next((s for lbl, s in _slot_states(self.engine) if lbl == slot), None)

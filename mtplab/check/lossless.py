@@ -73,9 +73,10 @@ class Lockstep:
     """The independent reference stepped to every committed length, compared state and KV by state and KV."""
 
     stepper: Stepper
-    sequence: list[int]  # prompt + greedy tokens: what every committed prefix must equal
+    sequence: list[int]  # prompt + greedy tokens (a sampled run's own emitted tokens): every committed prefix
     rule: StateRule
     keep_at: int | None = None  # a length whose reference state is kept (the timed greedy runs end there)
+    sampled: bool = False  # the sequence is sampled: no argmax to agree with
     kept: dict | None = None
     commits: int = 0
     max_abs_diff: float = 0.0
@@ -86,11 +87,11 @@ class Lockstep:
 
     @classmethod
     def start(cls, art: Artifact, prompt: list[int], greedy_tokens: list[int], rule: StateRule,
-              keep_at: int | None = None):
+              keep_at: int | None = None, sampled: bool = False):
         """A lockstep reference after the prompt, comparing under `rule` (oracle.state_rule)."""
         step = Stepper(art.description)
         step.forward(prompt)
-        return cls(step, list(prompt) + list(greedy_tokens), rule, keep_at)
+        return cls(step, list(prompt) + list(greedy_tokens), rule, keep_at, sampled)
 
     @property
     def reference_bytes(self) -> int:
@@ -102,7 +103,7 @@ class Lockstep:
             out = self.stepper.forward([self.sequence[pos]])
             if self.stepper.length == self.keep_at:
                 self.kept = self.stepper.snapshot()
-            expected = self.sequence[pos + 1] if pos + 1 < len(self.sequence) else None
+            expected = self.sequence[pos + 1] if pos + 1 < len(self.sequence) and not self.sampled else None
             row = out["logits"][0]
             got = int(row.argmax())
             if expected is not None and got != expected and len(self.reference_disagreements) < 8:
@@ -137,7 +138,8 @@ class Lockstep:
         }
 
 
-def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int]) -> dict | None:
+def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int],
+           sampled: bool = False) -> dict | None:
     """Greedy's first logits rows (prefill's last, then each decode) against the float64 reference.
 
     logits[j] is the row that produced tokens[j]. Reports the max logit difference, the first
@@ -154,8 +156,9 @@ def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: l
     tolerance = ANCHOR_TOLERANCE[cfg.dtype]
     diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - r))) for a, r in zip(logits, rows)]
     worst = max(diffs) if all(np.isfinite(diffs)) else float("inf")
-    # A token disagreement counts where the reference prefers another token by more than rounding can explain.
-    first = next((j for j, r in enumerate(rows) if r.max() - r[tokens[j]] > tolerance), None)
+    # A token disagreement counts where the reference prefers another token by more than rounding can explain
+    # (sampled tokens are not the argmax: their logits are compared, not their choice).
+    first = None if sampled else next((j for j, r in enumerate(rows) if r.max() - r[tokens[j]] > tolerance), None)
     return {
         "positions": len(rows),
         "max_logit_diff": worst,
@@ -195,30 +198,39 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
     """
     run, art = engine.run_cfg, engine.art
     same_device = engine.device.name == "cpu"
+    sampled = engine.acceptance.samples  # the reference follows the run's own tokens; no greedy state to keep
     watch = engine.watch = Watch("greedy")
     try:
         greedy = engine.greedy(prompt, n + run.k + 1, keep_logits=anchor_tokens(engine.desc, n))
         t0 = time.perf_counter()
-        anchored = anchor(art, prompt, greedy.logits, greedy.tokens)
+        anchored = anchor(art, prompt, greedy.logits, greedy.tokens, sampled)
         t1 = time.perf_counter()
         rule = state_rule(run.commit, engine.desc.precision, same_device)
-        lock = Lockstep.start(art, prompt, greedy.tokens, rule, keep_at=len(prompt) + n - 1)
+        lock = Lockstep.start(art, prompt, greedy.tokens, rule, None if sampled else len(prompt) + n - 1, sampled)
         watch.start("speculative")
         checks = [time.perf_counter() - t1]
 
-        def on_commit(step: int, length: int) -> None:
+        def on_commit(step: int, length: int, emitted: list[int]) -> None:
             t = time.perf_counter()
+            if sampled:
+                lock.sequence = list(prompt) + list(emitted)
             lock.check(step, length, engine.state.snapshot(copy=False))
             checks[0] += time.perf_counter() - t
 
         trace = Trace.begin(engine)
         spec = engine.speculative(prompt, n, reference=greedy.tokens, on_commit=on_commit)
         trace.end(engine, spec["tokens"], spec["accepted"])
-        on_commit(len(spec["accepted"]), engine.state.length)  # what the run left behind, after its last commit
+        # what the run left behind, after its last commit
+        on_commit(len(spec["accepted"]), engine.state.length, spec["tokens"])
         lock.advance_to(len(prompt) + n - 1)
     finally:
         engine.watch = None
-    identity = token_identity(spec["tokens"][:n], greedy.tokens[:n], greedy.margins)
+    if sampled:  # no token to compare: the distribution is the rule's guarantee (tests/test_sampling.py)
+        s = run.to_dict()
+        identity = {"token_identical": None, "first_divergence": None,
+                    "sampled": {f: s[f] for f in ("temperature", "top_k", "top_p", "sample_seed")}}
+    else:
+        identity = token_identity(spec["tokens"][:n], greedy.tokens[:n], greedy.margins)
     identity |= lock.summary() | {"non_finite": watch.non_finite, "anchor": anchored}
     identity["check_seconds"] = {
         "anchor": t1 - t0,

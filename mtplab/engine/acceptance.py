@@ -21,6 +21,14 @@ class AcceptanceRule:
 
     name: str = ""
     summary: str = ""
+    samples: bool = False  # draws at temperature > 0 (its verdict is the target's distribution, not greedy's tokens)
+
+    def for_run(self, run, xp) -> AcceptanceRule:
+        """The rule as one run uses it (a sampling rule binds its transform and generator; greedy-match is itself)."""
+        return self
+
+    def new_generation(self) -> None:
+        """A new generation starts (a sampling rule reseeds its generator)."""
 
     def token(self, xp, row):
         """The target's token from one logits row [V]: the prefill's, each greedy decode's."""

@@ -107,6 +107,7 @@ class DrafterKind:
     "setting" (the `alpha` it is given), "calibration" (the MTP head's, measured apart) or None (no prediction).
     needs_reference: it drafts from the greedy reference's tokens.
     peer: the onnxruntime-genai peer runs this drafter too.
+    samples: it drafts with the acceptance rule's draft_token, so a sampling rule has its distributions.
     """
 
     name: str = ""
@@ -115,6 +116,7 @@ class DrafterKind:
     acceptance: str | None = None
     needs_reference: bool = False
     peer: bool = False  # the onnxruntime-genai peer runs it too (its MtpGenerator runs the model's MTP head)
+    samples: bool = False  # drafts with the acceptance rule's draft_token (a sampling rule gets its distributions)
 
     def uses_head(self, run) -> bool:
         """Whether the MTP head runs k steps per speculative step (and its prefill) in this run."""
@@ -138,6 +140,7 @@ class MtpKind(DrafterKind):
     summary = "the model's MTP head, chained k steps"
     acceptance = "calibration"
     peer = True
+    samples = True
 
     def uses_head(self, run) -> bool:
         return True

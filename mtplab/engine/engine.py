@@ -132,7 +132,7 @@ class Engine:
         # perf_counter at the start of the first target forward after that setup, and at the end of the last one
         self.first_forward: float | None = None
         self.last_forward: float | None = None
-        self.acceptance = ACCEPTANCE.get(run.acceptance)
+        self.acceptance = ACCEPTANCE.get(run.acceptance).for_run(run, self.xp)
         self.head = MtpDrafter(desc, self.mtp, self.mtp_state, self.forwards, self.acceptance.draft_token)
         self.snapshot = [
             self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())
@@ -197,6 +197,7 @@ class Engine:
         self.mtp_state.kv[1][...] = 0
         self.target.new_generation()
         self.mtp.new_generation()
+        self.acceptance.new_generation()
         out = self.forward(Slot.PRIMARY, prompt, eager=True, label="prefill")
         self.state.length = len(prompt)
         self.opened = time.perf_counter()  # the untimed setup ends here (the audit holds timed windows to it)
@@ -258,7 +259,7 @@ class Engine:
     ) -> dict:
         """Speculative decoding until at least n tokens; returns tokens and per-step statistics.
 
-        on_commit(step, length), when given, is called after every commit (the checked pass
+        on_commit(step, length, emitted), when given, is called after every commit (the checked pass
         compares the committed state there; timed runs pass nothing). The schedule's step
         function (mtplab.engine.schedules) does one draft-verify-accept-commit round.
         """
@@ -276,7 +277,7 @@ class Engine:
         while len(emitted) < n:
             accepted.append(step(self, emitted, drafter, phases))
             if on_commit is not None:
-                on_commit(len(accepted), self.state.length)
+                on_commit(len(accepted), self.state.length, emitted)
         seconds = time.perf_counter() - t_start
         return {"tokens": emitted, "seconds": seconds, "accepted": accepted, "split": phases.seconds,
                 "started": t_start}

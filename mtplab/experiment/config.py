@@ -45,6 +45,11 @@ UNIT_INTERVAL = (
 )
 
 
+NON_NEGATIVE = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v < float("inf"),
+                "a number >= 0")
+TOP_P = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0, "within (0, 1], a number")
+
+
 MAX_ROUNDS = 1000
 THREADS_PER_CORE = 4  # intra-op threads a run may ask for, per core of this machine
 
@@ -167,6 +172,15 @@ class RunConfig:
                           id=("body", 5, "{}"))
     acceptance: str = param("greedy-match", "acceptance rule", group="decoding", choices=ACCEPTANCE.names,
                             tag="acc-", id=("tail", 8, None))
+    temperature: float = param(0.0, "sampling temperature (0: greedy decoding; > 0 samples, with "
+                               "acceptance='rejection-sampling')", group="decoding", rule=NON_NEGATIVE, tag="T",
+                               id=("tail", 9, None))
+    top_k: int = param(0, "sample among the top_k most likely tokens only (0: off)", group="decoding", rule=INTEGER_0,
+                       tag="topk", id=("tail", 10, None))
+    top_p: float = param(1.0, "sample among the fewest most likely tokens holding this mass (1: off)",
+                         group="decoding", rule=TOP_P, tag="topp", id=("tail", 11, None))
+    sample_seed: int = param(0, "the sampling generator's seed, an integer >= 0 (the same seed, the same tokens)",
+                             group="decoding", rule=INTEGER_0, tag="ss", id=("tail", 12, None))
     # -- the executor
     policy: str = param("sibling-pinned", "arena policy", group="executor", choices=tuple(POLICIES),
                         id=("body", 3, "{}"))
@@ -300,6 +314,7 @@ def run_problems(values: dict) -> list[str]:
             f"engine='ort-genai' runs the real MTP head on the CPU: needs drafter in {peers} and backend='cpu' "
             f"(got drafter={cfg['drafter']!r}, backend={cfg['backend']!r})"
         )
+    problems += sampling_problems(cfg)
     commit = COMMITS.get(cfg["commit"])
     if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
         others = [c.name for c in COMMITS.values() if not c.primary_multi_token]
@@ -329,6 +344,27 @@ def run_problems(values: dict) -> list[str]:
     ):
         problems.append(problem)
     return problems
+
+
+def sampling_problems(cfg: dict) -> list[str]:
+    """Temperature, top-k/top-p, the acceptance rule, the drafter and the engine must agree on sampling."""
+    rule, sampled, out = ACCEPTANCE.get(cfg["acceptance"]), cfg["temperature"] > 0, []
+    sampling_rules = [r.name for r in ACCEPTANCE.values() if r.samples]
+    if sampled and not rule.samples:
+        out.append(f"temperature={cfg['temperature']!r} samples, but acceptance={rule.name!r} decodes greedily: use "
+                   f"acceptance in {sampling_rules}, or temperature 0")
+    if rule.samples and not sampled:
+        out.append(f"acceptance={rule.name!r} samples: give temperature > 0 (temperature 0 is greedy decoding, "
+                   "acceptance='greedy-match')")
+    if not sampled and (cfg["top_k"] or cfg["top_p"] < 1):
+        out.append(f"top_k={cfg['top_k']!r}, top_p={cfg['top_p']!r}: they shape sampling, which needs temperature > 0")
+    drafter = DRAFTERS.get(cfg["drafter"])
+    if sampled and not drafter.samples:
+        out.append(f"drafter={drafter.name!r} has no distribution to draft from, which rejection sampling needs: at "
+                   f"temperature > 0 use drafter in {[d.name for d in DRAFTERS.values() if d.samples]}")
+    if sampled and cfg["engine"] != "mtplab":
+        out.append(f"engine={cfg['engine']!r} decodes greedily in mtplab: temperature > 0 needs engine='mtplab'")
+    return out
 
 
 def point_id(run: RunConfig, repeat: int = 0) -> str:

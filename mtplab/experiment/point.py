@@ -143,7 +143,7 @@ def run_mtplab_point(
     samples = timed["samples"]
     steps = len(timed["accepted"])
     calibration = calibration if calibration is not None else calibration_for(run)
-    alpha, alpha_source = acceptance_alpha(run, calibration)
+    alpha, alpha_source = acceptance_alpha(run, calibration, checked.spec["accepted"])
     # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction
     predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n,
                                eager_share=eager_share(slots, engine.target.labels)) if (
@@ -197,13 +197,20 @@ def run_mtplab_point(
     result.lossless, result.verdict = ok, verdict
     result.warnings = flags.point_warnings(
         result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter, checked.spec["accepted"], k,
-        calibration, audit, alpha=run.alpha,
+        None if run.temperature > 0 else calibration, audit, alpha=run.alpha,  # the calibration's acceptance is greedy
     )
     return result
 
 
-def acceptance_alpha(run: RunConfig, calibration: dict) -> tuple[float | None, str]:
-    """The per-position acceptance a prediction uses, and where it comes from (the run's drafter says)."""
+def acceptance_alpha(run: RunConfig, calibration: dict, accepted: list[int] | None = None) -> tuple[float | None, str]:
+    """The per-position acceptance a prediction uses, and where it comes from (the run's drafter says; a sampled
+    run's own, measured: the calibration measures greedy acceptance, and sampling accepts otherwise)."""
+    if run.temperature > 0:
+        if not accepted:
+            return None, "none (a sampled run's acceptance is its own, and it has no steps)"
+        counts = np.asarray(accepted)
+        per_position = [float((counts >= i).mean()) for i in range(1, run.k + 1)]
+        return theory.fit_alpha(per_position), f"measured in the checked run (temperature {run.temperature:g})"
     source = DRAFTERS.get(run.drafter).acceptance
     if source == "setting":
         return run.alpha, "oracle setting"

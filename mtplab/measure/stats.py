@@ -52,3 +52,53 @@ def summarize(samples) -> dict:
     """Median, CI, relative half-width and the stable flag of one list of samples."""
     m, ci = median(samples), bootstrap_ci(samples)
     return {"median": m, "ci": ci, "half_width": half_width(ci, m), "stable": is_stable(ci, m)}
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for X chi-square with df degrees of freedom: the regularized upper incomplete gamma Q(df/2, x/2)
+    (a series below a + 1, a continued fraction above; Numerical Recipes' gammq, to 1e-12)."""
+    a, x = df / 2.0, x / 2.0
+    if x <= 0:
+        return 1.0
+    log_front = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:  # P by its series, Q = 1 - P
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > abs(total) * 1e-14:
+            n += 1
+            term *= x / n
+            total += term
+        return max(0.0, 1.0 - total * math.exp(log_front))
+    b, c, d = x + 1 - a, 1e300, 1.0 / (x + 1 - a)  # Q by Lentz's continued fraction
+    h, i = d, 0
+    while True:
+        i += 1
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1e-300 if abs(d) < 1e-300 else d
+        c = b + an / c
+        c = 1e-300 if abs(c) < 1e-300 else c
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-14:
+            return h * math.exp(log_front)
+
+
+def two_sample_chi_square(a, b, min_expected: float = 5.0) -> tuple[float, int, float]:
+    """(statistic, degrees of freedom, p-value) of Pearson's chi-square test that two histograms over the same
+    cells come from one distribution; cells with fewer than min_expected counts expected per side are pooled
+    into one cell."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    na, nb = a.sum(), b.sum()
+    pooled = a + b
+    big = pooled * min(na, nb) / (na + nb) >= min_expected
+    a2, b2 = np.append(a[big], a[~big].sum()), np.append(b[big], b[~big].sum())
+    keep = (a2 + b2) > 0
+    a2, b2 = a2[keep], b2[keep]
+    total = a2 + b2
+    ea, eb = total * na / (na + nb), total * nb / (na + nb)
+    statistic = float(((a2 - ea) ** 2 / ea).sum() + ((b2 - eb) ** 2 / eb).sum())
+    df = max(int(keep.sum()) - 1, 1)
+    return statistic, df, chi2_sf(statistic, df)

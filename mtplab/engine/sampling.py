@@ -1,0 +1,139 @@
+"""Sampling at temperature > 0, and speculative rejection sampling, lossless in distribution.
+
+One transform turns logits into probabilities, the same for the target's rows and the drafter's:
+temperature, then top-k (the k largest, ties kept), then top-p (the fewest largest whose mass
+reaches p, ties at the edge kept). Rejection sampling (Leviathan et al. 2023, Chen et al. 2023):
+the head drafts x ~ q; draft i is kept with probability min(1, p_i(x) / q_i(x)); at the first
+rejection the token comes from norm(max(0, p_i - q_i)); when every draft passes, a bonus token from
+p_k. The emitted tokens then have the target's distribution exactly (`step_distribution` computes
+it; tests/test_sampling.py holds it to p and checks the whole loop statistically).
+
+Random numbers are drawn where the logits are (numpy on the CPU, CuPy on CUDA) from one generator
+per generation, seeded by the run's `sample_seed`: the same seed gives the same tokens on the same
+build, and a paired round's greedy and speculative runs start from the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mtplab.engine.acceptance import AcceptanceRule
+from mtplab.engine.strategies import ACCEPTANCE
+
+KEPT_DRAFT_ROWS = 64  # the drafter's distributions kept for the next verify (a run's k is at most this)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The logits transform: temperature > 0, top_k (0: off), top_p (1: off)."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def probs(self, xp, logits):
+        """Probabilities (float64) of logits [..., V], one distribution per row."""
+        z = logits.astype(np.float64) / self.temperature
+        if self.top_k and self.top_k < z.shape[-1]:
+            kth = xp.sort(z, axis=-1)[..., -self.top_k : -self.top_k + 1]  # the k-th largest, per row
+            z = xp.where(z >= kth, z, -xp.inf)
+        z = z - z.max(axis=-1, keepdims=True)
+        p = xp.exp(z)
+        p /= p.sum(axis=-1, keepdims=True)
+        if self.top_p < 1.0:
+            s = -xp.sort(-p, axis=-1)  # descending
+            before = xp.cumsum(s, axis=-1) - s  # the mass of the larger ones
+            last = (before < self.top_p).sum(axis=-1, keepdims=True) - 1  # the smallest kept, by rank
+            edge = xp.take_along_axis(s, last, axis=-1)
+            p = xp.where(p >= edge, p, 0.0)
+            p /= p.sum(axis=-1, keepdims=True)
+        return p
+
+
+def draw(xp, p, u):
+    """The token of probability row p [V] at uniform u in [0, 1) (inverse CDF; zero-mass tokens never come out)."""
+    c = xp.cumsum(p)
+    return xp.minimum(xp.searchsorted(c, u * c[-1], side="right"), p.shape[-1] - 1)
+
+
+def keep_probability(xp, p_x, q_x):
+    """Rejection sampling's chance to keep a draft of target probability p_x and draft probability q_x."""
+    return xp.minimum(1.0, p_x / q_x)
+
+
+def residual(xp, p, q):
+    """Where a rejected position's token comes from: norm(max(0, p - q)) per row ([.., V])."""
+    r = xp.maximum(p - q, 0.0)
+    total = r.sum(axis=-1, keepdims=True)
+    return xp.where(total > 0, r / xp.where(total > 0, total, 1.0), p)  # p where q covers it (never rejected)
+
+
+def bonus(xp, p, q):
+    """Where the bonus token comes from when all k drafts pass: the target's row after them, p_k ([1, V])."""
+    return p[-1:]
+
+
+def step_distribution(p, q) -> np.ndarray:
+    """The exact distribution of the token one accept-or-resample step emits at a position with target
+    distribution p and draft distribution q (numpy, no sampling): what `SampledRun.accept` does, summed
+    over the draft x ~ q."""
+    keep = np.where(q > 0, keep_probability(np, p, np.where(q > 0, q, 1.0)), 0.0)
+    return q * keep + (1.0 - float((q * keep).sum())) * residual(np, p, q)
+
+
+class RejectionSampling(AcceptanceRule):
+    name = "rejection-sampling"
+    summary = ("draft x ~ q, keep it with probability min(1, p(x)/q(x)), resample the first rejection from "
+               "norm(max(0, p - q)), a bonus token from p (lossless in distribution; temperature > 0)")
+    samples = True
+
+    def for_run(self, run, xp) -> SampledRun:
+        return SampledRun(Sampling(run.temperature, run.top_k, run.top_p), run.sample_seed, xp)
+
+
+class SampledRun(AcceptanceRule):
+    """Rejection sampling bound to one run: its transform, its generator, the drafts' distributions."""
+
+    name = RejectionSampling.name
+    summary = RejectionSampling.summary
+    samples = True
+
+    def __init__(self, sampling: Sampling, seed: int, xp):
+        self.sampling, self.seed, self.xp = sampling, seed, xp
+        self.draft_sampling = sampling  # the drafter's rows go through the same transform
+        self.new_generation()
+
+    def new_generation(self) -> None:
+        self.rng = self.xp.random.default_rng(self.seed)
+        self.q: list = []
+
+    def token(self, xp, row):
+        return draw(xp, self.sampling.probs(xp, row), self.rng.random())
+
+    def draft_token(self, xp, row):
+        q = self.draft_sampling.probs(xp, row)
+        self.q = self.q[-KEPT_DRAFT_ROWS + 1 :] + [q]
+        return draw(xp, q, self.rng.random())
+
+    def accept(self, xp, drafts, logits):
+        k = int(drafts.shape[0])
+        if len(self.q) < k:
+            raise ValueError(f"rejection sampling needs the drafter's distributions: {k} drafts, {len(self.q)} "
+                             "distributions (the drafter must draft with the rule's draft_token)")
+        p = self.sampling.probs(xp, logits)  # [k+1, V]
+        q = xp.stack(self.q[-k:])
+        self.q = []
+        rows = xp.arange(k)
+        u = self.rng.random(k + 1)
+        kept = u[:k] < keep_probability(xp, p[rows, drafts], q[rows, drafts])
+        n = xp.cumprod(kept.astype(np.int32)).sum()
+        # row n: the residual of the first rejected position, or p_k when every draft passed (the bonus)
+        source = xp.concatenate([residual(xp, p[:k], q), bonus(xp, p, q)])[n]
+        targets = xp.concatenate([drafts, drafts[:1]])
+        targets[n] = draw(xp, source, u[k])
+        return n, targets
+
+
+REJECTION_SAMPLING = ACCEPTANCE.register(RejectionSampling())
