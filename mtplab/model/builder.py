@@ -48,8 +48,8 @@ BUILDER_FORMS = (
     ("-p int4 -e cpu [--extra_options int4_accuracy_level=1|4]",
      "runs: MatMulNBits weights; every commit, the head, the peer (accuracy_level 4: int8 matmul inputs, looser state "
      "tolerance)"),
-    ("-p fp16 -e cuda", "runs on the CPU too: float16 LinearAttention + GroupQueryAttention; every commit, the head, "
-                        "the peer"),
+    ("-p fp16|int4 -e cuda", "runs on the CPU too: float16 LinearAttention + GroupQueryAttention; every commit, the "
+                             "head, the peer"),
     ("-p fp16|int4 -e cuda --extra_options linear_attn_op=gated_delta_net",
      "runs on the CPU too: GatedDeltaNet; every commit (select replays the op's own transitions), the head, the peer"),
     ("a Cast of `logits` to float16 (what genai's MtpGenerator needs on the CPU)", "runs: logits read as float16"),
