@@ -13,8 +13,8 @@
    (simulated with multinomials of the measured distribution; 0 false alarms in 400 simulated pairs). The
    seeds are fixed, so a given build passes or fails every time. Settings: T = 1; T = 1 with the head's
    rows flattened (q at temperature 10: rejection sampling is exact for any q it draws from, and this one is
-   rejected half the time, so the resample and bonus paths carry weight); T = 0.5 with top-k 2 on the
-   decode-verify schedule.
+   rejected half the time, so the resample and bonus paths carry weight), also at k = 2 (the second
+   draft judged after the first in one verify); T = 0.5 with top-k 2 on the decode-verify schedule.
 3. Planted bugs, each caught by the same test at the same N.
 """
 
@@ -126,7 +126,7 @@ def _joint(engine: Engine, speculative: bool) -> tuple[np.ndarray, float | None]
         engine.acceptance.seed = seed
         if speculative:
             run = engine.speculative(prompt, COUNTED)
-            tokens, kept = run["tokens"], kept + run["accepted"][0]
+            tokens, kept = run["tokens"], kept + (run["accepted"][0] >= 1)
         else:
             tokens = engine.greedy(prompt, COUNTED, margins=False).tokens
         counts[np.ravel_multi_index(tokens[:COUNTED], (V,) * COUNTED)] += 1
@@ -143,6 +143,7 @@ def _chi_square(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 SETTINGS = {  # name: (the target's sampling, the speculative run's changes)
     "T=1": ({"temperature": 1.0}, {}),
     "T=1, flat drafts": ({"temperature": 1.0}, {"flat_drafts": True}),
+    "T=1, flat drafts, k=2": ({"temperature": 1.0}, {"flat_drafts": True, "k": 2}),  # two drafts judged in one verify
     "T=0.5, top-k 2": ({"temperature": 0.5, "top_k": 2}, {"schedule": "decode-verify"}),
 }
 TRUTHS = {"T=1": {"temperature": 1.0}, "T=0.5, top-k 2": {"temperature": 0.5, "top_k": 2}}
