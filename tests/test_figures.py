@@ -20,7 +20,24 @@ def test_a_figure_the_sweep_cannot_fill_shows_nothing(capsys):
         figures.slot_counters,
         figures.time_split,
         figures.memory,
+        figures.temperature,
     ):
         assert recipe(peer_only) is None, recipe.__name__
     assert figures.counters_table(peer_only) is None
     assert capsys.readouterr().out == ""
+
+
+def test_acceptance_and_speedup_against_temperature_draw_a_line_per_k_and_engine(capsys):
+    rows = [{"engine": engine, "drafter": "mtp", "k": k, "temperature": t, "draft_acceptance": 0.8 - 0.3 * t,
+             "speedup": 1.5 - 0.2 * t, "speedup_ci": [1.4 - 0.2 * t, 1.6 - 0.2 * t], "policy": "sibling-pinned",
+             "commit": "select", "schedule": "fused", "alpha": 0.8}
+            for engine in ("mtplab", "ort-genai") for k in (1, 3) for t in (0.0, 0.7, 1.0)]
+    fig = figures.temperature(pd.DataFrame(rows))
+    assert "Markdown" in capsys.readouterr().out  # its caption
+    acceptance, speedup = fig.axes[:2]
+    assert speedup.get_title() == "Speedup against temperature"
+    assert len(acceptance.get_lines()) == 4  # k 1 and 3, mtplab and the peer
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["k=1", "k=3", "k=1 onnxruntime-genai", "k=3 onnxruntime-genai"]
+    one_temperature = pd.DataFrame(rows).assign(temperature=0.0)
+    assert figures.temperature(one_temperature) is None  # nothing to draw against

@@ -56,3 +56,15 @@ def test_the_peer_point_measures_paired_rounds_with_cis(tiny):
     assert all(s["mtplab_greedy_tokens_per_s"] > 0 for s in r.round_samples)
     assert r.speedup_ci[0] <= r.speedup <= r.speedup_ci[1]
     assert "evaluated" in r.extra["draft_acceptance_denominator"]
+
+
+def test_the_peer_samples_with_its_own_sampler_reproducibly_and_says_its_tokens_are_not_compared(tiny):
+    def sampled(seed: int):
+        return run_point(RunConfig(model="tiny", k=2, tokens=24, engine="ort-genai", rounds=1, temperature=0.8,
+                                   top_k=20, acceptance="rejection-sampling", sample_seed=seed), tiny)
+
+    a, b, c = sampled(3), sampled(3), sampled(4)
+    assert a.lossless and "by onnxruntime-genai's own sampler" in a.verdict and a.identity["sampled"]["top_k"] == 20
+    assert a.tokens == b.tokens and a.tokens != c.tokens  # genai's random_seed is the run's sample_seed
+    greedy = run_point(RunConfig(model="tiny", k=2, tokens=24, engine="ort-genai", rounds=1), tiny)
+    assert a.tokens != greedy.tokens and 0 <= a.draft_acceptance <= 1

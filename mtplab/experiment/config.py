@@ -362,8 +362,6 @@ def sampling_problems(cfg: dict) -> list[str]:
     if sampled and not drafter.samples:
         out.append(f"drafter={drafter.name!r} has no distribution to draft from, which rejection sampling needs: at "
                    f"temperature > 0 use drafter in {[d.name for d in DRAFTERS.values() if d.samples]}")
-    if sampled and cfg["engine"] != "mtplab":
-        out.append(f"engine={cfg['engine']!r} decodes greedily in mtplab: temperature > 0 needs engine='mtplab'")
     return out
 
 

@@ -26,15 +26,30 @@ def genai_version() -> str:
 
 
 class GenaiPeer:
-    """og.Generator (greedy) and og.MtpGenerator (MTP, real head) on an exported model."""
+    """og.Generator (greedy, or plain sampling) and og.MtpGenerator (MTP, real head) on an exported model.
 
-    def __init__(self, folder: str | Path):
+    sampling: {"temperature", "top_k", "top_p", "sample_seed"} (RunConfig's fields) to sample, None for greedy;
+    genai's own sampler and its own speculative acceptance run then, seeded by sample_seed.
+    """
+
+    def __init__(self, folder: str | Path, sampling: dict | None = None):
         og = self.og = require_genai()
         self.main, self.head = og.Model(str(Path(folder) / "target")), og.Model(str(Path(folder) / "mtp"))
+        self.sampling = sampling
 
     def _params(self, total: int, k: int | None = None):
         params = self.og.GeneratorParams(self.main)
-        params.set_search_options(max_length=total, do_sample=False)
+        if self.sampling is None:
+            params.set_search_options(max_length=total, do_sample=False)
+        else:
+            s = self.sampling
+            options = {"max_length": total, "do_sample": True, "temperature": float(s["temperature"]),
+                       "random_seed": int(s["sample_seed"])}
+            if s["top_k"]:
+                options["top_k"] = int(s["top_k"])
+            if s["top_p"] < 1:
+                options["top_p"] = float(s["top_p"])
+            params.set_search_options(**options)
         if k is not None:
             params.set_speculative_options(max_draft_tokens=k)
         return params

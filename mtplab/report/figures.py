@@ -143,9 +143,22 @@ def peer(ok: pd.DataFrame):
     return plots.peer_comparison(ok)
 
 
+def temperature(ok: pd.DataFrame):
+    """Acceptance and speedup against the sampling temperature, per k (the MTP head; the peer dashed)."""
+    if not _fills(ok, "temperature"):
+        return None
+    _markdown(
+        "## Sampling: acceptance and speedup against temperature\n"
+        "Temperature 0 is greedy decoding (drafts kept while they equal the target's argmax); above it, rejection "
+        "sampling (a draft x ~ q kept with probability min(1, p(x)/q(x))), lossless in distribution. Each point's "
+        "speedup is over the same engine's own greedy or plain sampling at that temperature."
+    )
+    return plots.vs_temperature(ok)
+
+
 # The report's figures, in the order it shows them (notebooks/report.ipynb shows each for every model).
-STANDARD = (speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, slot_counters, counters_table,
-            time_split, memory, peer)
+STANDARD = (speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, temperature, slot_counters,
+            counters_table, time_split, memory, peer)
 
 
 def show(figure, ok: pd.DataFrame, *args) -> None:

@@ -119,6 +119,17 @@ def peak_arena_mib(df: pd.DataFrame) -> pd.Series:
     return parse_json(df.arena).map(lambda a: sum(v.get("peak_bytes", v["bytes_held"]) for v in a.values()) / 2**20)
 
 
+def temperatures(df: pd.DataFrame) -> pd.Series:
+    """Each row's sampling temperature (0 for sweeps from before sampling existed)."""
+    return df.temperature.fillna(0.0) if "temperature" in df else pd.Series(0.0, index=df.index)
+
+
+def temperature_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The MTP head's rows of mtplab and of the onnxruntime-genai peer, where the sweep varies the temperature."""
+    head = measured_acceptance(df)
+    return head if temperatures(head).nunique() >= 2 else head.iloc[:0]
+
+
 def figures_for(df: pd.DataFrame) -> dict[str, bool]:
     """Which standard figures this sweep's points can fill (a report shows only those: no empty panels)."""
     own = own_engine(df)
@@ -133,6 +144,7 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
         "time_split": len(split) > 0,
         "memory": len(own) > 0 and "arena" in own,
         "peer": "engine" in df and (df.engine == "ort-genai").any(),
+        "temperature": len(temperature_rows(df)) > 0,
     }
 
 
