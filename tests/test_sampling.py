@@ -78,6 +78,8 @@ def test_the_transform_applies_temperature_then_top_k_then_top_p():
     hot = Sampling(2.0).probs(np, logits)
     np.testing.assert_allclose(hot, np.sqrt([0.4, 0.3, 0.2, 0.1]) / np.sqrt([0.4, 0.3, 0.2, 0.1]).sum())
     np.testing.assert_allclose(Sampling(1.0, top_k=2).probs(np, logits), [4 / 7, 3 / 7, 0, 0])
+    np.testing.assert_allclose(Sampling(1.0, top_k=1).probs(np, logits), [1, 0, 0, 0])  # top-1 is greedy
+    np.testing.assert_allclose(Sampling(1.0, top_k=9).probs(np, logits), [0.4, 0.3, 0.2, 0.1])  # beyond V: all
     np.testing.assert_allclose(Sampling(1.0, top_p=0.65).probs(np, logits), [4 / 7, 3 / 7, 0, 0])  # 0.4 < 0.65
     np.testing.assert_allclose(Sampling(1.0, top_p=0.7).probs(np, logits), [4 / 7, 3 / 7, 0, 0])  # 0.4+0.3 >= 0.7
     np.testing.assert_allclose(Sampling(1.0, top_p=0.71).probs(np, logits), [4 / 9, 3 / 9, 2 / 9, 0])

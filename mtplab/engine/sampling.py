@@ -37,7 +37,7 @@ class Sampling:
         """Probabilities (float64) of logits [..., V], one distribution per row."""
         z = logits.astype(np.float64) / self.temperature
         if self.top_k and self.top_k < z.shape[-1]:
-            kth = xp.sort(z, axis=-1)[..., -self.top_k : -self.top_k + 1]  # the k-th largest, per row
+            kth = xp.sort(z, axis=-1)[..., -self.top_k, None]  # the k-th largest, per row
             z = xp.where(z >= kth, z, -xp.inf)
         z = z - z.max(axis=-1, keepdims=True)
         p = xp.exp(z)
