@@ -179,7 +179,7 @@ def test_device_state_replay_matches_select(tiny):
     state = rng.standard_normal((1, t.value_heads, t.value_dim, t.key_dim)).astype(np.float32)
     host, device = state.copy(), state[0].copy()
     replay_transitions(t, host, flat, 5)
-    replay_transitions_xp(np, device, *t.split(flat), 5, t.value_heads // t.key_heads)
+    replay_transitions_xp(np, device, *t.split(flat), 5, t.group)
     np.testing.assert_array_equal(host[0], device)
 
 

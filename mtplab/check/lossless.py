@@ -21,6 +21,7 @@ import numpy as np
 
 from mtplab.check.audit import Trace
 from mtplab.check.verdict import StateRule, state_rule, states_difference, token_identity
+from mtplab.engine import sampling
 from mtplab.model import Artifact
 from mtplab.model.reference import ReferenceModel, weights_from_onnx
 from mtplab.model.stepper import Stepper
@@ -226,9 +227,7 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
     finally:
         engine.watch = None
     if sampled:  # no token to compare: the distribution is the rule's guarantee (tests/test_sampling.py)
-        s = run.to_dict()
-        identity = {"token_identical": None, "first_divergence": None,
-                    "sampled": {f: s[f] for f in ("temperature", "top_k", "top_p", "sample_seed")}}
+        identity = {"token_identical": None, "first_divergence": None, "sampled": sampling.settings(run)}
     else:
         identity = token_identity(spec["tokens"][:n], greedy.tokens[:n], greedy.margins)
     identity |= lock.summary() | {"non_finite": watch.non_finite, "anchor": anchored}

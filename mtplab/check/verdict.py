@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtplab.engine.sampling import settings_text
 from mtplab.engine.strategies import COMMITS
 
 # Each commit strategy's guarantee against the plain session.run reference, per backend and precision.
@@ -177,8 +178,7 @@ def verdict(identity: dict) -> tuple[bool, str]:
         anchored = (f"; {baseline} the float64 reference over {anchor['positions']} positions "
                     f"({_fmt(anchor['max_logit_diff'])})")
     if sampled:
-        shape = ", ".join(f"{k} {v}" for k, v in sampled.items())
-        return True, (f"sampled ({shape}): the committed state follows the emitted tokens" + state + anchored
+        return True, (f"sampled ({settings_text(sampled)}): the committed state follows the emitted tokens" + state + anchored
                       + "; the tokens' distribution is the target's by the rejection rule (held exactly and "
                       "statistically by the test suite, not per run)")
     return True, "identical to greedy: every token" + state + anchored

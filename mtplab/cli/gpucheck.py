@@ -104,7 +104,7 @@ def kernel_check(cfg, backend: str) -> dict:
     for n in range(1, t.capacity + 1):
         a, b = state.copy(), state.copy()
         kernel(a, flat, n)
-        replay_transitions_xp(cupy, b[0], *t.split(flat), n, t.value_heads // t.key_heads)
+        replay_transitions_xp(cupy, b[0], *t.split(flat), n, t.group)
         worst = max(worst, float(cupy.abs(a - b).max()))
     return {"checked": True, "max_abs_diff": worst, "ok": worst <= 1e-5}
 

@@ -60,8 +60,12 @@ class GreedyMatch(AcceptanceRule):
 
 def accepted_count(xp, drafts, targets):
     """Longest prefix where drafts[i] equals targets[i], on the device (a 0-d array)."""
-    match = (drafts == targets[: drafts.shape[0]]).astype(np.int32)
-    return xp.cumprod(match).sum()
+    return leading_run(xp, drafts == targets[: drafts.shape[0]])
+
+
+def leading_run(xp, kept):
+    """How many of a boolean row's first entries are all true, on the device (a 0-d array): the drafts kept."""
+    return xp.cumprod(kept.astype(np.int32)).sum()
 
 
 def top2_margin_xp(xp, row):

@@ -19,10 +19,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtplab.engine.acceptance import AcceptanceRule
+from mtplab.engine.acceptance import AcceptanceRule, leading_run
 from mtplab.engine.strategies import ACCEPTANCE
 
 KEPT_DRAFT_ROWS = 64  # the drafter's distributions kept for the next verify (a run's k is at most this)
+FIELDS = ("temperature", "top_k", "top_p", "sample_seed")  # the RunConfig fields that shape sampling
+
+
+def settings(run) -> dict:
+    """A run's sampling fields by name (what a sampled point's identity records)."""
+    return {f: getattr(run, f) for f in FIELDS}
+
+
+def settings_text(values: dict) -> str:
+    """Sampling fields in words: "temperature 0.7, top_k 0, top_p 1.0, sample_seed 0"."""
+    return ", ".join(f"{k} {v}" for k, v in values.items())
 
 
 @dataclass(frozen=True)
@@ -114,7 +125,9 @@ class SampledRun(AcceptanceRule):
 
     def draft_token(self, xp, row):
         q = self.draft_sampling.probs(xp, row)
-        self.q = self.q[-KEPT_DRAFT_ROWS + 1 :] + [q]
+        self.q.append(q)
+        if len(self.q) > KEPT_DRAFT_ROWS:  # drafts no verify judged (a calibration's timed head steps)
+            del self.q[0]
         return draw(xp, q, self.rng.random())
 
     def accept(self, xp, drafts, logits):
@@ -128,7 +141,7 @@ class SampledRun(AcceptanceRule):
         rows = xp.arange(k)
         u = self.rng.random(k + 1)
         kept = u[:k] < keep_probability(xp, p[rows, drafts], q[rows, drafts])
-        n = xp.cumprod(kept.astype(np.int32)).sum()
+        n = leading_run(xp, kept)
         # row n: the residual of the first rejected position, or p_k when every draft passed (the bonus)
         source = xp.concatenate([residual(xp, p[:k], q), bonus(xp, p, q)])[n]
         targets = xp.concatenate([drafts, drafts[:1]])

@@ -113,7 +113,7 @@ def _acceptance(model: str, tokens: int, threads: int) -> dict:
 
         counts += engine.speculative(prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, seed), tokens)["accepted"]
     acc = np.asarray(counts, dtype=float)
-    per_pos = [float((acc >= i).mean()) for i in range(1, ACCEPTANCE_K + 1)]
+    per_pos = theory.measured_per_position(acc, ACCEPTANCE_K)
     return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
 
 

@@ -39,15 +39,16 @@ def _boolean(v) -> bool:
 INTEGER_1 = (_integer(1), "an integer >= 1")
 INTEGER_0 = (_integer(0), "an integer >= 0")
 BOOLEAN = (_boolean, "true or false (a boolean)")
-UNIT_INTERVAL = (
-    lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
-    "within [0, 1], a number",
-)
+def _number(within):
+    """A rule's test: a real number (not a boolean) that `within` accepts (NaN never is)."""
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and within(v)
 
 
-NON_NEGATIVE = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v < float("inf"),
-                "a number >= 0")
-TOP_P = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0, "within (0, 1], a number")
+UNIT_INTERVAL = (_number(lambda v: 0.0 <= v <= 1.0), "within [0, 1], a number")
+
+
+NON_NEGATIVE = (_number(lambda v: 0.0 <= v < float("inf")), "a number >= 0")
+TOP_P = (_number(lambda v: 0.0 < v <= 1.0), "within (0, 1], a number")
 
 
 MAX_ROUNDS = 1000

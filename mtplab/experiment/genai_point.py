@@ -5,6 +5,7 @@ from __future__ import annotations
 from mtplab.base.threads import threads_used
 from mtplab.check import verdict as oracle
 from mtplab.engine.engine import Engine, model_for, prompt_tokens, reference_run
+from mtplab.engine.sampling import settings, settings_text
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_builder import builder_peer_folder
 from mtplab.experiment.genai_export import export_genai
@@ -61,7 +62,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
     prompt = prompt_tokens(art.description.vocab_size, run.prompt_len, run.seed)
     engine = Engine(reference_run(run, art.description), art)
     reference = engine.greedy(prompt, n)
-    sampling = {f: getattr(run, f) for f in ("temperature", "top_k", "top_p", "sample_seed")}
+    sampling = settings(run)
     sampled = run.temperature > 0
     peer = GenaiPeer(exported(art, run.threads), sampling if sampled else None)
     peer.greedy(prompt, 16)  # warm-ups, both generators
@@ -72,8 +73,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
     if sampled:  # genai's own sampler and acceptance: its tokens have nothing of mtplab's to equal
         identity = {"token_identical": None, "first_divergence": None, "sampled": sampling,
                     "greedy_token_identical": None}
-        ok, verdict = True, ("sampled (" + ", ".join(f"{k} {v}" for k, v in sampling.items()) + ") by "
-                             "onnxruntime-genai's own sampler and speculative acceptance: its tokens are not compared "
+        ok, verdict = True, (f"sampled ({settings_text(sampling)}) by onnxruntime-genai's own sampler and speculative acceptance: its tokens are not compared "
                              "(mtplab tests its own sampler's distribution, not genai's)")
     else:
         identity = oracle.token_identity(tokens, reference.tokens[: len(tokens)], reference.margins)

@@ -208,8 +208,7 @@ def acceptance_alpha(run: RunConfig, calibration: dict, accepted: list[int] | No
     if run.temperature > 0:
         if not accepted:
             return None, "none (a sampled run's acceptance is its own, and it has no steps)"
-        counts = np.asarray(accepted)
-        per_position = [float((counts >= i).mean()) for i in range(1, run.k + 1)]
+        per_position = theory.measured_per_position(accepted, run.k)
         return theory.fit_alpha(per_position), f"measured in the checked run (temperature {run.temperature:g})"
     source = DRAFTERS.get(run.drafter).acceptance
     if source == "setting":

@@ -13,9 +13,7 @@ per position, P(accepted >= i) over the steps.
 
 from __future__ import annotations
 
-import numpy as np
-
-from mtplab.measure import stats
+from mtplab.measure import stats, theory
 from mtplab.measure.result import RunResult
 
 
@@ -68,10 +66,7 @@ def acceptance(
     steps: int, accepted: int, drafted: int, generated: int, per_step: list[int] | None = None, k: int = 0
 ) -> dict:
     """The RunResult's acceptance fields; per-position acceptance only where every step's count is known."""
-    per_position = []
-    if per_step is not None:
-        acc = np.asarray(per_step, dtype=float)
-        per_position = [float((acc >= i).mean()) if len(acc) else 0.0 for i in range(1, k + 1)]
+    per_position = [] if per_step is None else theory.measured_per_position(per_step, k)
     return {
         "steps": steps,
         "tokens_per_step": generated / steps if steps else float("nan"),

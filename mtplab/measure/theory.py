@@ -30,6 +30,12 @@ def per_position(alpha: float, k: int) -> list[float]:
     return [alpha**i for i in range(1, k + 1)]
 
 
+def measured_per_position(accepted, k: int) -> list[float]:
+    """P(accepted >= i) for i = 1..k over steps' accepted counts (0.0 each when there are no steps)."""
+    acc = np.asarray(accepted, dtype=float)
+    return [float((acc >= i).mean()) if len(acc) else 0.0 for i in range(1, k + 1)]
+
+
 def fit_alpha(per_position_measured: list[float]) -> float:
     """The alpha whose geometric curve alpha^i best fits measured P(accepted >= i) (least squares)."""
     p = np.asarray(per_position_measured, dtype=float)

@@ -272,6 +272,11 @@ class TransitionLayout:
     value_dim: int
 
     @property
+    def group(self) -> int:
+        """Value heads per key head (each key head serves this many)."""
+        return self.value_heads // self.key_heads
+
+    @property
     def width(self) -> int:
         """Floats per token."""
         return self.value_heads + self.key_heads * self.key_dim + self.value_heads * self.value_dim
@@ -294,7 +299,7 @@ def transition_layout(cfg: ModelConfig) -> TransitionLayout:
 
 def replay_transitions(layout: TransitionLayout, state: np.ndarray, flat: np.ndarray, n: int) -> None:
     """Advance a GatedDeltaNet state [1, Hv, Dv, Dk] (V-major) in place by the first n transitions."""
-    replay_transitions_xp(array_module(state), state[0], *layout.split(flat), n, layout.value_heads // layout.key_heads)
+    replay_transitions_xp(array_module(state), state[0], *layout.split(flat), n, layout.group)
 
 
 def replay_transitions_xp(xp, state, decay, key, delta, n: int, rep: int) -> None:
