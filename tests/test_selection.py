@@ -70,3 +70,14 @@ def test_figures_for_says_what_the_sweep_can_fill():
     assert show["alpha_grid"] and show["acceptance"] and show["counters"] and show["time_split"] and show["peer"]
     only_peer = selection.figures_for(_frame()[lambda d: d.engine == "ort-genai"])
     assert only_peer["peer"] and not only_peer["alpha_grid"] and not only_peer["counters"]
+
+
+def test_the_side_by_side_with_the_peer_compares_greedy_decoding_only():
+    from mtplab.report import selection
+
+    rows = pd.DataFrame([{"engine": e, "drafter": "mtp", "policy": "sibling-pinned", "k": 2, "temperature": t}
+                         for e in ("mtplab", "ort-genai") for t in (0.0, 0.7)])
+    assert list(selection.peer_rows(rows).temperature) == [0.0]
+    assert list(selection.own_head_beside_peer(rows).temperature) == [0.0]
+    older = rows.drop(columns="temperature")  # a sweep from before sampling: every row decodes greedily
+    assert len(selection.peer_rows(older)) == 2

@@ -66,7 +66,7 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
             + f"; {best.tokens_per_s:.0f} vs {best.greedy_tokens_per_s:.0f} tok/s."
         )
     peer = peer_rows(ok)
-    head = selection.measured_acceptance(own)
+    head = selection.measured_acceptance(selection.greedy_decoding(own))
     if len(peer) and len(head):
         genai_greedy = peer.greedy_tokens_per_s.median()
         mine = head.greedy_tokens_per_s.median()
@@ -192,7 +192,7 @@ def peer(df: pd.DataFrame) -> str:
     peer = peer_rows(ok)
     if peer.empty:
         return "_This sweep has no onnxruntime-genai rows (add `engine: [ort-genai]` to a grid)._"
-    own = own_head(ok)
+    own = own_head(selection.greedy_decoding(ok))
     out = [
         f"- Greedy: mtplab {own.greedy_tokens_per_s.median():.1f} tok/s (median over its {plural(len(own), 'real-head point')}) "
         f"vs onnxruntime-genai {peer.greedy_tokens_per_s.median():.1f} tok/s (median over its {plural(len(peer), 'row')}; "

@@ -52,14 +52,20 @@ def own_head(df: pd.DataFrame) -> pd.DataFrame:
     return measured_acceptance(df[engine == "mtplab"])
 
 
+def greedy_decoding(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that decode greedily (temperature 0; every row of a sweep from before sampling)."""
+    return df[temperatures(df) == 0] if len(df) else df
+
+
 def peer_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The onnxruntime-genai peer's rows (none when the sweep has no engine column)."""
-    return df[df.engine == "ort-genai"] if "engine" in df else df.iloc[:0]
+    """The onnxruntime-genai peer's greedy-decoding rows, what the side-by-side compares (none when the sweep has no
+    engine column; its sampled rows are drawn against temperature)."""
+    return greedy_decoding(df[df.engine == "ort-genai"]) if "engine" in df else df.iloc[:0]
 
 
 def own_head_beside_peer(df: pd.DataFrame) -> pd.DataFrame:
-    """mtplab's MTP-head rows shown next to the peer: the pinned policy's when the sweep has it."""
-    own = own_head(df)
+    """mtplab's greedy-decoding MTP-head rows shown next to the peer: the pinned policy's when the sweep has it."""
+    own = own_head(greedy_decoding(df))
     return own[own.policy == PINNED] if PINNED in set(own.policy) else own
 
 
@@ -143,7 +149,7 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
         "counters": len(own) > 0,
         "time_split": len(split) > 0,
         "memory": len(own) > 0 and "arena" in own,
-        "peer": "engine" in df and (df.engine == "ort-genai").any(),
+        "peer": len(peer_rows(df)) > 0,
         "temperature": len(temperature_rows(df)) > 0,
     }
 
