@@ -86,3 +86,15 @@ def test_threads_are_passed_not_read_from_the_environment(tmp_path):
     assert point_exec.point_parameters(fixed, tmp_path, threads=2)["point"]["threads"] == 1  # the spec's own
     stored = point_exec.point_parameters(point, tmp_path, threads=2)["point"]
     assert same_config(stored, point.run.to_dict()) and not same_config(stored, fixed.run.to_dict())
+
+
+def test_rounds_are_a_count_or_auto_and_auto_has_a_target_and_a_budget():
+    assert RunConfig(rounds="auto", rounds_target=0.05, rounds_budget=20).rounds == "auto"
+    with pytest.raises(config.ConfigError, match=r"rounds='often': must be an integer in 1..1000, or 'auto'"):
+        RunConfig(rounds="often")
+    with pytest.raises(config.ConfigError, match=r"rounds_target=0.05 with rounds=3: they size rounds='auto'"):
+        RunConfig(rounds_target=0.05)
+    with pytest.raises(config.ConfigError, match=r"rounds_budget=0: must be a number of seconds > 0"):
+        RunConfig(rounds="auto", rounds_budget=0)
+    args = parser().parse_args(["run", "--rounds", "auto", "--rounds-target", "0.02"])
+    assert _run_config(args)[0].rounds == "auto"

@@ -9,7 +9,7 @@ import pytest
 from conftest import synthetic_calibration
 
 from mtplab.engine.engine import Engine, prompt_tokens
-from mtplab.experiment.config import RunConfig
+from mtplab.experiment.config import RunConfig, point_id
 from mtplab.experiment.point import run_point
 from mtplab.measure import theory
 
@@ -80,3 +80,16 @@ def test_the_prediction_takes_nothing_from_the_points_run(tiny, monkeypatch):
 def test_an_mtp_point_predicts_from_the_acceptance_calibration(tiny):
     r = run_point(RunConfig(model="tiny", k=2, tokens=16, rounds=2), tiny, calibration=_calibration())
     assert r.predicted["alpha"] == 0.6 and r.theory["alpha_source"] == "acceptance calibration"
+
+
+def test_a_point_with_rounds_auto_says_how_its_rounds_ended(tiny):
+    from mtplab.experiment.point import result_text
+
+    run = RunConfig(model="tiny", k=2, tokens=16, drafter="oracle", alpha=0.7, rounds="auto", rounds_budget=2.0)
+    r = run_point(run, tiny, calibration=_calibration())
+    plan = r.extra["rounds"]
+    assert plan["mode"] == "auto" and plan["rounds"] == len(r.round_samples) >= 1
+    assert plan["stopped"] in ("within target", "budget spent")
+    assert (plan["stopped"] == "within target") == (plan["half_width"] <= 0.03)  # the default target
+    assert f"rounds auto: {plan['stopped']} after {plan['rounds']} rounds" in result_text(r)
+    assert "-nauto" in point_id(run) and "-rb2" in point_id(run)

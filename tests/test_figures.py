@@ -21,6 +21,7 @@ def test_a_figure_the_sweep_cannot_fill_shows_nothing(capsys):
         figures.time_split,
         figures.memory,
         figures.temperature,
+        figures.sampled_acceptance,
     ):
         assert recipe(peer_only) is None, recipe.__name__
     assert figures.counters_table(peer_only) is None
@@ -41,3 +42,20 @@ def test_acceptance_and_speedup_against_temperature_draw_a_line_per_k_and_engine
     assert labels == ["k=1", "k=3", "k=1 onnxruntime-genai", "k=3 onnxruntime-genai"]
     one_temperature = pd.DataFrame(rows).assign(temperature=0.0)
     assert figures.temperature(one_temperature) is None  # nothing to draw against
+
+
+SETTING = {"policy": "sibling-pinned", "commit": "select", "schedule": "fused"}
+
+
+def test_expected_against_measured_acceptance_draws_a_point_per_sampled_row(capsys):
+    rows = pd.DataFrame([
+        {"engine": "mtplab", "drafter": d, "k": 3, "temperature": t, "alpha": 0.5, **SETTING,
+         "theory.sampled_acceptance.expected": e, "theory.sampled_acceptance.measured": e + 0.01,
+         "theory.sampled_acceptance.judged": 200}
+        for d, e in (("oracle", 0.5), ("mtp", 0.1)) for t in (0.7, 1.0)
+    ] + [{"engine": "mtplab", "drafter": "oracle", "k": 3, "temperature": 0.0, "alpha": 0.5, **SETTING}])  # greedy: not drawn
+    fig = figures.sampled_acceptance(rows)
+    assert "Markdown" in capsys.readouterr().out
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["MTP head, T=0.7", "MTP head, T=1", "oracle mixture, T=0.7", "oracle mixture, T=1"]
+    assert figures.sampled_acceptance(rows[rows.temperature == 0]) is None

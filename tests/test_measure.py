@@ -86,3 +86,46 @@ def test_every_engine_builds_its_result_here():
                 if node.args or any(k.arg is not None for k in node.keywords):
                     builders.append(path.name)
     assert set(builders) == {"rounds.py"}
+
+
+# -- rounds: a fixed count, or auto-sized ---------------------------------------------------------------------
+def _closed(speedups):
+    return [{"speedup": s} for s in speedups]
+
+
+def _run(plan, speedups, seconds_per_round=0.0, clock=None):
+    samples = []
+    for r in plan.rounds(samples):
+        if clock is not None:
+            clock[0] += seconds_per_round
+        samples.append({"speedup": speedups[r % len(speedups)]})
+    return samples
+
+
+def test_fixed_rounds_run_exactly_their_count():
+    plan = measure.RoundsPlan(4)
+    assert len(_run(plan, [1.0, 1.5])) == 4
+    assert plan.outcome["mode"] == "fixed" and plan.outcome["stopped"] == "fixed" and plan.outcome["rounds"] == 4
+
+
+def test_auto_rounds_stop_once_the_ci_is_within_target_but_never_before_three():
+    plan = measure.RoundsPlan(None, target=0.03, budget_s=1e9)
+    samples = _run(plan, [1.20, 1.21, 1.19])  # tight from the start
+    assert len(samples) == measure.AUTO_MIN_ROUNDS
+    assert plan.outcome["stopped"] == "within target" and plan.outcome["half_width"] <= 0.03
+
+
+def test_auto_rounds_on_a_noisy_point_stop_at_the_budget_and_say_so(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    plan = measure.RoundsPlan(None, target=0.03, budget_s=10.0)
+    samples = _run(plan, [0.8, 1.4, 1.0, 1.6], seconds_per_round=2.0, clock=clock)
+    assert len(samples) == 5  # a sixth round would end at 12 s, past the 10 s budget
+    assert plan.outcome["stopped"] == "budget spent" and plan.outcome["half_width"] > 0.03
+    assert plan.outcome["seconds"] == 10.0 and plan.outcome["target"] == 0.03
+
+
+def test_auto_rounds_stop_at_the_most_rounds(monkeypatch):
+    monkeypatch.setattr(measure, "AUTO_MAX_ROUNDS", 7)
+    plan = measure.RoundsPlan(None, target=0.001, budget_s=1e9)
+    assert len(_run(plan, [0.8, 1.4])) == 7 and plan.outcome["stopped"] == "most rounds"

@@ -21,6 +21,7 @@ def test_every_notebook_is_listed():
         "01_two_slot_executor",
         "02_k_acceptance",
         "03_arena_and_commit",
+        "04_when_mtp_pays",
         "report",
     }
 
@@ -79,6 +80,8 @@ def test_notebooks_run_from_a_fresh_clone_and_write_only_under_results(tmp_path,
         run("02_k_acceptance")  # results="demo" does not exist yet: the error names the command
     assert run("02_k_acceptance", quick=True).count("image/png") >= 3  # runs the smoke sweep itself
     assert run("03_arena_and_commit", quick=True).count("image/png") >= 3
+    study = run("04_when_mtp_pays", quick=True)  # the smoke sweep's policy grid, its calibration, your hardware
+    assert study.count("image/png") >= 3 and "never" in study and "shared-jit, select -> sibling-pinned, select" in study
     text = run("01_two_slot_executor", tokens=32)
     assert "sibling (validation off)" in text and "image/png" in text
     assert (clone / "results" / "two-slot-executor" / "counters.png").exists()

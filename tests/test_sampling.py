@@ -14,7 +14,8 @@
    seeds are fixed, so a given build passes or fails every time. Settings: T = 1; T = 1 with the head's
    rows flattened (q at temperature 10: rejection sampling is exact for any q it draws from, and this one is
    rejected half the time, so the resample and bonus paths carry weight), also at k = 2 (the second
-   draft judged after the first in one verify); T = 0.5 with top-k 2 on the decode-verify schedule.
+   draft judged after the first in one verify); T = 0.5 with top-k 2 on the decode-verify schedule; the
+   oracle at T = 1 (its mixture of the target's distribution and a distractor, alpha 0.5, k = 2).
 3. Planted bugs, each caught by the same test at the same N.
 """
 
@@ -23,10 +24,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mtplab.check import flags
 from mtplab.engine import sampling
 from mtplab.engine.engine import Engine, prompt_tokens
 from mtplab.engine.sampling import Sampling, step_distribution
 from mtplab.experiment.config import ConfigError, RunConfig
+from mtplab.measure import theory
 from mtplab.measure.stats import two_sample_chi_square
 from mtplab.model import build_model, preset
 
@@ -91,8 +94,6 @@ def test_the_transform_applies_temperature_then_top_k_then_top_p():
     ({"temperature": 0.7}, "temperature=0.7 samples, but acceptance='greedy-match' decodes greedily"),
     ({"acceptance": "rejection-sampling"}, "acceptance='rejection-sampling' samples: give temperature > 0"),
     ({"top_k": 5}, "top_k=5, top_p=1.0: they shape sampling, which needs temperature > 0"),
-    ({"temperature": 1.0, "acceptance": "rejection-sampling", "drafter": "oracle"},
-     "drafter='oracle' has no distribution to draft from"),
     ({"temperature": -1.0}, "temperature=-1.0: must be a number >= 0"),
     ({"top_p": 0.0}, "top_p=0.0: must be within (0, 1], a number"),
 ])
@@ -147,6 +148,7 @@ SETTINGS = {  # name: (the target's sampling, the speculative run's changes)
     "T=1, flat drafts": ({"temperature": 1.0}, {"flat_drafts": True}),
     "T=1, flat drafts, k=2": ({"temperature": 1.0}, {"flat_drafts": True, "k": 2}),  # two drafts judged in one verify
     "T=0.5, top-k 2": ({"temperature": 0.5, "top_k": 2}, {"schedule": "decode-verify"}),
+    "T=1, mixture oracle": ({"temperature": 1.0}, {"drafter": "oracle", "alpha": 0.5, "k": 2}),
 }
 TRUTHS = {"T=1": {"temperature": 1.0}, "T=0.5, top-k 2": {"temperature": 0.5, "top_k": 2}}
 
@@ -189,9 +191,24 @@ PLANTED = {
     "temperature on the draft only": ("T=0.5, top-k 2",
                                       lambda e, mp: setattr(e.acceptance, "sampling", Sampling(1.0, top_k=2))),
     "top-k on the draft only": ("T=0.5, top-k 2", lambda e, mp: setattr(e.acceptance, "sampling", Sampling(0.5))),
+    "judged against another q than drawn from": ("T=1, mixture oracle", lambda e, mp: _judge_without_distractor(e)),
 }
 
 
+def _judge_without_distractor(engine: Engine) -> None:
+    """The mixture draws from q but the verify judges it against q with the distractor's mass taken out."""
+    rule, draw_from = engine.acceptance, engine.acceptance.draft_from
+
+    def planted(xp, q):
+        token = draw_from(xp, q)
+        rule.q[-1] = xp.where(q == q.max(), 0.0, q) if q.max() >= 0.5 else q  # the distractor holds >= 1 - alpha
+        rule.q[-1] = rule.q[-1] / rule.q[-1].sum()
+        return token
+
+    rule.draft_from = planted
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")  # a planted q with no mass where a draft came from
 @pytest.mark.parametrize("bug", list(PLANTED))
 def test_the_loop_test_catches_a_planted_bug(small_vocab, plain, bug, monkeypatch):
     setting, plant = PLANTED[bug]
@@ -207,3 +224,59 @@ def test_the_same_seed_gives_the_same_tokens(small_vocab):
     b = _engine(small_vocab, sample_seed=7, k=3).speculative(prompt, 24)["tokens"]
     c = _engine(small_vocab, sample_seed=8, k=3).speculative(prompt, 24)["tokens"]
     assert a == b and a != c
+
+
+# -- the oracle at temperature > 0: expected acceptance against measured ------------------------------------------
+@pytest.mark.parametrize("alpha", [0.2, 0.8])
+def test_the_mixture_oracle_keeps_drafts_at_the_rate_sum_min_p_q_sets(alpha):
+    art = build_model(preset("tiny"))
+    engine = Engine(RunConfig(model="tiny", drafter="oracle", alpha=alpha, temperature=1.0, k=3, tokens=160,
+                              acceptance="rejection-sampling"), art)
+    engine.acceptance.track(3)
+    run = engine.speculative(prompt_tokens(art.description.vocab_size, 8, 0), 160)
+    tracked = engine.acceptance.tracked()
+    sa = theory.sampled_acceptance(run["accepted"], 3, tracked)
+    assert tracked["judged"] == [sum(1 for a in run["accepted"] if a >= i - 1) for i in (1, 2, 3)]
+    # q = alpha p + (1 - alpha) [d]: sum(min(p, q)) = alpha + (1 - alpha) p(d), at least alpha
+    assert alpha - 1e-9 <= sa["expected"] <= alpha + (1 - alpha) * 0.5, sa
+    assert flags.sampled_warning(sa) is None, sa  # kept at the expected rate within the test's false-alarm line
+    assert engine.acceptance.expected is None  # tracking stopped
+
+
+def test_the_mixture_oracle_is_reproducible_and_a_second_run_only_looks_rows_up():
+    art = build_model(preset("tiny"))
+    run = RunConfig(model="tiny", drafter="oracle", alpha=0.5, temperature=0.8, top_k=20, k=2, tokens=48,
+                    acceptance="rejection-sampling", schedule="fused")
+    engine = Engine(run, art)
+    prompt = prompt_tokens(art.description.vocab_size, 8, 0)
+    first = engine.speculative(prompt, 48)
+    rows = engine.drafter_memory["target rows"]
+    computed = rows.forwards
+    again = engine.speculative(prompt, 48)
+    assert again["tokens"] == first["tokens"] and again["accepted"] == first["accepted"]
+    assert rows.forwards == computed > 0  # the timed rounds repeat the checked run: no target forward of their own
+    other = Engine(run.replace(sample_seed=1), art).speculative(prompt, 48)
+    assert other["tokens"] != first["tokens"]
+
+
+def test_sampled_acceptance_far_from_its_expectation_is_flagged():
+    ok = {"judged": 400, "kept": 352, "expected": 0.9, "measured": 0.88}
+    bad = ok | {"kept": 300, "measured": 0.75}
+    assert flags.sampled_warning(ok) is None
+    w = flags.sampled_warning(bad)
+    assert w["name"] == "sampled_acceptance" and "kept 300 of 400 judged drafts (75.0%)" in w["message"]
+
+
+def test_a_sampled_oracle_point_reports_expected_beside_measured_acceptance():
+    from conftest import synthetic_calibration
+
+    from mtplab.experiment.point import result_text, run_mtplab_point
+
+    r = run_mtplab_point(RunConfig(model="tiny", drafter="oracle", alpha=0.6, temperature=1.0, k=3, tokens=48,
+                                   rounds=2, acceptance="rejection-sampling"), calibration=synthetic_calibration())
+    sa = r.theory["sampled_acceptance"]
+    assert r.lossless and not r.identity["timed_audit"]["problems"], r.verdict
+    assert sa["judged"] > 0 and 0.6 - 1e-9 <= sa["expected"] < 1
+    assert r.theory["alpha_source"].startswith("measured in the checked run")
+    assert "oracle_acceptance" not in {w["name"] for w in r.warnings}  # alpha^i is greedy's law, not the mixture's
+    assert "against an expected sum(min(p, q))" in result_text(r)

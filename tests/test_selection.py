@@ -81,3 +81,11 @@ def test_the_side_by_side_with_the_peer_compares_greedy_decoding_only():
     assert list(selection.own_head_beside_peer(rows).temperature) == [0.0]
     older = rows.drop(columns="temperature")  # a sweep from before sampling: every row decodes greedily
     assert len(selection.peer_rows(older)) == 2
+
+
+def test_the_alpha_figures_and_the_heads_acceptance_take_greedy_decoding_rows_only():
+    rows = pd.DataFrame([{"engine": "mtplab", "drafter": d, "policy": "sibling-pinned", "commit": "select", "k": 2,
+                          "alpha": 0.5, "temperature": t} for d in ("oracle", "mtp") for t in (0.0, 1.0)])
+    assert list(selection.set_acceptance(rows).temperature) == [0.0]  # the oracle's alpha^i law is greedy's
+    assert list(selection.own_head(rows).temperature) == [0.0]
+    assert len(selection.temperature_rows(rows)) == 2  # the head's rows against temperature take both

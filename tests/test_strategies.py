@@ -13,7 +13,7 @@ import pytest
 from conftest import synthetic_calibration
 
 from mtplab.engine.strategies import COMMITS, DRAFTERS, PLUGINS_ENV, Registry
-from mtplab.experiment.config import RunConfig
+from mtplab.experiment.config import ConfigError, RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.report.publish import make_report
 from mtplab.sweep import grid, store
@@ -32,6 +32,12 @@ def toys(monkeypatch):
     yield module
     module.unregister()
     sys.modules.pop("toy_strategies", None)
+
+
+def test_a_drafter_that_does_not_draft_through_the_rule_is_refused_at_temperature_above_zero(toys):
+    with pytest.raises(ConfigError, match=r"drafter='copy-reference' has no distribution to draft from, which "
+                                          r"rejection sampling needs: at temperature > 0 use drafter in \['mtp', 'oracle'\]"):
+        RunConfig(model="tiny", drafter="copy-reference", temperature=1.0, acceptance="rejection-sampling")
 
 
 def test_a_registry_refuses_a_taken_name_and_names_what_is_registered():

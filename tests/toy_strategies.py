@@ -53,7 +53,9 @@ class CopyReference:
 class CopyReferenceKind(DrafterKind):
     name = "copy-reference"
     summary = "the greedy reference's next k tokens"
-    needs_reference = True
+
+    def needs_reference(self, run) -> bool:
+        return True
 
     def build(self, engine, reference):
         return CopyReference(reference, engine.xp)

@@ -9,6 +9,9 @@ Each warning is {"name", "message"}; the names are stable (the report counts the
   more than both samples' noise explains (one-sided z-test, false-alarm rate ACCEPTANCE_FALSE_ALARM);
 - oracle_acceptance: the oracle drafter's accepted counts are not what its alpha sets (two-sided
   z-test, false-alarm rate ORACLE_FALSE_ALARM): the drafter does not draft as configured;
+- sampled_acceptance: at temperature > 0, the kept share of the judged drafts is not their expected
+  acceptance sum(min(p, q)) (two-sided z-test on a variance bound, false-alarm rate at most
+  ORACLE_FALSE_ALARM): the rejection sampler does not keep drafts at the rate its rule sets;
 - the timed-round audit's own (mtplab.check.audit): timed_fallbacks, timed_state_not_bitwise, clock.
 """
 
@@ -89,8 +92,28 @@ def oracle_warning(accepted: list[int], k: int, alpha: float) -> dict | None:
     )
 
 
+def sampled_warning(sampled: dict) -> dict | None:
+    """The sampled_acceptance warning, or None: kept drafts against the sum of their expected acceptance. The kept
+    count is a sum of Bernoulli(e_j) over the judged drafts, its variance at most J * e * (1 - e) for their mean e:
+    the z-test on that bound raises at most ORACLE_FALSE_ALARM false alarms."""
+    judged, e = sampled.get("judged") or 0, sampled.get("expected")
+    if not judged or e is None:
+        return None
+    se = math.sqrt(judged * e * (1 - e))
+    z = (sampled["kept"] - judged * e) / se if se else (0.0 if sampled["kept"] == judged * e else float("inf"))
+    if abs(z) <= _Z2:
+        return None
+    return warning(
+        "sampled_acceptance",
+        f"rejection sampling kept {sampled['kept']} of {judged} judged drafts ({sampled['measured']:.1%}), their "
+        f"expected acceptance sum(min(p, q)) sets {e:.1%}; z = {z:.1f}, beyond the two-sided {ORACLE_FALSE_ALARM:.1%} "
+        "false-alarm line: drafts are not kept at the rate the rule sets",
+    )
+
+
 def point_warnings(efficiency: float, unaccounted: float, drafter: str, accepted: list[int], k: int,
-                   calibration: dict | None, audit: dict, alpha: float | None = None) -> list[dict]:
+                   calibration: dict | None, audit: dict, alpha: float | None = None,
+                   sampled: dict | None = None) -> list[dict]:
     """Every named warning of one point (see the module docstring)."""
     out = []
     lo, hi = EFFICIENCY_BAND
@@ -107,6 +130,8 @@ def point_warnings(efficiency: float, unaccounted: float, drafter: str, accepted
     if source == "calibration" and calibration is not None and (w := acceptance_warning(accepted, k, calibration)):
         out.append(w)
     if source == "setting" and alpha is not None and (w := oracle_warning(accepted, k, alpha)):
+        out.append(w)
+    if sampled is not None and (w := sampled_warning(sampled)):
         out.append(w)
     for name, w in audit.get("warnings", {}).items():
         out.append(warning(name, w["message"] + (f" ({w['count']} runs)" if w["count"] > 1 else "")))

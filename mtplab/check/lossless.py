@@ -219,7 +219,9 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
             checks[0] += time.perf_counter() - t
 
         trace = Trace.begin(engine)
+        engine.acceptance.track(run.k)  # a sampling rule sums sum(min(p, q)) over the judged drafts
         spec = engine.speculative(prompt, n, reference=greedy.tokens, on_commit=on_commit)
+        spec["expected_acceptance"] = engine.acceptance.tracked()
         trace.end(engine, spec["tokens"], spec["accepted"])
         # what the run left behind, after its last commit
         on_commit(len(spec["accepted"]), engine.state.length, spec["tokens"])

@@ -243,7 +243,7 @@ def _report(args) -> int:
     from mtplab.report.publish import make_report
 
     try:
-        path = make_report(args.sweep_dir)
+        path = make_report(args.sweep_dir, notebook="04_when_mtp_pays" if args.study else "report")
     except ValueError as err:
         print(f"mtplab report: {err}", file=sys.stderr)
         return 2
@@ -388,6 +388,9 @@ def parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="render a sweep into report.html", **fmt)
     rep.add_argument("sweep_dir", help="a finished sweep's folder, e.g. results/demo")
+    rep.add_argument("--study", action="store_true",
+                     help="render the study (notebooks/04_when_mtp_pays.ipynb: the seed's path, break-even acceptance, "
+                          "your hardware's prediction) into study.html instead, from a `mtplab sweep --grid study`")
     rep.set_defaults(func=_report)
 
     c = sub.add_parser("compare", help="two sweeps side by side, points matched by their parameters", **fmt)

@@ -30,6 +30,14 @@ class AcceptanceRule:
     def new_generation(self) -> None:
         """A new generation starts (a sampling rule reseeds its generator)."""
 
+    def track(self, k: int) -> None:
+        """Start summing the expected acceptance of judged drafts (a sampling rule; see `tracked`)."""
+
+    def tracked(self) -> dict | None:
+        """Judged drafts and their mean expected acceptance per draft position since `track`, and tracking stops
+        (None: not defined)."""
+        return None
+
     def token(self, xp, row):
         """The target's token from one logits row [V]: the prefill's, each greedy decode's."""
         raise NotImplementedError

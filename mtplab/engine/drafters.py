@@ -1,4 +1,5 @@
-"""Drafters: the model's MTP head, and a controlled-acceptance oracle for performance studies.
+"""Drafters: the model's MTP head, and a controlled-acceptance oracle for performance studies (at temperature
+> 0 the oracle is a mixture drafter: mtplab.engine.mixture).
 
 A drafter kind (DrafterKind, registered in `mtplab.engine.strategies.DRAFTERS`) says which RunConfig
 parameters it takes, where its acceptance comes from and whether the MTP head runs, and builds the
@@ -16,6 +17,7 @@ import numpy as np
 
 from mtplab.base.names import canonical
 from mtplab.engine.acceptance import GREEDY_MATCH
+from mtplab.engine.mixture import MixtureDrafter
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription
 from mtplab.runtime.arena import array_module
@@ -105,18 +107,22 @@ class DrafterKind:
     params: the RunConfig fields it takes (refused with any other drafter; the oracle's alpha).
     acceptance: where its acceptance comes from, for the prediction and the acceptance warning:
     "setting" (the `alpha` it is given), "calibration" (the MTP head's, measured apart) or None (no prediction).
-    needs_reference: it drafts from the greedy reference's tokens.
+    needs_reference(run): it drafts from the greedy reference's tokens in this run.
     peer: the onnxruntime-genai peer runs this drafter too.
-    samples: it drafts with the acceptance rule's draft_token, so a sampling rule has its distributions.
+    samples: it drafts through the acceptance rule (draft_token or draft_from), so a sampling rule has its
+    distributions.
     """
 
     name: str = ""
     summary: str = ""
     params: tuple[str, ...] = ()
     acceptance: str | None = None
-    needs_reference: bool = False
     peer: bool = False  # the onnxruntime-genai peer runs it too (its MtpGenerator runs the model's MTP head)
-    samples: bool = False  # drafts with the acceptance rule's draft_token (a sampling rule gets its distributions)
+    samples: bool = False  # drafts through the acceptance rule (a sampling rule gets its distributions)
+
+    def needs_reference(self, run) -> bool:
+        """Whether this run's drafter reads the greedy reference's tokens."""
+        return False
 
     def uses_head(self, run) -> bool:
         """Whether the MTP head runs k steps per speculative step (and its prefill) in this run."""
@@ -151,16 +157,25 @@ class MtpKind(DrafterKind):
 
 class OracleKind(DrafterKind):
     name = "oracle"
-    summary = "the greedy reference's token with probability alpha, else a wrong one (performance studies only)"
+    summary = ("the greedy reference's token with probability alpha, else a wrong one; at temperature > 0 a draft "
+               "from alpha * the target's distribution + (1 - alpha) * a fixed token (performance studies only)")
     params = ("alpha", "oracle_free_drafts")
     acceptance = "setting"
-    needs_reference = True
+    samples = True  # at temperature > 0 it draws through the rule (mtplab.engine.mixture)
+
+    def needs_reference(self, run) -> bool:
+        return run.temperature == 0  # the mixture drafts from the target itself
 
     def uses_head(self, run) -> bool:
         return not run.oracle_free_drafts
 
     def build(self, engine, reference):
         run = engine.run_cfg
+        if engine.acceptance.samples:  # temperature > 0: the mixture of the target's distribution and a distractor
+            # the head runs for its cost only, drafting argmax: the run's random numbers and q rows stay the mixture's
+            head = None if run.oracle_free_drafts else MtpDrafter(
+                engine.desc, engine.mtp, engine.mtp_state, engine.forwards, GREEDY_MATCH.draft_token)
+            return MixtureDrafter(engine, run.alpha, run.seed, head)
         head = None if run.oracle_free_drafts else engine.head
         return OracleDrafter(reference, run.alpha, run.seed, engine.desc.vocab_size, head, engine.xp)
 

@@ -124,6 +124,9 @@ class Engine:
             validate=run.validate,
         )
         self.forwards: dict[str, int] = {}
+        self.drafter_memory: dict = {}  # what a drafter keeps between this engine's runs (the mixture's target rows)
+        self.prompt: list[int] = []  # the speculative generation in progress: its prompt and emitted tokens so far
+        self.emitted: list[int] = []
         self._keys: dict[tuple, str] = {}  # forward counter names by (slot, label, M)
         io = desc.target
         self._roles = (io.logits, io.hidden) if (io.logits, io.hidden) != ("logits", "hidden") else ()
@@ -243,14 +246,14 @@ class Engine:
     def drafter(self, reference: list[int] | None) -> Drafter:
         """The run's drafter (its registered kind builds it; the oracle drafts from the greedy reference)."""
         kind = DRAFTERS.get(self.run_cfg.drafter)
-        if kind.needs_reference and reference is None:
+        if kind.needs_reference(self.run_cfg) and reference is None:
             raise ValueError(f"the {kind.name} drafter needs the greedy reference tokens")
         return kind.build(self, reference)
 
     def _check_reference(self, reference: list[int] | None, n: int) -> None:
         """A reference-reading drafter reads up to k + 1 tokens past the n a run makes (its last step's drafts)."""
         need = n + self.k + 1
-        if DRAFTERS.get(self.run_cfg.drafter).needs_reference and reference is not None and len(reference) < need:
+        if DRAFTERS.get(self.run_cfg.drafter).needs_reference(self.run_cfg) and reference is not None and len(reference) < need:
             raise ValueError(f"the {self.run_cfg.drafter} drafter drafts from the greedy reference: a run of {n} tokens "
                              f"at k={self.k} needs its first {need} tokens (n + k + 1), got {len(reference)}")
 
@@ -267,6 +270,7 @@ class Engine:
         drafter = self.drafter(reference)
         out = self.start(prompt)
         emitted = [int(self.device.read(self.acceptance.token(self.xp, out["logits"][0, -1])))]
+        self.prompt, self.emitted = list(prompt), emitted
         drafter.prefill(prompt[1:] + emitted, out["hidden"][0])
         self.last_hidden[...] = out["hidden"][0, -1]
         self.opened = time.perf_counter()  # the head's prefill is untimed setup too

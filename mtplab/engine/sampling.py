@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtplab.base.arrays import to_numpy
 from mtplab.engine.acceptance import AcceptanceRule, leading_run
 from mtplab.engine.strategies import ACCEPTANCE
 
@@ -116,6 +117,8 @@ class SampledRun(AcceptanceRule):
         self.draft_sampling = sampling  # the drafter's rows go through the same transform
         self.new_generation()
 
+        self.expected = None  # per-position sums of min(p, q) and judged counts, while tracked (see track)
+
     def new_generation(self) -> None:
         self.rng = self.xp.random.default_rng(self.seed)
         self.q: list = []
@@ -124,11 +127,28 @@ class SampledRun(AcceptanceRule):
         return draw(xp, self.sampling.probs(xp, row), self.rng.random())
 
     def draft_token(self, xp, row):
-        q = self.draft_sampling.probs(xp, row)
+        return self.draft_from(xp, self.draft_sampling.probs(xp, row))
+
+    def draft_from(self, xp, q):
+        """A draft drawn from the distribution q [V] (kept for the verify that judges it)."""
         self.q.append(q)
         if len(self.q) > KEPT_DRAFT_ROWS:  # drafts no verify judged (a calibration's timed head steps)
             del self.q[0]
         return draw(xp, q, self.rng.random())
+
+    def track(self, k: int) -> None:
+        """From now on, sum each judged draft's expected acceptance, sum(min(p, q)), per draft position (device
+        arrays; the checked pass tracks, timed runs do not pay for it)."""
+        self.expected = {"sum": self.xp.zeros(k), "judged": self.xp.zeros(k)}
+
+    def tracked(self) -> dict | None:
+        """Since `track`, per draft position: "judged" (drafts a verify judged) and "expected" (their mean
+        sum(min(p, q)), None where none was judged); tracking stops."""
+        if self.expected is None:
+            return None
+        total, judged = (to_numpy(a) for a in self.expected.values())
+        self.expected = None
+        return {"judged": [int(j) for j in judged], "expected": [float(s / j) if j else None for s, j in zip(total, judged)]}
 
     def accept(self, xp, drafts, logits):
         k = int(drafts.shape[0])
@@ -142,6 +162,10 @@ class SampledRun(AcceptanceRule):
         u = self.rng.random(k + 1)
         kept = u[:k] < keep_probability(xp, p[rows, drafts], q[rows, drafts])
         n = leading_run(xp, kept)
+        if self.expected is not None:  # a draft is judged up to and including the first rejection
+            judged = rows <= n
+            self.expected["sum"][:k] += xp.where(judged, xp.minimum(p[:k], q).sum(axis=-1), 0.0)
+            self.expected["judged"][:k] += judged
         # row n: the residual of the first rejected position, or p_k when every draft passed (the bonus)
         source = xp.concatenate([residual(xp, p[:k], q), bonus(xp, p, q)])[n]
         targets = xp.concatenate([drafts, drafts[:1]])

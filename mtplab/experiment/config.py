@@ -59,7 +59,9 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
-ROUNDS = (lambda v: _integer(1)(v) and v <= MAX_ROUNDS, f"an integer in 1..{MAX_ROUNDS}")
+ROUNDS = (lambda v: v == "auto" or (_integer(1)(v) and v <= MAX_ROUNDS), f"an integer in 1..{MAX_ROUNDS}, or 'auto'")
+ROUNDS_TARGET = (_number(lambda v: 0.0 < v < 1.0), "within (0, 1), a number (0.03: 3% of the median)")
+ROUNDS_BUDGET = (_number(lambda v: 0.0 < v < float("inf")), "a number of seconds > 0")
 THREADS = (
     lambda v: _integer(0)(v) and v <= THREADS_PER_CORE * _cores(),
     f"an integer in 0..{THREADS_PER_CORE * _cores()} (0: onnxruntime's default; at most {THREADS_PER_CORE} per core "
@@ -163,7 +165,8 @@ class RunConfig:
                    rule=INTEGER_1, id=("body", 1, "k{}"))
     drafter: str = param("mtp", "who drafts", group="decoding", choices=DRAFTERS.names, id=("body", 2, _drafter_id))
     alpha: float = param(
-        0.8, "oracle drafter acceptance per position, in [0, 1] (the oracle's parameter)", group="decoding",
+        0.8, "oracle drafter acceptance per position, in [0, 1] (the oracle's parameter; at temperature > 0 the "
+             "weight of the target's own distribution in its draft mixture)", group="decoding",
         rule=UNIT_INTERVAL, cli_unset=True, id=("none", 0, None),
     )
     oracle_free_drafts: bool = param(False, "oracle drafter skips the MTP head (the oracle's parameter)",
@@ -201,10 +204,16 @@ class RunConfig:
     prompt_len: int = param(8, "prompt tokens", group="measurement", rule=INTEGER_1, tag="p", id=("tail", 3, None),
                             per_run=True)
     seed: int = param(0, "prompt seed, an integer >= 0", group="measurement", rule=INTEGER_0, id=("body", 7, "s{}"))
-    rounds: int = param(
-        3, f"paired greedy/speculative timed rounds (1..{MAX_ROUNDS}), timed after the untimed checked pass",
+    rounds: int | str = param(
+        3, f"paired greedy/speculative timed rounds (1..{MAX_ROUNDS}), timed after the untimed checked pass; 'auto': "
+           "rounds until the speedup's 95% CI half-width is within rounds_target of its median (3 rounds at least), "
+           "or rounds_budget runs out",
         group="measurement", rule=ROUNDS, id=("tail", 1, "n{}"),
     )
+    rounds_target: float = param(0.03, "rounds 'auto': the speedup CI half-width to reach, a share of the median",
+                                 group="measurement", rule=ROUNDS_TARGET, tag="rt", id=("tail", 13, None))
+    rounds_budget: float = param(60.0, "rounds 'auto': seconds of timed rounds a point may spend to reach its target",
+                                 group="measurement", rule=ROUNDS_BUDGET, tag="rb", id=("tail", 14, None))
     threads: int = param(
         0,
         "ONNX Runtime intra-op threads per session (0: onnxruntime's default, every core; a sweep gives each "
@@ -316,6 +325,11 @@ def run_problems(values: dict) -> list[str]:
             f"(got drafter={cfg['drafter']!r}, backend={cfg['backend']!r})"
         )
     problems += sampling_problems(cfg)
+    if cfg["rounds"] != "auto":
+        set_apart = [f"{n}={cfg[n]!r}" for n in ("rounds_target", "rounds_budget") if cfg[n] != _field(n).default]
+        if set_apart:
+            problems.append(f"{', '.join(set_apart)} with rounds={cfg['rounds']!r}: they size rounds='auto' (drop "
+                            "them, or give rounds='auto')")
     commit = COMMITS.get(cfg["commit"])
     if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
         others = [c.name for c in COMMITS.values() if not c.primary_multi_token]

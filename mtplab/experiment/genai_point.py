@@ -29,13 +29,14 @@ def exported(art: Artifact, threads: int = 0):
     return folder
 
 
-def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, rounds: int) -> dict:
-    """Paired rounds: genai greedy and genai MTP (order alternating), then mtplab's greedy, each round.
+def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, plan: measure.RoundsPlan) -> dict:
+    """Paired rounds as the plan says: genai greedy and genai MTP (order alternating), then mtplab's greedy, each
+    round.
 
     Every side counts and is timed as mtplab.measure.rounds says.
     """
     samples, last, greedy_tokens = [], None, None
-    for r in range(rounds):
+    for r in plan.rounds(samples):
         order = ("greedy", "mtp") if r % 2 == 0 else ("mtp", "greedy")
         sample = measure.paired_round(r, order)
         for side in order:
@@ -67,7 +68,8 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
     peer = GenaiPeer(exported(art, run.threads), sampling if sampled else None)
     peer.greedy(prompt, 16)  # warm-ups, both generators
     peer.mtp(prompt, 16, run.k)
-    measured = peer_rounds(peer, engine, prompt, n, run.k, run.rounds)
+    plan = measure.RoundsPlan.of(run)
+    measured = peer_rounds(peer, engine, prompt, n, run.k, plan)
     samples, tokens, stats = measured["samples"], measured["tokens"], measured["stats"]
     greedy_tokens = measured["greedy_tokens"]
     if sampled:  # genai's own sampler and acceptance: its tokens have nothing of mtplab's to equal
@@ -122,5 +124,6 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
             "draft_acceptance_denominator": "draft tokens evaluated (og.MtpGenerator.get_stats), last round",
             "mtplab_greedy_tokens_per_s": mtplab_greedy["median"],
             "mtplab_greedy_tokens_per_s_ci": mtplab_greedy["ci"],
+            "rounds": plan.outcome,
         },
     )

@@ -61,8 +61,8 @@ def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> N
         raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
 
 
-def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, checked: lossless.Checked) -> dict:
-    """`rounds` paired rounds of greedy and speculative, the order alternating (G S, S G, G S, ...).
+def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.RoundsPlan, checked: lossless.Checked) -> dict:
+    """Paired rounds of greedy and speculative as the plan says, the order alternating (G S, S G, G S, ...).
 
     Both sides count as mtplab.measure.rounds says (the n - 1 tokens after the prefill's token, timed from
     after the prefill; speculative's overshoot in its last step is not counted). Timed runs do only
@@ -75,7 +75,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, rounds: int, checked
         oracle.STATE_RTOL[engine.desc.precision],
     )
     samples, split, accepted, generated = [], {}, [], 0
-    for r in range(rounds):
+    for r in plan.rounds(samples):
         order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
         sample = measure.paired_round(r, order)
         for side in order:
@@ -132,7 +132,8 @@ def run_mtplab_point(
     primary = engine.target.state[Slot.PRIMARY]
     fallbacks = primary.fallbacks
     timed_before = _counters(engine)
-    timed = timed_rounds(engine, prompt, n, run.rounds, checked)
+    plan = measure.RoundsPlan.of(run)
+    timed = timed_rounds(engine, prompt, n, plan, checked)
     timed_slots = _diff(_counters(engine), timed_before)
     audit = timed["audit"].summary()
     audit["problems"] = built + audit["problems"]
@@ -148,7 +149,9 @@ def run_mtplab_point(
     predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n,
                                eager_share=eager_share(slots, engine.target.labels)) if (
         alpha is not None and theory.covers(calibration, k, run.commit)) else None
-    split = {key: v / run.rounds for key, v in timed["split"].items()}  # per speculative run
+    tracked = checked.spec.get("expected_acceptance")  # a sampled run's sum(min(p, q)) per judged draft
+    sampled = theory.sampled_acceptance(checked.spec["accepted"], k, tracked, run.schedule) if tracked else None
+    split = {key: v / len(samples) for key, v in timed["split"].items()}  # per speculative run
     acceptance = measure.acceptance(
         steps, int(sum(timed["accepted"])), steps * k, timed["generated"], timed["accepted"], k
     )
@@ -173,7 +176,7 @@ def run_mtplab_point(
             "acceptance_length": theory.acceptance_length(alpha, k),
             "acceptance_per_position": theory.per_position(alpha, k),
             "alpha_source": alpha_source,
-        } if alpha is not None else {"alpha_source": alpha_source}),
+        } if alpha is not None else {"alpha_source": alpha_source}) | ({"sampled_acceptance": sampled} if sampled else {}),
         env=environment(run.backend, run.threads) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
         extra={
             "greedy_baseline": baseline,
@@ -182,6 +185,7 @@ def run_mtplab_point(
             "calibration_measured": {"at": calibration.get("measured_at"), "load": calibration.get("load"),
                                      "source": calibration.get("source", "cached on this machine")},
             "accounting": accounting(samples, split, steps),
+            "rounds": plan.outcome,
         },
     )
     published = [f"the published numbers: {p}" for p in result_problems(result, n, k, timed["generated"])]
@@ -197,7 +201,8 @@ def run_mtplab_point(
     result.lossless, result.verdict = ok, verdict
     result.warnings = flags.point_warnings(
         result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter, checked.spec["accepted"], k,
-        None if run.temperature > 0 else calibration, audit, alpha=run.alpha,  # the calibration's acceptance is greedy
+        None if run.temperature > 0 else calibration, audit,  # the calibration's acceptance is greedy's
+        alpha=None if sampled else run.alpha, sampled=sampled,  # the oracle's alpha^i holds for greedy drafts only
     )
     return result
 
@@ -248,6 +253,16 @@ def _ci(ci, fmt: str) -> str:
     return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
+def rounds_outcome_text(plan: dict) -> str:
+    """How an auto-sized point's rounds ended, in words."""
+    return (f"{plan['stopped']} after {plan['rounds']} rounds in {plan['seconds']:.0f} s (speedup CI half-width "
+            f"{plan['half_width']:.1%}, target {plan['target']:.0%}, budget {plan['budget_s']:.0f} s)")
+
+
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
 def result_text(r: RunResult) -> str:
     """One RunResult as text: throughput, acceptance, per-slot counters in the seed's form, identity."""
     c = r.config
@@ -262,6 +277,8 @@ def result_text(r: RunResult) -> str:
         + ("" if r.stable else "   no CI from one round" if len(r.round_samples) < 2
            else "   UNSTABLE (CI half-width > 5% of the median)"),
     ]
+    if (plan := r.extra.get("rounds") or {}).get("mode") == "auto":
+        lines.append(f"  rounds auto: {rounds_outcome_text(plan)}")
     if r.predicted:
         when = r.extra.get("calibration_measured") or {}
         lines.append(
@@ -278,6 +295,11 @@ def result_text(r: RunResult) -> str:
     ]
     if r.acceptance_per_position:  # the peer reports neither
         lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position))
+    if sa := r.theory.get("sampled_acceptance"):
+        lines.append(f"  rejection sampling (checked run): kept {sa['kept']} of {sa['judged']} judged drafts, "
+                     f"{_share(sa['measured'])} against an expected sum(min(p, q)) of {_share(sa['expected'])}; "
+                     f"tokens/step {sa['measured_tokens_per_step']:.2f} against {sa['expected_tokens_per_step']:.2f} "
+                     "expected")
     if r.time_split:
         lines.append("  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()))
     if r.slots:

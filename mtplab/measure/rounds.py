@@ -13,8 +13,16 @@ per position, P(accepted >= i) over the steps.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
 from mtplab.measure import stats, theory
 from mtplab.measure.result import RunResult
+
+AUTO = "auto"
+AUTO_MIN_ROUNDS = 3  # a CI from fewer rounds says nothing (two rounds' bootstrap CI is their range)
+AUTO_MAX_ROUNDS = 200
 
 
 def rate(count: float, per: float) -> float:
@@ -109,3 +117,48 @@ def run_result(samples: list[dict], n: int, acceptance_fields: dict, predicted: 
         **acceptance_fields,
         **fields,
     )
+
+
+@dataclass
+class RoundsPlan:
+    """How many paired rounds a point runs: `fixed` of them, or, when fixed is None (rounds: auto), rounds until
+    the speedup's 95% CI half-width is within `target` of its median (after AUTO_MIN_ROUNDS), or until the next
+    round would end past `budget_s` seconds of timed rounds, or AUTO_MAX_ROUNDS (pyperf and criterion size
+    their repetitions the same way). `outcome` says which happened, once the rounds are over."""
+
+    fixed: int | None
+    target: float = 0.03
+    budget_s: float = 60.0
+    outcome: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, run) -> RoundsPlan:
+        """A RunConfig's plan (its rounds, rounds_target and rounds_budget)."""
+        fixed = None if run.rounds == AUTO else int(run.rounds)
+        return cls(fixed, float(run.rounds_target), float(run.rounds_budget))
+
+    def rounds(self, samples: list[dict], key: str = "speedup") -> Iterator[int]:
+        """Round numbers 0, 1, ... while another round is due; `samples` is the caller's list of closed rounds."""
+        start, r = time.perf_counter(), 0
+        while True:
+            elapsed = time.perf_counter() - start
+            reason, width = self._stop(samples, r, elapsed, key)
+            if reason is not None:
+                self.outcome = {"mode": "fixed" if self.fixed is not None else AUTO, "stopped": reason, "rounds": r,
+                                "half_width": width, "target": None if self.fixed is not None else self.target,
+                                "budget_s": None if self.fixed is not None else self.budget_s, "seconds": elapsed}
+                return
+            yield r
+            r += 1
+
+    def _stop(self, samples: list[dict], r: int, elapsed: float, key: str) -> tuple[str | None, float]:
+        width = stats.summarize([s[key] for s in samples])["half_width"] if len(samples) >= 2 else float("nan")
+        if self.fixed is not None:
+            return ("fixed" if r >= self.fixed else None), width
+        if r >= AUTO_MIN_ROUNDS and width <= self.target:
+            return "within target", width
+        if r >= AUTO_MAX_ROUNDS:
+            return "most rounds", width
+        if r >= 1 and elapsed * (r + 1) / r > self.budget_s:  # the next round, at the mean round's length, would not fit
+            return "budget spent", width
+        return None, width

@@ -36,6 +36,34 @@ def measured_per_position(accepted, k: int) -> list[float]:
     return [float((acc >= i).mean()) if len(acc) else 0.0 for i in range(1, k + 1)]
 
 
+def sampled_acceptance(accepted, k: int, tracked: dict, schedule: str = "decode-verify") -> dict:
+    """Rejection sampling's acceptance, expected against measured, over the drafts the verifies judged.
+
+    A judged draft x ~ q is kept with probability sum(min(p, q)) at its position (tracked: the verify's p and the
+    drafter's q, per judged draft), so the kept share of the judged drafts estimates their mean expected
+    acceptance; draft i is judged when the i - 1 before it were kept. The expected tokens per step come from the
+    expected per-position acceptance e_i as 1 + sum_i prod_{j <= i} e_j (plus the schedule's decodes), the
+    closed form with e_i in place of a common alpha (exact when acceptance is independent of the context).
+    """
+    acc = np.asarray(accepted, dtype=int)
+    judged = [int((acc >= i - 1).sum()) for i in range(1, k + 1)]
+    kept = [int((acc >= i).sum()) for i in range(1, k + 1)]
+    expected = tracked["expected"]
+    total = sum(judged)
+    pooled = sum(e * j for e, j in zip(expected, judged) if e is not None) / total if total else None
+    chain = np.cumprod([e if e is not None else 0.0 for e in expected])
+    return {
+        "judged": total,
+        "kept": sum(kept),
+        "expected": pooled,  # mean sum(min(p, q)) over the judged drafts
+        "measured": sum(kept) / total if total else None,
+        "expected_per_position": expected,
+        "measured_per_position": [c / j if j else None for c, j in zip(kept, judged)],
+        "expected_tokens_per_step": float(1.0 + chain.sum()) + SCHEDULES.get(schedule).decodes,
+        "measured_tokens_per_step": float(acc.mean() + 1 + SCHEDULES.get(schedule).decodes) if acc.size else None,
+    }
+
+
 def fit_alpha(per_position_measured: list[float]) -> float:
     """The alpha whose geometric curve alpha^i best fits measured P(accepted >= i) (least squares)."""
     p = np.asarray(per_position_measured, dtype=float)

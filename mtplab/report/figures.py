@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtplab.report import findings, plots, provenance, selection, tables
+from mtplab.report import findings, plots, plots_sampling, provenance, selection, tables
 
 
 def _markdown(text: str) -> None:
@@ -153,12 +153,26 @@ def temperature(ok: pd.DataFrame):
         "sampling (a draft x ~ q kept with probability min(1, p(x)/q(x))), lossless in distribution. Each point's "
         "speedup is over the same engine's own greedy or plain sampling at that temperature."
     )
-    return plots.vs_temperature(ok)
+    return plots_sampling.vs_temperature(ok)
+
+
+def sampled_acceptance(ok: pd.DataFrame):
+    """Rejection sampling's measured acceptance against its expectation sum(min(p, q)), per sampled point."""
+    if not _fills(ok, "sampled_acceptance"):
+        return None
+    _markdown(
+        "## Sampling: drafts kept at the rate the rule sets\n"
+        "A draft x ~ q is kept with probability min(1, p(x)/q(x)), so with probability sum(min(p, q)) at its "
+        "position. Each point: the kept share of the drafts its checked run judged, against the mean of "
+        "sum(min(p, q)) over the same drafts (the verify's p, the drafter's q). The oracle at temperature > 0 drafts "
+        "from alpha * p + (1 - alpha) * a fixed token, so its expectation is alpha plus what p gives that token."
+    )
+    return plots_sampling.expected_vs_measured(ok)
 
 
 # The report's figures, in the order it shows them (notebooks/report.ipynb shows each for every model).
-STANDARD = (speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, temperature, slot_counters,
-            counters_table, time_split, memory, peer)
+STANDARD = (speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, temperature, sampled_acceptance,
+            slot_counters, counters_table, time_split, memory, peer)
 
 
 def show(figure, ok: pd.DataFrame, *args) -> None:

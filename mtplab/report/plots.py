@@ -21,8 +21,6 @@ from mtplab.report.selection import (
     policy_grid,
     set_acceptance,
     split_points,
-    temperature_rows,
-    temperatures,
 )
 from mtplab.report.tables import ci_pair, count_text
 
@@ -213,38 +211,6 @@ def per_position(df: pd.DataFrame):
     ax.set_ylabel("P(accepted >= i)")
     ax.set_title(f"Per-position acceptance at k={k} (dashed: alpha^i)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def vs_temperature(df: pd.DataFrame):
-    """Draft acceptance and speedup against the sampling temperature, a line per k: mtplab's MTP head solid,
-    onnxruntime-genai's MtpGenerator dashed (temperature 0 is greedy decoding)."""
-    rows = temperature_rows(df)
-    rows = rows.assign(temperature=temperatures(rows))
-    engine = rows.engine if "engine" in rows else pd.Series("mtplab", index=rows.index)
-    fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8))
-    panels = (("draft_acceptance", "draft acceptance (accepted / drafted)"),
-              ("speedup", "speedup over the same engine's greedy (x)\nmedian of paired rounds, 95% CI"))
-    for ax, (metric, ylabel) in zip(axes, panels):
-        for who, style in (("mtplab", "o-"), ("ort-genai", "s--")):
-            mine = rows[engine == who]
-            for k in sorted(mine.k.unique()):
-                s = mine[mine.k == k].sort_values("temperature")
-                label = f"k={k}" + (" onnxruntime-genai" if who == "ort-genai" else "")
-                if metric == "speedup" and "speedup_ci" in s:
-                    ax.errorbar(s.temperature, s[metric], yerr=_ci_err(s[metric], s.speedup_ci), fmt=style, ms=4,
-                                color=_k_color(k), capsize=2, label=label)
-                else:
-                    ax.plot(s.temperature, s[metric], style, ms=4, color=_k_color(k), label=label)
-        if metric == "speedup":
-            ax.axhline(1.0, color="gray", lw=1)
-        ax.set_xlabel("temperature (0: greedy; > 0: rejection sampling)")
-        ax.set_ylabel(ylabel)
-    axes[0].set_title("Draft acceptance against temperature")
-    axes[1].set_title("Speedup against temperature")
-    handles, labels = axes[1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     return fig
 

@@ -10,8 +10,12 @@ from mtplab.sweep.kernel import ensure_kernel
 from mtplab.sweep.point_exec import notebooks_dir
 
 
-def make_report(sweep_dir: str | Path) -> Path:
-    """Run the report notebook on sweep_dir, convert it with nbconvert --no-input, refresh results/index.html."""
+NOTEBOOK_OUTPUT = {"report": "report", "04_when_mtp_pays": "study"}  # a published notebook -> its page's name
+
+
+def make_report(sweep_dir: str | Path, notebook: str = "report") -> Path:
+    """Run a published notebook (the report, or the study) on sweep_dir, convert it with nbconvert --no-input,
+    refresh results/index.html."""
     import nbformat
     import papermill as pm
     from nbconvert import HTMLExporter
@@ -22,11 +26,12 @@ def make_report(sweep_dir: str | Path) -> Path:
             f"{sweep_dir} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first"
         )
     store.check_fresh(sweep_dir)
-    executed = sweep_dir / "report.ipynb"
+    name = NOTEBOOK_OUTPUT[notebook]
+    executed = sweep_dir / f"{name}.ipynb"
     pm.execute_notebook(
-        str(notebooks_dir() / "report.ipynb"),
+        str(notebooks_dir() / f"{notebook}.ipynb"),
         str(executed),
-        parameters={"sweep_dir": str(sweep_dir)},
+        parameters={"sweep_dir": str(sweep_dir)} if notebook == "report" else {"results": str(sweep_dir)},
         kernel_name=ensure_kernel(),
         progress_bar=False,
         cwd=str(sweep_dir),
@@ -36,7 +41,7 @@ def make_report(sweep_dir: str | Path) -> Path:
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
     body, _ = exporter.from_notebook_node(nbformat.read(str(executed), as_version=4))
-    out = sweep_dir / "report.html"
+    out = sweep_dir / f"{name}.html"
     write_atomic(out, body)
     store.write_index(sweep_dir.parent)
     return out

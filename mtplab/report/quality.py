@@ -13,7 +13,7 @@ from mtplab.experiment.config import defaults
 from mtplab.measure import theory
 from mtplab.measure.stats import STABLE_HALF_WIDTH
 from mtplab.report.plots import _k_color
-from mtplab.report.selection import set_acceptance
+from mtplab.report.selection import parse_json, set_acceptance
 from mtplab.report.tables import ci_pair
 
 
@@ -96,6 +96,7 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
         if len(df) and not np.all(np.isnan(width))
         else "- No speedup CIs in this sweep.",
     ]
+    lines += auto_rounds_lines(df)
     if len(unstable):
         shown = ", ".join(f"`{p}`" for p in unstable.point_id[:8])
         more = f" and {len(unstable) - 8} more (the points table has every CI)" if len(unstable) > 8 else ""
@@ -119,6 +120,38 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
         lines.extend(calibration_lines(name, calib, checks.get(name)))
         lines.append("\n```\n" + _format_table(calib) + "\n```")
     return "\n".join(lines)
+
+
+def rounds_outcomes(df: pd.DataFrame) -> pd.DataFrame:
+    """Per point with rounds 'auto': how its rounds ended (stopped, rounds, half_width, target, budget_s, seconds)
+    and its point_id; empty when no point sized its rounds."""
+    if "extra" not in df or df.empty:
+        return pd.DataFrame()
+    plans = [(e or {}).get("rounds") or {} if isinstance(e, dict) else {} for e in parse_json(df.extra)]
+    rows = [p | {"point_id": i} for p, i in zip(plans, df.point_id) if p.get("mode") == "auto"]
+    return pd.DataFrame(rows)
+
+
+def auto_rounds_lines(df: pd.DataFrame) -> list[str]:
+    """How the points with rounds 'auto' ended: within their CI target, or at their time budget (named)."""
+    auto = rounds_outcomes(df)
+    if auto.empty:
+        return []
+    within = auto[auto.stopped == "within target"]
+    line = f"- Rounds sized automatically on {len(auto)} points: {len(within)} reached the speedup CI target " \
+           f"({auto.target.median():.0%} half-width)"
+    if len(within):
+        line += f" in a median {within.rounds.median():.0f} rounds"
+    line += f"; their timed rounds took {auto.seconds.sum():.0f} s in all (budget {auto.budget_s.median():.0f} s a point)."
+    out = [line]
+    missed = auto[auto.stopped != "within target"]
+    if len(missed):
+        shown = ", ".join(f"`{p}` ({w:.1%}, {why})" for p, w, why in
+                          zip(missed.point_id[:8], missed.half_width, missed.stopped))
+        more = f" and {len(missed) - 8} more" if len(missed) > 8 else ""
+        out.append(f"- Points that stopped short of the target ({len(missed)}; the half-width reached, and why): "
+                   f"{shown}{more}")
+    return out
 
 
 def calibration_lines(name: str, calib: dict, check: dict | None) -> list[str]:

@@ -27,7 +27,9 @@ def acceptance_source(drafter: str) -> str | None:
 
 
 def set_acceptance(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose drafter's acceptance is a setting (the oracle's alpha): what the alpha figures sweep."""
+    """Greedy-decoding rows whose drafter's acceptance is a setting (the oracle's alpha): what the alpha figures
+    sweep (at temperature > 0 the oracle's acceptance is its mixture's, drawn by `sampled_acceptance`)."""
+    df = greedy_decoding(df)
     return df[df.drafter.map(acceptance_source) == "setting"] if len(df) else df
 
 
@@ -47,9 +49,10 @@ def own_engine(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def own_head(df: pd.DataFrame) -> pd.DataFrame:
-    """mtplab's own runs with the built-in MTP head (not the onnxruntime-genai peer)."""
+    """mtplab's own greedy-decoding runs with the built-in MTP head (not the onnxruntime-genai peer; sampled rows
+    are drawn against temperature)."""
     engine = df.engine if "engine" in df else pd.Series("mtplab", index=df.index)
-    return measured_acceptance(df[engine == "mtplab"])
+    return measured_acceptance(greedy_decoding(df[engine == "mtplab"]))
 
 
 def greedy_decoding(df: pd.DataFrame) -> pd.DataFrame:
@@ -136,6 +139,15 @@ def temperature_rows(df: pd.DataFrame) -> pd.DataFrame:
     return head if temperatures(head).nunique() >= 2 else head.iloc[:0]
 
 
+SAMPLED = "theory.sampled_acceptance."  # a sampled point's expected and measured acceptance (its checked run)
+
+
+def sampled_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """mtplab's sampled rows that report rejection sampling's expected acceptance beside the measured one."""
+    col = SAMPLED + "expected"
+    return own_engine(df)[lambda d: d[col].notna()] if col in df and len(df) else df.iloc[:0]
+
+
 def figures_for(df: pd.DataFrame) -> dict[str, bool]:
     """Which standard figures this sweep's points can fill (a report shows only those: no empty panels)."""
     own = own_engine(df)
@@ -151,6 +163,7 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
         "memory": len(own) > 0 and "arena" in own,
         "peer": len(peer_rows(df)) > 0,
         "temperature": len(temperature_rows(df)) > 0,
+        "sampled_acceptance": len(sampled_rows(df)) > 0,
     }
 
 

@@ -46,7 +46,9 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
                 str(tmp / "run_point.ipynb"),
                 parameters=point_parameters(point, tmp, threads, str(Path(points_dir).parent / "calibration.json")),
                 kernel_name=ensure_kernel(),
-                execution_timeout=timeout,
+                # a point sized by rounds 'auto' may spend its whole budget in its timed rounds' cell
+                execution_timeout=max(timeout, int(point.run.rounds_budget * 2) + 300) if point.run.rounds == "auto"
+                else timeout,
                 progress_bar=False,
                 cwd=str(tmp),
             )

@@ -191,8 +191,9 @@ def write_index(results_root: str | Path) -> Path:
     for sj in sorted(root.glob("*/sweep.json")):
         s = json.loads(sj.read_text())
         env = s.get("env", {})
-        report = sj.parent / "report.html"
-        link = f'<a href="{html.escape(sj.parent.name)}/report.html">report</a>' if report.exists() else "no report yet"
+        pages = [name for name in ("report", "study") if (sj.parent / f"{name}.html").exists()]
+        link = " ".join(f'<a href="{html.escape(sj.parent.name)}/{name}.html">{name}</a>' for name in pages) or \
+            "no report yet"
         rows.append(
             f"<tr><td>{html.escape(s.get('name', sj.parent.name))}</td><td>{html.escape(s.get('finished', ''))}</td>"
             f"<td>{html.escape(str(env.get('device', '')))} / onnxruntime {html.escape(str(env.get('onnxruntime', '')))}</td>"

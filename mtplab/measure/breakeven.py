@@ -1,0 +1,107 @@
+"""When MTP pays: the break-even acceptance of each commit strategy and schedule, from the cost model.
+
+A speculative step costs [T(1) if decode-verify] + the k head steps + T(k+1) + the commit of the
+consumed tokens, and makes tokens_per_step(alpha, k) tokens; greedy pays G per token (T(1) plus its
+loop's host work). MTP beats greedy where tokens_per_step * G > the step's cost. The break-even alpha
+is the smallest alpha where it does (theory.predict, solved by bisection: the speedup rises with alpha).
+
+Closed forms:
+- readvance-m1 re-advances each consumed token with one M=1 forward, so every emitted token costs one
+  M=1 forward as in greedy, and the drafts and the verify come on top: its speedup is at most
+  G / c1 (c1: one re-advance forward, about T(1)) whatever alpha is; it never wins where G <= c1.
+- k = 1, any commit: the commit of j + 1 tokens costs c(j + 1), so the step costs
+  D + h + T(2) + c(1) + alpha (c(2) - c(1)) for (1 + decodes + alpha) tokens, and
+  alpha* = (D + h + T(2) + c(1) - (1 + decodes) G) / (G - (c(2) - c(1))).
+`hardware_calibration` builds the cost model from someone else's costs (milliseconds), so the same
+functions predict for their hardware.
+"""
+
+from __future__ import annotations
+
+from mtplab.engine.strategies import SCHEDULES
+from mtplab.measure import theory
+
+BISECTIONS = 40
+
+
+def speedup(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None) -> float:
+    """The predicted speedup over greedy at alpha (theory.predict)."""
+    return theory.predict(alpha, k, schedule, commit, calibration, tokens=tokens)["speedup"]
+
+
+def break_even_alpha(k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None) -> float | None:
+    """The smallest alpha at which MTP beats greedy (0.0: at any alpha), or None when no alpha does."""
+    if speedup(1.0, k, schedule, commit, calibration, tokens) < 1.0:
+        return None
+    if speedup(0.0, k, schedule, commit, calibration, tokens) >= 1.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if speedup(mid, k, schedule, commit, calibration, tokens) >= 1.0 else (mid, hi)
+    return hi
+
+
+def closed_form_k1(schedule: str, commit: str, calibration: dict) -> float | None:
+    """alpha* at k = 1 in closed form (the module's formula), None where the denominator leaves no solution; it
+    may fall outside [0, 1] (below 0: MTP wins at any alpha; above 1: never)."""
+    c = calibration["commit"][commit]
+    t = calibration["target"]
+    g = calibration.get("greedy_token", t["1"])
+    decodes = SCHEDULES.get(schedule).decodes
+    head = (calibration.get("draft") or {}).get("1", calibration["head"])
+    denominator = g - (c["2"] - c["1"])
+    if denominator <= 0:
+        return None
+    return (decodes * t["1"] + head + t["2"] + c["1"] - (1 + decodes) * g) / denominator
+
+
+def ceiling(k: int, schedule: str, commit: str, calibration: dict) -> float:
+    """The speedup at alpha = 1 (every draft kept): what no drafter can beat with these costs."""
+    return speedup(1.0, k, schedule, commit, calibration)
+
+
+def table(calibration: dict, ks, schedules, commits, tokens: int | None = None) -> list[dict]:
+    """One row per (commit, schedule, k): the break-even alpha, the speedup ceiling at alpha = 1 and the cost
+    ratios that decide them (T(k+1)/T(1), head step / T(1), the commit of k+1 tokens / T(1))."""
+    t1 = calibration["target"]["1"]
+    rows = []
+    for commit in commits:
+        for schedule in schedules:
+            for k in ks:
+                if not theory.covers(calibration, k, commit):
+                    continue
+                rows.append({
+                    "commit": commit, "schedule": schedule, "k": k,
+                    "break_even_alpha": break_even_alpha(k, schedule, commit, calibration, tokens),
+                    "ceiling": ceiling(k, schedule, commit, calibration),
+                    "verify_ratio": calibration["target"][str(k + 1)] / t1,
+                    "head_ratio": calibration["head"] / t1,
+                    "commit_ratio": calibration["commit"][commit][str(k + 1)] / t1,
+                    "greedy_ratio": calibration.get("greedy_token", t1) / t1,
+                })
+    return rows
+
+
+def hardware_calibration(t1_ms: float, verify_slope: float, head_ms: float, select_ms: float,
+                         greedy_ms: float | None = None, restore_ms: float = 0.0, max_k: int = 8) -> dict:
+    """A cost model from someone else's measurements, in milliseconds: T(1), the verify's growth
+    T(M) = T(1) * (1 + verify_slope * (M - 1)), one head step, select's commit, greedy's cost per token
+    (default T(1)) and a state restore (before a re-advance). Re-advances cost what their forwards cost:
+    readvance-m1 m * T(1), readvance-batched T(m). Assumptions: both slots replay (no eager forwards), the
+    head's k steps cost k head steps, and a commit's cost does not depend on which tokens were kept."""
+    if min(t1_ms, head_ms, select_ms, restore_ms) < 0 or t1_ms <= 0 or verify_slope < 0:
+        raise ValueError("costs must be >= 0 (T(1) > 0), and verify_slope >= 0")
+    s = 1e-3
+    target = {str(m): t1_ms * (1 + verify_slope * (m - 1)) * s for m in range(1, max_k + 2)}
+    return {
+        "key": {"model": "your hardware", "synthetic": True},
+        "target": target,
+        "head": head_ms * s,
+        "greedy_token": (greedy_ms if greedy_ms is not None else t1_ms) * s,
+        "commit": {
+            "readvance-m1": {str(m): m * t1_ms * s + restore_ms * s for m in range(1, max_k + 2)},
+            "readvance-batched": {str(m): target[str(m)] + restore_ms * s for m in range(1, max_k + 2)},
+            "select": {str(m): select_ms * s for m in range(1, max_k + 2)},
+        },
+    }
