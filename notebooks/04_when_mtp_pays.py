@@ -66,32 +66,37 @@ if path.empty:
     display(Markdown("This sweep has no policy grid (run the study grid)."))
 else:
     display(study.path_table(path))
+    print(study.seed_form(path))
     display(Markdown("\n".join(study.path_changes(path))))
     fig = study.seed_path_figure(path)
 
 # %% [markdown]
 # ## 2. Break-even acceptance, from the calibrated cost model
 # The smallest alpha at which MTP beats greedy, per commit strategy, schedule and k, from costs measured apart
-# from any point (the calibration: T(M), the head step, each commit's cost, greedy's cost per token). The
-# closed form at k = 1 is beside it. readvance-m1 re-advances every consumed token with one M=1 forward: each
-# emitted token then costs what greedy pays for it, and the drafts and the verify come on top, so no alpha wins.
+# from any point (the calibration: T(M), the head step, each commit's cost, greedy's cost per token), for runs as
+# long as the sweep's (the last step's overshoot priced). The closed form at k = 1 (an infinitely long run) is
+# beside it. readvance-m1 re-advances every consumed token with one M=1 forward: each emitted token then costs
+# what greedy pays for it, and the drafts and the verify come on top, so no alpha wins wherever greedy's loop costs
+# no more per token than one M=1 forward.
 
 # %%
 for name, calib in calibrations.items():
-    display(Markdown(f"### {name}"))
+    mine = ok[ok.model_name == name]
+    tokens = int(mine.tokens.median()) if len(mine) else None  # the measured runs' length
+    display(Markdown(f"### {name}, runs of {tokens} tokens"))
     display(Markdown("Break-even alpha per commit, schedule and k (in brackets: the speedup at alpha = 1); then "
                      "the cost ratios that decide it."))
-    display(study.break_even_wide(calib, ks))
+    display(study.break_even_wide(calib, ks, tokens))
     display(study.cost_ratios(calib, ks))
     display(Markdown("\n".join(study.closed_forms(calib))))
-    fig = study.curves(calib, ok[ok.model_name == name], ks=sorted(set(ok.k)) or (1, 3))
+    fig = study.curves(calib, mine, ks=sorted(set(mine.k)) or (1, 3), tokens=tokens)
 
 # %% [markdown]
 # ## 3. What your hardware needs (a prediction)
 # The same cost model on the costs in the parameters above: the predicted speedup at your alpha and the
 # break-even alpha per strategy. Assumptions: both slots replay (no eager forwards), k head steps cost k times
-# one, a re-advance costs its forwards (readvance-m1: m T(1); readvance-batched: T(m)) plus a restore, and
-# greedy pays its cost per token. A prediction, not a measurement.
+# one, a re-advance costs its forwards (readvance-m1: m T(1); readvance-batched: T(m)) plus a restore, greedy
+# pays its cost per token, and the run is long (no last-step overshoot). A prediction, not a measurement.
 
 # %%
 yours = breakeven.hardware_calibration(t1_ms, verify_slope, head_ms, select_ms, greedy_ms, restore_ms, max(ks))

@@ -49,3 +49,16 @@ def test_costs_that_cannot_be_are_refused():
         breakeven.hardware_calibration(0.0, 0.1, 1.0, 0.3)
     with pytest.raises(ValueError, match="verify_slope >= 0"):
         breakeven.hardware_calibration(10.0, -0.1, 1.0, 0.3)
+    with pytest.raises(ValueError, match="greedy_ms=0"):
+        breakeven.hardware_calibration(10.0, 0.1, 1.0, 0.3, greedy_ms=0)
+
+
+def test_a_speedup_that_falls_again_at_high_alpha_still_gives_the_first_crossing():
+    # re-advances cost more as more drafts pass, and a short run's last step overshoots: the curve is not monotone
+    c = breakeven.hardware_calibration(17.9, 0.05, 0.5, 0.3, greedy_ms=30, restore_ms=0.1, max_k=4)
+    args = (1, "decode-verify", "readvance-m1", c)
+    assert breakeven.speedup(1.0, *args, tokens=8) < 1  # no win at alpha = 1, and yet one below it
+    found = breakeven.break_even_alpha(*args, tokens=8)
+    assert found is not None and 0.1 < found < 0.5
+    assert breakeven.speedup(found, *args, tokens=8) == pytest.approx(1.0, abs=1e-4)
+    assert breakeven.speedup(found - 0.01, *args, tokens=8) < 1

@@ -265,6 +265,9 @@ def test_sampled_acceptance_far_from_its_expectation_is_flagged():
     assert flags.sampled_warning(ok) is None
     w = flags.sampled_warning(bad)
     assert w["name"] == "sampled_acceptance" and "kept 300 of 400 judged drafts (75.0%)" in w["message"]
+    # near-certain acceptance: one rejection in 300 is no alarm (a normal z-test would give z = -5.6)
+    assert flags.sampled_warning({"judged": 300, "kept": 299, "expected": 0.9999, "measured": 299 / 300}) is None
+    assert flags.sampled_warning({"judged": 10, "kept": 10, "expected": 1.0000000002, "measured": 1.0}) is None
 
 
 def test_a_sampled_oracle_point_reports_expected_beside_measured_acceptance():

@@ -82,3 +82,11 @@ def test_the_measurement_lines_count_points_within_target_and_name_the_others():
                                "half-width) in a median 6 rounds; their timed rounds took 41 s in all")
     assert lines[1].endswith("`b` (7.1%, budget spent)")
     assert quality.auto_rounds_lines(df.iloc[2:]) == []
+
+
+def test_the_seed_form_prints_each_stages_counters_as_the_seed_did():
+    frame = _frame().assign(**{f"slots.{s}.{c}": 3 for s in ("primary", "verify") for c in ("captures", "replays")})
+    text = study.seed_form(study.seed_path(frame))
+    first = text.splitlines()[0]
+    assert first.startswith("shared-jit, readvance-batched")
+    assert "primary: captures=3 replays=3 fallbacks=0 invalidations=20  verify: captures=3 replays=3 fallbacks=20" in first

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -376,3 +377,11 @@ def test_a_point_whose_commit_the_model_refuses_is_refused_before_any_point_with
     with pytest.raises(ValueError, match=r"point builder-tiny-gdn-.*select.*: select refused for this test"):
         run_sweep(spec, tmp_path / "results", quiet=True)
     assert not (tmp_path / "results" / "refused").exists()
+
+
+def test_a_column_of_numbers_and_text_is_stored_as_text():
+    df = store.mixed_as_text(pd.DataFrame({"config.rounds": [3, "auto", None], "config.k": [1, 2, 3]}))
+    assert list(df["config.rounds"][:2]) == ["3", "auto"] and pd.isna(df["config.rounds"][2])
+    assert list(df["config.k"]) == [1, 2, 3]
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)  # raised ArrowInvalid with the mixed column

@@ -33,6 +33,10 @@ def test_the_header_lists_what_was_fixed_and_what_varied_over_applicable_cells()
     fixed, varied = fixed_and_varied(pd.DataFrame(ROWS))
     assert fixed["tokens"] == 32 and fixed["alpha"] == 0.7  # the MTP rows' unused alpha is not a second value
     assert varied["engine"] == ["mtplab", "ort-genai"] and "policy" not in varied
+    fixed_rounds = pd.DataFrame(ROWS).assign(rounds=3, rounds_target=0.03, rounds_budget=60.0)
+    assert "rounds_target" not in fixed_and_varied(fixed_rounds)[0]  # the auto rounds' knobs beside a fixed count
+    auto = fixed_rounds.assign(rounds="auto")
+    assert fixed_and_varied(auto)[0]["rounds_target"] == 0.03
 
 
 def test_a_speedup_confidence_interval_gets_its_own_column_when_recorded():

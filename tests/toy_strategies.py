@@ -53,9 +53,7 @@ class CopyReference:
 class CopyReferenceKind(DrafterKind):
     name = "copy-reference"
     summary = "the greedy reference's next k tokens"
-
-    def needs_reference(self, run) -> bool:
-        return True
+    needs_reference = True
 
     def build(self, engine, reference):
         return CopyReference(reference, engine.xp)

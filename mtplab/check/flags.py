@@ -10,8 +10,8 @@ Each warning is {"name", "message"}; the names are stable (the report counts the
 - oracle_acceptance: the oracle drafter's accepted counts are not what its alpha sets (two-sided
   z-test, false-alarm rate ORACLE_FALSE_ALARM): the drafter does not draft as configured;
 - sampled_acceptance: at temperature > 0, the kept share of the judged drafts is not their expected
-  acceptance sum(min(p, q)) (two-sided z-test on a variance bound, false-alarm rate at most
-  ORACLE_FALSE_ALARM): the rejection sampler does not keep drafts at the rate its rule sets;
+  acceptance sum(min(p, q)) (an exact two-sided binomial test, conservative here, false-alarm rate at
+  most ORACLE_FALSE_ALARM): the rejection sampler does not keep drafts at the rate its rule sets;
 - the timed-round audit's own (mtplab.check.audit): timed_fallbacks, timed_state_not_bitwise, clock.
 """
 
@@ -92,22 +92,38 @@ def oracle_warning(accepted: list[int], k: int, alpha: float) -> dict | None:
     )
 
 
+def binomial_two_sided(k: int, n: int, p: float) -> float:
+    """The exact two-sided p-value of k successes in n trials at rate p (twice the smaller tail, at most 1). For a
+    sum of Bernoulli(p_j) with mean p it is conservative: such a sum is more concentrated than the binomial."""
+    p = min(max(p, 0.0), 1.0)
+    if p in (0.0, 1.0):
+        return 1.0 if k == round(n * p) else 0.0
+
+    def pmf(i: int) -> float:
+        return math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                        + i * math.log(p) + (n - i) * math.log1p(-p))
+
+    low = sum(pmf(i) for i in range(0, k + 1))
+    high = sum(pmf(i) for i in range(k, n + 1))
+    return min(1.0, 2 * min(low, high))
+
+
 def sampled_warning(sampled: dict) -> dict | None:
-    """The sampled_acceptance warning, or None: kept drafts against the sum of their expected acceptance. The kept
-    count is a sum of Bernoulli(e_j) over the judged drafts, its variance at most J * e * (1 - e) for their mean e:
-    the z-test on that bound raises at most ORACLE_FALSE_ALARM false alarms."""
+    """The sampled_acceptance warning, or None: kept drafts against their expected acceptance. The kept count is a
+    sum of Bernoulli(e_j) over the judged drafts; the exact binomial test at their mean e is conservative for it
+    (such a sum is more concentrated than the binomial), so it raises at most ORACLE_FALSE_ALARM false alarms."""
     judged, e = sampled.get("judged") or 0, sampled.get("expected")
     if not judged or e is None:
         return None
-    se = math.sqrt(judged * e * (1 - e))
-    z = (sampled["kept"] - judged * e) / se if se else (0.0 if sampled["kept"] == judged * e else float("inf"))
-    if abs(z) <= _Z2:
+    e = min(max(e, 0.0), 1.0)
+    p_value = binomial_two_sided(int(sampled["kept"]), int(judged), e)
+    if p_value >= ORACLE_FALSE_ALARM:
         return None
     return warning(
         "sampled_acceptance",
         f"rejection sampling kept {sampled['kept']} of {judged} judged drafts ({sampled['measured']:.1%}), their "
-        f"expected acceptance sum(min(p, q)) sets {e:.1%}; z = {z:.1f}, beyond the two-sided {ORACLE_FALSE_ALARM:.1%} "
-        "false-alarm line: drafts are not kept at the rate the rule sets",
+        f"expected acceptance sum(min(p, q)) sets {e:.1%}; binomial p = {p_value:.2g}, below the "
+        f"{ORACLE_FALSE_ALARM:.1%} false-alarm line: drafts are not kept at the rate the rule sets",
     )
 
 

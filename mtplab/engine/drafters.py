@@ -107,7 +107,7 @@ class DrafterKind:
     params: the RunConfig fields it takes (refused with any other drafter; the oracle's alpha).
     acceptance: where its acceptance comes from, for the prediction and the acceptance warning:
     "setting" (the `alpha` it is given), "calibration" (the MTP head's, measured apart) or None (no prediction).
-    needs_reference(run): it drafts from the greedy reference's tokens in this run.
+    needs_reference: it may draft from the greedy reference's tokens; reads_reference(run): it does in this run.
     peer: the onnxruntime-genai peer runs this drafter too.
     samples: it drafts through the acceptance rule (draft_token or draft_from), so a sampling rule has its
     distributions.
@@ -119,10 +119,11 @@ class DrafterKind:
     acceptance: str | None = None
     peer: bool = False  # the onnxruntime-genai peer runs it too (its MtpGenerator runs the model's MTP head)
     samples: bool = False  # drafts through the acceptance rule (a sampling rule gets its distributions)
+    needs_reference: bool = False
 
-    def needs_reference(self, run) -> bool:
+    def reads_reference(self, run) -> bool:
         """Whether this run's drafter reads the greedy reference's tokens."""
-        return False
+        return self.needs_reference
 
     def uses_head(self, run) -> bool:
         """Whether the MTP head runs k steps per speculative step (and its prefill) in this run."""
@@ -162,8 +163,9 @@ class OracleKind(DrafterKind):
     params = ("alpha", "oracle_free_drafts")
     acceptance = "setting"
     samples = True  # at temperature > 0 it draws through the rule (mtplab.engine.mixture)
+    needs_reference = True
 
-    def needs_reference(self, run) -> bool:
+    def reads_reference(self, run) -> bool:
         return run.temperature == 0  # the mixture drafts from the target itself
 
     def uses_head(self, run) -> bool:

@@ -246,14 +246,14 @@ class Engine:
     def drafter(self, reference: list[int] | None) -> Drafter:
         """The run's drafter (its registered kind builds it; the oracle drafts from the greedy reference)."""
         kind = DRAFTERS.get(self.run_cfg.drafter)
-        if kind.needs_reference(self.run_cfg) and reference is None:
+        if kind.reads_reference(self.run_cfg) and reference is None:
             raise ValueError(f"the {kind.name} drafter needs the greedy reference tokens")
         return kind.build(self, reference)
 
     def _check_reference(self, reference: list[int] | None, n: int) -> None:
         """A reference-reading drafter reads up to k + 1 tokens past the n a run makes (its last step's drafts)."""
         need = n + self.k + 1
-        if DRAFTERS.get(self.run_cfg.drafter).needs_reference(self.run_cfg) and reference is not None and len(reference) < need:
+        if DRAFTERS.get(self.run_cfg.drafter).reads_reference(self.run_cfg) and reference is not None and len(reference) < need:
             raise ValueError(f"the {self.run_cfg.drafter} drafter drafts from the greedy reference: a run of {n} tokens "
                              f"at k={self.k} needs its first {need} tokens (n + k + 1), got {len(reference)}")
 

@@ -11,7 +11,9 @@ The target's rows come from a plain stepper on the target graph (`TargetRows`), 
 on the engine: the checked pass computes them, and the timed rounds, which follow the checked run token
 for token (the same sampling seed; the audit holds their tokens to the checked run's), look them up.
 What a timed run pays for drafting is then the MTP head's k steps, run as the greedy oracle runs them
-(unless oracle_free_drafts), plus the k draws. Performance studies only, like the greedy oracle.
+(unless oracle_free_drafts), plus the k draws and a host read of each (the next row is looked up by the
+drafted token: on CUDA, k small device reads a step that the head's own drafting does not make).
+Performance studies only, like the greedy oracle.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ class TargetRows:
     instead of starting over. Rows and marks of another prompt are forgotten when a generation starts.
     """
 
-    def __init__(self, desc):
-        self.stepper = Stepper(desc)
+    def __init__(self, desc, xp=np):
+        self.stepper, self.xp = Stepper(desc), xp
         self.prompt: tuple[int, ...] = ()
-        self.rows: dict[tuple[int, ...], np.ndarray] = {}
+        self.rows: dict[tuple[int, ...], object] = {}  # a context's next-token logits, on the run's device
         self.forwards = 0  # stepper forwards run (a timed run that follows its checked run adds none)
         self._restart()
 
@@ -55,7 +57,7 @@ class TargetRows:
             self.prompt, self.rows = tuple(prompt), {}
             self._restart()
 
-    def row(self, context: tuple[int, ...], keep_from: int) -> np.ndarray:
+    def row(self, context: tuple[int, ...], keep_from: int):
         """Logits [V] of the token after `context`; marks below `keep_from` (the committed length) are dropped."""
         got = self.rows.get(context)
         if got is None:
@@ -86,8 +88,8 @@ class TargetRows:
         self.forwards += 1
         self.fed += new
         self.marks[len(self.fed)] = (dict(s.kv), dict(s.states))
-        for j in range(len(new)):
-            self.rows[context[: back + j + 1]] = logits[j]
+        # only the last row is ever looked up (a draft extends the context by one); a copy, so [M, V] is freed
+        self.rows[context] = self.xp.asarray(np.array(logits[-1]))
 
 
 class MixtureDrafter:
@@ -98,7 +100,7 @@ class MixtureDrafter:
         self.rule = engine.acceptance
         self.rows = engine.drafter_memory.get("target rows")
         if self.rows is None:
-            self.rows = engine.drafter_memory["target rows"] = TargetRows(engine.desc)
+            self.rows = engine.drafter_memory["target rows"] = TargetRows(engine.desc, engine.xp)
         self.distractor = distractor_token(seed, engine.desc.vocab_size)
 
     def prefill(self, tokens: list[int], hidden) -> None:
@@ -115,7 +117,7 @@ class MixtureDrafter:
         context = list(e.prompt) + e.emitted[: committed - len(e.prompt)] + [int(first)]
         drafts = []
         for _ in range(k):
-            p = self.rule.sampling.probs(xp, xp.asarray(self.rows.row(tuple(context), committed)))
+            p = self.rule.sampling.probs(xp, self.rows.row(tuple(context), committed))
             q = self.alpha * p
             q[self.distractor] += 1.0 - self.alpha
             token = int(self.rule.draft_from(xp, q))

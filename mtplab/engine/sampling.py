@@ -115,9 +115,8 @@ class SampledRun(AcceptanceRule):
     def __init__(self, sampling: Sampling, seed: int, xp):
         self.sampling, self.seed, self.xp = sampling, seed, xp
         self.draft_sampling = sampling  # the drafter's rows go through the same transform
-        self.new_generation()
-
         self.expected = None  # per-position sums of min(p, q) and judged counts, while tracked (see track)
+        self.new_generation()
 
     def new_generation(self) -> None:
         self.rng = self.xp.random.default_rng(self.seed)

@@ -206,8 +206,8 @@ class RunConfig:
     seed: int = param(0, "prompt seed, an integer >= 0", group="measurement", rule=INTEGER_0, id=("body", 7, "s{}"))
     rounds: int | str = param(
         3, f"paired greedy/speculative timed rounds (1..{MAX_ROUNDS}), timed after the untimed checked pass; 'auto': "
-           "rounds until the speedup's 95% CI half-width is within rounds_target of its median (3 rounds at least), "
-           "or rounds_budget runs out",
+           "5 rounds, then more until the speedup's 95% interval half-width is within rounds_target of its centre, "
+           "or until rounds_budget runs out",
         group="measurement", rule=ROUNDS, id=("tail", 1, "n{}"),
     )
     rounds_target: float = param(0.03, "rounds 'auto': the speedup CI half-width to reach, a share of the median",

@@ -255,8 +255,10 @@ def _ci(ci, fmt: str) -> str:
 
 def rounds_outcome_text(plan: dict) -> str:
     """How an auto-sized point's rounds ended, in words."""
-    return (f"{plan['stopped']} after {plan['rounds']} rounds in {plan['seconds']:.0f} s (speedup CI half-width "
-            f"{plan['half_width']:.1%}, target {plan['target']:.0%}, budget {plan['budget_s']:.0f} s)")
+    width = plan.get("half_width")
+    reached = f"{width:.1%}" if width is not None and width == width else "none (one round)"
+    return (f"{plan['stopped']} after {plan['rounds']} rounds in {plan['seconds']:.0f} s (speedup interval "
+            f"half-width {reached}, target {plan['target']:.0%}, budget {plan['budget_s']:.0f} s)")
 
 
 def _share(v: float | None) -> str:

@@ -3,12 +3,13 @@
 A speculative step costs [T(1) if decode-verify] + the k head steps + T(k+1) + the commit of the
 consumed tokens, and makes tokens_per_step(alpha, k) tokens; greedy pays G per token (T(1) plus its
 loop's host work). MTP beats greedy where tokens_per_step * G > the step's cost. The break-even alpha
-is the smallest alpha where it does (theory.predict, solved by bisection: the speedup rises with alpha).
+is the smallest alpha where it does (theory.predict: the first crossing on a grid, refined by bisection).
 
 Closed forms:
 - readvance-m1 re-advances each consumed token with one M=1 forward, so every emitted token costs one
-  M=1 forward as in greedy, and the drafts and the verify come on top: its speedup is at most
-  G / c1 (c1: one re-advance forward, about T(1)) whatever alpha is; it never wins where G <= c1.
+  M=1 forward as in greedy, and the drafts and the verify come on top: its speedup is below
+  G / c1 (c1: one re-advance forward, about T(1)) whatever alpha is; it never wins where G <= c1
+  (greedy's loop costs no more per token than one forward), as on a replayed graph.
 - k = 1, any commit: the commit of j + 1 tokens costs c(j + 1), so the step costs
   D + h + T(2) + c(1) + alpha (c(2) - c(1)) for (1 + decodes + alpha) tokens, and
   alpha* = (D + h + T(2) + c(1) - (1 + decodes) G) / (G - (c(2) - c(1))).
@@ -21,7 +22,8 @@ from __future__ import annotations
 from mtplab.engine.strategies import SCHEDULES
 from mtplab.measure import theory
 
-BISECTIONS = 40
+BISECTIONS = 30
+SCAN = 100  # alpha steps searched for the first crossing before bisecting
 
 
 def speedup(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None) -> float:
@@ -30,12 +32,14 @@ def speedup(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
 
 
 def break_even_alpha(k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None) -> float | None:
-    """The smallest alpha at which MTP beats greedy (0.0: at any alpha), or None when no alpha does."""
-    if speedup(1.0, k, schedule, commit, calibration, tokens) < 1.0:
-        return None
-    if speedup(0.0, k, schedule, commit, calibration, tokens) >= 1.0:
-        return 0.0
-    lo, hi = 0.0, 1.0
+    """The smallest alpha at which MTP beats greedy (0.0: at any alpha), or None when no alpha on a grid of SCAN
+    steps does. The speedup need not rise with alpha (a re-advance costs more tokens as more drafts pass, and a
+    finite run's last step overshoots), so the grid finds the first crossing and bisection refines it."""
+    grid = [i / SCAN for i in range(SCAN + 1)]
+    above = next((a for a in grid if speedup(a, k, schedule, commit, calibration, tokens) >= 1.0), None)
+    if above is None or above == 0.0:
+        return above
+    lo, hi = above - 1.0 / SCAN, above
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if speedup(mid, k, schedule, commit, calibration, tokens) >= 1.0 else (mid, hi)
@@ -56,9 +60,9 @@ def closed_form_k1(schedule: str, commit: str, calibration: dict) -> float | Non
     return (decodes * t["1"] + head + t["2"] + c["1"] - (1 + decodes) * g) / denominator
 
 
-def ceiling(k: int, schedule: str, commit: str, calibration: dict) -> float:
-    """The speedup at alpha = 1 (every draft kept): what no drafter can beat with these costs."""
-    return speedup(1.0, k, schedule, commit, calibration)
+def ceiling(k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None) -> float:
+    """The speedup at alpha = 1 (every draft kept)."""
+    return speedup(1.0, k, schedule, commit, calibration, tokens)
 
 
 def table(calibration: dict, ks, schedules, commits, tokens: int | None = None) -> list[dict]:
@@ -71,12 +75,13 @@ def table(calibration: dict, ks, schedules, commits, tokens: int | None = None) 
             for k in ks:
                 if not theory.covers(calibration, k, commit):
                     continue
+                draft = (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
                 rows.append({
                     "commit": commit, "schedule": schedule, "k": k,
                     "break_even_alpha": break_even_alpha(k, schedule, commit, calibration, tokens),
-                    "ceiling": ceiling(k, schedule, commit, calibration),
+                    "ceiling": ceiling(k, schedule, commit, calibration, tokens),
                     "verify_ratio": calibration["target"][str(k + 1)] / t1,
-                    "head_ratio": calibration["head"] / t1,
+                    "head_ratio": draft / k / t1,  # one head step of the k a draft phase makes
                     "commit_ratio": calibration["commit"][commit][str(k + 1)] / t1,
                     "greedy_ratio": calibration.get("greedy_token", t1) / t1,
                 })
@@ -90,8 +95,11 @@ def hardware_calibration(t1_ms: float, verify_slope: float, head_ms: float, sele
     (default T(1)) and a state restore (before a re-advance). Re-advances cost what their forwards cost:
     readvance-m1 m * T(1), readvance-batched T(m). Assumptions: both slots replay (no eager forwards), the
     head's k steps cost k head steps, and a commit's cost does not depend on which tokens were kept."""
-    if min(t1_ms, head_ms, select_ms, restore_ms) < 0 or t1_ms <= 0 or verify_slope < 0:
-        raise ValueError("costs must be >= 0 (T(1) > 0), and verify_slope >= 0")
+    if min(t1_ms, head_ms, select_ms, restore_ms) < 0 or t1_ms <= 0 or verify_slope < 0 or (
+            greedy_ms is not None and greedy_ms <= 0):
+        raise ValueError(f"costs must be >= 0 (T(1) and greedy's cost > 0), and verify_slope >= 0: got t1_ms={t1_ms}, "
+                         f"verify_slope={verify_slope}, head_ms={head_ms}, select_ms={select_ms}, "
+                         f"greedy_ms={greedy_ms}, restore_ms={restore_ms}")
     s = 1e-3
     target = {str(m): t1_ms * (1 + verify_slope * (m - 1)) * s for m in range(1, max_k + 2)}
     return {

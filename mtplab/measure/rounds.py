@@ -21,7 +21,7 @@ from mtplab.measure import stats, theory
 from mtplab.measure.result import RunResult
 
 AUTO = "auto"
-AUTO_MIN_ROUNDS = 3  # a CI from fewer rounds says nothing (two rounds' bootstrap CI is their range)
+AUTO_MIN_ROUNDS = 5  # rounds before the interval is trusted to stop on (and before the budget may stop them)
 AUTO_MAX_ROUNDS = 200
 
 
@@ -121,10 +121,13 @@ def run_result(samples: list[dict], n: int, acceptance_fields: dict, predicted: 
 
 @dataclass
 class RoundsPlan:
-    """How many paired rounds a point runs: `fixed` of them, or, when fixed is None (rounds: auto), rounds until
-    the speedup's 95% CI half-width is within `target` of its median (after AUTO_MIN_ROUNDS), or until the next
-    round would end past `budget_s` seconds of timed rounds, or AUTO_MAX_ROUNDS (pyperf and criterion size
-    their repetitions the same way). `outcome` says which happened, once the rounds are over."""
+    """How many paired rounds a point runs: `fixed` of them, or, when fixed is None (rounds: auto), at least
+    AUTO_MIN_ROUNDS and then more until the speedup's 95% interval is within `target` of its centre, or until the
+    next round would end past `budget_s` seconds of timed rounds, or AUTO_MAX_ROUNDS (pyperf and criterion size
+    their repetitions the same way). The interval it stops on is the t interval of the rounds' ratios
+    (stats.ratio_interval), wider than the bootstrap of the median at a few rounds and honest there; checking
+    after every round still makes it a little optimistic (optional stopping), which the minimum bounds. `outcome`
+    says which happened, once the rounds are over."""
 
     fixed: int | None
     target: float = 0.03
@@ -152,13 +155,24 @@ class RoundsPlan:
             r += 1
 
     def _stop(self, samples: list[dict], r: int, elapsed: float, key: str) -> tuple[str | None, float]:
-        width = stats.summarize([s[key] for s in samples])["half_width"] if len(samples) >= 2 else float("nan")
+        width = interval_half_width([s[key] for s in samples])
         if self.fixed is not None:
             return ("fixed" if r >= self.fixed else None), width
-        if r >= AUTO_MIN_ROUNDS and width <= self.target:
+        if r < AUTO_MIN_ROUNDS:
+            return None, width
+        if width <= self.target:
             return "within target", width
         if r >= AUTO_MAX_ROUNDS:
             return "most rounds", width
-        if r >= 1 and elapsed * (r + 1) / r > self.budget_s:  # the next round, at the mean round's length, would not fit
+        if elapsed * (r + 1) / r > self.budget_s:  # the next round, at the mean round's length, would not fit
             return "budget spent", width
         return None, width
+
+
+def interval_half_width(ratios) -> float:
+    """The t interval's half-width over its centre (stats.ratio_interval); NaN from fewer than two rounds."""
+    got = stats.ratio_interval(ratios)
+    if got is None:
+        return float("nan")
+    lo, hi = got
+    return (hi - lo) / (hi + lo)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mtplab.measure import stats
 from mtplab.measure.result import write_atomic
 from mtplab.report.provenance import PARAMETERS, blank_inapplicable, fixed_and_varied, plural
 from mtplab.report.selection import COUNTERS, SLOTS
@@ -29,11 +30,6 @@ def _interval(value) -> tuple[float, float] | None:
     return (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else None
 
 
-# Student t 97.5% quantiles by degrees of freedom (1.96 beyond the table)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
 def rounds_interval(samples) -> tuple[float, float] | None:
     """A 95% t interval of a point's speedup (the geometric mean of its paired rounds' ratios), or None.
 
@@ -48,15 +44,7 @@ def rounds_interval(samples) -> tuple[float, float] | None:
             return None
     if not isinstance(samples, list):  # absent (NaN in an outer join), or not rounds
         return None
-    ratios = np.array([s.get("speedup") for s in samples if isinstance(s, dict) and s.get("speedup")], dtype=float)
-    ratios = ratios[np.isfinite(ratios) & (ratios > 0)]
-    if len(ratios) < 2:
-        return None
-    x = np.log(ratios)
-    df = len(x) - 1
-    t = T975.get(df) or next((v for d, v in sorted(T975.items()) if d >= df), 1.96)
-    half = t * x.std(ddof=1) / np.sqrt(len(x))
-    return float(np.exp(x.mean() - half)), float(np.exp(x.mean() + half))
+    return stats.ratio_interval([s.get("speedup") for s in samples if isinstance(s, dict) and s.get("speedup")])
 
 
 def speedup_changed(ci_a, ci_b, ratio: float, rounds_a=None, rounds_b=None) -> tuple[bool, str]:

@@ -21,13 +21,19 @@ PEER_ONLY_BLANK = ("policy", "commit", "schedule", "validate", "retain_decode_gr
 
 
 def blank_inapplicable(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy with cells that do not apply to their row set to NA (alpha off the oracle; mtplab's knobs on the peer)."""
+    """A copy with cells that do not apply to their row set to NA (alpha off the oracle; mtplab's knobs on the peer;
+    the auto rounds' target and budget beside a fixed count)."""
     out = df.copy()
     if "drafter" in out:  # a drafter's own parameters, on the rows of drafters that take them only
         for name in drafter_params():
             if name in out:
                 takes = out.drafter.map(lambda d, n=name: (kind := DRAFTERS.find(d)) is not None and n in kind.params)
                 out[name] = out[name].astype(object).where(takes, None)
+    if "rounds" in out:  # the auto rounds' target and budget, on the rows that sized their rounds only
+        auto = out.rounds.astype(str) == "auto"
+        for c in ("rounds_target", "rounds_budget"):
+            if c in out:
+                out[c] = out[c].astype(object).where(auto, None)
     if "engine" in out:
         peer = out.engine != "mtplab"
         for c in PEER_ONLY_BLANK:

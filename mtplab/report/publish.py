@@ -1,4 +1,5 @@
-"""`mtplab report`: execute notebooks/report.ipynb on a sweep and publish it as code-free HTML."""
+"""`mtplab report`: execute notebooks/report.ipynb (or, with --study, notebooks/04_when_mtp_pays.ipynb) on a sweep and
+publish it as code-free HTML."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from mtplab.measure.result import write_atomic
 from mtplab.sweep import store
 from mtplab.sweep.kernel import ensure_kernel
 from mtplab.sweep.point_exec import notebooks_dir
-
 
 NOTEBOOK_OUTPUT = {"report": "report", "04_when_mtp_pays": "study"}  # a published notebook -> its page's name
 

@@ -19,6 +19,7 @@ from mtplab.report.tables import ci_pair
 PATH_POLICIES = ("shared-jit", "sibling", "sibling-pinned")  # the seed's executor fixes, in order
 PATH_COMMITS = ("readvance-batched", "readvance-m1", "select")  # the seed's commit fixes, in order
 COUNTED = ("fallbacks", "invalidations", "hazards")  # what a fix removes, per speculative step
+SEED_FORM = ("captures", "replays", "fallbacks", "invalidations")  # `cuda_graph: captures=4 replays=504 ...`
 
 
 def _stage(r) -> str:
@@ -47,6 +48,10 @@ def seed_path(df: pd.DataFrame) -> pd.DataFrame:
             for c in COUNTED:
                 col = f"slots.{slot}.{c}"
                 row[f"{slot} {c}/step"] = (r[col] / steps) if col in r and pd.notna(r[col]) else np.nan
+        row["seed form"] = "  ".join(
+            f"{slot}: " + " ".join(f"{c}={int(r[f'slots.{slot}.{c}'])}" for c in SEED_FORM
+                                   if f"slots.{slot}.{c}" in r and pd.notna(r[f"slots.{slot}.{c}"]))
+            for slot in ("primary", "verify"))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -78,7 +83,7 @@ def path_changes(path: pd.DataFrame) -> list[str]:
                 + (f"; per step: {', '.join(moved)}" if moved else "; no slot counter moved"))
 
     validated = path[path.validate]
-    for commit, part in validated.groupby("commit", sort=False):
+    for _, part in validated.groupby("commit", sort=False):
         for (_, a), (_, b) in zip(part.iloc[:-1].iterrows(), part.iloc[1:].iterrows()):
             out.append(line(a, b))
     pinned = validated[validated.policy == PINNED]
@@ -220,3 +225,8 @@ def at_alpha(calibration: dict, alpha: float, ks=(1, 2, 3, 4)) -> pd.DataFrame:
     out.index.names = ["commit", "schedule"]
     out.columns.name = f"predicted speedup at alpha={alpha:g}"
     return out
+
+
+def seed_form(path: pd.DataFrame) -> str:
+    """Each stage's slot counters of its checked run in the seed's form (`verify: captures=4 replays=184 ...`)."""
+    return "\n".join(f"{stage:<44} {form}" for stage, form in zip(path.stage, path["seed form"]))

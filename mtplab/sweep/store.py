@@ -128,10 +128,19 @@ def point_rows(sweep_dir: Path) -> list[dict]:
     return rows
 
 
+def mixed_as_text(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns holding both text and numbers (rounds: 3 beside rounds: 'auto') as text, which parquet can store."""
+    for c in df.select_dtypes(include="object").columns:
+        kinds = {type(v) for v in df[c] if v is not None and not (isinstance(v, float) and v != v)}
+        if str in kinds and kinds & {int, float}:
+            df[c] = [None if v is None or (isinstance(v, float) and v != v) else str(v) for v in df[c]]
+    return df
+
+
 def collect(sweep_dir: str | Path) -> pd.DataFrame:
     """Gather every point into results.parquet (written atomically) and return the table."""
     sweep_dir = Path(sweep_dir)
-    df = pd.DataFrame(point_rows(sweep_dir))
+    df = mixed_as_text(pd.DataFrame(point_rows(sweep_dir)))
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
     write_atomic(sweep_dir / "results.parquet", buf.getvalue())
