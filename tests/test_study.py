@@ -87,6 +87,7 @@ def test_the_measurement_lines_count_points_within_target_and_name_the_others():
 def test_the_seed_form_prints_each_stages_counters_as_the_seed_did():
     frame = _frame().assign(**{f"slots.{s}.{c}": 3 for s in ("primary", "verify") for c in ("captures", "replays")})
     text = study.seed_form(study.seed_path(frame))
-    first = text.splitlines()[0]
-    assert first.startswith("shared-jit, readvance-batched")
-    assert "primary: captures=3 replays=3 fallbacks=0 invalidations=20  verify: captures=3 replays=3 fallbacks=20" in first
+    lines = text.splitlines()
+    assert lines[0] == "shared-jit, readvance-batched"
+    assert lines[1] == "    primary: captures=3 replays=3 fallbacks=0 invalidations=20"
+    assert lines[2] == "    verify: captures=3 replays=3 fallbacks=20 invalidations=0"

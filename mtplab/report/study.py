@@ -19,6 +19,8 @@ from mtplab.report.tables import ci_pair
 PATH_POLICIES = ("shared-jit", "sibling", "sibling-pinned")  # the seed's executor fixes, in order
 PATH_COMMITS = ("readvance-batched", "readvance-m1", "select")  # the seed's commit fixes, in order
 COUNTED = ("fallbacks", "invalidations", "hazards")  # what a fix removes, per speculative step
+# and the Primary slot's replays: the M=1 forwards a step makes (a re-advance's, one per consumed token at readvance-m1)
+PER_STEP = {"primary": ("replays", *COUNTED), "verify": COUNTED}
 SEED_FORM = ("captures", "replays", "fallbacks", "invalidations")  # `cuda_graph: captures=4 replays=504 ...`
 
 
@@ -44,8 +46,8 @@ def seed_path(df: pd.DataFrame) -> pd.DataFrame:
         row = {"stage": _stage(r), "policy": r.policy, "commit": r.commit, "validate": bool(r.validate),
                "speedup": r.speedup, "ci_low": lo, "ci_high": hi, "tokens/s": r.tokens_per_s,
                "greedy tokens/s": r.greedy_tokens_per_s, "status": r.status}
-        for slot in ("primary", "verify"):
-            for c in COUNTED:
+        for slot, counted in PER_STEP.items():
+            for c in counted:
                 col = f"slots.{slot}.{c}"
                 row[f"{slot} {c}/step"] = (r[col] / steps) if col in r and pd.notna(r[col]) else np.nan
         row["seed form"] = "  ".join(
@@ -107,8 +109,8 @@ def seed_path_figure(path: pd.DataFrame):
     for xi, s in zip(x, path.speedup):
         ax.text(xi, s + 0.02, f"{s:.2f}", ha="center", va="bottom", fontsize=8)
     ax.axhline(1.0, color="gray", lw=1)
-    ax.set_xticks(x, [s.replace(", ", "\n").replace(" (validation off)", "\n(no validation)") for s in path.stage],
-                  fontsize=7, rotation=30, ha="right", rotation_mode="anchor")
+    ax.set_xticks(x, [s.replace(" (validation off)", "\n(no validation)").replace(", ", "\n").replace("readvance-", "readv.-")
+                      for s in path.stage], fontsize=7)
     ax.set_ylabel("speedup over greedy (x)\nmedian of paired rounds, 95% CI")
     ax.set_title("The seed's path: executor fixes within each commit strategy, then the commit fixes")
     fig.tight_layout()
@@ -223,10 +225,10 @@ def at_alpha(calibration: dict, alpha: float, ks=(1, 2, 3, 4)) -> pd.DataFrame:
                      if theory.covers(calibration, k, c)} for c in COMMITS.names() for s in SCHEDULES.names()}
     out = pd.DataFrame.from_dict(rows, orient="index")
     out.index.names = ["commit", "schedule"]
-    out.columns.name = f"predicted speedup at alpha={alpha:g}"
     return out
 
 
 def seed_form(path: pd.DataFrame) -> str:
     """Each stage's slot counters of its checked run in the seed's form (`verify: captures=4 replays=184 ...`)."""
-    return "\n".join(f"{stage:<44} {form}" for stage, form in zip(path.stage, path["seed form"]))
+    return "\n".join(f"{stage}\n    " + form.replace("  verify:", "\n    verify:")
+                     for stage, form in zip(path.stage, path["seed form"]))
