@@ -130,7 +130,7 @@ def point_rows(sweep_dir: Path) -> list[dict]:
 
 def mixed_as_text(df: pd.DataFrame) -> pd.DataFrame:
     """Columns holding both text and numbers (rounds: 3 beside rounds: 'auto') as text, which parquet can store."""
-    for c in df.select_dtypes(include="object").columns:
+    for c in [c for c in df.columns if pd.api.types.is_object_dtype(df[c])]:
         kinds = {type(v) for v in df[c] if v is not None and not (isinstance(v, float) and v != v)}
         if str in kinds and kinds & {int, float}:
             df[c] = [None if v is None or (isinstance(v, float) and v != v) else str(v) for v in df[c]]
