@@ -133,7 +133,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int) -> d
                 clock.spans.clear()
                 clock.on = True
                 spec = eng.speculative(
-                    prompt, n, reference, on_commit=lambda step, length, c=commits: c.append(time.perf_counter())
+                    prompt, n, reference, on_commit=lambda step, length, emitted, c=commits: c.append(time.perf_counter())
                 )
                 clock.on = False
                 assert spec["tokens"][:n] == reference[:n], "speculative output differs from greedy"
