@@ -60,7 +60,7 @@ def _cores() -> int:
 
 
 ROUNDS = (lambda v: v == "auto" or (_integer(1)(v) and v <= MAX_ROUNDS), f"an integer in 1..{MAX_ROUNDS}, or 'auto'")
-ROUNDS_TARGET = (_number(lambda v: 0.0 < v < 1.0), "within (0, 1), a number (0.03: 3% of the median)")
+ROUNDS_TARGET = (_number(lambda v: 0.0 < v < 1.0), "within (0, 1), a number (0.03: within 3% of the speedup)")
 ROUNDS_BUDGET = (_number(lambda v: 0.0 < v < float("inf")), "a number of seconds > 0")
 THREADS = (
     lambda v: _integer(0)(v) and v <= THREADS_PER_CORE * _cores(),
