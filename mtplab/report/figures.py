@@ -24,6 +24,14 @@ def _fills(ok: pd.DataFrame, figure: str) -> bool:
     return selection.figures_for(ok)[figure]
 
 
+def _captioned(ok: pd.DataFrame, figure: str, caption: str, draw):
+    """The recipe of a figure under a caption of its own: nothing when the sweep cannot fill it."""
+    if not _fills(ok, figure):
+        return None
+    _markdown(caption)
+    return draw(ok)
+
+
 def per_model(figure, ok: pd.DataFrame, *args):
     """A figure for each model of the sweep, each under its model's name (one model: the figure alone).
 
@@ -120,10 +128,7 @@ def counters_table(ok: pd.DataFrame) -> None:
 
 def time_split(ok: pd.DataFrame):
     """Where a speculative step's time goes, by commit strategy."""
-    if not _fills(ok, "time_split"):
-        return None
-    _markdown("## Where a speculative step's time goes, by commit strategy")
-    return plots.time_split(ok)
+    return _captioned(ok, "time_split", "## Where a speculative step's time goes, by commit strategy", plots.time_split)
 
 
 def memory(ok: pd.DataFrame):
@@ -145,29 +150,27 @@ def peer(ok: pd.DataFrame):
 
 def temperature(ok: pd.DataFrame):
     """Acceptance and speedup against the sampling temperature, per k (the MTP head; the peer dashed)."""
-    if not _fills(ok, "temperature"):
-        return None
-    _markdown(
+    return _captioned(
+        ok, "temperature",
         "## Sampling: acceptance and speedup against temperature\n"
         "Temperature 0 is greedy decoding (drafts kept while they equal the target's argmax); above it, rejection "
         "sampling (a draft x ~ q kept with probability min(1, p(x)/q(x))), lossless in distribution. Each point's "
-        "speedup is over the same engine's own greedy or plain sampling at that temperature."
+        "speedup is over the same engine's own greedy or plain sampling at that temperature.",
+        plots_sampling.vs_temperature,
     )
-    return plots_sampling.vs_temperature(ok)
 
 
 def sampled_acceptance(ok: pd.DataFrame):
     """Rejection sampling's measured acceptance against its expectation sum(min(p, q)), per sampled point."""
-    if not _fills(ok, "sampled_acceptance"):
-        return None
-    _markdown(
+    return _captioned(
+        ok, "sampled_acceptance",
         "## Sampling: drafts kept at the rate the rule sets\n"
         "A draft x ~ q is kept with probability min(1, p(x)/q(x)), so with probability sum(min(p, q)) at its "
         "position. Each point: the kept share of the drafts its checked run judged, against the mean of "
         "sum(min(p, q)) over the same drafts (the verify's p, the drafter's q). The oracle at temperature > 0 drafts "
-        "from alpha * p + (1 - alpha) * a fixed token, so its expectation is alpha plus what p gives that token."
+        "from alpha * p + (1 - alpha) * a fixed token, so its expectation is alpha plus what p gives that token.",
+        plots_sampling.expected_vs_measured,
     )
-    return plots_sampling.expected_vs_measured(ok)
 
 
 # The report's figures, in the order it shows them (notebooks/report.ipynb shows each for every model).
