@@ -65,6 +65,8 @@ path = study.seed_path(ok)
 if path.empty:
     display(Markdown("This sweep has no policy grid (run the study grid)."))
 else:
+    display(Markdown(f"At {path.point.iloc[0]}. Each speedup is over that point's own greedy, paired round by round: "
+                     "read it beside the tok/s columns (greedy drifts between points on a shared machine)."))
     display(study.path_table(path))
     print(study.seed_form(path))
     display(Markdown("\n".join(study.path_changes(path))))

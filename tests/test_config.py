@@ -92,7 +92,8 @@ def test_rounds_are_a_count_or_auto_and_auto_has_a_target_and_a_budget():
     assert RunConfig(rounds="auto", rounds_target=0.05, rounds_budget=20).rounds == "auto"
     with pytest.raises(config.ConfigError, match=r"rounds='often': must be an integer in 1..1000, or 'auto'"):
         RunConfig(rounds="often")
-    with pytest.raises(config.ConfigError, match=r"rounds_target=0.05 with rounds=3: they size rounds='auto'"):
+    with pytest.raises(config.ConfigError, match=r"rounds_target=0.05 with rounds=3 \(the default\): it sizes "
+                                                 r"rounds='auto' only \(drop it, or give rounds='auto'\)"):
         RunConfig(rounds_target=0.05)
     with pytest.raises(config.ConfigError, match=r"rounds_budget=0: must be a number of seconds > 0"):
         RunConfig(rounds="auto", rounds_budget=0)

@@ -128,4 +128,4 @@ def test_auto_rounds_on_a_noisy_point_stop_at_the_budget_and_say_so(monkeypatch)
 def test_auto_rounds_stop_at_the_most_rounds(monkeypatch):
     monkeypatch.setattr(measure, "AUTO_MAX_ROUNDS", 7)
     plan = measure.RoundsPlan(None, target=0.001, budget_s=1e9)
-    assert len(_run(plan, [0.8, 1.4])) == 7 and plan.outcome["stopped"] == "most rounds"
+    assert len(_run(plan, [0.8, 1.4])) == 7 and plan.outcome["stopped"] == "cap of 7 rounds reached"

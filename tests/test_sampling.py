@@ -93,7 +93,8 @@ def test_the_transform_applies_temperature_then_top_k_then_top_p():
 @pytest.mark.parametrize("values, message", [
     ({"temperature": 0.7}, "temperature=0.7 samples, but acceptance='greedy-match' decodes greedily"),
     ({"acceptance": "rejection-sampling"}, "acceptance='rejection-sampling' samples: give temperature > 0"),
-    ({"top_k": 5}, "top_k=5, top_p=1.0: they shape sampling, which needs temperature > 0"),
+    ({"top_k": 5}, "top_k=5: it shapes sampling, which needs temperature > 0"),
+    ({"top_p": 0.9, "sample_seed": 3}, "top_p=0.9, sample_seed=3: they shape sampling, which needs temperature > 0"),
     ({"temperature": -1.0}, "temperature=-1.0: must be a number >= 0"),
     ({"top_p": 0.0}, "top_p=0.0: must be within (0, 1], a number"),
 ])

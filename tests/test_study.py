@@ -33,6 +33,7 @@ def test_the_seed_path_is_in_the_seeds_order_with_counters_per_step():
     assert list(path.stage[-3:]) == ["sibling, select", "sibling (validation off), select", "sibling-pinned, select"]
     first = path.iloc[0]
     assert first["verify fallbacks/step"] == 1.0 and first["primary invalidations/step"] == 1.0
+    assert first.point == "k=3, oracle alpha=0.8, decode-verify"
 
 
 def test_each_fix_says_which_counter_it_moved():
@@ -50,7 +51,7 @@ def test_the_break_even_table_says_never_where_no_alpha_wins():
     m1 = t[t.commit == "readvance-m1"]
     assert set(m1["break-even alpha"]) == {"never"} and (m1["speedup at alpha=1"] < 1).all()
     assert len(t) == 3 * 2 * 2
-    assert any("readvance-m1, fused, k=1: alpha* = no solution" in line
+    assert any("readvance-m1, fused, k=1, an infinitely long run: alpha* = no solution" in line
                for line in study.closed_forms(breakeven.hardware_calibration(17.9, 0.1, 1.0, 0.3)))
 
 

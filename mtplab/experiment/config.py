@@ -207,7 +207,7 @@ class RunConfig:
     rounds: int | str = param(
         3, f"paired greedy/speculative timed rounds (1..{MAX_ROUNDS}), timed after the untimed checked pass; 'auto': "
            "5 rounds, then more until the speedup's 95% interval half-width is within rounds_target of its centre, "
-           "or until rounds_budget runs out",
+           "or until rounds_budget runs out, or 200 rounds",
         group="measurement", rule=ROUNDS, id=("tail", 1, "n{}"),
     )
     rounds_target: float = param(0.03, "rounds 'auto': the speedup CI half-width to reach, a share of the median",
@@ -328,8 +328,10 @@ def run_problems(values: dict) -> list[str]:
     if cfg["rounds"] != "auto":
         set_apart = [f"{n}={cfg[n]!r}" for n in ("rounds_target", "rounds_budget") if cfg[n] != _field(n).default]
         if set_apart:
-            problems.append(f"{', '.join(set_apart)} with rounds={cfg['rounds']!r}: they size rounds='auto' (drop "
-                            "them, or give rounds='auto')")
+            these = "they size" if len(set_apart) > 1 else "it sizes"
+            problems.append(f"{', '.join(set_apart)} with rounds={cfg['rounds']!r}"
+                            f"{' (the default)' if cfg['rounds'] == _field('rounds').default else ''}: {these} "
+                            f"rounds='auto' only (drop {'them' if len(set_apart) > 1 else 'it'}, or give rounds='auto')")
     commit = COMMITS.get(cfg["commit"])
     if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
         others = [c.name for c in COMMITS.values() if not c.primary_multi_token]
@@ -371,8 +373,10 @@ def sampling_problems(cfg: dict) -> list[str]:
     if rule.samples and not sampled:
         out.append(f"acceptance={rule.name!r} samples: give temperature > 0 (temperature 0 is greedy decoding, "
                    "acceptance='greedy-match')")
-    if not sampled and (cfg["top_k"] or cfg["top_p"] < 1):
-        out.append(f"top_k={cfg['top_k']!r}, top_p={cfg['top_p']!r}: they shape sampling, which needs temperature > 0")
+    shaping = [f"{n}={cfg[n]!r}" for n in ("top_k", "top_p", "sample_seed") if cfg[n] != _field(n).default]
+    if not sampled and shaping:
+        out.append(f"{', '.join(shaping)}: {'they shape' if len(shaping) > 1 else 'it shapes'} sampling, which needs "
+                   "temperature > 0")
     drafter = DRAFTERS.get(cfg["drafter"])
     if sampled and not drafter.samples:
         out.append(f"drafter={drafter.name!r} has no distribution to draft from, which rejection sampling needs: at "

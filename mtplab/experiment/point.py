@@ -257,7 +257,9 @@ def rounds_outcome_text(plan: dict) -> str:
     """How an auto-sized point's rounds ended, in words."""
     width = plan.get("half_width")
     reached = f"{width:.1%}" if width is not None and width == width else "none (one round)"
-    return (f"{plan['stopped']} after {plan['rounds']} rounds in {plan['seconds']:.0f} s (speedup interval "
+    seconds = plan["seconds"]
+    took = f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
+    return (f"{plan['stopped']} after {plan['rounds']} rounds in {took} (speedup interval "
             f"half-width {reached}, target {plan['target']:.0%}, budget {plan['budget_s']:.0f} s)")
 
 
@@ -271,7 +273,10 @@ def result_text(r: RunResult) -> str:
     lines = [
         f"mtplab run  engine={c['engine']} model={r.model.get('name', config.upgrade(c)['model'])} k={c['k']} "
         f"drafter={drafter_text(c)}"
-        + f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']} tokens={c['tokens']} backend={c['backend']}",
+        + (f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']}" if c["engine"] == "mtplab" else "")
+        + f" tokens={c['tokens']} backend={c['backend']}"
+        + (f" acceptance={c['acceptance']} temperature={c['temperature']:g} top_k={c['top_k']} top_p={c['top_p']:g} "
+           f"sample_seed={c['sample_seed']}" if c.get("temperature", 0) > 0 else ""),
         f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
         f"  speculative {r.tokens_per_s:8.1f} tok/s {_ci(r.tokens_per_s_ci, '.1f')}",
         f"  speedup {r.speedup:.2f}x {_ci(r.speedup_ci, '.2f')}   {len(r.round_samples)} paired "
@@ -284,24 +289,28 @@ def result_text(r: RunResult) -> str:
     if r.predicted:
         when = r.extra.get("calibration_measured") or {}
         lines.append(
-            f"  predicted {r.predicted['speedup']:.2f}x from the calibration   efficiency {r.efficiency:.2f} "
+            f"  predicted {r.predicted['speedup']:.2f}x from the calibration at alpha {r.predicted['alpha']:.2f} "
+            f"({r.theory.get('alpha_source', 'its source unrecorded')})   efficiency {r.efficiency:.2f} "
             f"{_ci(r.efficiency_ci, '.2f')}"
             + (f"   (calibration: {when.get('source', 'cached on this machine')}, measured {when.get('at')}, load "
                f"{when.get('load')})" if when else "")
         )
     lines += [
         f"  tokens/step {r.tokens_per_step:.2f}"
-        + (f" (theory {r.theory['tokens_per_step']:.2f})" if "tokens_per_step" in r.theory else "")
+        + (f" (theory {r.theory['tokens_per_step']:.2f}"
+           + (", from the alpha fitted to this run" if "sampled_acceptance" in r.theory else "") + ")"
+           if "tokens_per_step" in r.theory else "")
         + "   acceptance length "
         f"{r.acceptance_length:.2f}   draft acceptance {r.draft_acceptance:.1%}",
     ]
     if r.acceptance_per_position:  # the peer reports neither
         lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position))
     if sa := r.theory.get("sampled_acceptance"):
-        lines.append(f"  rejection sampling (checked run): kept {sa['kept']} of {sa['judged']} judged drafts, "
+        lines.append(f"  rejection sampling (checked run): kept {sa['kept']} of {sa['judged']} judged drafts (a draft is "
+                     "judged when the ones before it were kept: the per-position rate), "
                      f"{_share(sa['measured'])} against an expected sum(min(p, q)) of {_share(sa['expected'])}; "
                      f"tokens/step {sa['measured_tokens_per_step']:.2f} against {sa['expected_tokens_per_step']:.2f} "
-                     "expected")
+                     "from the expected per-position rates")
     if r.time_split:
         lines.append("  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()))
     if r.slots:

@@ -163,7 +163,7 @@ class RoundsPlan:
         if width <= self.target:
             return "within target", width
         if r >= AUTO_MAX_ROUNDS:
-            return "most rounds", width
+            return f"cap of {AUTO_MAX_ROUNDS} rounds reached", width
         if elapsed * (r + 1) / r > self.budget_s:  # the next round, at the mean round's length, would not fit
             return "budget spent", width
         return None, width

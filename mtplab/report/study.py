@@ -28,6 +28,13 @@ def _stage(r) -> str:
     return f"{r.policy}{'' if r.validate else ' (validation off)'}, {r.commit}"
 
 
+def path_point(r) -> str:
+    """Which point a stage of the seed's path is: its k, alpha, schedule, model and length."""
+    model = f", {r.get('model_name')}" if pd.notna(r.get("model_name")) else ""
+    tokens = f", {r.get('tokens')} tokens" if pd.notna(r.get("tokens")) else ""
+    return f"k={r.k}, oracle alpha={r.alpha:g}, {r.schedule}{model}{tokens}"
+
+
 def seed_path(df: pd.DataFrame) -> pd.DataFrame:
     """The seed's path: one row per (policy, commit) of the sweep's policy grid, in the order the seed fixed them
     (validation off after its policy): speedup with its CI, tokens/s, and each slot's fallbacks, invalidations and
@@ -43,7 +50,8 @@ def seed_path(df: pd.DataFrame) -> pd.DataFrame:
     for _, r in g.iterrows():
         steps = max(int(r.steps), 1) if pd.notna(r.steps) else 1
         lo, hi = ci_pair(r.speedup_ci)
-        row = {"stage": _stage(r), "policy": r.policy, "commit": r.commit, "validate": bool(r.validate),
+        row = {"stage": _stage(r), "point": path_point(r), "policy": r.policy, "commit": r.commit,
+               "validate": bool(r.validate),
                "speedup": r.speedup, "ci_low": lo, "ci_high": hi, "tokens/s": r.tokens_per_s,
                "greedy tokens/s": r.greedy_tokens_per_s, "status": r.status}
         for slot, counted in PER_STEP.items():
@@ -167,7 +175,7 @@ def closed_forms(calibration: dict) -> list[str]:
             text = ("no solution: c(2) - c(1) >= greedy's cost per token (a kept draft costs a re-advance as dear "
                     "as decoding it)" if a is None else f"{a:.3f}" + (" (above 1: never)" if a > 1 else
                                                                       " (below 0: at any alpha)" if a < 0 else ""))
-            out.append(f"- {commit}, {schedule}, k=1: alpha* = {text}")
+            out.append(f"- {commit}, {schedule}, k=1, an infinitely long run: alpha* = {text}")
     return out
 
 
