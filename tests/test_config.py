@@ -99,3 +99,14 @@ def test_rounds_are_a_count_or_auto_and_auto_has_a_target_and_a_budget():
         RunConfig(rounds="auto", rounds_budget=0)
     args = parser().parse_args(["run", "--rounds", "auto", "--rounds-target", "0.02"])
     assert _run_config(args)[0].rounds == "auto"
+
+
+def test_a_bad_field_does_not_hide_a_disagreement_between_other_fields():
+    with pytest.raises(config.ConfigError) as err:
+        RunConfig(rounds=0, temperature=1.0)
+    text = str(err.value)
+    assert "rounds=0: must be an integer in 1..1000, or 'auto'" in text
+    assert "temperature=1.0 samples, but acceptance='greedy-match' decodes greedily" in text
+    with pytest.raises(config.ConfigError) as err:
+        RunConfig(rounds=0, rounds_budget=5)  # the rounds check needs a valid rounds: only the bad field is named
+    assert "rounds_budget=5 with" not in str(err.value)

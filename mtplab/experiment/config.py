@@ -315,9 +315,15 @@ def run_problems(values: dict) -> list[str]:
     if unknown:
         return [f"unknown RunConfig fields {unknown} (the fields are {[f.name for f in fields()]})"]
     cfg = defaults() | values
-    problems = [p for name, value in cfg.items() if (p := field_problem(name, [value]))]
-    if problems:  # the checks across fields need valid fields
+    bad = {name: p for name, value in cfg.items() if (p := field_problem(name, [value]))}
+    if bad:  # the checks across fields need valid fields: those whose fields are all valid still run
+        problems = list(bad.values())
+        if not bad.keys() & {"temperature", "top_k", "top_p", "sample_seed", "acceptance", "drafter"}:
+            problems += sampling_problems(cfg)
+        if not bad.keys() & {"rounds", "rounds_target", "rounds_budget"}:
+            problems += rounds_problems(cfg)
         return problems
+    problems = []
     if cfg["engine"] == "ort-genai" and (not DRAFTERS.get(cfg["drafter"]).peer or cfg["backend"] != "cpu"):
         peers = [d.name for d in DRAFTERS.values() if d.peer]
         problems.append(
@@ -325,13 +331,7 @@ def run_problems(values: dict) -> list[str]:
             f"(got drafter={cfg['drafter']!r}, backend={cfg['backend']!r})"
         )
     problems += sampling_problems(cfg)
-    if cfg["rounds"] != "auto":
-        set_apart = [f"{n}={cfg[n]!r}" for n in ("rounds_target", "rounds_budget") if cfg[n] != _field(n).default]
-        if set_apart:
-            these = "they size" if len(set_apart) > 1 else "it sizes"
-            problems.append(f"{', '.join(set_apart)} with rounds={cfg['rounds']!r}"
-                            f"{' (the default)' if cfg['rounds'] == _field('rounds').default else ''}: {these} "
-                            f"rounds='auto' only (drop {'them' if len(set_apart) > 1 else 'it'}, or give rounds='auto')")
+    problems += rounds_problems(cfg)
     commit = COMMITS.get(cfg["commit"])
     if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
         others = [c.name for c in COMMITS.values() if not c.primary_multi_token]
@@ -361,6 +361,19 @@ def run_problems(values: dict) -> list[str]:
     ):
         problems.append(problem)
     return problems
+
+
+def rounds_problems(cfg: dict) -> list[str]:
+    """The auto rounds' target and budget belong to rounds='auto'."""
+    if cfg["rounds"] == "auto":
+        return []
+    set_apart = [f"{n}={cfg[n]!r}" for n in ("rounds_target", "rounds_budget") if cfg[n] != _field(n).default]
+    if not set_apart:
+        return []
+    these = "they size" if len(set_apart) > 1 else "it sizes"
+    return [f"{', '.join(set_apart)} with rounds={cfg['rounds']!r}"
+            f"{' (the default)' if cfg['rounds'] == _field('rounds').default else ''}: {these} "
+            f"rounds='auto' only (drop {'them' if len(set_apart) > 1 else 'it'}, or give rounds='auto')"]
 
 
 def sampling_problems(cfg: dict) -> list[str]:
