@@ -60,12 +60,12 @@ class TargetRows:
     def row(self, context: tuple[int, ...], keep_from: int):
         """Logits [V] of the token after `context`; marks below `keep_from` (the committed length) are dropped."""
         got = self.rows.get(context)
-        if got is None:
+        if got is None:  # marks grow only here: they are pruned here too, never on a timed run's lookups
             self._advance(context)
+            floor = max((m for m in self.marks if m <= keep_from), default=0)  # the committed prefix stays above it
+            for m in [m for m in self.marks if m < floor]:
+                del self.marks[m]
             got = self.rows[context]
-        floor = max((m for m in self.marks if m <= keep_from), default=0)  # the committed prefix stays above it
-        for m in [m for m in self.marks if m < floor]:
-            del self.marks[m]
         return got
 
     def _advance(self, context: tuple[int, ...]) -> None:

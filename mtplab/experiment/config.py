@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtplab.base.names import canonical
+from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS, capacity_problem, k_problem
 from mtplab.runtime.executor import max_recaptures_problem
@@ -60,6 +61,7 @@ def _cores() -> int:
 
 
 ROUNDS = (lambda v: v == "auto" or (_integer(1)(v) and v <= MAX_ROUNDS), f"an integer in 1..{MAX_ROUNDS}, or 'auto'")
+AUTO_ROUNDS = ("rounds_target", "rounds_budget")  # the fields that size rounds='auto' (and nothing else)
 ROUNDS_TARGET = (_number(lambda v: 0.0 < v < 1.0), "within (0, 1), a number (0.03: within 3% of the speedup)")
 ROUNDS_BUDGET = (_number(lambda v: 0.0 < v < float("inf")), "a number of seconds > 0")
 THREADS = (
@@ -318,9 +320,9 @@ def run_problems(values: dict) -> list[str]:
     bad = {name: p for name, value in cfg.items() if (p := field_problem(name, [value]))}
     if bad:  # the checks across fields need valid fields: those whose fields are all valid still run
         problems = list(bad.values())
-        if not bad.keys() & {"temperature", "top_k", "top_p", "sample_seed", "acceptance", "drafter"}:
+        if not bad.keys() & {*SAMPLING_FIELDS, "acceptance", "drafter"}:
             problems += sampling_problems(cfg)
-        if not bad.keys() & {"rounds", "rounds_target", "rounds_budget"}:
+        if not bad.keys() & {"rounds", *AUTO_ROUNDS}:
             problems += rounds_problems(cfg)
         return problems
     problems = []
@@ -367,7 +369,7 @@ def rounds_problems(cfg: dict) -> list[str]:
     """The auto rounds' target and budget belong to rounds='auto'."""
     if cfg["rounds"] == "auto":
         return []
-    set_apart = [f"{n}={cfg[n]!r}" for n in ("rounds_target", "rounds_budget") if cfg[n] != _field(n).default]
+    set_apart = [f"{n}={cfg[n]!r}" for n in AUTO_ROUNDS if cfg[n] != _field(n).default]
     if not set_apart:
         return []
     these = "they size" if len(set_apart) > 1 else "it sizes"
@@ -386,7 +388,7 @@ def sampling_problems(cfg: dict) -> list[str]:
     if rule.samples and not sampled:
         out.append(f"acceptance={rule.name!r} samples: give temperature > 0 (temperature 0 is greedy decoding, "
                    "acceptance='greedy-match')")
-    shaping = [f"{n}={cfg[n]!r}" for n in ("top_k", "top_p", "sample_seed") if cfg[n] != _field(n).default]
+    shaping = [f"{n}={cfg[n]!r}" for n in SAMPLING_FIELDS if n != "temperature" and cfg[n] != _field(n).default]
     if not sampled and shaping:
         out.append(f"{', '.join(shaping)}: {'they shape' if len(shaping) > 1 else 'it shapes'} sampling, which needs "
                    "temperature > 0")

@@ -51,9 +51,9 @@ def closed_form_k1(schedule: str, commit: str, calibration: dict) -> float | Non
     may fall outside [0, 1] (below 0: MTP wins at any alpha; above 1: never)."""
     c = calibration["commit"][commit]
     t = calibration["target"]
-    g = calibration.get("greedy_token", t["1"])
+    g = theory.greedy_seconds(calibration)
     decodes = SCHEDULES.get(schedule).decodes
-    head = (calibration.get("draft") or {}).get("1", calibration["head"])
+    head = theory.draft_seconds(calibration, 1)
     denominator = g - (c["2"] - c["1"])
     if denominator <= 0:
         return None
@@ -65,27 +65,25 @@ def ceiling(k: int, schedule: str, commit: str, calibration: dict, tokens: int |
     return speedup(1.0, k, schedule, commit, calibration, tokens)
 
 
+def ratios(calibration: dict, k: int, commit: str) -> dict:
+    """The cost ratios that decide the break-even at k, over T(1): the verify T(k+1), one head step of the k a
+    draft phase makes, the commit of k+1 tokens, and greedy's cost per token."""
+    t1 = calibration["target"]["1"]
+    return {
+        "verify_ratio": calibration["target"][str(k + 1)] / t1,
+        "head_ratio": theory.draft_seconds(calibration, k) / k / t1,
+        "commit_ratio": calibration["commit"][commit][str(k + 1)] / t1,
+        "greedy_ratio": theory.greedy_seconds(calibration) / t1,
+    }
+
+
 def table(calibration: dict, ks, schedules, commits, tokens: int | None = None) -> list[dict]:
     """One row per (commit, schedule, k): the break-even alpha, the speedup ceiling at alpha = 1 and the cost
-    ratios that decide them (T(k+1)/T(1), head step / T(1), the commit of k+1 tokens / T(1))."""
-    t1 = calibration["target"]["1"]
-    rows = []
-    for commit in commits:
-        for schedule in schedules:
-            for k in ks:
-                if not theory.covers(calibration, k, commit):
-                    continue
-                draft = (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
-                rows.append({
-                    "commit": commit, "schedule": schedule, "k": k,
-                    "break_even_alpha": break_even_alpha(k, schedule, commit, calibration, tokens),
-                    "ceiling": ceiling(k, schedule, commit, calibration, tokens),
-                    "verify_ratio": calibration["target"][str(k + 1)] / t1,
-                    "head_ratio": draft / k / t1,  # one head step of the k a draft phase makes
-                    "commit_ratio": calibration["commit"][commit][str(k + 1)] / t1,
-                    "greedy_ratio": calibration.get("greedy_token", t1) / t1,
-                })
-    return rows
+    ratios that decide them (`ratios`)."""
+    return [{"commit": commit, "schedule": schedule, "k": k,
+             "break_even_alpha": break_even_alpha(k, schedule, commit, calibration, tokens),
+             "ceiling": ceiling(k, schedule, commit, calibration, tokens), **ratios(calibration, k, commit)}
+            for commit in commits for schedule in schedules for k in ks if theory.covers(calibration, k, commit)]
 
 
 def hardware_calibration(t1_ms: float, verify_slope: float, head_ms: float, select_ms: float,

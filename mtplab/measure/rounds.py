@@ -154,12 +154,12 @@ class RoundsPlan:
             yield r
             r += 1
 
-    def _stop(self, samples: list[dict], r: int, elapsed: float, key: str) -> tuple[str | None, float]:
-        width = interval_half_width([s[key] for s in samples])
-        if self.fixed is not None:
-            return ("fixed" if r >= self.fixed else None), width
+    def _stop(self, samples: list[dict], r: int, elapsed: float, key: str) -> tuple[str | None, float | None]:
+        if self.fixed is not None:  # its interval is read once, when it stops
+            return ("fixed", interval_half_width([s[key] for s in samples])) if r >= self.fixed else (None, None)
         if r < AUTO_MIN_ROUNDS:
-            return None, width
+            return None, None
+        width = interval_half_width([s[key] for s in samples])
         if width <= self.target:
             return "within target", width
         if r >= AUTO_MAX_ROUNDS:

@@ -120,6 +120,16 @@ def expected_steps(alpha: float, k: int, schedule: str, tokens: int) -> float:
     return f[need]
 
 
+def greedy_seconds(calibration: dict) -> float:
+    """Greedy decoding's calibrated cost per token (T(1) for a calibration from before it was measured)."""
+    return calibration.get("greedy_token", calibration["target"]["1"])
+
+
+def draft_seconds(calibration: dict, k: int) -> float:
+    """The calibrated draft phase of k drafts (k head steps for a calibration from before it was measured)."""
+    return (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
+
+
 def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None,
             eager_share: dict | None = None) -> dict:
     """A point's speedup from alpha, k, the schedule, the commit and the calibration alone.
@@ -141,8 +151,8 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
         return (1 - f) * target[str(M)] + f * eager.get(str(M), target[str(M)])
 
     t1 = target["1"]
-    greedy = calibration.get("greedy_token", t1)
-    draft = (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
+    greedy = greedy_seconds(calibration)
+    draft = draft_seconds(calibration, k)
     commit_cost = sum(p * commits[str(j + 1)] for j, p in enumerate(accepted_distribution(alpha, k)))
     decodes = SCHEDULES.get(schedule).decodes
     decode = decodes * forward(1, "primary")

@@ -8,7 +8,7 @@ import pandas as pd
 import yaml
 
 from mtplab.engine.strategies import DRAFTERS
-from mtplab.experiment.config import drafter_params, fields
+from mtplab.experiment.config import AUTO_ROUNDS, drafter_params, fields
 
 # Run parameters a sweep can vary or fix: RunConfig's fields (the model by its name, a preset's or a builder
 # folder's: store.load's model_name); rounds and threads have rows of their own.
@@ -31,7 +31,7 @@ def blank_inapplicable(df: pd.DataFrame) -> pd.DataFrame:
                 out[name] = out[name].astype(object).where(takes, None)
     if "rounds" in out:  # the auto rounds' target and budget, on the rows that sized their rounds only
         auto = out.rounds.astype(str) == "auto"
-        for c in ("rounds_target", "rounds_budget"):
+        for c in AUTO_ROUNDS:
             if c in out:
                 out[c] = out[c].astype(object).where(auto, None)
     if "engine" in out:

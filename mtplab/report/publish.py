@@ -10,7 +10,8 @@ from mtplab.sweep import store
 from mtplab.sweep.kernel import ensure_kernel
 from mtplab.sweep.point_exec import notebooks_dir
 
-NOTEBOOK_OUTPUT = {"report": "report", "04_when_mtp_pays": "study"}  # a published notebook -> its page's name
+# a published notebook -> (its page's name, the parameter that names the sweep it reads)
+PUBLISHED = {"report": ("report", "sweep_dir"), "04_when_mtp_pays": ("study", "results")}
 
 
 def make_report(sweep_dir: str | Path, notebook: str = "report") -> Path:
@@ -26,12 +27,12 @@ def make_report(sweep_dir: str | Path, notebook: str = "report") -> Path:
             f"{sweep_dir} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first"
         )
     store.check_fresh(sweep_dir)
-    name = NOTEBOOK_OUTPUT[notebook]
+    name, sweep_parameter = PUBLISHED[notebook]
     executed = sweep_dir / f"{name}.ipynb"
     pm.execute_notebook(
         str(notebooks_dir() / f"{notebook}.ipynb"),
         str(executed),
-        parameters={"sweep_dir": str(sweep_dir)} if notebook == "report" else {"results": str(sweep_dir)},
+        parameters={sweep_parameter: str(sweep_dir)},
         kernel_name=ensure_kernel(),
         progress_bar=False,
         cwd=str(sweep_dir),

@@ -127,7 +127,7 @@ def rounds_outcomes(df: pd.DataFrame) -> pd.DataFrame:
     and its point_id; empty when no point sized its rounds."""
     if "extra" not in df or df.empty:
         return pd.DataFrame()
-    plans = [(e or {}).get("rounds") or {} if isinstance(e, dict) else {} for e in parse_json(df.extra)]
+    plans = [(e.get("rounds") or {}) if isinstance(e, dict) else {} for e in parse_json(df.extra)]
     rows = [p | {"point_id": i} for p, i in zip(plans, df.point_id) if p.get("mode") == "auto"]
     return pd.DataFrame(rows)
 

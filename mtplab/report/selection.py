@@ -68,7 +68,7 @@ def peer_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def own_head_beside_peer(df: pd.DataFrame) -> pd.DataFrame:
     """mtplab's greedy-decoding MTP-head rows shown next to the peer: the pinned policy's when the sweep has it."""
-    own = own_head(greedy_decoding(df))
+    own = own_head(df)
     return own[own.policy == PINNED] if PINNED in set(own.policy) else own
 
 

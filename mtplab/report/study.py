@@ -12,7 +12,7 @@ import pandas as pd
 
 from mtplab.engine.strategies import COMMITS, SCHEDULES
 from mtplab.measure import breakeven, theory
-from mtplab.report.plots import _k_color
+from mtplab.report.plots import POLICY_COLORS, _ci_err, _k_color
 from mtplab.report.selection import PINNED, policy_grid, set_acceptance
 from mtplab.report.tables import ci_pair
 
@@ -58,9 +58,9 @@ def seed_path(df: pd.DataFrame) -> pd.DataFrame:
             for c in counted:
                 col = f"slots.{slot}.{c}"
                 row[f"{slot} {c}/step"] = (r[col] / steps) if col in r and pd.notna(r[col]) else np.nan
-        row["seed form"] = "  ".join(
-            f"{slot}: " + " ".join(f"{c}={int(r[f'slots.{slot}.{c}'])}" for c in SEED_FORM
-                                   if f"slots.{slot}.{c}" in r and pd.notna(r[f"slots.{slot}.{c}"]))
+        row["seed form"] = "\n".join(
+            f"    {slot}: " + " ".join(f"{c}={int(r[f'slots.{slot}.{c}'])}" for c in SEED_FORM
+                                       if f"slots.{slot}.{c}" in r and pd.notna(r[f"slots.{slot}.{c}"]))
             for slot in ("primary", "verify"))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -92,13 +92,14 @@ def path_changes(path: pd.DataFrame) -> list[str]:
         return (f"- {a.stage} -> {b.stage}: speedup {a.speedup:.2f}x -> {b.speedup:.2f}x"
                 + (f"; per step: {', '.join(moved)}" if moved else "; no slot counter moved"))
 
+    def steps(stages: pd.DataFrame) -> list[str]:  # each stage against the one before it
+        rows = [r for _, r in stages.iterrows()]
+        return [line(a, b) for a, b in zip(rows, rows[1:])]
+
     validated = path[path.validate]
     for _, part in validated.groupby("commit", sort=False):
-        for (_, a), (_, b) in zip(part.iloc[:-1].iterrows(), part.iloc[1:].iterrows()):
-            out.append(line(a, b))
-    pinned = validated[validated.policy == PINNED]
-    for (_, a), (_, b) in zip(pinned.iloc[:-1].iterrows(), pinned.iloc[1:].iterrows()):
-        out.append(line(a, b))
+        out += steps(part)
+    out += steps(validated[validated.policy == PINNED])
     for _, r in path[~path.validate].iterrows():
         hazards = r["primary hazards/step"] + r["verify hazards/step"]
         out.append(f"- {r.stage}: {hazards:.2f} hazards per step (a replay whose bound buffers moved), status "
@@ -110,10 +111,9 @@ def seed_path_figure(path: pd.DataFrame):
     """Speedup (95% CI) at each stage of the seed's path, a bar per stage, grouped by commit strategy."""
     fig, ax = plt.subplots(figsize=(10, 3.8))
     x = np.arange(len(path))
-    colors = {"shared-jit": "#d62728", "sibling": "#ff7f0e", "sibling-pinned": "#2ca02c"}
     err = np.nan_to_num(np.abs(np.vstack([path.speedup - path.ci_low, path.ci_high - path.speedup])))
     ax.bar(x, path.speedup, yerr=err, capsize=3,
-           color=[colors.get(p, "#888888") if v else "#bbbbbb" for p, v in zip(path.policy, path.validate)])
+           color=[POLICY_COLORS.get(p, "#888888") if v else "#bbbbbb" for p, v in zip(path.policy, path.validate)])
     for xi, s in zip(x, path.speedup):
         ax.text(xi, s + 0.02, f"{s:.2f}", ha="center", va="bottom", fontsize=8)
     ax.axhline(1.0, color="gray", lw=1)
@@ -155,13 +155,16 @@ def break_even_wide(calibration: dict, ks=(1, 2, 3, 4), tokens: int | None = Non
 def cost_ratios(calibration: dict, ks=(1, 2, 3, 4)) -> pd.DataFrame:
     """What decides the break-even: per k, T(k+1)/T(1), the head step and each commit of k+1 tokens over T(1),
     and greedy's cost per token over T(1)."""
-    t = break_even_table(calibration, ks)
-    if t.empty:
-        return t
-    wide = t.pivot_table(index="k", columns="commit", values="commit(k+1)/T(1)")
-    wide.columns = [f"{c}(k+1)/T(1)" for c in wide.columns]
-    first = t.drop_duplicates("k").set_index("k")[["T(k+1)/T(1)", "head/T(1)", "greedy/T(1)"]]
-    return first.join(wide).round(3)
+    rows = {}
+    for k in ks:
+        covered = sorted(c for c in COMMITS.names() if theory.covers(calibration, k, c))
+        if covered:
+            r = breakeven.ratios(calibration, k, covered[0])
+            rows[k] = {"T(k+1)/T(1)": r["verify_ratio"], "head/T(1)": r["head_ratio"], "greedy/T(1)": r["greedy_ratio"]}
+            rows[k] |= {f"{c}(k+1)/T(1)": breakeven.ratios(calibration, k, c)["commit_ratio"] for c in covered}
+    out = pd.DataFrame.from_dict(rows, orient="index").round(3)
+    out.index.name = "k"
+    return out
 
 
 def closed_forms(calibration: dict) -> list[str]:
@@ -204,24 +207,19 @@ def curves(calibration: dict, measured: pd.DataFrame | None = None, ks=(1, 3), t
                 if m is not None and len(m):
                     p = m[(m.schedule == schedule) & (m.commit == commit) & (m.k == k)].sort_values("alpha")
                     if len(p):
-                        ci = np.array([ci_pair(v) for v in p.speedup_ci], dtype=float).reshape(-1, 2)
-                        err = np.nan_to_num(np.abs(np.vstack([p.speedup - ci[:, 0], ci[:, 1] - p.speedup])))
-                        ax.errorbar(p.alpha, p.speedup, yerr=err, fmt="o", color=color, capsize=3,
-                                    label=f"k={k} measured")
+                        ax.errorbar(p.alpha, p.speedup, yerr=_ci_err(p.speedup, p.speedup_ci), fmt="o", color=color,
+                                    capsize=3, label=f"k={k} measured")
             ax.axhline(1.0, color="gray", lw=1)
             ax.set_title(f"{commit}, {schedule}", fontsize=9)
             if i == len(schedules) - 1:
                 ax.set_xlabel("alpha (per-position acceptance)")
             if j == 0:
                 ax.set_ylabel("speedup over greedy (x)")
-    handles, labels = axes[0][-1].get_legend_handles_labels()
-    for row in axes:
-        for ax in row:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    shown = {}  # each label once, from whichever panel drew it first
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            shown.setdefault(lab, h)
+    fig.legend(list(shown.values()), list(shown), loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.suptitle("Predicted speedup against alpha (dotted: the break-even alpha)", y=1.0)
     fig.tight_layout()
     return fig
@@ -238,5 +236,4 @@ def at_alpha(calibration: dict, alpha: float, ks=(1, 2, 3, 4)) -> pd.DataFrame:
 
 def seed_form(path: pd.DataFrame) -> str:
     """Each stage's slot counters of its checked run in the seed's form (`verify: captures=4 replays=184 ...`)."""
-    return "\n".join(f"{stage}\n    " + form.replace("  verify:", "\n    verify:")
-                     for stage, form in zip(path.stage, path["seed form"]))
+    return "\n".join(f"{stage}\n{form}" for stage, form in zip(path.stage, path["seed form"]))
