@@ -173,14 +173,24 @@ def test_device_side_acceptance_matches_the_host_rule():
 
 
 def test_device_state_replay_matches_select(tiny):
+    """The device's token-by-token form and the host's closed form agree: exactly for one token (the same two
+    operations), to float32 rounding for more."""
     t = transition_layout(tiny.config)
     rng = np.random.default_rng(1)
     flat = rng.standard_normal((1, t.capacity * t.width)).astype(np.float32)
     state = rng.standard_normal((1, t.value_heads, t.value_dim, t.key_dim)).astype(np.float32)
-    host, device = state.copy(), state[0].copy()
-    replay_transitions(t, host, flat, 5)
+    for n in range(1, t.capacity + 1):
+        host, device = state.copy(), state[0].copy()
+        replay_transitions(t, host, flat, n)
+        replay_transitions_xp(np, device, *t.split(flat), n, t.group)
+        if n == 1:
+            np.testing.assert_array_equal(host[0], device)
+        np.testing.assert_allclose(host[0], device, rtol=1e-5, atol=1e-5 * float(np.abs(device).max()))
+    wrong = state.copy()
+    replay_transitions(t, wrong, flat, 4)
+    device = state[0].copy()
     replay_transitions_xp(np, device, *t.split(flat), 5, t.group)
-    np.testing.assert_array_equal(host[0], device)
+    assert not np.allclose(wrong[0], device, rtol=1e-3)  # one transition short is far outside that tolerance
 
 
 def test_every_run_is_queued_without_a_stream_sync_and_the_host_waits_once_per_step(tiny):

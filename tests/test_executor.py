@@ -341,3 +341,15 @@ def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
             for out in outs:
                 out["hidden"].shape = (out["hidden"].size,)
     assert checked.state[Slot.PRIMARY].replays > 10 and checked.state[Slot.PRIMARY].invalidations > 3
+
+
+def test_plans_replay_through_the_c_entry_unless_the_session_s_own_call_was_replaced(tiny):
+    from mtplab.runtime.executor import direct_runner
+
+    session = make_session(tiny.target)
+    io = session.io_binding()
+    assert direct_runner(session, io).func == session._sess.run_with_iobinding  # the wrapper's checks skipped
+    calls = []
+    session.run_with_iobinding = lambda io, run_options=None: calls.append(io)  # a recorder on the instance
+    direct_runner(session, io)()
+    assert calls == [io]

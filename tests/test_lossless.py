@@ -13,7 +13,6 @@ from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
-from mtplab.model import graph
 from mtplab.runtime.executor import Executor, Slot
 
 READVANCE = ("readvance-batched", "readvance-m1")
@@ -79,8 +78,8 @@ def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch
 
 @pytest.mark.parametrize("off", [-1, +1])
 def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, monkeypatch):
-    real = graph.replay_transitions
-    monkeypatch.setattr(graph, "replay_transitions", lambda cfg, s, flat, n: real(cfg, s, flat, n + off))
+    real = commit_ops.replay_transitions_closed  # what select runs on the host, every layer at once
+    monkeypatch.setattr(commit_ops, "replay_transitions_closed", lambda s, d, k, delta, n, rep: real(s, d, k, delta, n + off, rep))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]
@@ -208,8 +207,8 @@ def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_ind
 
     real = runtime.length_feeds
 
-    def shifted(io, length, M, total):  # from position P+10 on, the engine's lengths are one too far
-        feeds = real(io, length, M, total)
+    def shifted(io, length, M, total, into=None):  # from position P+10 on, the engine's lengths are one too far
+        feeds = real(io, length, M, total, into)
         if length >= 18:
             feeds = dict(feeds, seqlens_k=feeds["seqlens_k"] + 1)
         return feeds

@@ -9,7 +9,13 @@ import pytest
 
 from mtplab.engine.commits import rebuild_conv
 from mtplab.model import ModelConfig, build_model, load_artifact, preset
-from mtplab.model.graph import replay_transitions, transition_layout
+from mtplab.model.graph import (
+    TransitionLayout,
+    replay_transitions,
+    replay_transitions_closed,
+    replay_transitions_xp,
+    transition_layout,
+)
 from mtplab.model.reference import ReferenceModel
 from mtplab.model.weights import target_weights
 
@@ -91,6 +97,31 @@ def test_transitions_replayed_for_any_prefix_give_the_state_of_running_it(tiny, 
             # apart from an M=j forward's by a few float32 ulps
             np.testing.assert_allclose(gdn, truth.state.gdn[i], atol=1e-5, rtol=0)
             np.testing.assert_allclose(conv, truth.state.conv[i], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("heads", [(4, 2, 16, 8), (8, 8, 8, 16)])  # (Hv, Hk, Dk, Dv): grouped keys, and one per head
+def test_the_closed_form_over_stacked_layers_is_the_token_by_token_update(heads):
+    Hv, Hk, Dk, Dv = heads
+    t, L = TransitionLayout(8, Hv, Hk, Dk, Dv), 3
+    rng = np.random.default_rng(2)
+    flats = rng.standard_normal((L, 1, t.capacity * t.width)).astype(np.float32)
+    decay, key, delta = t.split(flats)
+    decay[...] = rng.uniform(0.2, 1.0, decay.shape)
+    start = rng.standard_normal((L, Hv, Dv, Dk)).astype(np.float32)
+    for n in range(t.capacity + 1):
+        stacked = start.copy()
+        replay_transitions_closed(stacked, decay, key, delta, n, t.group)
+        for layer in range(L):
+            one = start[layer].copy()
+            replay_transitions_xp(np, one, decay[layer], key[layer], delta[layer], n, t.group)
+            if n <= 1:  # the same operations: bitwise
+                np.testing.assert_array_equal(stacked[layer], one)
+            np.testing.assert_allclose(stacked[layer], one, rtol=1e-5, atol=1e-6 * float(np.abs(one).max()))
+    short = start.copy()
+    replay_transitions_closed(short, decay, key, delta, 3, t.group)
+    full = start.copy()
+    replay_transitions_closed(full, decay, key, delta, 4, t.group)
+    assert not np.allclose(short, full, rtol=1e-3)
 
 
 def test_build_is_cached_by_config_hash(tmp_path, monkeypatch):

@@ -68,3 +68,60 @@ def test_binding_the_conv_carry_in_place_is_refused_naming_the_op(tiny):
     aliased = [(n, state.conv[i] if n == f"present_conv_state.{i}" else a, o) for n, a, o in bound]
     with pytest.raises(ValueError, match=rf"present_conv_state.{i} on conv_state.{i} \(CausalConvWithState 3->1\)"):
         check_in_place(onnx.load(str(tiny.target)), aliased, "CUDAExecutionProvider")
+
+
+def test_each_kind_of_state_lives_in_one_buffer_until_a_layer_is_replaced(tiny):
+    cfg = tiny.config
+    state = TargetState.allocate(tiny.description, Arena("t"))
+    layers = tuple(cfg.gdn_layer_ids)
+    stack = state.stacked("recurrent", layers)
+    assert stack is not None and stack.shape[0] == len(layers)
+    state.gdn[layers[-1]][...] = 3.0
+    assert (stack[-1] == 3.0).all() and (stack[0] == 0.0).all()  # each layer's buffer is its row
+    assert state.stacked("recurrent", layers[::-1]) is None  # another order is not this buffer's
+    state.gdn[layers[0]] = state.gdn[layers[0]].copy()
+    assert state.stacked("recurrent", layers) is None and state.stacked("conv", layers) is not None
+
+
+def test_select_updates_every_layer_at_once_as_it_does_layer_by_layer(tiny, runner_for):
+    from mtplab.engine.commits import select_commit
+    from mtplab.runtime.device import device_for
+
+    cfg, apply = tiny.config, select_commit(tiny.description, device_for("cpu"))
+    run = runner_for(tiny)
+    run.forward([7, 8, 9])
+    verify = run.forward([11, 12, 13, 14, 15], in_place=False)
+    for n in (1, 3, 5):
+        together = TargetState.allocate(tiny.description, Arena("a"))
+        apart = TargetState.allocate(tiny.description, Arena("b"))
+        for i in cfg.gdn_layer_ids:
+            apart.gdn[i], apart.conv[i] = run.state.gdn[i].copy(), run.state.conv[i].copy()  # no longer stacked
+            together.gdn[i][...], together.conv[i][...] = run.state.gdn[i], run.state.conv[i]
+        assert together.stacked("recurrent", tuple(cfg.gdn_layer_ids)) is not None
+        apply(together, verify, n)
+        apply(apart, verify, n)
+        for i in cfg.gdn_layer_ids:
+            np.testing.assert_array_equal(together.conv[i], apart.conv[i])
+            np.testing.assert_allclose(together.gdn[i], apart.gdn[i], rtol=1e-5, atol=1e-6)
+            assert not np.array_equal(together.gdn[i], run.state.gdn[i])  # the update did something
+
+
+@pytest.mark.parametrize("form", ["seqlens", "attention_mask"])
+def test_length_feeds_rewritten_in_place_equal_fresh_ones(tiny, form):
+    from dataclasses import replace
+
+    from mtplab.model.description import length_feeds
+
+    io = tiny.description.target
+    if form == "attention_mask":  # the builder's form: a mask over the span, and MRoPE's [3, 1, M] positions
+        io = replace(io, lengths="attention_mask", positions=(3, 1), query_seqlens=False, capture_count=False)
+    for M in (1, 4):
+        kept = length_feeds(io, 0, M, 32)
+        arrays = {n: a for n, a in kept.items()}
+        for length in (5, 20, 3, 0, 28):  # up, and back down as a rollback does
+            fresh = length_feeds(io, length, M, 32)
+            again = length_feeds(io, length, M, 32, into=kept)
+            assert again is kept and all(again[n] is a for n, a in arrays.items())  # the same arrays, rewritten
+            assert list(again) == list(fresh)
+            for name in fresh:
+                np.testing.assert_array_equal(again[name], fresh[name], err_msg=f"{name} at length {length}, M={M}")

@@ -62,7 +62,7 @@ class GreedyMatch(AcceptanceRule):
     draft_token = token
 
     def accept(self, xp, drafts, logits):
-        targets = xp.argmax(logits, axis=-1)
+        targets = logits.argmax(-1) if xp is np else xp.argmax(logits, axis=-1)
         return accepted_count(xp, drafts, targets), targets
 
 
@@ -72,7 +72,11 @@ def accepted_count(xp, drafts, targets):
 
 
 def leading_run(xp, kept):
-    """How many of a boolean row's first entries are all true, on the device (a 0-d array): the drafts kept."""
+    """How many of a boolean row's first entries are all true: the drafts kept. On the device a 0-d array (nothing
+    waits); on the host an int."""
+    if xp is np:  # the first false entry, in two calls
+        first = int(kept.argmin())
+        return first if not kept[first] else kept.size
     return xp.cumprod(kept.astype(np.int32)).sum()
 
 

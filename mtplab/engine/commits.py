@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mtplab.engine.strategies import COMMITS
+from mtplab.model.graph import replay_transitions_closed
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.executor import Slot
 
@@ -113,7 +114,7 @@ class Select(CommitStrategy):
     name = "select"
     verify_in_place = False
     why = ("keeps what the M=k+1 verify computed, whose products may round differently from the reference's M=1 "
-           "(measured: bitwise on the fp32 builder fixture, within 3.7e-7 relative on tiny, 8.2e-7 on small, 2.6e-2 on the "
+           "(measured: bitwise on the fp32 builder fixture, within 5.9e-7 relative on tiny, 9.2e-7 on small, 2.6e-2 on the "
            "fp16 GatedDeltaNet builder export run on the CPU)")
 
     summary = "keep the verify's state for the accepted prefix (GatedDeltaNet transitions or LinearAttention replayed)"
@@ -141,33 +142,58 @@ class Select(CommitStrategy):
 
 
 def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int, channels_first: bool = False) -> None:
-    """Set a conv carry [1, k-1, C] in place to its value after the first n of conv_input [1, M, C].
+    """Set a conv carry [B, k-1, C] in place to its value after the first n of conv_input [B, M, C], for every
+    row B (one layer's batch of 1, or L layers stacked).
 
-    channels_first: the carry is [1, C, k-1] and the input [1, C, M] (the builder's CausalConvWithState).
+    channels_first: the carry is [B, C, k-1] and the input [B, C, M] (the builder's CausalConvWithState).
     """
     if channels_first:
         conv_state, conv_input = conv_state.transpose(0, 2, 1), conv_input.transpose(0, 2, 1)
     width = conv_state.shape[1]
     if n >= width:
-        conv_state[0] = conv_input[0, n - width : n]
+        conv_state[...] = conv_input[:, n - width : n]
     elif n > 0:
-        kept = conv_state[0, n:].copy()
-        conv_state[0, : width - n] = kept
-        conv_state[0, width - n :] = conv_input[0, :n]
+        kept = conv_state[:, n:].copy()
+        conv_state[:, : width - n] = kept
+        conv_state[:, width - n :] = conv_input[:, :n]
 
 
 def select_commit(desc, device) -> Callable:
     """select's state update for this model on this device: apply(state, verify outputs, n accepted)."""
     io = desc.target
     if desc.select == "transitions":
-        replay = device.transition_replay(desc.transitions)
+        layout = desc.transitions
+        replay = device.transition_replay(layout)
         layers = [(s.layer, io.select_outputs[s.layer]["transitions"].name, io.select_outputs[s.layer]["conv_input"].name,
                    "channels-first" in s.layout) for s in io.states if s.kind == "conv"]
+        ids = tuple(i for i, *_ in layers)
+        transitions, conv_inputs = [t for _, t, _, _ in layers], [c for _, _, c, _ in layers]
+        forms = {cf for *_, cf in layers}  # the conv layout: one for all layers, or the update goes layer by layer
+        stackable, channels_first = device.xp is np and len(forms) == 1, next(iter(forms), False)
+        gathered: dict = {}  # by the outputs' shapes: the layers' transitions [L, 1, C*width] and conv inputs, and views
+
+        def gather(ver: dict):
+            """Every layer's transitions and conv input, each kind copied into one buffer (one call each)."""
+            first_t, first_c = ver[transitions[0]], ver[conv_inputs[0]]
+            key = (first_t.shape, first_t.dtype, first_c.shape, first_c.dtype)
+            bufs = gathered.get(key)
+            if bufs is None:
+                t = np.empty((len(ids), *first_t.shape), first_t.dtype)
+                bufs = gathered[key] = (t, layout.split(t), np.empty((len(ids), *first_c.shape[1:]), first_c.dtype))
+            np.concatenate([ver[t] for t in transitions], out=bufs[0][:, 0])
+            np.concatenate([ver[c] for c in conv_inputs], out=bufs[2])
+            return bufs[1], bufs[2]
 
         def apply(st, ver: dict, n: int) -> None:
-            for i, transitions, conv_input, channels_first in layers:
-                replay(st.gdn[i], ver[transitions], n)
-                rebuild_conv(st.conv[i], ver[conv_input], n, channels_first=channels_first)
+            gdn, conv = (st.stacked("recurrent", ids), st.stacked("conv", ids)) if stackable else (None, None)
+            if gdn is not None and conv is not None:  # the host's states in one buffer per kind: every layer at once
+                (decay, key, delta), conv_input = gather(ver)
+                replay_transitions_closed(gdn[:, 0], decay, key, delta, n, layout.group)
+                rebuild_conv(conv[:, 0], conv_input, n, channels_first=channels_first)
+                return
+            for i, t, c, first in layers:
+                replay(st.gdn[i], ver[t], n)
+                rebuild_conv(st.conv[i], ver[c], n, channels_first=first)
 
         return apply
     if desc.select == "replay-op":

@@ -142,8 +142,10 @@ class Engine:
         ]
         self._handoff_bytes = desc.hidden_size * 4
         self._handoff = None  # the step's hidden-state block from the shared pool, given back at end_step
+        self._handoff_views: dict = {}  # its hidden-state view, by block
         self.last_hidden = self.main.reserve("last_hidden", (desc.hidden_size,), np.float32)
         self._verify_start = 0
+        self._verify_buffers: dict = {}  # by k: the verify's token ids and the step's packed read, reused
         self._prepared: dict = {}  # each commit strategy's prepared commit, by name
         self.use_commit(run.commit)
 
@@ -289,8 +291,10 @@ class Engine:
     # -- one step's parts (mtplab.engine.schedules) ----------------------------------------------
     def begin_step(self, hidden=None):
         """The step's hidden-state handoff buffer, from the shared pool until end_step; `hidden` copied in if given."""
-        self._handoff = self.main.acquire("decode-handoff", self._handoff_bytes)
-        buf = self._handoff.carve({"hidden": ((self.desc.hidden_size,), np.float32)})["hidden"]
+        block = self._handoff = self.main.acquire("decode-handoff", self._handoff_bytes)
+        buf = self._handoff_views.get(block)
+        if buf is None:  # carved once per block: a block's memory never moves
+            buf = self._handoff_views[block] = block.carve({"hidden": ((self.desc.hidden_size,), np.float32)})["hidden"]
         if hidden is not None:
             buf[...] = hidden
         return buf
@@ -322,12 +326,20 @@ class Engine:
         if in_place:
             self.save_state()
         self._verify_start = self.state.length
-        ids = xp.concatenate([xp.asarray(first, dtype=np.int64).reshape(1), drafts])
+        buffers = self._verify_buffers.get(k)
+        if buffers is None:
+            buffers = self._verify_buffers[k] = (xp.empty(k + 1, dtype=np.int64), xp.empty(2 * k + 3, dtype=np.int64))
+        ids, packed = buffers
+        ids[0] = first
+        ids[1:] = drafts
         ver = self.forward(Slot.VERIFY, ids, in_place=in_place)
         n_dev, targets = self.acceptance.accept(xp, drafts, ver["logits"][0])
-        host = self.device.read(xp.concatenate([n_dev.reshape(1).astype(np.int64), ids, targets]))
-        n = int(host[0])  # host = [n, first, d1..dk, t0..tk]
-        return n, [int(t) for t in host[1 : 2 + n]], int(host[k + 2 + n]), ver
+        packed[0] = n_dev  # packed = [n, first, d1..dk, t0..tk]: the step's one read
+        packed[1 : k + 2] = ids
+        packed[k + 2 :] = targets
+        host = self.device.read(packed)
+        n = int(host[0])
+        return n, host[1 : 2 + n].tolist(), int(host[k + 2 + n]), ver
 
     def save_state(self) -> None:
         """Snapshot the recurrent state (before a verify that advances it in place)."""

@@ -169,12 +169,24 @@ class ModelDescription:
         return f"{len(self.layer_kinds) or attn + lin} layers = {lin} linear-attention ({', '.join(ops)}) + {attn} attention"
 
 
-def length_feeds(io: GraphIO, length: int, M: int, total: int) -> dict[str, np.ndarray]:
+def length_feeds(io: GraphIO, length: int, M: int, total: int, into: dict | None = None) -> dict[str, np.ndarray]:
     """Feeds that tell a graph the M new tokens sit at positions length..length+M-1.
 
     total: the attention span the graph sees (the KV capacity for a static-shape replay, or
     length + M for a growing cache). Static shapes keep a replayed plan valid across lengths.
+    into: what an earlier call returned for the same io, M and total, rewritten in place and returned
+    (a forward's hot path allocates nothing; the executor copies the feeds into its slot before the next call).
     """
+    if into is not None:
+        if "seqlens_k" in into:
+            into["seqlens_k"][0] = length + M - 1
+        else:
+            mask = into["attention_mask"]
+            mask[0, : length + M] = 1
+            mask[0, length + M :] = 0
+        if "position_ids" in into:
+            into["position_ids"][...] = length if M == 1 else np.arange(length, length + M)
+        return into
     feeds: dict[str, np.ndarray] = {}
     if io.lengths == "seqlens":
         feeds["seqlens_k"] = np.array([length + M - 1], dtype=np.int32)

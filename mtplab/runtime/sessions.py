@@ -143,6 +143,7 @@ class TargetState:
     gdn: Buffers = field(default_factory=Buffers)
     present: Buffers = field(default_factory=Buffers)
     io_cache: dict = field(default_factory=dict)  # target_io's fixed part by (M, mode), and the carries
+    stacks: dict = field(default_factory=dict)  # {kind: (one buffer [L, *shape], its layers, version)}: stacked()
 
     def layout(self) -> int:
         """Changes whenever a buffer is replaced."""
@@ -157,12 +158,29 @@ class TargetState:
                 arena.reserve(f"state.{kv.past_key}", shape, kv.np_dtype),
                 arena.reserve(f"state.{kv.past_value}", shape, kv.np_dtype),
             )
+        for kind in ("conv", "recurrent"):  # each kind's states in one buffer when they share shape and dtype
+            states = [s for s in desc.target.states if s.kind == kind]
+            if states and len({(s.shape, s.dtype) for s in states}) == 1:
+                stack = arena.reserve(f"state.{kind}-stack", (len(states), *states[0].shape), states[0].np_dtype)
+                buffers = st.conv if kind == "conv" else st.gdn
+                for s, row in zip(states, stack):
+                    buffers[s.layer] = row
+                st.stacks[kind] = (stack, tuple(s.layer for s in states), buffers.version)
+            else:
+                for s in states:
+                    (st.conv if kind == "conv" else st.gdn)[s.layer] = arena.reserve(f"state.{s.past}", s.shape,
+                                                                                     s.np_dtype)
         for s in desc.target.states:
-            buf = arena.reserve(f"state.{s.past}", s.shape, s.np_dtype)
-            (st.conv if s.kind == "conv" else st.gdn)[s.layer] = buf
             if not s.in_place:
                 st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, s.np_dtype)
         return st
+
+    def stacked(self, kind: str, layers: tuple[int, ...]):
+        """The buffer [L, *shape] whose rows are `layers`' states of this kind ("conv" or "recurrent"), in this
+        order, or None: they were not allocated so, or a state's buffer has been replaced since."""
+        stack, held, version = self.stacks.get(kind, (None, (), -1))
+        buffers = self.conv if kind == "conv" else self.gdn
+        return stack if held == layers and buffers.version == version else None
 
     def fixed(self, key, build, *args):
         """What `build(*args)` makes from the buffers, cached under key until a buffer is replaced."""
@@ -228,9 +246,9 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     M = int(tokens.shape[-1])
     if st.length + M > desc.capacity:
         raise ValueError(f"sequence would reach {st.length + M} tokens, beyond the KV capacity {desc.capacity}")
-    feeds = {io.input_ids: token_ids(tokens, M), **length_feeds(io, st.length, M, desc.capacity)}
-    # Outputs and bindings depend only on M, the mode and the state's buffers.
-    outputs, bound = st.fixed((M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
+    # Outputs and bindings depend only on M, the mode and the state's buffers; the length feeds are rewritten in place.
+    outputs, bound, lengths = st.fixed((M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
+    feeds = {io.input_ids: token_ids(tokens, M), **length_feeds(io, st.length, M, desc.capacity, lengths)}
     return feeds, outputs, bound
 
 
@@ -253,7 +271,8 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
         else:
             bound.append((s.present, live if s.in_place else st.present[s.past], True))
     outputs.update(select_output_shapes(desc, M))
-    return outputs, tuple(bound)  # immutable: the executor's replay check may take it by identity
+    lengths = length_feeds(io, 0, M, desc.capacity)  # this M's length feeds, rewritten per forward
+    return outputs, tuple(bound), lengths  # bound immutable: the executor's replay check may take it by identity
 
 
 def select_output_shapes(desc: ModelDescription, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -291,11 +310,6 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
     """
     io = desc.mtp
     M = len(tokens) if isinstance(tokens, (list, tuple)) else int(getattr(tokens, "size", 1))
-    feeds = {
-        io.input_ids: token_ids(tokens, M),
-        io.hidden_input: hidden.astype(desc.target.hidden_type, copy=False).reshape(1, M, desc.hidden_size),
-        **length_feeds(io, position, M, desc.capacity),
-    }
     fixed = st.io_cache.get(M)
     if fixed is None or fixed[2] is not st.kv:  # built once per M for these KV buffers
         outputs = {io.logits: ((1, M, desc.vocab_size), io.logits_type),
@@ -304,6 +318,11 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
         k, v = st.kv
         bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
                  (kv.present_value, v, True))
-        fixed = st.io_cache[M] = (outputs, bound, st.kv)
+        fixed = st.io_cache[M] = (outputs, bound, st.kv, length_feeds(io, 0, M, desc.capacity), desc.target.hidden_type)
+    feeds = {
+        io.input_ids: token_ids(tokens, M),
+        io.hidden_input: hidden.astype(fixed[4], copy=False).reshape(1, M, desc.hidden_size),
+        **length_feeds(io, position, M, desc.capacity, fixed[3]),
+    }
     return feeds, fixed[0], fixed[1]
 
