@@ -70,7 +70,7 @@ def test_binding_the_conv_carry_in_place_is_refused_naming_the_op(tiny):
         check_in_place(onnx.load(str(tiny.target)), aliased, "CUDAExecutionProvider")
 
 
-def test_each_kind_of_state_lives_in_one_buffer_until_a_layer_is_replaced(tiny):
+def test_each_kind_of_state_lives_in_one_buffer_until_a_buffer_is_replaced(tiny):
     cfg = tiny.config
     state = TargetState.allocate(tiny.description, Arena("t"))
     layers = tuple(cfg.gdn_layer_ids)
@@ -79,8 +79,10 @@ def test_each_kind_of_state_lives_in_one_buffer_until_a_layer_is_replaced(tiny):
     state.gdn[layers[-1]][...] = 3.0
     assert (stack[-1] == 3.0).all() and (stack[0] == 0.0).all()  # each layer's buffer is its row
     assert state.stacked("recurrent", layers[::-1]) is None  # another order is not this buffer's
+    assert state.stacked("conv present", layers) is not None  # the conv carries' own outputs too (never in place)
+    assert state.stacked("recurrent present", layers) is None  # GatedDeltaNet writes in place: no presents
     state.gdn[layers[0]] = state.gdn[layers[0]].copy()
-    assert state.stacked("recurrent", layers) is None and state.stacked("conv", layers) is not None
+    assert state.stacked("recurrent", layers) is None and state.stacked("conv", layers) is None
 
 
 def test_select_updates_every_layer_at_once_as_it_does_layer_by_layer(tiny, runner_for):

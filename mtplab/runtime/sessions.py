@@ -143,7 +143,8 @@ class TargetState:
     gdn: Buffers = field(default_factory=Buffers)
     present: Buffers = field(default_factory=Buffers)
     io_cache: dict = field(default_factory=dict)  # target_io's fixed part by (M, mode), and the carries
-    stacks: dict = field(default_factory=dict)  # {kind: (one buffer [L, *shape], its layers, version)}: stacked()
+    stacks: dict = field(default_factory=dict)  # {kind: (one buffer [L, *shape], its layers)}: see stacked()
+    stacked_layout: int = -1  # layout() when the stacks were made
 
     def layout(self) -> int:
         """Changes whenever a buffer is replaced."""
@@ -158,29 +159,34 @@ class TargetState:
                 arena.reserve(f"state.{kv.past_key}", shape, kv.np_dtype),
                 arena.reserve(f"state.{kv.past_value}", shape, kv.np_dtype),
             )
-        for kind in ("conv", "recurrent"):  # each kind's states in one buffer when they share shape and dtype
+        for kind in ("conv", "recurrent"):  # each kind's states (and own presents) in one buffer when they match
             states = [s for s in desc.target.states if s.kind == kind]
+            buffers = st.conv if kind == "conv" else st.gdn
+            layers = tuple(s.layer for s in states)
             if states and len({(s.shape, s.dtype) for s in states}) == 1:
-                stack = arena.reserve(f"state.{kind}-stack", (len(states), *states[0].shape), states[0].np_dtype)
-                buffers = st.conv if kind == "conv" else st.gdn
-                for s, row in zip(states, stack):
+                shape, dtype = (len(states), *states[0].shape), states[0].np_dtype
+                stack = st.stacks[kind] = (arena.reserve(f"state.{kind}-stack", shape, dtype), layers)
+                for s, row in zip(states, stack[0]):
                     buffers[s.layer] = row
-                st.stacks[kind] = (stack, tuple(s.layer for s in states), buffers.version)
-            else:
-                for s in states:
-                    (st.conv if kind == "conv" else st.gdn)[s.layer] = arena.reserve(f"state.{s.past}", s.shape,
-                                                                                     s.np_dtype)
-        for s in desc.target.states:
-            if not s.in_place:
-                st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, s.np_dtype)
+                if not any(s.in_place for s in states):
+                    stack = st.stacks[f"{kind} present"] = (arena.reserve(f"state.{kind}-present-stack", shape, dtype),
+                                                            layers)
+                    for s, row in zip(states, stack[0]):
+                        st.present[s.past] = row
+            for s in states:
+                if s.layer not in buffers:
+                    buffers[s.layer] = arena.reserve(f"state.{s.past}", s.shape, s.np_dtype)
+                if not s.in_place and s.past not in st.present:
+                    st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, s.np_dtype)
+        st.stacked_layout = st.layout()
         return st
 
     def stacked(self, kind: str, layers: tuple[int, ...]):
-        """The buffer [L, *shape] whose rows are `layers`' states of this kind ("conv" or "recurrent"), in this
-        order, or None: they were not allocated so, or a state's buffer has been replaced since."""
-        stack, held, version = self.stacks.get(kind, (None, (), -1))
-        buffers = self.conv if kind == "conv" else self.gdn
-        return stack if held == layers and buffers.version == version else None
+        """The buffer [L, *shape] whose rows are `layers`' buffers of this kind ("conv", "recurrent", or either's
+        own presents: "conv present"), in this order, or None: they were not allocated so, or a buffer has been
+        replaced since."""
+        stack, held = self.stacks.get(kind, (None, ()))
+        return stack if held == layers and self.layout() == self.stacked_layout else None
 
     def fixed(self, key, build, *args):
         """What `build(*args)` makes from the buffers, cached under key until a buffer is replaced."""
@@ -209,7 +215,16 @@ class TargetState:
             committed[...] = present
 
     def _carries(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [(self.array(s), self.present[s.past]) for s in self.desc.target.states if not s.in_place]
+        pairs = []
+        for kind in ("conv", "recurrent"):
+            carried = [s for s in self.desc.target.states if s.kind == kind and not s.in_place]
+            layers = tuple(s.layer for s in carried)
+            committed, present = self.stacked(kind, layers), self.stacked(f"{kind} present", layers)
+            if carried and committed is not None and present is not None:  # every layer's carry in one copy
+                pairs.append((committed, present))
+            else:
+                pairs += [(self.array(s), self.present[s.past]) for s in carried]
+        return pairs
 
     def recurrent_arrays(self) -> list[np.ndarray]:
         return [self.array(s) for s in self.desc.target.states]
