@@ -118,7 +118,8 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
     plan = eng.target.state[Slot.PRIMARY].plan
     assert eng.target.backend is eng.mtp.backend  # one backend runs every forward: the clock wraps it
     clock = ForwardClock(eng.target.backend)
-    # whose forwards each phase runs (the default policy's sibling Verify session; select commits without one)
+    # whose forwards each phase runs (the default policy's sibling Verify session; select commits without a forward)
+    assert eng.commit_strategy.name == "select", "the phase split counts Primary forwards as the decode's"
     phase_of = {id(eng.target.sessions[Slot.PRIMARY]): "decode", id(eng.mtp.sessions[Slot.PRIMARY]): "draft",
                 id(eng.target.sessions[Slot.VERIFY]): "verify"}
     assert len(phase_of) == 3, "the phase split needs the Verify slot on a session of its own"
@@ -155,8 +156,9 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
                     share.append((wall - inside) / wall)
                     step_us.append(wall / (len(commits) - 3) * 1e6)
                     forwards = dict.fromkeys(PHASES, 0.0)
-                    for _, d, session in clock.spans:
-                        forwards[phase_of.get(id(session), "commit")] += d
+                    for t, d, session in clock.spans:
+                        if t >= spec["started"]:  # the steps' forwards (not the prefills before them)
+                            forwards[phase_of.get(id(session), "commit")] += d
                     for phase in PHASES:  # every step of the run, its first three included
                         host[phase].append((spec["split"][phase] - forwards[phase]) / len(commits) * 1e6)
     return {

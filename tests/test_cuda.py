@@ -172,9 +172,10 @@ def test_device_side_acceptance_matches_the_host_rule():
         assert int(accepted_count(np, drafts, targets)) == expected
 
 
-def test_device_state_replay_matches_select(tiny):
-    """The device's token-by-token form and the host's closed form agree: exactly for one token (the same two
-    operations), to float32 rounding for more."""
+def test_the_token_by_token_form_the_device_runs_and_the_host_closed_form_agree(tiny):
+    """The array-module form (CuPy's order of operations; the kernel itself is checked on a GPU by
+    `mtplab gpucheck`) and the host's closed form: exactly for one token (the same two operations), to float32
+    rounding for more."""
     t = transition_layout(tiny.config)
     rng = np.random.default_rng(1)
     flat = rng.standard_normal((1, t.capacity * t.width)).astype(np.float32)

@@ -13,7 +13,9 @@ from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
+from mtplab.model import graph
 from mtplab.runtime.executor import Executor, Slot
+from mtplab.runtime.sessions import TargetState
 
 READVANCE = ("readvance-batched", "readvance-m1")
 
@@ -76,10 +78,16 @@ def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch
     assert first["step"] == 1 and first["tensor"].startswith("conv_state.")
 
 
-@pytest.mark.parametrize("off", [-1, +1])
-def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, monkeypatch):
-    real = commit_ops.replay_transitions_closed  # what select runs on the host, every layer at once
-    monkeypatch.setattr(commit_ops, "replay_transitions_closed", lambda s, d, k, delta, n, rep: real(s, d, k, delta, n + off, rep))
+@pytest.mark.parametrize("off, path", [(-1, "every layer at once"), (+1, "layer by layer")])
+def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, path, monkeypatch):
+    if path == "every layer at once":  # the host's states stacked: what select runs on the CPU
+        real = commit_ops.replay_transitions_closed
+        monkeypatch.setattr(commit_ops, "replay_transitions_closed",
+                            lambda s, d, k, delta, n, rep: real(s, d, k, delta, n + off, rep))
+    else:  # the per-layer update (a replaced buffer; the device's path)
+        monkeypatch.setattr(TargetState, "stacked", lambda self, kind, layers: None)
+        real = graph.replay_transitions
+        monkeypatch.setattr(graph, "replay_transitions", lambda cfg, s, flat, n: real(cfg, s, flat, n + off))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]

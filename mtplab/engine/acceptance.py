@@ -47,8 +47,8 @@ class AcceptanceRule:
         raise NotImplementedError
 
     def accept(self, xp, drafts, logits):
-        """(accepted count as a 0-d array, the target's tokens t0..tk [k+1]) for drafts [k] and the verify's
-        logits [k+1, V]; the bonus token is tokens[count]."""
+        """(accepted count: a 0-d device array, an int on the host; the target's tokens t0..tk [k+1]) for drafts [k]
+        and the verify's logits [k+1, V]; the bonus token is tokens[count]."""
         raise NotImplementedError
 
 
@@ -67,7 +67,7 @@ class GreedyMatch(AcceptanceRule):
 
 
 def accepted_count(xp, drafts, targets):
-    """Longest prefix where drafts[i] equals targets[i], on the device (a 0-d array)."""
+    """Longest prefix where drafts[i] equals targets[i] (leading_run's form)."""
     return leading_run(xp, drafts == targets[: drafts.shape[0]])
 
 
@@ -75,8 +75,8 @@ def leading_run(xp, kept):
     """How many of a boolean row's first entries are all true: the drafts kept. On the device a 0-d array (nothing
     waits); on the host an int."""
     if xp is np:  # the first false entry, in two calls
-        first = int(kept.argmin())
-        return first if not kept[first] else kept.size
+        first = int(kept.argmin()) if kept.size else 0
+        return first if kept.size and not kept[first] else kept.size
     return xp.cumprod(kept.astype(np.int32)).sum()
 
 

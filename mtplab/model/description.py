@@ -174,35 +174,32 @@ def length_feeds(io: GraphIO, length: int, M: int, total: int, into: dict | None
 
     total: the attention span the graph sees (the KV capacity for a static-shape replay, or
     length + M for a growing cache). Static shapes keep a replayed plan valid across lengths.
-    into: what an earlier call returned for the same io, M and total, rewritten in place and returned
-    (a forward's hot path allocates nothing; the executor copies the feeds into its slot before the next call).
+    into: what an earlier call returned for the same io, M and total, rewritten in place and returned (a
+    forward's hot path allocates nothing). Whoever passes `into` uses the feeds before the next call: the
+    executor stages them into its slot's buffers, or binds them for the one synchronous eager run.
     """
-    if into is not None:
-        if "seqlens_k" in into:
-            into["seqlens_k"][0] = length + M - 1
+    if into is None:
+        into = {}
+        if io.lengths == "seqlens":
+            into["seqlens_k"] = np.zeros(1, dtype=np.int32)
+            into["total_sequence_length"] = _constant(total, ())
+            if io.query_seqlens:
+                into["query_seqlens"] = _constant(M, (1,))
         else:
-            mask = into["attention_mask"]
-            mask[0, : length + M] = 1
-            mask[0, length + M :] = 0
-        if "position_ids" in into:
-            into["position_ids"][...] = length if M == 1 else np.arange(length, length + M)
-        return into
-    feeds: dict[str, np.ndarray] = {}
-    if io.lengths == "seqlens":
-        feeds["seqlens_k"] = np.array([length + M - 1], dtype=np.int32)
-        feeds["total_sequence_length"] = _constant(total, ())
-        if io.query_seqlens:
-            feeds["query_seqlens"] = _constant(M, (1,))
+            into["attention_mask"] = np.zeros((1, total), dtype=np.int64)
+        if io.positions:
+            into["position_ids"] = np.zeros((*io.positions, M), dtype=np.int64)
+        if io.capture_count:
+            into["capture_count"] = _constant(M, (1,))
+    if "seqlens_k" in into:
+        into["seqlens_k"][0] = length + M - 1
     else:
-        mask = np.zeros((1, total), dtype=np.int64)
+        mask = into["attention_mask"]
         mask[0, : length + M] = 1
-        feeds["attention_mask"] = mask
-    if io.positions:
-        pos = np.arange(length, length + M, dtype=np.int64)
-        feeds["position_ids"] = np.broadcast_to(pos, (*io.positions, M)).copy()
-    if io.capture_count:
-        feeds["capture_count"] = _constant(M, (1,))
-    return feeds
+        mask[0, length + M :] = 0
+    if "position_ids" in into:
+        into["position_ids"][...] = length if M == 1 else np.arange(length, length + M)
+    return into
 
 
 @functools.cache

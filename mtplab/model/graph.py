@@ -285,6 +285,8 @@ class TransitionLayout:
         """(decay [..., C, Hv], key [..., C, Hk, Dk], delta [..., C, Hv, Dv]) views of a transitions row [..., C*width]
         (the leading axes kept: one layer's [1, C*width] gives [C, ...], L layers' [L, 1, C*width] give [L, C, ...])."""
         C, Hv, Hk, Dk, Dv = self.capacity, self.value_heads, self.key_heads, self.key_dim, self.value_dim
+        if flat.ndim >= 2 and flat.shape[-2] != 1:
+            raise ValueError(f"transitions rows are [..., 1, {C * self.width}], got {list(flat.shape)}")
         lead = flat.shape[:-2]
         flat = flat.reshape(*lead, -1)
         decay = flat[..., : C * Hv].reshape(*lead, C, Hv)
@@ -331,7 +333,7 @@ def replay_transitions_closed(state, decay, key, delta, n: int, rep: int) -> Non
         S_n = (d_1 ... d_n) S_0 + sum_t (d_{t+1} ... d_n) delta_t key_t^T
 
     one batched matmul instead of 2n broadcast products per layer. One token is the token-by-token form's own
-    two operations (bitwise); more round differently (products of decays, one sum): within 1e-6 relative.
+    two operations (bitwise); more round differently (products of decays, one sum): within 1e-5 relative.
     """
     if n <= 0:
         return
@@ -342,7 +344,8 @@ def replay_transitions_closed(state, decay, key, delta, n: int, rep: int) -> Non
         grouped = state.reshape(L, Hk, rep, Dv, Dk)
         grouped += delta[:, 0].reshape(L, Hk, rep, Dv)[..., None] * key[:, 0, :, None, None, :]
         return
-    after = np.ones((L, n, Hv), dtype=decay.dtype)  # after[t] = d_{t+1} ... d_n: the decay a token's update sees
+    # after[:, t] = decay[:, t+1] * ... * decay[:, n-1]: what token t's update is decayed by later (1 for the last)
+    after = np.ones((L, n, Hv), dtype=decay.dtype)
     np.cumprod(decay[:, n - 1 : 0 : -1], axis=1, out=after[:, n - 2 :: -1])
     weighted = delta[:, :n] * after[..., None]  # [L, n, Hv, Dv]
     # [L, Hk, rep*Dv, n] @ [L, Hk, n, Dk]: value head h reads key head h // rep

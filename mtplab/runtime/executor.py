@@ -95,10 +95,15 @@ def direct_runner(session: Any, io: Any) -> Any:
 
     The Python wrapper's run_with_iobinding checks WebGPU graph-capture bindings on every call (about
     3 us on a CPU session, where they never apply) before the same C call. A session whose
-    run_with_iobinding was replaced on the instance (a test's recorder, a benchmark's clock) keeps its own.
+    run_with_iobinding is not onnxruntime's own (replaced on the instance, as a test's recorder, or by a
+    subclass) keeps its own. Decided when the plan is captured: a recorder installed later sees no replays.
     """
+    import onnxruntime as ort
+
     c_session, c_io = getattr(session, "_sess", None), getattr(io, "_iobinding", None)
-    if c_session is None or c_io is None or "run_with_iobinding" in vars(session):
+    own = "run_with_iobinding" not in vars(session) and (
+        getattr(type(session), "run_with_iobinding", None) is ort.InferenceSession.run_with_iobinding)
+    if c_session is None or c_io is None or not own:
         return functools.partial(session.run_with_iobinding, io)
     return functools.partial(c_session.run_with_iobinding, c_io, None)
 
@@ -112,7 +117,7 @@ class CpuPlan:
 
 
 class CpuPlanBackend:
-    """A plan is an IOBinding with every input and output bound by raw pointer."""
+    """A plan is an IOBinding with every input and output bound by raw pointer (a CpuPlan: it and its run)."""
 
     def __init__(self):
         self.calls = backend_calls()

@@ -125,6 +125,23 @@ class Buffers(dict):
         super().__setitem__(key, value)
         self.version += 1
 
+    def __delitem__(self, key) -> None:
+        super().__delitem__(key)
+        self.version += 1
+
+    def update(self, *args, **kwargs) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, key, *default):
+        self.version += 1
+        return super().pop(key, *default)
+
 
 @dataclass
 class TargetState:
@@ -163,7 +180,9 @@ class TargetState:
             states = [s for s in desc.target.states if s.kind == kind]
             buffers = st.conv if kind == "conv" else st.gdn
             layers = tuple(s.layer for s in states)
-            if states and len({(s.shape, s.dtype) for s in states}) == 1:
+            row_bytes = int(np.prod(states[0].shape)) * states[0].np_dtype.itemsize if states else 0
+            # rows keep the buffer's alignment (64 bytes, for kernels' vector loads) or the layers get buffers of their own
+            if states and len({(s.shape, s.dtype) for s in states}) == 1 and row_bytes % 64 == 0:
                 shape, dtype = (len(states), *states[0].shape), states[0].np_dtype
                 stack = st.stacks[kind] = (arena.reserve(f"state.{kind}-stack", shape, dtype), layers)
                 for s, row in zip(states, stack[0]):
@@ -267,7 +286,7 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     return feeds, outputs, bound
 
 
-def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[dict, list]:
+def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[dict, tuple, dict]:
     io = desc.target
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
         io.logits: ((1, M, desc.vocab_size), io.logits_type),
