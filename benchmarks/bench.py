@@ -96,9 +96,9 @@ def main() -> None:
     rows.append(("results/demo", "efficiency, sibling-pinned/select points", demo or "no demo sweep (make demo)",
                  GOALS["efficiency"]))
     print(f"\nload after: {os.getloadavg()}")
-    print(f"{'where':42} {'measure':44} {'median [95% CI]':28} goal")
+    print(f"{'where':42} {'measure':48} {'median [95% CI]':28} goal")
     for where, what, value, goal in rows:
-        print(f"{where:42} {what:44} {value:28} {goal}")
+        print(f"{where:42} {what:48} {value:28} {goal}")
 
 
 if __name__ == "__main__":
