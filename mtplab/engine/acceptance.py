@@ -75,8 +75,10 @@ def leading_run(xp, kept):
     """How many of a boolean row's first entries are all true: the drafts kept. On the device a 0-d array (nothing
     waits); on the host an int."""
     if xp is np:  # the first false entry, in two calls
-        first = int(kept.argmin()) if kept.size else 0
-        return first if kept.size and not kept[first] else kept.size
+        if not kept.size:
+            return 0
+        first = int(kept.argmin())
+        return kept.size if kept[first] else first
     return xp.cumprod(kept.astype(np.int32)).sum()
 
 

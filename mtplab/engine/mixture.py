@@ -124,4 +124,3 @@ class MixtureDrafter:
             drafts.append(token)
             context.append(token)
         return xp.asarray(np.asarray(drafts, dtype=np.int64))
-

@@ -122,4 +122,3 @@ def ratio_interval(ratios) -> tuple[float, float] | None:
     t = T975.get(df) or next((v for d, v in sorted(T975.items()) if d >= df), 1.96)
     half = t * x.std(ddof=1) / np.sqrt(x.size)
     return float(np.exp(x.mean() - half)), float(np.exp(x.mean() + half))
-

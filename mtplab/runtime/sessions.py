@@ -11,7 +11,7 @@ own and carry_conv() copies it into the past carry after the run (on the device,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -322,13 +322,24 @@ def token_ids(tokens: Any, M: int) -> Any:
     return np.asarray(tokens, dtype=np.int64).reshape(1, M)
 
 
+class MtpIO(NamedTuple):
+    """mtp_io's part for one M that depends only on the KV buffers: built once, its length feeds rewritten per
+    forward."""
+
+    outputs: dict
+    bound: tuple
+    kv: tuple
+    lengths: dict
+    hidden_type: Any
+
+
 @dataclass
 class MtpState:
     """The MTP head's own KV cache and the length it holds."""
 
     kv: tuple[np.ndarray, np.ndarray]
     length: int = 0
-    io_cache: dict[int, tuple] = field(default_factory=dict)  # mtp_io's fixed part, by M
+    io_cache: dict[int, MtpIO] = field(default_factory=dict)  # mtp_io's fixed part, by M
 
     @classmethod
     def allocate(cls, desc: ModelDescription, arena: Arena) -> MtpState:
@@ -345,18 +356,19 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
     io = desc.mtp
     M = len(tokens) if isinstance(tokens, (list, tuple)) else int(getattr(tokens, "size", 1))
     fixed = st.io_cache.get(M)
-    if fixed is None or fixed[2] is not st.kv:  # built once per M for these KV buffers
+    if fixed is None or fixed.kv is not st.kv:  # built once per M for these KV buffers
         outputs = {io.logits: ((1, M, desc.vocab_size), io.logits_type),
                    io.hidden: ((1, M, desc.hidden_size), io.hidden_type)}
         (kv,) = io.kv
         k, v = st.kv
         bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
                  (kv.present_value, v, True))
-        fixed = st.io_cache[M] = (outputs, bound, st.kv, length_feeds(io, 0, M, desc.capacity), desc.target.hidden_type)
+        fixed = st.io_cache[M] = MtpIO(outputs, bound, st.kv, length_feeds(io, 0, M, desc.capacity),
+                                       desc.target.hidden_type)
     feeds = {
         io.input_ids: token_ids(tokens, M),
-        io.hidden_input: hidden.astype(fixed[4], copy=False).reshape(1, M, desc.hidden_size),
-        **length_feeds(io, position, M, desc.capacity, fixed[3]),
+        io.hidden_input: hidden.astype(fixed.hidden_type, copy=False).reshape(1, M, desc.hidden_size),
+        **length_feeds(io, position, M, desc.capacity, fixed.lengths),
     }
-    return feeds, fixed[0], fixed[1]
+    return feeds, fixed.outputs, fixed.bound
 
