@@ -69,3 +69,24 @@ def test_the_prediction_prices_fallbacks_greedys_loop_and_the_draft_phase():
     assert base["speedup"] == pytest.approx(2 * 1.1 / (1.0 + 0.15 + 1.2 + 0.01))
     eager = theory.predict(0.0, 1, "decode-verify", "select", calib, eager_share={"verify": 1.0})
     assert eager["step_seconds"] == pytest.approx(1.0 + 0.15 + 2.4 + 0.01) and eager["fallback_cost_ratio"] == 2.0
+
+
+def test_a_batch_waits_for_its_slowest_row():
+    one = theory.expected_steps(0.7, 3, "fused", 40)
+    assert theory.expected_batch_steps(0.7, 3, "fused", 40, 1) == pytest.approx(one)
+    eight = theory.expected_batch_steps(0.7, 3, "fused", 40, 8)
+    assert one < eight < 39  # the slowest of 8 rows, never worse than a token a step
+    # certain acceptance: every row makes k + 1 tokens a step, so the batch is no slower than one row
+    assert theory.expected_batch_steps(1.0, 3, "fused", 41, 8) == pytest.approx(10)
+
+
+def test_batch_commit_cost_follows_each_strategys_rows():
+    table = {str(n): float(n) for n in range(1, 5)}  # a commit of n tokens costs n
+    k, alpha = 3, 0.5
+    one = theory.batch_commit_seconds(alpha, k, "select", table, 1)
+    assert theory.batch_commit_seconds(alpha, k, "select", table, 8) == pytest.approx(one)  # the mean row's
+    assert theory.batch_commit_seconds(alpha, k, "readvance-m1", table, 1) == pytest.approx(one)
+    assert theory.batch_commit_seconds(alpha, k, "readvance-m1", table, 8) > one  # the longest row's count
+    assert theory.batch_commit_seconds(alpha, k, "readvance-batched", table, 1) == pytest.approx(one)
+    # B rows: one forward per distinct count, at most every count once
+    assert theory.batch_commit_seconds(alpha, k, "readvance-batched", table, 10**6) == pytest.approx(sum(table.values()))

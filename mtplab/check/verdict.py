@@ -124,6 +124,8 @@ def verdict(identity: dict) -> tuple[bool, str]:
     under the commit's rule (`state_rule`, named in the message).
     """
     fail = "LOSSLESS CHECK FAILED: "
+    if identity.get("row") is not None:  # a batch: the first row that fails (mtplab.check.batch)
+        fail += f"row {identity['row']} of {identity['rows']}: "
     bad = identity.get("non_finite")
     if bad:
         return False, fail + (
@@ -151,7 +153,8 @@ def verdict(identity: dict) -> tuple[bool, str]:
     if identity.get("reference_disagreements"):
         d = identity["reference_disagreements"][0]
         return False, fail + (
-            f"greedy and the plain session.run reference disagree at position {d['position']} "
+            f"greedy and the plain session.run reference disagree at position {d['position']}"
+            + (f" of row {d['row']}" if "row" in d else "") + " "
             f"(greedy {d['greedy']}, reference {d['reference']})"
         )
     rule = identity.get("state_rule") or "the lockstep reference's rule"
@@ -181,7 +184,8 @@ def verdict(identity: dict) -> tuple[bool, str]:
         return True, (f"sampled ({settings_text(sampled)}): the committed state follows the emitted tokens" + state + anchored
                       + "; the tokens' distribution is the target's by the rejection rule (held exactly and "
                       "statistically by the test suite, not per run)")
-    return True, "identical to greedy: every token" + state + anchored
+    rows = f" of each of the {identity['rows']} rows (each row against its own greedy)" if identity.get("rows") else ""
+    return True, "identical to greedy: every token" + rows + state + anchored
 
 
 def shout(message: str) -> None:

@@ -204,8 +204,8 @@ def _calibrate(args) -> int:
 
     given, problems = given_options(args)
     values = config.defaults() | given
-    model, threads = values["model"], values["threads"]
-    problems += [as_options(p) for name in ("model", "threads") if (p := field_problem(name, [values[name]]))]
+    model, threads, batch = values["model"], values["threads"], values["batch"]
+    problems += [as_options(p) for name in ("model", "threads", "batch") if (p := field_problem(name, [values[name]]))]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
     if problems:
@@ -215,13 +215,20 @@ def _calibrate(args) -> int:
 
     if args.own_process:  # as the points it calibrates run: every session on one pool
         use_global_pool(threads)
+    from mtplab.experiment.batch_calibrate import batch_key, measure_batch
+
     try:
-        calib = measure(model, repeats=args.repeats, threads=threads)
+        if batch > 1:
+            calib = measure_batch(model, batch, repeats=args.repeats, threads=threads)
+        else:
+            calib = measure(model, repeats=args.repeats, threads=threads)
     except ValueError as err:  # a folder mtplab refuses: before any measurement
         print(f"mtplab calibrate: {err}", file=sys.stderr)
         return 2
     text = dumps(calib, indent=1)
-    path = cache_path(cache_key(model, threads_used(threads), args.repeats))
+    key = batch_key(model, threads, batch, args.repeats) if batch > 1 else cache_key(model, threads_used(threads),
+                                                                                      args.repeats)
+    path = cache_path(key)
     write_atomic(path, text)
     if args.out:
         from pathlib import Path
@@ -348,7 +355,7 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_run)
 
     c = sub.add_parser("calibrate", help="measure the cost model's forward, head and commit times (cached)", **fmt)
-    add_run_options(c, only=("model", "threads"))
+    add_run_options(c, only=("model", "threads", "batch"))
     c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
     c.set_defaults(func=_calibrate)

@@ -91,13 +91,14 @@ class Engine:
         self.xp = dev.xp
         pol = self.policy = policy(run.policy)
         self.main = dev.arena("main")
-        self.state = TargetState.allocate(desc, self.main)
+        B = self.batch = run.batch  # rows decoded together (mtplab.engine.batch runs B > 1)
+        self.state = TargetState.allocate(desc, self.main, batch=B)
         shared = dev.shared_weights(self.art.target) if pol.sibling_session else None
         primary_session = dev.session(self.art.target, shared)
         verify_session = dev.session(self.art.target, shared) if pol.sibling_session else primary_session
         self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
         # Largest I/O any slot binds: verify at M=k+1, both recurrent modes.
-        big = np.zeros(run.k + 1, dtype=np.int64)
+        big = np.zeros((B, run.k + 1), dtype=np.int64)
         specs = [target_io(desc, self.state, big, in_place) for in_place in (True, False)]
         memory, arenas = slot_memory(
             pol, dev, self.main, specs, dev.host_inputs, frozenset({desc.target.logits, desc.target.hidden})
@@ -111,9 +112,10 @@ class Engine:
             validate=run.validate,
             retain_decode_graph_across_spec=run.retain_decode_graph_across_spec,
         )
-        self.mtp_state = MtpState.allocate(desc, self.main)
+        self.mtp_state = MtpState.allocate(desc, self.main, batch=B)
         mtp_arena = self.arenas["mtp"] = dev.arena("mtp")
-        feeds, outputs, _ = mtp_io(desc, self.mtp_state, 0, np.zeros(desc.hidden_size), 0)
+        position = 0 if B == 1 else np.zeros(B, dtype=np.int64)
+        feeds, outputs, _ = mtp_io(desc, self.mtp_state, np.zeros(B, np.int64), np.zeros((B, desc.hidden_size)), position)
         presize(mtp_arena, feeds, outputs, skip=dev.host_inputs)
         self.mtp = Executor(
             {Slot.PRIMARY: dev.session(self.art.mtp)},
@@ -143,7 +145,8 @@ class Engine:
         self._handoff_bytes = desc.hidden_size * 4
         self._handoff = None  # the step's hidden-state block from the shared pool, given back at end_step
         self._handoff_views: dict = {}  # its hidden-state view, by block
-        self.last_hidden = self.main.reserve("last_hidden", (desc.hidden_size,), np.float32)
+        self.last_hidden = self.main.reserve("last_hidden", (desc.hidden_size,) if B == 1 else (B, desc.hidden_size),
+                                             np.float32)
         self._verify_start = 0
         self._verify_buffers: dict = {}  # by k: the verify's token ids and the step's packed read, reused
         self._prepared: dict = {}  # each commit strategy's prepared commit, by name
@@ -186,9 +189,10 @@ class Engine:
             self.state.carry()
         if self._roles:  # the graph names its outputs otherwise: add them under their roles
             out["logits"], out["hidden"] = out[self._roles[0]], out[self._roles[1]]
-        key = self._keys.get((slot, label, tokens.size))
+        M = tokens.shape[-1]
+        key = self._keys.get((slot, label, M))
         if key is None:
-            key = self._keys[(slot, label, tokens.size)] = f"{label or self.target.labels[slot]}/M={tokens.size}"
+            key = self._keys[(slot, label, M)] = f"{label or self.target.labels[slot]}/M={M}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:
             self.watch(key, self.state.length, out)
@@ -197,6 +201,9 @@ class Engine:
 
     def start(self, prompt: list[int]) -> dict:
         """A new generation: state and plans reset, the prompt prefilled (eager, untimed); the prefill's outputs."""
+        if self.batch > 1:
+            raise ValueError(f"this engine holds batch={self.batch} rows: decode them with mtplab.engine.batch "
+                             "(greedy, speculative); Engine.greedy and Engine.speculative decode one sequence")
         self.state.reset()
         self.mtp_state.kv[0][...] = 0
         self.mtp_state.kv[1][...] = 0
@@ -375,6 +382,19 @@ def reference_run(run: RunConfig, desc) -> RunConfig:
     return run.replace(engine="mtplab", k=1, commit=commit)
 
 
+def batch_problem(batch: int, desc) -> str | None:
+    """Why a model cannot decode `batch` rows together, or None: every row's M > 1 forward needs per-row query
+    lengths (GroupQueryAttention's query_seqlens), and the lengths must travel per row (seqlens_k, not a mask)."""
+    if batch == 1:
+        return None
+    io = desc.target
+    if io.lengths != "seqlens" or not io.query_seqlens or not desc.mtp.query_seqlens:
+        return (f"batch={batch} on {desc.name}: its graphs take {'an attention_mask' if io.lengths != 'seqlens' else 'no query_seqlens'}, "
+                "so an M > 1 forward after a past runs batch 1 only; batch > 1 needs the built-in model's graph form "
+                "with GroupQueryAttention's query_seqlens (onnxruntime >= 1.32)")
+    return None
+
+
 def check_run_on_model(run: RunConfig, desc) -> None:
     """ValueError, before any session is made, if the run asks what the model cannot do."""
     ours = run.engine == "mtplab"  # the peer engine has no commit, and no transitions to hold
@@ -385,6 +405,7 @@ def check_run_on_model(run: RunConfig, desc) -> None:
             k_problem(run.k, desc.transition_capacity) if ours and desc.transition_capacity else None,
             COMMITS.get(run.commit).refusal(desc) if ours else None,
             capacity_problem(run.prompt_len, run.tokens, run.k, desc.capacity, f"{desc.name}'s KV capacity"),
+            batch_problem(run.batch, desc),
         )
         if problem is not None
     ]

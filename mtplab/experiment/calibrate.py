@@ -230,7 +230,8 @@ def greedy_token_now(model: str, threads: int, samples: int = 3) -> float:
 
 
 def sweep_calibration(calibration_file: str, run: RunConfig) -> dict | None:
-    """The calibration a sweep measured for this run's model and threads (calibration.json), or None."""
+    """The calibration a sweep measured for this run's model, threads and batch (calibration.json, and
+    calibration_batch.json beside it for a batch > 1), or None."""
 
     path = Path(calibration_file) if calibration_file else None
     if path is None or not path.exists():
@@ -238,6 +239,12 @@ def sweep_calibration(calibration_file: str, run: RunConfig) -> dict | None:
     calib = json.loads(path.read_text()).get(model_name(run.model))
     if calib is None or calib.get("key", {}).get("threads") != threads_used(run.threads):
         return None
+    if run.batch > 1:  # the cost model at the run's batch, beside it (calibration_batch.json); the head's acceptance
+        batched = path.with_name("calibration_batch.json")
+        at_b = json.loads(batched.read_text()).get(f"{model_name(run.model)}/{run.batch}") if batched.exists() else None
+        if at_b is None or at_b.get("key", {}).get("threads") != threads_used(run.threads):
+            return None
+        return at_b | {"mtp_acceptance": calib["mtp_acceptance"]}
     return calib
 
 
@@ -264,7 +271,8 @@ def format_table(calib: dict) -> str:
     t1 = calib["target"]["1"]
     lines = [
         f"calibration  preset={calib['key']['preset']} threads={calib['key']['threads']} "
-        f"onnxruntime={calib['key']['onnxruntime']} repeats={calib['repeats']}",
+        f"onnxruntime={calib['key']['onnxruntime']} repeats={calib['repeats']}"
+        + (f" batch={calib['batch']} (every time below is one [B, *] forward, step or commit)" if calib.get("batch") else ""),
         "  M        " + " ".join(f"{m:>8}" for m in calib["target"]),
         "  T(M) ms  " + " ".join(f"{v * 1e3:8.3f}" for v in calib["target"].values()),
         "  T(M)/T(1)" + " ".join(f"{v / t1:8.2f}" for v in calib["target"].values()),
@@ -284,7 +292,9 @@ def format_table(calib: dict) -> str:
         lines.append(f"  commit {strategy:17} n=1..{len(costs)} ms " + " ".join(f"{v * 1e3:.3f}" for v in costs.values()))
     for strategy, why in calib.get("commits_skipped", {}).items():
         lines.append(f"  commit {strategy:17} not measured: {why}")
-    acc = calib["mtp_acceptance"]
+    acc = calib.get("mtp_acceptance")
+    if acc is None:  # a batch calibration: the head's acceptance is the batch-1 calibration's
+        return "\n".join(lines)
     lines.append(
         f"  MTP head acceptance (seeds {list(acc['seeds'])}): alpha {acc['alpha']:.3f}, "
         "P(accepted>=i) " + " ".join(f"{p:.2f}" for p in acc["per_position"])

@@ -187,6 +187,9 @@ class RunConfig:
                          group="decoding", rule=TOP_P, tag="topp", id=("tail", 11, None))
     sample_seed: int = param(0, "the sampling generator's seed, an integer >= 0 (the same seed, the same tokens)",
                              group="decoding", rule=INTEGER_0, tag="ss", id=("tail", 12, None))
+    batch: int = param(1, "sequences decoded together, B >= 1 (row b's prompt has seed + b): greedy at [B, 1]; a "
+                       "speculative step verifies [B, k+1] in one forward, each row with its own acceptance and commit",
+                       group="decoding", rule=INTEGER_1, tag="b", id=("tail", 15, None))
     # -- the executor
     policy: str = param("sibling-pinned", "arena policy", group="executor", choices=tuple(POLICIES),
                         id=("body", 3, "{}"))
@@ -334,6 +337,7 @@ def run_problems(values: dict) -> list[str]:
         )
     problems += sampling_problems(cfg)
     problems += rounds_problems(cfg)
+    problems += batch_problems(cfg)
     commit = COMMITS.get(cfg["commit"])
     if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
         others = [c.name for c in COMMITS.values() if not c.primary_multi_token]
@@ -396,6 +400,23 @@ def sampling_problems(cfg: dict) -> list[str]:
     if sampled and not drafter.samples:
         out.append(f"drafter={drafter.name!r} has no distribution to draft from, which rejection sampling needs: at "
                    f"temperature > 0 use drafter in {[d.name for d in DRAFTERS.values() if d.samples]}")
+    return out
+
+
+def batch_problems(cfg: dict) -> list[str]:
+    """What a batch > 1 cannot be combined with (this version: greedy acceptance, mtplab's engine, the CPU)."""
+    if cfg["batch"] == 1:
+        return []
+    out = []
+    if cfg["engine"] != "mtplab":
+        out.append(f"batch={cfg['batch']} with engine={cfg['engine']!r}: onnxruntime-genai's MtpGenerator refuses any "
+                   "batch size but 1; run batch > 1 with engine='mtplab'")
+    if cfg["temperature"] > 0 or cfg["acceptance"] != "greedy-match":
+        out.append(f"batch={cfg['batch']} decodes greedily: needs temperature=0 and acceptance='greedy-match' (got "
+                   f"temperature={cfg['temperature']:g}, acceptance={cfg['acceptance']!r})")
+    if cfg["backend"] != "cpu":
+        out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: the batched "
+                   "select commit is written for host arrays)")
     return out
 
 

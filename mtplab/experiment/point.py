@@ -15,6 +15,7 @@ from mtplab.engine.engine import Engine, prompt_tokens
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.experiment import config
 from mtplab.experiment.config import RunConfig
+from mtplab.experiment.shared import acceptance_alpha, check_engine
 from mtplab.measure import rounds as measure
 from mtplab.measure import theory
 from mtplab.measure.env import environment
@@ -46,19 +47,11 @@ def run_point(
         from mtplab.experiment.genai_point import run_genai_point
 
         return run_genai_point(run, artifact)
+    if run.batch > 1:
+        from mtplab.experiment.batch_point import run_batch_point
+
+        return run_batch_point(run, artifact, engine, calibration)
     return run_mtplab_point(run, artifact, engine, calibration)
-
-
-def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> None:
-    """Refuse an engine built for another config (or model) than the run's: the result would misreport it."""
-    have, want = engine.run_cfg.to_dict(), run.to_dict()
-    per_run = {f.name for f in config.fields() if f.metadata["per_run"]}  # only the run's length may differ
-    diff = {k: (have[k], v) for k, v in want.items() if k not in per_run and have[k] != v}
-    if diff or (artifact is not None and artifact.path != engine.art.path):
-        detail = (
-            f"differs in {diff} as (engine, run)" if diff else f"engine model {engine.art.path}, run {artifact.path}"
-        )
-        raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
 
 
 def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.RoundsPlan, checked: lossless.Checked) -> dict:
@@ -114,7 +107,10 @@ def run_mtplab_point(
     The checked pass (untimed) runs first and warms every plan up; its counters are the point's
     slot counters. The speedup is the median of the rounds' paired ratios, with a bootstrap CI.
     The prediction comes from the calibration (`mtplab.experiment.calibrate`), never from this run's times.
+    A batch (run.batch > 1) runs mtplab.experiment.batch_point instead.
     """
+    if run.batch > 1:
+        raise ValueError(f"batch={run.batch}: run_point runs it (mtplab.experiment.batch_point); this runs batch 1")
     if engine is not None:
         check_engine(run, engine, artifact)
     engine = engine or Engine(run, artifact)
@@ -207,22 +203,6 @@ def run_mtplab_point(
     return result
 
 
-def acceptance_alpha(run: RunConfig, calibration: dict, accepted: list[int] | None = None) -> tuple[float | None, str]:
-    """The per-position acceptance a prediction uses, and where it comes from (the run's drafter says; a sampled
-    run's own, measured: the calibration measures greedy acceptance, and sampling accepts otherwise)."""
-    if run.temperature > 0:
-        if not accepted:
-            return None, "none (a sampled run's acceptance is its own, and it has no steps)"
-        per_position = theory.measured_per_position(accepted, run.k)
-        return theory.fit_alpha(per_position), f"measured in the checked run (temperature {run.temperature:g})"
-    source = DRAFTERS.get(run.drafter).acceptance
-    if source == "setting":
-        return run.alpha, "oracle setting"
-    if source == "calibration":
-        return calibration["mtp_acceptance"]["alpha"], "acceptance calibration"
-    return None, f"none (the {run.drafter} drafter's acceptance is neither set nor calibrated)"
-
-
 def eager_share(slots: dict, labels: dict) -> dict:
     """The share of the Primary and Verify slots' forwards that ran outside a plan in the checked run (counts)."""
     out = {}
@@ -275,6 +255,7 @@ def result_text(r: RunResult) -> str:
         f"drafter={drafter_text(c)}"
         + (f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']}" if c["engine"] == "mtplab" else "")
         + f" tokens={c['tokens']} backend={c['backend']}"
+        + (f" batch={c['batch']}" if c.get("batch", 1) > 1 else "")
         + (f" acceptance={c['acceptance']} temperature={c['temperature']:g} top_k={c['top_k']} top_p={c['top_p']:g} "
            f"sample_seed={c['sample_seed']}" if c.get("temperature", 0) > 0 else ""),
         f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
@@ -311,9 +292,17 @@ def result_text(r: RunResult) -> str:
                      f"{_share(sa['measured'])} against an expected sum(min(p, q)) of {_share(sa['expected'])}; "
                      f"tokens/step {sa['measured_tokens_per_step']:.2f} against {sa['expected_tokens_per_step']:.2f} "
                      "from the expected per-position rates")
+    if rows := (r.extra.get("batch") or {}).get("per_row"):
+        lines.append(f"  batch of {len(rows)}: a step takes {r.extra['batch']['step_seconds'] * 1e3:.2f} ms; per row "
+                     "(its own prompt seed, acceptance and commit; greedy's tokens/s above count every row):")
+        lines += [f"    row {p['row']} seed {p['seed']}: {p['tokens_per_s']:.1f} tok/s until it had its tokens, "
+                  f"{p['steps']} steps, acceptance length {p['acceptance_length']:.2f}"
+                  + ("" if p["lossless"] else "   NOT LOSSLESS") for p in rows]
     if r.time_split:
         lines.append("  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()))
-    if r.slots:
+    if r.slots and r.extra.get("batch"):
+        lines.append("  slot counters of the checked pass (its greedy reference and speculative run, every row):")
+    elif r.slots:
         lines.append("  slot counters of the checked speculative run (the greedy reference run before it had already "
                      "captured the Primary plan: primary captures=0):")
     for slot, counters in r.slots.items():

@@ -174,3 +174,66 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
         "decode_cost_ratio": float(decodes),
         "fallback_cost_ratio": (eager[str(k + 1)] / target[str(k + 1)]) if str(k + 1) in eager else None,
     }
+
+
+def steps_cdf(alpha: float, k: int, schedule: str, tokens: int) -> np.ndarray:
+    """P(one row has its `tokens` tokens within s steps), s = 0, 1, ... until certain (the prefill's token first)."""
+    dist = accepted_distribution(alpha, k)
+    extra = SCHEDULES.get(schedule).extra_tokens
+    need = max(tokens - 1, 0)
+    done = np.zeros(need + 1)  # done[m]: P(finished within s steps with m tokens still to make)
+    done[0] = 1.0
+    cdf = [done[need]]
+    while cdf[-1] < 1.0 - 1e-12 and len(cdf) <= need + 1:
+        done = np.array([1.0] + [sum(p * done[max(m - (j + extra), 0)] for j, p in enumerate(dist))
+                                 for m in range(1, need + 1)])
+        cdf.append(done[need])
+    return np.array(cdf)
+
+
+def expected_batch_steps(alpha: float, k: int, schedule: str, tokens: int, batch: int) -> float:
+    """Expected steps until every one of `batch` independent rows has its tokens: E[max of the rows' steps]
+    (a batch steps until its slowest row is done; the rows done earlier ride along)."""
+    cdf = steps_cdf(alpha, k, schedule, tokens)
+    return float(np.sum(1.0 - cdf**batch))
+
+
+def batch_commit_seconds(alpha: float, k: int, commit: str, table: dict, batch: int) -> float:
+    """A step's expected commit cost at batch B from a batch calibration's commit table (every row committing n
+    tokens, n = 1..k+1), with the rows' counts c = accepted + 1 independent:
+    select: its cost at the mean row's count (each row replays its own; the cost hardly depends on the count);
+    readvance-m1: the cost at the largest count among the B rows (that many [B, 1] forwards);
+    readvance-batched: one forward per distinct count, each priced at its own count (so restoring the state is
+    counted once per distinct count: an upper bound by one restore per extra count)."""
+    dist = accepted_distribution(alpha, k)  # P(c = j + 1)
+    cost = [table[str(j + 1)] for j in range(k + 1)]
+    if commit == "readvance-m1":
+        cdf = np.cumsum(dist) ** batch
+        return float(sum((cdf[j] - (cdf[j - 1] if j else 0.0)) * cost[j] for j in range(k + 1)))
+    if commit == "readvance-batched":
+        return float(sum((1.0 - (1.0 - p) ** batch) * c for p, c in zip(dist, cost)))
+    return float(sum(p * c for p, c in zip(dist, cost)))
+
+
+def predict_batch(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int, batch: int) -> dict:
+    """A batch point's speedup from alpha, k, the schedule, the commit and a calibration at its batch B:
+    T(B, M) for the forwards, the draft phase at [B, 1], greedy's cost per [B, 1] step and the commit at B
+    (batch_commit_seconds). Greedy makes tokens - 1 steps; speculative E[max over the rows' steps] (the batch
+    waits for its slowest row), each costing [T(B, 1) if decode-verify] + draft + T(B, k+1) + commit."""
+    target = calibration["target"]
+    greedy = greedy_seconds(calibration)
+    draft = draft_seconds(calibration, k)
+    commit_cost = batch_commit_seconds(alpha, k, commit, calibration["commit"][commit], batch)
+    step = SCHEDULES.get(schedule).decodes * target["1"] + draft + target[str(k + 1)] + commit_cost
+    steps = expected_batch_steps(alpha, k, schedule, tokens, batch)
+    return {
+        "alpha": alpha,
+        "batch": batch,
+        "tokens_per_step": tokens_per_step(alpha, k, schedule),
+        "expected_steps": steps,
+        "step_seconds": step,
+        "greedy_seconds_per_token": greedy,
+        "speedup": (tokens - 1) * greedy / (steps * step),
+        "verify_cost_ratio": target[str(k + 1)] / target["1"],
+        "commit_cost_ratio": commit_cost / target["1"],
+    }

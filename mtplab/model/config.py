@@ -15,7 +15,7 @@ CONV_KERNEL = 4
 INT4_BLOCK = 32
 MAX_TRANSITION_CAPACITY = 8
 # Bumped whenever the ONNX graphs' form changes, so that cached builds of the old form are not reused.
-GRAPH_VERSION = 3
+GRAPH_VERSION = 4
 
 
 @dataclass(frozen=True)

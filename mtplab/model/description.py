@@ -169,30 +169,34 @@ class ModelDescription:
         return f"{len(self.layer_kinds) or attn + lin} layers = {lin} linear-attention ({', '.join(ops)}) + {attn} attention"
 
 
-def length_feeds(io: GraphIO, length: int, M: int, total: int, into: dict | None = None) -> dict[str, np.ndarray]:
+def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = None) -> dict[str, np.ndarray]:
     """Feeds that tell a graph the M new tokens sit at positions length..length+M-1.
 
+    length: an int (batch 1), or an int array [B]: each row's own length (the built-in graphs' seqlens form).
     total: the attention span the graph sees (the KV capacity for a static-shape replay, or
     length + M for a growing cache). Static shapes keep a replayed plan valid across lengths.
-    into: what an earlier call returned for the same io, M and total, rewritten in place and returned (a
+    into: what an earlier call returned for the same io, M, total and batch, rewritten in place and returned (a
     forward's hot path allocates nothing). Whoever passes `into` uses the feeds before the next call: the
     executor stages them into its slot's buffers, or binds them for the one synchronous eager run.
     """
     if into is None:
+        batch = 1 if np.ndim(length) == 0 else len(length)
         into = {}
         if io.lengths == "seqlens":
-            into["seqlens_k"] = np.zeros(1, dtype=np.int32)
+            into["seqlens_k"] = np.zeros(batch, dtype=np.int32)
             into["total_sequence_length"] = _constant(total, ())
             if io.query_seqlens:
-                into["query_seqlens"] = _constant(M, (1,))
+                into["query_seqlens"] = _constant(M, (batch,))
         else:
+            if batch != 1:
+                raise ValueError(f"{io.path.name} takes its lengths from an attention_mask: batch 1 only, got {batch} rows")
             into["attention_mask"] = np.zeros((1, total), dtype=np.int64)
         if io.positions:
             into["position_ids"] = np.zeros((*io.positions, M), dtype=np.int64)
         if io.capture_count:
-            into["capture_count"] = _constant(M, (1,))
+            into["capture_count"] = _constant(M, (batch,))
     if "seqlens_k" in into:
-        into["seqlens_k"][0] = length + M - 1
+        into["seqlens_k"][...] = length + M - 1
     else:
         mask = into["attention_mask"]
         mask[0, : length + M] = 1

@@ -87,51 +87,51 @@ def _value(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:
 
 
 def target_signature(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
-    """Inputs and outputs of target.onnx (M is the dynamic token axis)."""
+    """Inputs and outputs of target.onnx (B the batch, M the token axis: both dynamic)."""
     T = ELEM[cfg.dtype]
     Hkv, Dh, S = cfg.attn_kv_heads, cfg.attn_head_dim, cfg.max_seq_len
     Hv, Dv, Dk, C = cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k, cfg.gdn_conv_channels
     ins = [
-        _value("input_ids", TensorProto.INT64, [1, "M"]),
-        _value("seqlens_k", TensorProto.INT32, [1]),
+        _value("input_ids", TensorProto.INT64, ["B", "M"]),
+        _value("seqlens_k", TensorProto.INT32, ["B"]),
         _value("total_sequence_length", TensorProto.INT32, []),
-        *[_value("query_seqlens", TensorProto.INT32, [1])] * cfg.form.query_seqlens,
-        _value("capture_count", TensorProto.INT32, [1]),
+        *[_value("query_seqlens", TensorProto.INT32, ["B"])] * cfg.form.query_seqlens,
+        _value("capture_count", TensorProto.INT32, ["B"]),
     ]
-    outs = [_value("logits", T, [1, "M", cfg.vocab_size]), _value("hidden", T, [1, "M", cfg.hidden_size])]
+    outs = [_value("logits", T, ["B", "M", cfg.vocab_size]), _value("hidden", T, ["B", "M", cfg.hidden_size])]
     for i in range(cfg.num_layers):
         if i in cfg.attention_layer_ids:
             for kv in ("key", "value"):
-                ins.append(_value(f"past_{kv}.{i}", T, [1, Hkv, S, Dh]))
-                outs.append(_value(f"present_{kv}.{i}", T, [1, Hkv, S, Dh]))
+                ins.append(_value(f"past_{kv}.{i}", T, ["B", Hkv, S, Dh]))
+                outs.append(_value(f"present_{kv}.{i}", T, ["B", Hkv, S, Dh]))
         else:
-            ins.append(_value(f"conv_state.{i}", T, [1, cfg.conv_kernel - 1, C]))
-            ins.append(_value(f"gdn_state.{i}", TensorProto.FLOAT, [1, Hv, Dv, Dk]))
-            outs.append(_value(f"present_conv_state.{i}", T, [1, cfg.conv_kernel - 1, C]))
-            outs.append(_value(f"present_gdn_state.{i}", TensorProto.FLOAT, [1, Hv, Dv, Dk]))
+            ins.append(_value(f"conv_state.{i}", T, ["B", cfg.conv_kernel - 1, C]))
+            ins.append(_value(f"gdn_state.{i}", TensorProto.FLOAT, ["B", Hv, Dv, Dk]))
+            outs.append(_value(f"present_conv_state.{i}", T, ["B", cfg.conv_kernel - 1, C]))
+            outs.append(_value(f"present_gdn_state.{i}", TensorProto.FLOAT, ["B", Hv, Dv, Dk]))
             outs.append(
-                _value(f"gdn_transitions.{i}", TensorProto.FLOAT, [1, cfg.transition_capacity * transition_layout(cfg).width])
+                _value(f"gdn_transitions.{i}", TensorProto.FLOAT, ["B", cfg.transition_capacity * transition_layout(cfg).width])
             )
-            outs.append(_value(f"conv_input.{i}", T, [1, "M", C]))
+            outs.append(_value(f"conv_input.{i}", T, ["B", "M", C]))
     return ins, outs
 
 
 def mtp_signature(cfg: ModelConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     """Inputs and outputs of mtp.onnx."""
     T = ELEM[cfg.dtype]
-    kv = [1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim]
+    kv = ["B", cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim]
     ins = [
-        _value("input_ids", TensorProto.INT64, [1, "M"]),
-        _value("hidden_states", T, [1, "M", cfg.hidden_size]),
-        _value("seqlens_k", TensorProto.INT32, [1]),
+        _value("input_ids", TensorProto.INT64, ["B", "M"]),
+        _value("hidden_states", T, ["B", "M", cfg.hidden_size]),
+        _value("seqlens_k", TensorProto.INT32, ["B"]),
         _value("total_sequence_length", TensorProto.INT32, []),
-        *[_value("query_seqlens", TensorProto.INT32, [1])] * cfg.form.query_seqlens,
+        *[_value("query_seqlens", TensorProto.INT32, ["B"])] * cfg.form.query_seqlens,
         _value("past_key.0", T, kv),
         _value("past_value.0", T, kv),
     ]
     outs = [
-        _value("logits", T, [1, "M", cfg.vocab_size]),
-        _value("mtp_hidden", T, [1, "M", cfg.hidden_size]),
+        _value("logits", T, ["B", "M", cfg.vocab_size]),
+        _value("mtp_hidden", T, ["B", "M", cfg.hidden_size]),
         _value("present_key.0", T, kv),
         _value("present_value.0", T, kv),
     ]
@@ -175,9 +175,9 @@ def _gdn(g: _Graph, x: str, w: Weights, i: int) -> str:
     )[0]
     split = g.init(g.tmp("split"), np.array([Hk * Dk, Hk * Dk, Hv * Dv], dtype=np.int64))
     q, k, v = g.node("Split", [conv, split], [g.tmp("q"), g.tmp("k"), g.tmp("v")], axis=-1)
-    q = g.node("Reshape", [q, g.const_i64([1, -1, Hk, Dk])])[0]
-    k = g.node("Reshape", [k, g.const_i64([1, -1, Hk, Dk])])[0]
-    v = g.node("Reshape", [v, g.const_i64([1, -1, Hv, Dv])])[0]
+    q = g.node("Reshape", [q, g.const_i64([0, -1, Hk, Dk])])[0]
+    k = g.node("Reshape", [k, g.const_i64([0, -1, Hk, Dk])])[0]
+    v = g.node("Reshape", [v, g.const_i64([0, -1, Hv, Dv])])[0]
     decay = g.linear(xn, w[p + "decay"], p + "decay")
     beta = g.node("Add", [g.linear(xn, w[p + "beta"], p + "beta"), g.act(p + "beta_bias", w[p + "beta_bias"])])[0]
     if cfg.form.float32_gates and cfg.dtype != "fp32":
@@ -204,7 +204,7 @@ def _gdn(g: _Graph, x: str, w: Weights, i: int) -> str:
         beta_activation="sigmoid",
         qk_l2_norm=1,
     )[0]
-    out = g.node("Reshape", [out, g.const_i64([1, -1, Hv * Dv])])[0]
+    out = g.node("Reshape", [out, g.const_i64([0, -1, Hv * Dv])])[0]
     return g.node("Add", [x, g.linear(out, w[p + "o"], p + "o")])[0]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtplab.report import findings, plots, plots_sampling, provenance, selection, tables
+from mtplab.report import batches, findings, plots, plots_sampling, provenance, selection, tables
 
 
 def _markdown(text: str) -> None:
@@ -35,8 +35,11 @@ def _captioned(ok: pd.DataFrame, figure: str, caption: str, draw):
 def per_model(figure, ok: pd.DataFrame, *args):
     """A figure for each model of the sweep, each under its model's name (one model: the figure alone).
 
-    Figures of different models never share axes: their forwards cost differently.
+    Figures of different models never share axes: their forwards cost differently. A figure sees the batch-1
+    rows only unless it draws batches itself (`all_batches`): a batch row's speedup is over greedy at its own B.
     """
+    if not getattr(figure, "all_batches", False):
+        ok = selection.batch_one(ok)
     names = selection.models(ok)
     if len(names) <= 1:
         return figure(ok, *args)
@@ -173,9 +176,34 @@ def sampled_acceptance(ok: pd.DataFrame):
     )
 
 
+def batch(ok: pd.DataFrame):
+    """Speedup against the batch B per k, and the break-even batch per k, measured and predicted."""
+    if not _fills(ok, "batch"):
+        return None
+    from IPython.display import HTML, display
+
+    _markdown(
+        "## Batches: where MTP stops paying\n"
+        "B prompts (seeds seed..seed+B-1) decoded together: greedy at [B, 1]; a speculative step verifies [B, k+1] in "
+        "one forward, each row with its own acceptance and commit, and the batch steps until its slowest row is done. "
+        "Speedup = greedy's seconds over speculative's at the same B (paired rounds, 95% CI). Dashed: predicted from "
+        "the calibration at each B (T(B, M), the draft phase and the commit at B) and the expected steps of the "
+        "slowest row. Break-even: where the speedup falls through 1, interpolated in log2 B.\n\n"
+        + batches.findings(ok)
+    )
+    display(HTML(batches.break_even_table(ok).to_html(index=False)))
+    spread = batches.per_row_spread(ok)
+    if len(spread):
+        display(HTML(spread.to_html(index=False)))
+    return batches.speedup_vs_batch(ok)
+
+
+batch.all_batches = True
+
+
 # The report's figures, in the order it shows them (notebooks/report.ipynb shows each for every model).
 STANDARD = (speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, temperature, sampled_acceptance,
-            slot_counters, counters_table, time_split, memory, peer)
+            slot_counters, counters_table, time_split, memory, peer, batch)
 
 
 def show(figure, ok: pd.DataFrame, *args) -> None:

@@ -13,6 +13,7 @@ from mtplab.report.tables import count_text
 
 def per_model(findings, df: pd.DataFrame) -> str:
     """Findings of each model of the sweep under its name (one model: the findings alone)."""
+    df = selection.batch_one(df)  # the batch figure states its own findings
     names = selection.models(df)
     if len(names) <= 1:
         return findings(df)

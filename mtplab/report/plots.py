@@ -304,6 +304,7 @@ def point_title(config: dict) -> str:
     return (
         f"k={c['k']}, {drafter_text(c)}, {c['policy']}, {c['commit']}, {c['schedule']}, "
         f"{model}, {c['tokens']} tokens, seed {c['seed']}" + ("" if c.get("validate", True) else ", validation off")
+        + (f", batch {c['batch']} (seeds {c['seed']}..{c['seed'] + c['batch'] - 1})" if c.get("batch", 1) > 1 else "")
     )
 
 

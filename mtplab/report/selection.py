@@ -164,7 +164,30 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
         "peer": len(peer_rows(df)) > 0,
         "temperature": len(temperature_rows(df)) > 0,
         "sampled_acceptance": len(sampled_rows(df)) > 0,
+        "batch": len(batch_rows(df)) > 0,
     }
+
+
+def batches(df: pd.DataFrame) -> pd.Series:
+    """Each row's batch B (1 for sweeps from before batches)."""
+    return df.batch.fillna(1).astype(int) if "batch" in df else pd.Series(1, index=df.index)
+
+
+def batch_one(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows at batch 1: what every figure but the batch figure compares (a batch row's speedup is over greedy
+    at its own B)."""
+    return df[batches(df) == 1] if len(df) else df
+
+
+def batch_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """mtplab's greedy-decoding rows of a sweep over two batch sizes or more (each drafter setting, k, schedule and
+    commit drawn against B), with `setting`: the drafter in words ("oracle alpha=0.7", "MTP head")."""
+    own = greedy_decoding(own_engine(df))
+    if batches(own).nunique() < 2:
+        return own.iloc[:0].assign(setting=pd.Series(dtype=str))
+    setting = [f"oracle alpha={a:g}" if acceptance_source(d) == "setting" else "MTP head" if acceptance_source(d) ==
+               "calibration" else str(d) for d, a in zip(own.drafter, own.alpha)]
+    return own.assign(batch=batches(own), setting=setting)
 
 
 def models(df) -> list[str]:

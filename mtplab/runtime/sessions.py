@@ -145,16 +145,19 @@ class Buffers(dict):
 
 @dataclass
 class TargetState:
-    """Persistent state of one sequence on the target: buffers bound by address, plus its length.
+    """Persistent state of `batch` sequences on the target: buffers bound by address, plus their lengths.
 
-    kv[layer] = (key, value) [1, heads, capacity, head_dim]; conv[layer] and gdn[layer] hold each
-    linear-attention layer's conv and recurrent state in the layouts the model description gives;
+    kv[layer] = (key, value) [B, heads, capacity, head_dim]; conv[layer] and gdn[layer] hold each
+    linear-attention layer's conv and recurrent state in the layouts the model description gives, B rows;
     present[past name] is the own output buffer of a state whose kernel cannot write in place.
+    length: the tokens a batch-1 state holds; lengths [B]: each row's, when batch > 1.
     """
 
     desc: ModelDescription
     arena: Arena
     length: int = 0
+    batch: int = 1
+    lengths: np.ndarray | None = None  # [B] int64, batch > 1 only
     kv: Buffers = field(default_factory=Buffers)  # {layer: (key, value)}
     conv: Buffers = field(default_factory=Buffers)
     gdn: Buffers = field(default_factory=Buffers)
@@ -168,10 +171,10 @@ class TargetState:
         return self.kv.version + self.conv.version + self.gdn.version + self.present.version
 
     @classmethod
-    def allocate(cls, desc: ModelDescription, arena: Arena) -> TargetState:
-        st = cls(desc, arena)
+    def allocate(cls, desc: ModelDescription, arena: Arena, batch: int = 1) -> TargetState:
+        st = cls(desc, arena, batch=batch, lengths=np.zeros(batch, dtype=np.int64) if batch > 1 else None)
         for kv in desc.target.kv:
-            shape = (1, kv.heads, desc.capacity, kv.head_dim)
+            shape = (batch, kv.heads, desc.capacity, kv.head_dim)
             st.kv[kv.layer] = (
                 arena.reserve(f"state.{kv.past_key}", shape, kv.np_dtype),
                 arena.reserve(f"state.{kv.past_value}", shape, kv.np_dtype),
@@ -180,10 +183,10 @@ class TargetState:
             states = [s for s in desc.target.states if s.kind == kind]
             buffers = st.conv if kind == "conv" else st.gdn
             layers = tuple(s.layer for s in states)
-            row_bytes = int(np.prod(states[0].shape)) * states[0].np_dtype.itemsize if states else 0
+            row_bytes = int(np.prod(st.shape(states[0]))) * states[0].np_dtype.itemsize if states else 0
             # rows keep the buffer's alignment (64 bytes, for kernels' vector loads) or the layers get buffers of their own
             if states and len({(s.shape, s.dtype) for s in states}) == 1 and row_bytes % 64 == 0:
-                shape, dtype = (len(states), *states[0].shape), states[0].np_dtype
+                shape, dtype = (len(states), *st.shape(states[0])), states[0].np_dtype
                 stack = st.stacks[kind] = (arena.reserve(f"state.{kind}-stack", shape, dtype), layers)
                 for s, row in zip(states, stack[0]):
                     buffers[s.layer] = row
@@ -194,11 +197,15 @@ class TargetState:
                         st.present[s.past] = row
             for s in states:
                 if s.layer not in buffers:
-                    buffers[s.layer] = arena.reserve(f"state.{s.past}", s.shape, s.np_dtype)
+                    buffers[s.layer] = arena.reserve(f"state.{s.past}", st.shape(s), s.np_dtype)
                 if not s.in_place and s.past not in st.present:
-                    st.present[s.past] = arena.reserve(f"state.{s.present}", s.shape, s.np_dtype)
+                    st.present[s.past] = arena.reserve(f"state.{s.present}", st.shape(s), s.np_dtype)
         st.stacked_layout = st.layout()
         return st
+
+    def shape(self, s: StateTensor) -> tuple[int, ...]:
+        """A state's shape at this batch (the description gives it at batch 1)."""
+        return (self.batch, *s.shape[1:])
 
     def stacked(self, kind: str, layers: tuple[int, ...]):
         """The buffer [L, *shape] whose rows are `layers`' buffers of this kind ("conv", "recurrent", or either's
@@ -219,6 +226,8 @@ class TargetState:
 
     def reset(self) -> None:
         self.length = 0
+        if self.lengths is not None:
+            self.lengths[...] = 0
         for a in self.recurrent_arrays():
             a[...] = 0
         for k, v in self.kv.values():
@@ -252,20 +261,24 @@ class TargetState:
         """The conv and recurrent states by name, conv_state.{i} / gdn_state.{i} (what the lossless check compares)."""
         return {s.key: self.array(s) for s in self.desc.target.states}
 
-    def snapshot(self, copy: bool = True) -> dict[str, np.ndarray]:
+    def snapshot(self, copy: bool = True, row: int | None = None) -> dict[str, np.ndarray]:
         """The committed state on the host: conv and recurrent states, and every attention layer's KV rows
         [0, length) (rows past the length are scratch a rollback left behind). copy=False: host arrays are
-        views (compare them at once, before the next forward)."""
+        views (compare them at once, before the next forward). row: that batch row only, as a batch of 1."""
         take = (lambda a: np.array(to_numpy(a))) if copy else to_numpy
-        out = {name: take(a) for name, a in self.recurrent().items()}
+        rows, length = slice(None), self.length
+        if row is not None:
+            rows, length = slice(row, row + 1), int(self.lengths[row]) if self.lengths is not None else self.length
+        out = {name: take(a[rows]) for name, a in self.recurrent().items()}
         for layer, (k, v) in self.kv.items():
-            out[f"kv.{layer}.key"] = take(k[:, :, : self.length])
-            out[f"kv.{layer}.value"] = take(v[:, :, : self.length])
+            out[f"kv.{layer}.key"] = take(k[rows, :, :length])
+            out[f"kv.{layer}.value"] = take(v[rows, :, :length])
         return out
 
 
 def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recurrent_in_place: bool = True):
-    """(feeds, outputs, bound) for a forward of `tokens` at the state's current length.
+    """(feeds, outputs, bound) for a forward of `tokens` ([M], or [B, M] at batch B) at the state's current
+    length (each row's at batch > 1).
 
     Lengths are static-shaped, as onnxruntime-genai arranges them for graph replay: the attention
     span is always the KV capacity (total_sequence_length, or the attention_mask's width), and the
@@ -278,19 +291,20 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     """
     io = desc.target
     M = int(tokens.shape[-1])
-    if st.length + M > desc.capacity:
-        raise ValueError(f"sequence would reach {st.length + M} tokens, beyond the KV capacity {desc.capacity}")
+    length = st.length if st.lengths is None else st.lengths
+    if (longest := int(np.max(length))) + M > desc.capacity:
+        raise ValueError(f"sequence would reach {longest + M} tokens, beyond the KV capacity {desc.capacity}")
     # Outputs and bindings depend only on M, the mode and the state's buffers; the length feeds are rewritten in place.
     outputs, bound, lengths = st.fixed((M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
-    feeds = {io.input_ids: token_ids(tokens, M), **length_feeds(io, st.length, M, desc.capacity, lengths)}
+    feeds = {io.input_ids: token_ids(tokens, M, st.batch), **length_feeds(io, length, M, desc.capacity, lengths)}
     return feeds, outputs, bound
 
 
 def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[dict, tuple, dict]:
-    io = desc.target
+    io, B = desc.target, st.batch
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
-        io.logits: ((1, M, desc.vocab_size), io.logits_type),
-        io.hidden: ((1, M, desc.hidden_size), io.hidden_type),
+        io.logits: ((B, M, desc.vocab_size), io.logits_type),
+        io.hidden: ((B, M, desc.hidden_size), io.hidden_type),
     }
     bound: list[tuple[str, Any, bool]] = []
     for kv in io.kv:
@@ -301,25 +315,25 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
         live = st.array(s)
         bound.append((s.past, live, False))
         if not recurrent_in_place:
-            outputs[s.present] = (s.shape, s.np_dtype)
+            outputs[s.present] = (st.shape(s), s.np_dtype)
         else:
             bound.append((s.present, live if s.in_place else st.present[s.past], True))
-    outputs.update(select_output_shapes(desc, M))
-    lengths = length_feeds(io, 0, M, desc.capacity)  # this M's length feeds, rewritten per forward
+    outputs.update(select_output_shapes(desc, M, B))
+    lengths = length_feeds(io, st.length if st.lengths is None else st.lengths, M, desc.capacity)  # rewritten per forward
     return outputs, tuple(bound), lengths  # bound immutable: the executor's replay check may take it by identity
 
 
-def select_output_shapes(desc: ModelDescription, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """The extra outputs the `select` commit reads, with their shapes for a forward of M tokens."""
-    return {o.name: (o.sized(M), o.np_dtype) for roles in desc.target.select_outputs.values()
+def select_output_shapes(desc: ModelDescription, M: int, batch: int = 1) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The extra outputs the `select` commit reads, with their shapes for a forward of M tokens (batch rows)."""
+    return {o.name: ((batch, *o.sized(M)[1:]), o.np_dtype) for roles in desc.target.select_outputs.values()
             for o in roles.values()}
 
 
-def token_ids(tokens: Any, M: int) -> Any:
-    """input_ids [1, M] int64 from Python ints, or from a host or device array (which stays where it is)."""
+def token_ids(tokens: Any, M: int, batch: int = 1) -> Any:
+    """input_ids [B, M] int64 from Python ints, or from a host or device array (which stays where it is)."""
     if hasattr(tokens, "reshape"):
-        return tokens.reshape(1, M).astype(np.int64, copy=False)
-    return np.asarray(tokens, dtype=np.int64).reshape(1, M)
+        return tokens.reshape(batch, M).astype(np.int64, copy=False)
+    return np.asarray(tokens, dtype=np.int64).reshape(batch, M)
 
 
 class MtpIO(NamedTuple):
@@ -335,39 +349,42 @@ class MtpIO(NamedTuple):
 
 @dataclass
 class MtpState:
-    """The MTP head's own KV cache and the length it holds."""
+    """The MTP head's own KV cache (B rows) and the length it holds."""
 
     kv: tuple[np.ndarray, np.ndarray]
     length: int = 0
     io_cache: dict[int, MtpIO] = field(default_factory=dict)  # mtp_io's fixed part, by M
+    batch: int = 1
 
     @classmethod
-    def allocate(cls, desc: ModelDescription, arena: Arena) -> MtpState:
+    def allocate(cls, desc: ModelDescription, arena: Arena, batch: int = 1) -> MtpState:
         (kv,) = desc.mtp.kv
-        shape = (1, kv.heads, desc.capacity, kv.head_dim)
-        return cls((arena.reserve("state.mtp_key", shape, kv.np_dtype), arena.reserve("state.mtp_value", shape, kv.np_dtype)))
+        shape = (batch, kv.heads, desc.capacity, kv.head_dim)
+        return cls((arena.reserve("state.mtp_key", shape, kv.np_dtype), arena.reserve("state.mtp_value", shape, kv.np_dtype)),
+                   batch=batch)
 
 
-def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray, position: int):
-    """(feeds, outputs, bound) for an MTP-head forward: M tokens + the target's hidden states from `position`.
+def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray, position):
+    """(feeds, outputs, bound) for an MTP-head forward: M tokens + the target's hidden states from `position`
+    (at batch B: tokens [B, M], hidden [B, M, H], position an int array [B], each row's own).
 
     Entry j of the head's KV pairs token j+1 with the target's hidden state j.
     """
-    io = desc.mtp
-    M = len(tokens) if isinstance(tokens, (list, tuple)) else int(getattr(tokens, "size", 1))
+    io, B = desc.mtp, st.batch
+    M = (len(tokens) if isinstance(tokens, (list, tuple)) else int(getattr(tokens, "size", 1))) // B
     fixed = st.io_cache.get(M)
     if fixed is None or fixed.kv is not st.kv:  # built once per M for these KV buffers
-        outputs = {io.logits: ((1, M, desc.vocab_size), io.logits_type),
-                   io.hidden: ((1, M, desc.hidden_size), io.hidden_type)}
+        outputs = {io.logits: ((B, M, desc.vocab_size), io.logits_type),
+                   io.hidden: ((B, M, desc.hidden_size), io.hidden_type)}
         (kv,) = io.kv
         k, v = st.kv
         bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
                  (kv.present_value, v, True))
-        fixed = st.io_cache[M] = MtpIO(outputs, bound, st.kv, length_feeds(io, 0, M, desc.capacity),
+        fixed = st.io_cache[M] = MtpIO(outputs, bound, st.kv, length_feeds(io, position, M, desc.capacity),
                                        desc.target.hidden_type)
     feeds = {
-        io.input_ids: token_ids(tokens, M),
-        io.hidden_input: hidden.astype(fixed.hidden_type, copy=False).reshape(1, M, desc.hidden_size),
+        io.input_ids: token_ids(tokens, M, B),
+        io.hidden_input: hidden.astype(fixed.hidden_type, copy=False).reshape(B, M, desc.hidden_size),
         **length_feeds(io, position, M, desc.capacity, fixed.lengths),
     }
     return feeds, fixed.outputs, fixed.bound

@@ -231,6 +231,25 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
         calib["source"] = "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"
         calib["model_spec"] = spec_
         calibrations[name] = calib
+    batched = {}  # the cost model at each batch B > 1 the sweep runs: calibration_batch.json, by "model/B"
+    for spec_, n, B in sorted({(r.model, r.threads or threads, r.batch) for r in cpu if r.batch > 1}):
+        name = f"{model_name(spec_)}/{B}"
+        if name in batched:
+            continue
+        from mtplab.experiment.batch_calibrate import batch_key
+
+        path = cache_path(batch_key(spec_, n, B))
+        measure = fresh or not path.exists()
+        if measure:
+            if not quiet:
+                print(f"sweep {sweep_dir.name}: measuring the calibration of {name} (batch {B}) on {n} threads",
+                      file=sys.stderr)
+            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n), "--batch", str(B)]
+            subprocess.run(cmd, check=True, capture_output=True)
+        batched[name] = json.loads(path.read_text()) | {
+            "source": "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"}
+    if batched:  # written first: calibration.json's presence marks the sweep's calibration as complete
+        write_atomic(sweep_dir / "calibration_batch.json", dumps(batched, indent=1))
     write_atomic(target, dumps(calibrations, indent=1))
 
 

@@ -177,7 +177,8 @@ def load(sweep_dir: str | Path) -> pd.DataFrame:
     # The result's model record (JSON) would collide with config.model (the folder or preset it names).
     info = df.pop("model") if "model" in df.columns else pd.Series([None] * len(df), index=df.index)
     df = df.rename(columns={c: c.split(".", 1)[1] for c in df.columns if c.startswith("config.")})
-    return df.assign(model_info=info, model_name=model_names(df, info))
+    batch = df["batch"].fillna(1).astype(int) if "batch" in df else 1  # sweeps from before batches: 1
+    return df.assign(model_info=info, model_name=model_names(df, info), batch=batch)
 
 
 def model_names(df: pd.DataFrame, info: pd.Series) -> list[str]:

@@ -1,0 +1,64 @@
+"""The checked pass of a batch: every row held to its own batch-1 greedy and to its own lockstep reference.
+
+Each row's greedy tokens at [B, 1] are the reference its speculative tokens must equal (and the batch-1
+greedy of the row's prompt must equal them in turn: tests/test_batch.py holds that). After every commit,
+each row the step committed is compared, state and KV rows, with a plain `session.run` stepper of that
+row alone (batch 1) advanced to the row's committed length, under the commit's rule: the same Lockstep
+the batch-1 pass uses, one per row. The verdict pools the rows and names the first row that fails.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from mtplab.check.lossless import Lockstep, Watch
+from mtplab.check.verdict import state_rule, token_identity
+from mtplab.engine import batch
+
+
+class BatchChecked(NamedTuple):
+    greedy: batch.BatchGreedy  # every row's reference tokens and margins (n + k + 1 each)
+    spec: batch.BatchRun  # the checked speculative run
+    rows: list[dict]  # per row: token identity and its lockstep summary
+    identity: dict  # the rows pooled, in the form mtplab.check.verdict reads (the first failing row's, with "row")
+
+
+def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
+    """The untimed reference and checked speculative run of a batch (see the module's docstring)."""
+    run, art = engine.run_cfg, engine.art
+    rule = state_rule(run.commit, engine.desc.precision, engine.device.name == "cpu")
+    watch = engine.watch = Watch("greedy")
+    try:
+        greedy = batch.greedy(engine, prompts, n + run.k + 1, margins=True)
+        locks = [Lockstep.start(art, [int(t) for t in prompts[b]], greedy.tokens[b], rule) for b in range(engine.batch)]
+
+        def on_commit(step: int, rows) -> None:
+            for b in rows:
+                locks[b].check(step, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b))
+
+        watch.start("speculative")
+        spec = batch.speculative(engine, prompts, n, references=greedy.tokens, on_commit=on_commit)
+        for b, lock in enumerate(locks):  # what each row left behind (a riding row: as it finished)
+            lock.check(spec.steps, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b))
+    finally:
+        engine.watch = None
+    rows = [token_identity(spec.tokens[b][:n], greedy.tokens[b][:n], greedy.margins[b]) | locks[b].summary()
+            for b in range(engine.batch)]
+    return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite))
+
+
+def pooled(rows: list[dict], non_finite: dict | None) -> dict:
+    """One identity for the batch: the first row that fails a check (its fields, with "row"), else the rows'
+    worst differences; per-row fields stay in `rows`."""
+    failing = next((b for b, r in enumerate(rows) if not r["token_identical"] or r["state_first_divergence"]), None)
+    chosen = rows[0 if failing is None else failing]
+    out = dict(chosen) | {"row": failing, "rows": len(rows), "non_finite": non_finite, "anchor": None}
+    out["state_max_abs_diff"] = max(r["state_max_abs_diff"] or 0.0 for r in rows)
+    out["state_max_rel_diff"] = max(r["state_max_rel_diff"] or 0.0 for r in rows)
+    out["state_bitwise"] = all(r["state_bitwise"] for r in rows)
+    out["state_commits_checked"] = sum(r["state_commits_checked"] for r in rows)
+    out["token_identical"] = all(r["token_identical"] for r in rows)
+    out["reference_disagreements"] = [d | {"row": b} for b, r in enumerate(rows) for d in r["reference_disagreements"]]
+    return out

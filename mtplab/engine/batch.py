@@ -1,0 +1,350 @@
+"""Batches: B sequences decoded together, each row with its own length, acceptance and commit.
+
+An Engine made for `run.batch` = B > 1 holds B rows of every state (KV, conv carry, GatedDeltaNet state)
+and of the MTP head's KV; this module decodes them. Greedy decodes [B, 1] on Slot.PRIMARY. A speculative
+step drafts for every row (the MTP head at [B, 1], k steps; the oracle from each row's own reference, seeded
+per row), verifies [B, k+1] in one forward on Slot.VERIFY, accepts per row (greedy match: row b keeps n_b
+drafts) and commits per row. Each row keeps its own length: GroupQueryAttention reads it from the per-row
+`seqlens_k`, and `query_seqlens` tells every row's query length in an M > 1 forward.
+
+How each commit strategy handles rows with different accepted counts (c_b = n_b + 1 tokens to keep):
+- select: row b replays its own c_b transitions and rebuilds its conv carry from its own c_b inputs. No
+  forward; the same cost whatever the counts.
+- readvance-m1: restore every row, then max_b c_b forwards at [B, 1]; a row whose c_b tokens are in rides
+  along (its last token repeated, its length held) and its state rows are put back after each further
+  forward. Cost: the longest row's count, not the mean.
+- readvance-batched: restore, then one [B, c] forward per distinct count c among the rows; the rows with
+  another count are put back after it. Cost: one forward per distinct count (1 at B = 1).
+A row that has its tokens (n or more) rides along the same way until every row has: its token repeated, its
+length held, its state rows put back after each step. The batch shape, and so each slot's plan, never changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mtplab.engine.commits import rebuild_conv
+from mtplab.engine.drafters import OracleDrafter
+from mtplab.engine.engine import prompt_tokens
+from mtplab.engine.schedules import Phases
+from mtplab.model.graph import replay_transitions_closed
+from mtplab.runtime.executor import Slot
+from mtplab.runtime.sessions import mtp_io
+
+
+def prompts(run, vocab: int) -> np.ndarray:
+    """The batch's prompts [B, prompt_len]: row b's is the batch-1 prompt of seed + b."""
+    return np.array([prompt_tokens(vocab, run.prompt_len, run.seed + b) for b in range(run.batch)], dtype=np.int64)
+
+
+@dataclass
+class BatchGreedy:
+    tokens: list[list[int]]  # per row, n tokens
+    margins: list[list[float]]  # per row, greedy's top-2 margin at each token (empty when not asked for)
+    seconds: float
+    decodes: int  # timed [B, 1] forwards (n - 1: the first tokens are the prefill's)
+
+
+@dataclass
+class BatchRun:
+    tokens: list[list[int]]  # per row, what it emitted (n or a few more: a step emits up to k + 1)
+    accepted: list[list[int]]  # per row, its accepted drafts per step while it was decoding
+    steps: int
+    seconds: float
+    finished: list[float]  # per row, seconds from the start until it had its n tokens
+    split: dict = field(default_factory=dict)  # seconds per phase: decode, draft, verify, commit
+
+
+def _argmax_rows(logits) -> np.ndarray:
+    return logits.argmax(-1)
+
+
+def _margins(rows: np.ndarray) -> np.ndarray:
+    """Each row's top-2 gap (0 on a tie)."""
+    top2 = np.partition(rows.astype(np.float64), -2, axis=-1)[..., -2:]
+    return top2[..., 1] - top2[..., 0]
+
+
+def start(engine, batch_prompts: np.ndarray) -> dict:
+    """A new batch generation: state and plans reset, every row's prompt prefilled at [B, P] (eager, untimed)."""
+    check_engine(engine, batch_prompts)
+    st = engine.state
+    st.reset()
+    engine.mtp_state.kv[0][...] = 0
+    engine.mtp_state.kv[1][...] = 0
+    engine.target.new_generation()
+    engine.mtp.new_generation()
+    out = engine.forward(Slot.PRIMARY, batch_prompts, eager=True, label="prefill")
+    st.lengths[...] = batch_prompts.shape[1]
+    engine.opened = time.perf_counter()
+    engine.first_forward = engine.last_forward = None
+    return out
+
+
+def check_engine(engine, batch_prompts: np.ndarray) -> None:
+    """ValueError unless the prompts are [B, P] for the engine's batch B."""
+    if engine.batch < 2:
+        raise ValueError(f"mtplab.engine.batch decodes batch > 1 (this engine's run has batch={engine.batch}: use "
+                         "Engine.greedy / Engine.speculative)")
+    if batch_prompts.ndim != 2 or batch_prompts.shape[0] != engine.batch:
+        raise ValueError(f"prompts must be [B={engine.batch}, prompt_len], got {list(batch_prompts.shape)}")
+
+
+def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False) -> BatchGreedy:
+    """Greedy decoding of n tokens per row, [B, 1] per forward on Slot.PRIMARY (the first token is the prefill's)."""
+    st, forward = engine.state, engine.forward
+    out = start(engine, batch_prompts)
+    rows = out["logits"][:, -1]
+    tokens = [_argmax_rows(rows)]
+    gaps = [_margins(rows)] if margins else []
+    t0 = time.perf_counter()
+    while len(tokens) < n:
+        out = forward(Slot.PRIMARY, tokens[-1][:, None])
+        st.lengths += 1
+        rows = out["logits"][:, 0]
+        tokens.append(_argmax_rows(rows))
+        if margins:
+            gaps.append(_margins(rows))
+    seconds = time.perf_counter() - t0
+    host = np.stack(tokens, axis=1)
+    gap = np.stack(gaps, axis=1) if margins else np.zeros((engine.batch, 0))
+    return BatchGreedy(host.tolist(), gap.tolist(), seconds, n - 1)
+
+
+class RowKeeper:
+    """Puts rows' recurrent state back: the rows a forward should not have advanced (rows riding along)."""
+
+    def __init__(self, engine, name: str):
+        self.live = engine.state.recurrent_arrays()
+        self.kept = [engine.main.reserve(f"{name}.{i}", a.shape, a.dtype) for i, a in enumerate(self.live)]
+
+    def keep(self, rows) -> None:
+        for kept, live in zip(self.kept, self.live):
+            kept[rows] = live[rows]
+
+    def put_back(self, rows) -> None:
+        for kept, live in zip(self.kept, self.live):
+            live[rows] = kept[rows]
+
+
+def _gathered(engine):
+    """select's inputs on the host: every layer's transitions [L, B, 1, C*width] and conv inputs [L, B, M, C],
+    gathered from the verify's outputs (one concatenate each) into buffers kept per shape."""
+    desc = engine.desc
+    io, layout = desc.target, desc.transitions
+    layers = [s.layer for s in io.states if s.kind == "conv"]
+    names = [(io.select_outputs[i]["transitions"].name, io.select_outputs[i]["conv_input"].name) for i in layers]
+    buffers: dict = {}
+
+    def gather(ver: dict):
+        first_t, first_c = ver[names[0][0]], ver[names[0][1]]
+        key = (first_t.shape, first_c.shape)
+        bufs = buffers.get(key)
+        if bufs is None:
+            t = np.empty((len(layers), first_t.shape[0], 1, first_t.shape[1]), first_t.dtype)
+            bufs = buffers[key] = (t, layout.split(t), np.empty((len(layers), *first_c.shape), first_c.dtype))
+        np.concatenate([ver[t][None, :, None] for t, _ in names], out=bufs[0])
+        np.concatenate([ver[c][None] for _, c in names], out=bufs[2])
+        return bufs[1], bufs[2]
+
+    return tuple(layers), gather
+
+
+def select_rows(engine) -> Callable:
+    """select at batch B: commit(ver, counts, rows) replays each listed row's own count of transitions."""
+    desc, st = engine.desc, engine.state
+    if desc.select != "transitions":
+        raise ValueError(f"commit='select' at batch > 1 runs on GatedDeltaNet transitions (the built-in model); "
+                         f"{desc.name} selects by {desc.select or 'nothing'}")
+    layers, gather = _gathered(engine)
+    group = desc.transitions.group
+    channels_first = any("channels-first" in s.layout for s in desc.target.states if s.kind == "conv")
+
+    def commit(ver: dict, counts: np.ndarray, rows) -> None:
+        gdn, conv = st.stacked("recurrent", layers), st.stacked("conv", layers)
+        (decay, key, delta), conv_input = gather(ver)
+        if gdn is None or conv is None:  # layers in buffers of their own: a [1, B, ...] view of each
+            gdn = [st.gdn[i][None] for i in layers]
+            conv = [st.conv[i][None] for i in layers]
+            for j in range(len(layers)):
+                for b in rows:
+                    replay_transitions_closed(gdn[j][:, b], decay[j : j + 1, b], key[j : j + 1, b], delta[j : j + 1, b],
+                                              int(counts[b]), group)
+                    rebuild_conv(conv[j][:, b], conv_input[j : j + 1, b], int(counts[b]), channels_first)
+            return
+        for b in rows:  # every layer of row b at once
+            replay_transitions_closed(gdn[:, b], decay[:, b], key[:, b], delta[:, b], int(counts[b]), group)
+            rebuild_conv(conv[:, b], conv_input[:, b], int(counts[b]), channels_first)
+
+    return commit
+
+
+def readvance_m1_rows(engine) -> Callable:
+    """readvance-m1 at batch B: restore, then max count forwards at [B, 1]; rows with fewer ride along."""
+    st, keeper = engine.state, RowKeeper(engine, "batch-keep")
+
+    def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
+        engine.restore_state()
+        B = engine.batch
+        counts = np.where(np.isin(np.arange(B), rows), counts, 0)
+        for j in range(int(counts.max(initial=0))):
+            done = counts <= j
+            keeper.keep(np.flatnonzero(counts == j))  # rows whose tokens are all in: their state from now on
+            st.lengths[...] = start + np.minimum(j, counts)
+            tokens = ids[np.arange(B), np.minimum(j, np.maximum(counts - 1, 0))]
+            engine.forward(Slot.PRIMARY, tokens[:, None])
+            keeper.put_back(np.flatnonzero(done))
+
+    return commit
+
+
+def readvance_batched_rows(engine) -> Callable:
+    """readvance-batched at batch B: restore, then one [B, c] forward per distinct count c; other rows put back."""
+    st, keeper = engine.state, RowKeeper(engine, "batch-keep")
+
+    def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
+        engine.restore_state()
+        B = engine.batch
+        counts = np.where(np.isin(np.arange(B), rows), counts, 0)
+        held = np.zeros(B, dtype=np.int64)  # tokens each row holds so far
+        for c in sorted(set(counts[counts > 0].tolist())):
+            others = np.flatnonzero(counts != c)
+            keeper.keep(others)
+            st.lengths[...] = start + held
+            engine.forward(Slot.PRIMARY, ids[:, :c])
+            keeper.put_back(others)
+            held[counts == c] = c
+
+    return commit
+
+
+BATCH_COMMITS = {"select": select_rows, "readvance-m1": readvance_m1_rows, "readvance-batched": readvance_batched_rows}
+
+
+def batch_commit(engine) -> Callable:
+    """The run's commit strategy at batch B (ValueError for one that has no batched form)."""
+    name = engine.commit_strategy.name
+    if name not in BATCH_COMMITS:
+        raise ValueError(f"commit={name!r} has no batched form: batch > 1 runs commit in {list(BATCH_COMMITS)}")
+    return BATCH_COMMITS[name](engine)
+
+
+def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int) -> np.ndarray:
+    """k drafts per row [B, k] from the MTP head at [B, 1]: row b from its token `first[b]` and hidden[b] at
+    its own position."""
+    desc, io = engine.desc, engine.desc.mtp
+    drafts = np.empty((engine.batch, k), dtype=np.int64)
+    token, h = first, hidden
+    for i in range(k):
+        feeds, outputs, bound = mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i)
+        out = engine.mtp.run(Slot.PRIMARY, feeds, outputs, bound)
+        engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + 1
+        token = _argmax_rows(out[io.logits][:, 0])
+        h = out[io.hidden][:, 0]
+        drafts[:, i] = token
+    return drafts
+
+
+def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list[int]] | None = None,
+                on_commit: Callable | None = None) -> BatchRun:
+    """Speculative decoding of every row until it has n tokens; per-row tokens and accepted counts.
+
+    references: each row's greedy tokens (the oracle drafts from them; n + k + 1 each). on_commit(step, rows),
+    when given, is called after every step's commit with the rows it committed (the checked pass compares each
+    one's state there).
+    """
+    run, k, B = engine.run_cfg, engine.k, engine.batch
+    oracle = run.drafter == "oracle"
+    if oracle and (references is None or len(references) != B or min(map(len, references)) < n + k + 1):
+        raise ValueError(f"the oracle drafter drafts from each row's greedy reference: {B} references of at least "
+                         f"n + k + 1 = {n + k + 1} tokens")
+    commit, decode_first = batch_commit(engine), run.schedule == "decode-verify"
+    skip = 0 if decode_first else 1  # fused: the verify's first token was emitted by the step before
+    readvance = engine.commit_strategy.verify_in_place
+    st = engine.state
+    out = start(engine, batch_prompts)
+    first = _argmax_rows(out["logits"][:, -1])
+    emitted = [[int(t)] for t in first]
+    head = engine.head if not (oracle and run.oracle_free_drafts) else None
+    if head is not None:  # the head's KV: entry j pairs token j+1 with the target's hidden j
+        feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, np.concatenate([batch_prompts[:, 1:], first[:, None]], 1),
+                                       out["hidden"], np.zeros(B, np.int64))
+        engine.mtp.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+    oracles = [OracleDrafter(references[b], run.alpha, run.seed + b, engine.desc.vocab_size, None)
+               for b in range(B)] if oracle else []
+    for o in oracles:
+        o.prefill([0] * batch_prompts.shape[1], None)
+    engine.last_hidden[...] = out["hidden"][:, -1]
+    frozen_rows = RowKeeper(engine, "batch-frozen")
+    frozen_len = np.zeros(B, dtype=np.int64)
+    active = np.ones(B, dtype=bool)
+    accepted: list[list[int]] = [[] for _ in range(B)]
+    finished = [float("nan")] * B
+    phases, steps, all_rows = Phases(), 0, np.arange(B)
+    ids = np.empty((B, k + 1), dtype=np.int64)
+    engine.opened = time.perf_counter()
+    engine.first_forward = engine.last_forward = None
+    t0 = time.perf_counter()
+    while active.any():
+        phases.start()
+        pending = np.array([e[-1] for e in emitted], dtype=np.int64)
+        if decode_first:  # decode the pending token at [B, 1]; draft from its hidden state
+            dec = engine.forward(Slot.PRIMARY, pending[:, None])
+            st.lengths += 1
+            hidden = np.array(dec["hidden"][:, 0], dtype=np.float32)
+            first = _argmax_rows(dec["logits"][:, 0])
+        else:  # fused: draft from the pending token and the last committed position's hidden state
+            hidden, first = engine.last_hidden.copy(), pending
+        phases.lap("decode")
+        position = st.lengths - 1
+        drafts = draft_head(engine, first, hidden, position, k) if head is not None else None
+        if oracle:  # rows riding along draft nothing (their generator stays where a batch-1 run of the row ends)
+            drafts = np.zeros((B, k), dtype=np.int64)
+            for b in np.flatnonzero(active):
+                drafts[b] = oracles[b].draft(int(first[b]), None, int(position[b]), k)
+        phases.lap("draft")
+        ids[:, 0], ids[:, 1:] = first, drafts
+        if readvance:
+            engine.save_state()
+        verify_start = st.lengths.copy()
+        ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
+        targets = _argmax_rows(ver["logits"])  # [B, k+1]
+        match = drafts == targets[:, :k]
+        counts = np.where(match.all(1), k, match.argmin(1))  # drafts each row keeps
+        if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
+            engine.last_hidden[...] = ver["hidden"][all_rows, counts]
+        phases.lap("verify")
+        st.lengths[...] = verify_start
+        engine.target.rollback(Slot.PRIMARY)
+        rows = np.flatnonzero(active)
+        if readvance:
+            commit(ver, counts + 1, rows, ids, verify_start)
+        else:
+            commit(ver, counts + 1, rows)
+        st.lengths[...] = verify_start + counts + 1
+        engine.end_step()
+        steps += 1
+        now = time.perf_counter()
+        for b in rows:
+            c = int(counts[b])
+            accepted[b].append(c)
+            emitted[b] += ids[b, skip : c + 1].tolist() + [int(targets[b, c])]
+        if on_commit is not None:
+            on_commit(steps, rows)
+        done = [b for b in rows if len(emitted[b]) >= n]
+        for b in done:
+            active[b] = False
+            finished[b] = now - t0
+        if done:
+            frozen_rows.keep(done)
+            frozen_len[done] = st.lengths[done]
+        riding = np.flatnonzero(~active)
+        if riding.size:  # rows that have their tokens: state and length as they finished
+            frozen_rows.put_back(riding)
+            st.lengths[riding] = frozen_len[riding]
+        phases.lap("commit")
+    return BatchRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds)

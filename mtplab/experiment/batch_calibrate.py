@@ -1,0 +1,140 @@
+"""The cost model at batch B: T(B, M), the draft phase, greedy's step and each commit, measured at [B, *].
+
+What `mtplab.experiment.calibrate` measures at batch 1, measured the same way (interleaved over repeats,
+medians) on an Engine made for B rows: the target forward at [B, M] for M = 1..8 on replayed plans, the
+draft phase of k = 1..7 drafts at [B, 1] (host work included), greedy's cost per [B, 1] step (its loop), and
+each commit strategy's cost when every row commits n tokens, n = 1..8. The head's acceptance is the batch-1
+calibration's (a row drafts as a batch of one does). Cached per model, machine, threads, onnxruntime and B;
+`mtplab.measure.theory.predict_batch` turns it into a batch point's predicted speedup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from mtplab.base.threads import threads_used
+from mtplab.engine import batch as batching
+from mtplab.engine.engine import Engine
+from mtplab.experiment.calibrate import (
+    GREEDY_TOKENS,
+    MAX_M,
+    PROMPT_LEN,
+    REPEATS,
+    _calibration_run,
+    _median_time,
+    cache_key,
+    cache_path,
+    load_or_measure,
+)
+from mtplab.measure import stats
+from mtplab.measure.result import dumps, write_atomic
+from mtplab.runtime.executor import Slot
+
+
+def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEATS, reps: int = 3) -> dict:
+    """The batch-B calibration of one model on `threads` intra-op threads."""
+    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
+    run, art = _calibration_run(model, threads, k=MAX_M - 1, drafter="mtp", tokens=GREEDY_TOKENS + 1,
+                                max_recaptures=10**9, rounds=1, batch=batch)
+    engine = Engine(run, art)
+    st, B = engine.state, batch
+    prompts = batching.prompts(run.replace(prompt_len=PROMPT_LEN), engine.desc.vocab_size)
+    batching.start(engine, prompts)
+    L0 = st.lengths.copy()
+    ids = np.tile(prompts[:, :1], (1, MAX_M))
+    hidden = np.zeros((B, engine.desc.hidden_size), np.float32)
+
+    def forward(M: int) -> dict:
+        st.lengths[...] = L0
+        if M == 1:
+            return engine.forward(Slot.PRIMARY, ids[:, :1])
+        return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False)
+
+    def greedy_step() -> float:
+        g = batching.greedy(engine, prompts, GREEDY_TOKENS + 1)
+        return g.seconds / g.decodes
+
+    def commit(strategy: str, n: int) -> float:
+        engine.use_commit(strategy)
+        apply = batching.batch_commit(engine)
+        st.lengths[...] = L0
+        ver = None if engine.commit_strategy.verify_in_place else forward(MAX_M)
+        engine.save_state()
+        counts, rows = np.full(B, n), np.arange(B)
+        times = []
+        for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
+            st.lengths[...] = L0
+            t0 = time.perf_counter()
+            if engine.commit_strategy.verify_in_place:
+                apply(ver, counts, rows, ids, L0)
+            else:
+                apply(ver, counts, rows)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times[1:]))
+
+    from mtplab.engine.engine import commits_on
+
+    strategies, skipped = commits_on(engine.desc)
+    samples: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for M in range(1, MAX_M + 1):
+            forward(M)
+            samples.setdefault(f"target/{M}", []).append(_median_time(lambda M=M: forward(M), reps))
+        for k in range(1, MAX_M):
+            samples.setdefault(f"draft/{k}", []).append(_median_time(
+                lambda k=k: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps))
+        samples.setdefault("greedy_token", []).append(float(np.median([greedy_step() for _ in range(reps)])))
+        batching.start(engine, prompts)
+        for strategy in strategies:
+            for n in range(1, MAX_M + 1):
+                samples.setdefault(f"commit/{strategy}/{n}", []).append(commit(strategy, n))
+    summary = {name: stats.summarize(v) for name, v in samples.items()}
+
+    def table(prefix: str) -> dict:
+        return {name[len(prefix):]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
+
+    return {
+        "key": batch_key(model, threads, batch, repeats),
+        "batch": B,
+        "repeats": repeats,
+        "reps_per_sample": reps,
+        "target": table("target/"),
+        "draft": table("draft/"),
+        "head": summary["draft/1"]["median"],
+        "greedy_token": summary["greedy_token"]["median"],
+        "commit": {s: table(f"commit/{s}/") for s in strategies},
+        "commits_skipped": skipped,
+        "ci": {name: s["ci"] for name, s in summary.items()},
+        "seconds": time.perf_counter() - t_start,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def batch_key(model: str, threads: int, batch: int, repeats: int = REPEATS) -> dict:
+    """The batch-1 calibration's key with the batch added."""
+    return cache_key(model, threads_used(threads), repeats) | {"batch": batch}
+
+
+def load_or_measure_batch(model: str, batch: int, say=print, threads: int = 0) -> dict:
+    """The cached batch-B calibration (measured first when missing), with the head's acceptance from the
+    batch-1 calibration (measured too when missing)."""
+    if batch == 1:
+        return load_or_measure(model, say=say, threads=threads)
+    key = batch_key(model, threads, batch)
+    path = cache_path(key)
+    calib = None
+    if path.exists():
+        try:
+            calib = json.loads(path.read_text())
+        except (OSError, ValueError):
+            calib = None
+    if calib is None or calib.get("key") != key:
+        say(f"no calibration for {key['preset']} at batch {batch} on {key['threads']} threads: measuring it")
+        calib = measure_batch(model, batch, threads)
+        write_atomic(path, dumps(calib, indent=1))
+    return calib | {"mtp_acceptance": load_or_measure(model, say=say, threads=threads)["mtp_acceptance"]}

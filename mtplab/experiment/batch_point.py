@@ -1,0 +1,139 @@
+"""One batch point (run.batch = B > 1): greedy at [B, 1] against speculative with per-row acceptance and commit.
+
+The checked pass (mtplab.check.batch) holds every row to its own greedy and its own lockstep reference; then
+paired rounds, the order alternating, time greedy and speculative over the whole batch. Both sides count
+every row's tokens after its prefill token up to the n-th (B * (n - 1)), so a round's speedup is greedy's
+seconds over speculative's. Each timed run must repeat the checked run's tokens and accepted counts, row by
+row. The prediction comes from the batch calibration (T(B, M), mtplab.experiment.batch_calibrate).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from mtplab.check import verdict as oracle
+from mtplab.check.batch import checked_batch
+from mtplab.engine import batch
+from mtplab.engine.engine import Engine
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.shared import acceptance_alpha, check_engine
+from mtplab.measure import rounds as measure
+from mtplab.measure import stats, theory
+from mtplab.measure.env import environment
+from mtplab.measure.result import RunResult
+
+
+def _counters(engine: Engine) -> dict:
+    return engine.target.counters() | engine.mtp.counters()
+
+
+def _record(sample: dict, side: str, rows: list[list[int]], n: int, seconds: float) -> None:
+    prefix = "greedy_" if side == "greedy" else ""
+    count = sum(measure.counted(t, n) for t in rows)
+    sample[f"{prefix}counted"] = count
+    sample[f"{prefix}tokens_per_s"] = measure.rate(count, seconds)
+    sample[f"{prefix}seconds"] = seconds
+
+
+def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
+                    calibration: dict | None = None) -> RunResult:
+    """The checked pass, `run.rounds` paired timed rounds of the whole batch, and the prediction at B."""
+    if engine is not None:
+        check_engine(run, engine, artifact)
+    engine = engine or Engine(run, artifact)
+    B, k, n = run.batch, run.k, run.tokens
+    prompts = batch.prompts(run, engine.desc.vocab_size)
+    before = _counters(engine)
+    checked = checked_batch(engine, prompts, n)
+    slots = {s: {c: v - before.get(s, {}).get(c, 0) for c, v in cs.items()} for s, cs in _counters(engine).items()}
+    forwards = dict(engine.forwards)
+    problems: list[str] = []
+    plan = measure.RoundsPlan.of(run)
+    samples: list[dict] = []
+    split: dict = {}
+    row_seconds: list[list[float]] = [[] for _ in range(B)]
+    spec = checked.spec
+    for r in plan.rounds(samples):
+        order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
+        sample = measure.paired_round(r, order)
+        for side in order:
+            if side == "greedy":
+                g = batch.greedy(engine, prompts, n)
+                _record(sample, side, g.tokens, n, g.seconds)
+                if g.tokens != [t[:n] for t in checked.greedy.tokens]:
+                    problems.append(f"round {r}: a timed greedy run's tokens differ from the checked run's")
+            else:
+                spec = batch.speculative(engine, prompts, n, references=checked.greedy.tokens)
+                _record(sample, side, spec.tokens, n, spec.seconds)
+                sample["steps"] = spec.steps
+                split = {key: split.get(key, 0.0) + v for key, v in spec.split.items()}
+                for b, s in enumerate(spec.finished):
+                    row_seconds[b].append(s)
+                if spec.tokens != checked.spec.tokens or spec.accepted != checked.spec.accepted:
+                    problems.append(f"round {r}: a timed speculative run's tokens or accepted counts differ from the "
+                                    "checked run's")
+        samples.append(measure.close_round(sample))
+    calibration = calibration if calibration is not None else calibration_for_batch(run)
+    alpha, alpha_source = acceptance_alpha(run, calibration)
+    predicted = theory.predict_batch(alpha, k, run.schedule, run.commit, calibration, n, B) if (
+        alpha is not None and str(k + 1) in calibration["target"]) else None
+    accepted = [a for row in spec.accepted for a in row]  # pooled over the rows
+    steps = len(accepted)
+    generated = sum(len(t) - 1 for t in spec.tokens)
+    acceptance = measure.acceptance(steps, int(sum(accepted)), steps * k, generated, accepted, k)
+    per_row = [{
+        "row": b,
+        "seed": run.seed + b,
+        "steps": len(spec.accepted[b]),
+        "acceptance_length": 1.0 + (float(np.mean(spec.accepted[b])) if spec.accepted[b] else 0.0),
+        "tokens_per_s": stats.median([measure.rate(n - 1, s) for s in row_seconds[b]]),
+        "lossless": checked.rows[b]["token_identical"] and checked.rows[b]["state_first_divergence"] is None,
+    } for b in range(B)]
+    result = measure.run_result(
+        samples, n, acceptance,
+        predicted={"speedup": predicted["speedup"], "alpha": alpha} if predicted else None,
+        config=run.to_dict(),
+        model=engine.art.identity(),
+        prompt=[int(t) for t in prompts[0]],
+        tokens=checked.greedy.tokens[0][:n],
+        forwards=forwards,
+        time_split={key: v / len(samples) for key, v in split.items()},
+        slots=slots,
+        greedy_slots={},
+        slot_reasons={engine.target.labels[s]: st.reason for s, st in engine.target.state.items()},
+        arena={name: a.stats() for name, a in engine.arenas.items()},
+        identity=checked.identity | {"per_row": checked.rows, "timed_audit": {"problems": problems,
+                                                                              "problem_count": len(problems)}},
+        theory=(predicted or {}) | {"alpha_source": alpha_source},
+        env=environment(run.backend, run.threads) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
+        extra={
+            "batch": {
+                "rows": B,
+                "per_row": per_row,
+                "step_seconds": stats.median([s["seconds"] / s["steps"] for s in samples if s.get("steps")]),
+                "pooled_acceptance_length": acceptance["acceptance_length"],
+            },
+            "greedy_baseline": f"paired rounds, greedy at [B={B}, 1]",
+            "calibration": calibration["key"],
+            "calibration_measured": {"at": calibration.get("measured_at"), "load": calibration.get("load"),
+                                     "source": "cached on this machine"},
+            "rounds": plan.outcome,
+        },
+    )
+    ok, text = oracle.verdict(checked.identity)
+    if ok and problems:
+        ok, text = False, "RUN CHECK FAILED: " + problems[0]
+    if not ok:
+        oracle.shout(text)
+    result.lossless, result.verdict = ok, text
+    return result
+
+
+def calibration_for_batch(run: RunConfig, say=print) -> dict:
+    """The cached batch calibration for the run's model, threads and batch (measured when missing)."""
+    from mtplab.experiment.batch_calibrate import load_or_measure_batch
+
+    return load_or_measure_batch(run.model, run.batch, say=say, threads=run.threads)

@@ -1,0 +1,112 @@
+"""The report's batch section: speedup against the batch B for each k, and the break-even batch where MTP stops
+beating greedy, measured and predicted (mtplab.measure.theory.predict_batch, from the calibration at each B)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from mtplab.report.plots import _ci_err, _k_color
+from mtplab.report.selection import batch_rows
+
+SERIES = ["setting", "k", "schedule", "commit"]  # one line per series, drawn against B
+
+
+def break_even(batch: list[int], speedup: list[float]) -> tuple[float | None, str]:
+    """(B where the speedup falls through 1, in words): interpolated in log2 B between the last B at or above 1
+    and the first below it; None when it is below greedy from the first B or never falls below 1."""
+    pairs = [(b, s) for b, s in sorted(zip(batch, speedup)) if s == s]
+    if not pairs:
+        return None, "no points"
+    if pairs[0][1] < 1.0:
+        return None, f"below greedy from B={pairs[0][0]}"
+    for (b0, s0), (b1, s1) in zip(pairs, pairs[1:]):
+        if s1 < 1.0:
+            x = math.log2(b0) + (s0 - 1.0) / (s0 - s1) * (math.log2(b1) - math.log2(b0))
+            return 2**x, f"B ~ {2**x:.1f}"
+    return None, f"still ahead at B={pairs[-1][0]}"
+
+
+def break_even_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per series (drafter setting, k, schedule, commit): the measured and predicted break-even batch."""
+    rows = batch_rows(df)
+    out = []
+    for key, s in rows.groupby(SERIES):
+        s = s.sort_values("batch")
+        _, measured = break_even(s.batch.tolist(), s.speedup.tolist())
+        predicted = "no prediction"
+        if "predicted.speedup" in s and s["predicted.speedup"].notna().all():
+            _, predicted = break_even(s.batch.tolist(), s["predicted.speedup"].tolist())
+        out.append(dict(zip(SERIES, key)) | {
+            "batches": ", ".join(str(b) for b in s.batch),
+            "speedups": ", ".join(f"{v:.2f}" for v in s.speedup),
+            "measured break-even": measured, "predicted break-even": predicted})
+    return pd.DataFrame(out)
+
+
+def findings(df: pd.DataFrame) -> str:
+    """The break-even batches in words, a line per drafter setting and schedule."""
+    table = break_even_table(df)
+    if table.empty:
+        return ""
+    lines = []
+    for (setting, schedule, commit), t in table.groupby(["setting", "schedule", "commit"]):
+        parts = [f"k={r.k}: {r['measured break-even']} (predicted {r['predicted break-even']})" for _, r in t.iterrows()]
+        lines.append(f"- **{setting}**, {schedule}, {commit}: MTP stops beating greedy at " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def speedup_vs_batch(df: pd.DataFrame):
+    """Speedup over greedy at the same B against B (log2 axis), a panel per drafter setting and schedule, a line per
+    k with its 95% CI; the prediction from the calibration at each B dashed."""
+    rows = batch_rows(df)
+    panels = sorted(rows.groupby(["setting", "schedule", "commit"]).groups)
+    cols = min(3, len(panels))
+    fig, axes = plt.subplots(math.ceil(len(panels) / cols), cols, figsize=(4.4 * cols, 3.6 * math.ceil(len(panels) / cols)),
+                             squeeze=False)
+    ks = sorted(rows.k.unique())
+    for ax, (setting, schedule, commit) in zip(axes.flat, panels):
+        part = rows[(rows.setting == setting) & (rows.schedule == schedule) & (rows.commit == commit)]
+        for k in ks:
+            s = part[part.k == k].sort_values("batch")
+            if s.empty:
+                continue
+            color = _k_color(k, ks)
+            yerr = _ci_err(s.speedup, s.speedup_ci) if "speedup_ci" in s else None
+            ax.errorbar(s.batch, s.speedup, yerr=yerr, fmt="o-", ms=4, color=color, capsize=2, label=f"k={k}")
+            if "predicted.speedup" in s and s["predicted.speedup"].notna().any():
+                ax.plot(s.batch, s["predicted.speedup"], "--", color=color, alpha=0.7)
+        ax.axhline(1.0, color="gray", lw=1)
+        ax.set_xscale("log", base=2)
+        bs = sorted(part.batch.unique())
+        ax.set_xticks(bs, [str(b) for b in bs])
+        ax.set_xlabel("batch B (rows decoded together)")
+        ax.set_ylabel("speedup over greedy at the same B (x)")
+        ax.set_title(f"{setting}\n{schedule}, {commit}", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle("Where MTP stops paying as the batch grows (solid: measured, dashed: predicted)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def per_row_spread(df: pd.DataFrame) -> pd.DataFrame:
+    """Per batch point: the rows' acceptance lengths and tokens/s, lowest to highest (rows accept on their own)."""
+    rows = batch_rows(df)
+    rows = rows[rows.batch > 1]
+    out = []
+    for _, r in rows.iterrows():
+        extra = r.get("extra")
+        detail = ((json.loads(extra) if isinstance(extra, str) else extra or {}).get("batch")) or {}
+        acc = [p["acceptance_length"] for p in detail.get("per_row", [])]
+        tps = [p["tokens_per_s"] for p in detail.get("per_row", [])]
+        step = detail.get("step_seconds")
+        out.append({"point": r.get("point_id", ""), "B": r.batch, "k": r.k, "setting": r.setting,
+                    "acceptance length per row": f"{min(acc):.2f}-{max(acc):.2f}" if acc else "-",
+                    "tokens/s per row": f"{min(tps):.0f}-{max(tps):.0f}" if tps else "-",
+                    "step (ms)": f"{step * 1e3:.2f}" if step is not None else "-"})
+    return pd.DataFrame(out)

@@ -1,0 +1,166 @@
+"""Batches (mtplab.engine.batch, mtplab.check.batch): B rows decoded together, each one lossless on its own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from mtplab.check.batch import checked_batch
+from mtplab.check.verdict import verdict
+from mtplab.engine import batch
+from mtplab.engine.engine import Engine, batch_problem
+from mtplab.experiment.config import ConfigError, RunConfig, point_id
+
+N = 40
+
+
+def batch_run(B: int, commit: str = "select", schedule: str = "decode-verify", drafter: str = "oracle") -> RunConfig:
+    extra = {"alpha": 0.6} if drafter == "oracle" else {}
+    return RunConfig(model="tiny", k=3, drafter=drafter, commit=commit, schedule=schedule, batch=B, tokens=N,
+                     threads=1, **extra)
+
+
+@pytest.mark.parametrize("B", [2, 4])
+def test_each_rows_greedy_is_its_own_batch_of_one(tiny, B):
+    run = batch_run(B)
+    engine = Engine(run, tiny)
+    prompts = batch.prompts(run, engine.desc.vocab_size)
+    got = batch.greedy(engine, prompts, 24)
+    one = Engine(run.replace(batch=1), tiny)
+    assert [one.greedy([int(t) for t in prompts[b]], 24).tokens for b in range(B)] == got.tokens
+    assert len({tuple(t) for t in got.tokens}) == B  # distinct prompts, distinct rows
+
+
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+@pytest.mark.parametrize("commit", ["select", "readvance-m1", "readvance-batched"])
+@pytest.mark.parametrize("B", [2, 4])
+def test_every_commit_is_lossless_per_row(tiny, B, commit, schedule):
+    run = batch_run(B, commit, schedule)
+    engine = Engine(run, tiny)
+    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    ok, message = verdict(checked.identity)
+    assert ok, message
+    assert "each of the" in message
+    spec = checked.spec
+    for b, row in enumerate(checked.rows):
+        assert row["token_identical"] and spec.tokens[b][:N] == checked.greedy.tokens[b][:N]
+        assert row["state_commits_checked"] == len(spec.accepted[b]) + 1  # after every commit, and at the end
+        if commit == "readvance-m1":  # the reference's own M=1 kernels, row by row
+            assert row["state_bitwise"]
+    # rows accepted different counts in the same step, and some row had its tokens before the others
+    assert any(len({a[i] for a in spec.accepted if i < len(a)}) > 1 for i in range(spec.steps))
+    assert min(len(a) for a in spec.accepted) < spec.steps
+
+
+@pytest.mark.parametrize("drafter", ["oracle", "mtp"])
+def test_row_zero_is_the_batch_of_one_run(tiny, drafter):
+    """Row 0 has the batch-1 prompt and oracle seed: the same tokens and the same accepted counts, step by step."""
+    run = batch_run(3, drafter=drafter)
+    engine = Engine(run, tiny)
+    prompts = batch.prompts(run, engine.desc.vocab_size)
+    greedy = batch.greedy(engine, prompts, N + run.k + 1)
+    spec = batch.speculative(engine, prompts, N, references=greedy.tokens)
+    one = Engine(run.replace(batch=1), tiny)
+    alone = one.speculative([int(t) for t in prompts[0]], N, reference=greedy.tokens[0])
+    assert alone["tokens"] == spec.tokens[0] and alone["accepted"] == spec.accepted[0]
+
+
+def _planted(monkeypatch, name: str, wrap) -> None:
+    original = batch.BATCH_COMMITS[name]
+    monkeypatch.setitem(batch.BATCH_COMMITS, name, lambda engine: wrap(original(engine)))
+
+
+def test_a_commit_that_mixes_up_rows_is_caught_and_named(tiny, monkeypatch):
+    """Planted: select replays row 0's count into row 1 and the other way round."""
+
+    def swapped(commit):
+        def wrong(ver, counts, rows):
+            counts = counts.copy()
+            counts[[0, 1]] = counts[[1, 0]]
+            commit(ver, counts, rows)
+        return wrong
+
+    _planted(monkeypatch, "select", swapped)
+    run = batch_run(2)
+    engine = Engine(run, tiny)
+    ok, message = verdict(checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N).identity)
+    assert not ok and "LOSSLESS CHECK FAILED: row " in message and "of 2" in message
+
+
+def test_a_riding_row_keeps_the_state_it_finished_with(tiny, monkeypatch):
+    """Planted: the state rows of finished rows are not put back; the end-of-run check of that row fails."""
+    monkeypatch.setattr(batch.RowKeeper, "put_back", lambda self, rows: None)
+    run = batch_run(4)
+    engine = Engine(run, tiny)
+    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    ok, message = verdict(checked.identity)
+    assert not ok and "committed state differs" in message
+
+
+def test_batch_refusals_say_what_is_allowed(tiny):
+    with pytest.raises(ConfigError, match="refuses any batch size but 1"):
+        RunConfig(model="tiny", batch=2, engine="ort-genai")
+    with pytest.raises(ConfigError, match="decodes greedily"):
+        RunConfig(model="tiny", batch=2, temperature=0.7, acceptance="rejection-sampling")
+    with pytest.raises(ConfigError, match="batch"):
+        RunConfig(model="tiny", batch=0)
+    desc = tiny.description
+    no_query = dataclasses.replace(desc, target=dataclasses.replace(desc.target, query_seqlens=False))
+    assert batch_problem(1, no_query) is None
+    assert "query_seqlens" in batch_problem(2, no_query)
+    engine = Engine(batch_run(2), tiny)
+    with pytest.raises(ValueError, match=r"prompts must be \[B=2, prompt_len\]"):
+        batch.greedy(engine, np.zeros((3, 8), dtype=np.int64), 4)
+    with pytest.raises(ValueError, match="batch > 1"):
+        batch.greedy(Engine(batch_run(1), tiny), np.zeros((1, 8), dtype=np.int64), 4)
+
+
+def test_batch_one_keeps_its_point_id():
+    assert point_id(RunConfig(model="tiny")) == point_id(RunConfig(model="tiny", batch=1))
+    assert point_id(RunConfig(model="tiny", batch=4)).endswith("-b4")
+
+
+def test_a_batch_point_reports_rows_and_its_prediction(tiny):
+    from mtplab.experiment.point import result_text, run_point
+
+    run = batch_run(2).replace(rounds=2, tokens=24)
+    result = run_point(run, tiny)
+    assert result.lossless, result.verdict
+    detail = result.extra["batch"]
+    assert [r["row"] for r in detail["per_row"]] == [0, 1] and all(r["lossless"] for r in detail["per_row"])
+    assert result.predicted["speedup"] > 0 and result.theory["batch"] == 2
+    assert all(s["counted"] == 2 * (24 - 1) == s["greedy_counted"] for s in result.round_samples)
+    assert "batch of 2" in result_text(result) and result.identity["timed_audit"]["problems"] == []
+
+
+def test_break_even_is_where_the_speedup_falls_through_one():
+    from mtplab.report.batches import break_even
+
+    at, text = break_even([1, 2, 4, 8], [1.5, 1.2, 0.9, 0.7])
+    assert 2 < at < 4 and at == pytest.approx(2 ** (1 + 0.2 / 0.3)) and text.startswith("B ~ 3.2")
+    assert break_even([1, 2, 4], [0.9, 0.8, 0.7]) == (None, "below greedy from B=1")
+    assert break_even([1, 2, 4], [1.9, 1.5, 1.1]) == (None, "still ahead at B=4")
+
+
+def test_the_report_draws_speedup_against_batch(tiny):
+    import pandas as pd
+
+    from mtplab.experiment.point import run_point
+    from mtplab.report import batches, selection
+
+    rows = [run_point(batch_run(B).replace(rounds=1, tokens=16), tiny).row() for B in (1, 2)]
+    df = pd.DataFrame(rows).rename(columns=lambda c: c.split(".", 1)[1] if c.startswith("config.") else c)
+    assert selection.figures_for(df)["batch"] and len(selection.batch_one(df)) == 1
+    table = batches.break_even_table(df)
+    assert list(table.batches) == ["1, 2"] and table.setting[0] == "oracle alpha=0.6"
+    assert len(batches.per_row_spread(df)) == 1
+    fig = batches.speedup_vs_batch(df)
+    assert [ax.get_xlabel() for ax in fig.axes if ax.get_visible()] == ["batch B (rows decoded together)"]
+
+
+def test_a_batch_engine_refuses_the_one_sequence_calls(tiny):
+    engine = Engine(batch_run(2), tiny)
+    with pytest.raises(ValueError, match="mtplab.engine.batch"):
+        engine.greedy([1, 2, 3], 4)
