@@ -164,3 +164,14 @@ def test_a_batch_engine_refuses_the_one_sequence_calls(tiny):
     engine = Engine(batch_run(2), tiny)
     with pytest.raises(ValueError, match="mtplab.engine.batch"):
         engine.greedy([1, 2, 3], 4)
+
+
+def test_select_commits_layer_by_layer_when_the_states_are_not_stacked(tiny, monkeypatch):
+    """The per-layer form (a preset whose state rows would lose alignment in one buffer) is lossless too."""
+    from mtplab.runtime.sessions import TargetState
+
+    monkeypatch.setattr(TargetState, "stacked", lambda self, kind, layers: None)
+    run = batch_run(2)
+    engine = Engine(run, tiny)
+    ok, message = verdict(checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N).identity)
+    assert ok, message

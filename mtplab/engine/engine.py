@@ -194,8 +194,8 @@ class Engine:
         if key is None:
             key = self._keys[(slot, label, M)] = f"{label or self.target.labels[slot]}/M={M}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
-        if self.watch is not None:
-            self.watch(key, self.state.length, out)
+        if self.watch is not None:  # the position: a batch's longest row
+            self.watch(key, self.state.length if self.batch == 1 else int(self.state.lengths.max()), out)
         self.last_forward = time.perf_counter()
         return out
 

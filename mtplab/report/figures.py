@@ -191,11 +191,15 @@ def batch(ok: pd.DataFrame):
         "slowest row. Break-even: where the speedup falls through 1, interpolated in log2 B.\n\n"
         + batches.findings(ok)
     )
-    display(HTML(batches.break_even_table(ok).to_html(index=False)))
+    _display(batches.speedup_vs_batch(ok))
+    _markdown("**Break-even batch per series** (the speedups at each B, in order):")
+    display(HTML(batches.break_even_table(ok).to_html(index=False, classes="counters")))
     spread = batches.per_row_spread(ok)
     if len(spread):
-        display(HTML(spread.to_html(index=False)))
-    return batches.speedup_vs_batch(ok)
+        display(HTML(f"<details><summary>Rows within each batch point ({len(spread)} points: each row's acceptance "
+                     "length and tokens/s until it had its tokens, lowest to highest; the step's latency)</summary>"
+                     + spread.to_html(index=False, classes="counters") + "</details>"))
+    return None
 
 
 batch.all_batches = True
