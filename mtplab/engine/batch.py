@@ -183,14 +183,18 @@ def select_rows(engine) -> Callable:
     return commit
 
 
+def _restored(engine, counts: np.ndarray, rows) -> np.ndarray:
+    """A re-advance's start: the state from before the verify put back; each row's count, 0 for rows not listed."""
+    engine.restore_state()
+    return np.where(np.isin(np.arange(engine.batch), rows), counts, 0)
+
+
 def readvance_m1_rows(engine) -> Callable:
     """readvance-m1 at batch B: restore, then max count forwards at [B, 1]; rows with fewer ride along."""
-    st, keeper = engine.state, RowKeeper(engine, "batch-keep")
+    st, keeper, B = engine.state, RowKeeper(engine, "batch-keep"), engine.batch
 
     def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
-        engine.restore_state()
-        B = engine.batch
-        counts = np.where(np.isin(np.arange(B), rows), counts, 0)
+        counts = _restored(engine, counts, rows)
         for j in range(int(counts.max(initial=0))):
             done = counts <= j
             keeper.keep(np.flatnonzero(counts == j))  # rows whose tokens are all in: their state from now on
@@ -204,12 +208,10 @@ def readvance_m1_rows(engine) -> Callable:
 
 def readvance_batched_rows(engine) -> Callable:
     """readvance-batched at batch B: restore, then one [B, c] forward per distinct count c; other rows put back."""
-    st, keeper = engine.state, RowKeeper(engine, "batch-keep")
+    st, keeper, B = engine.state, RowKeeper(engine, "batch-keep"), engine.batch
 
     def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
-        engine.restore_state()
-        B = engine.batch
-        counts = np.where(np.isin(np.arange(B), rows), counts, 0)
+        counts = _restored(engine, counts, rows)
         held = np.zeros(B, dtype=np.int64)  # tokens each row holds so far
         for c in sorted(set(counts[counts > 0].tolist())):
             others = np.flatnonzero(counts != c)
