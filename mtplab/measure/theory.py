@@ -183,10 +183,11 @@ def steps_cdf(alpha: float, k: int, schedule: str, tokens: int) -> np.ndarray:
     need = max(tokens - 1, 0)
     done = np.zeros(need + 1)  # done[m]: P(finished within s steps with m tokens still to make)
     done[0] = 1.0
+    left = np.arange(need + 1)
     cdf = [done[need]]
-    while cdf[-1] < 1.0 - 1e-12 and len(cdf) <= need + 1:
-        done = np.array([1.0] + [sum(p * done[max(m - (j + extra), 0)] for j, p in enumerate(dist))
-                                 for m in range(1, need + 1)])
+    while cdf[-1] < 1.0 - 1e-12 and len(cdf) <= need + 1:  # every step makes a token at least
+        done = sum(p * done[np.maximum(left - (j + extra), 0)] for j, p in enumerate(dist))
+        done[0] = 1.0
         cdf.append(done[need])
     return np.array(cdf)
 
