@@ -54,17 +54,20 @@ def test_every_commit_is_lossless_per_row(tiny, B, commit, schedule):
     assert min(len(a) for a in spec.accepted) < spec.steps
 
 
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
 @pytest.mark.parametrize("drafter", ["oracle", "mtp"])
-def test_row_zero_is_the_batch_of_one_run(tiny, drafter):
-    """Row 0 has the batch-1 prompt and oracle seed: the same tokens and the same accepted counts, step by step."""
-    run = batch_run(3, drafter=drafter)
+def test_every_row_is_the_batch_of_one_run_of_its_seed(tiny, drafter, schedule):
+    """Row b has the prompt and oracle seed of the batch-1 run at seed + b, and drafts at its own position: the same
+    tokens and the same accepted counts, step by step."""
+    run = batch_run(3, schedule=schedule, drafter=drafter)
     engine = Engine(run, tiny)
     prompts = batch.prompts(run, engine.desc.vocab_size)
     greedy = batch.greedy(engine, prompts, N + run.k + 1)
     spec = batch.speculative(engine, prompts, N, references=greedy.tokens)
-    one = Engine(run.replace(batch=1), tiny)
-    alone = one.speculative([int(t) for t in prompts[0]], N, reference=greedy.tokens[0])
-    assert alone["tokens"] == spec.tokens[0] and alone["accepted"] == spec.accepted[0]
+    for b in range(3):
+        one = Engine(run.replace(batch=1, seed=run.seed + b), tiny)
+        alone = one.speculative([int(t) for t in prompts[b]], N, reference=greedy.tokens[b])
+        assert alone["tokens"] == spec.tokens[b] and alone["accepted"] == spec.accepted[b], f"row {b}"
 
 
 def _planted(monkeypatch, name: str, wrap) -> None:
@@ -151,13 +154,21 @@ def test_the_report_draws_speedup_against_batch(tiny):
     from mtplab.report import batches, selection
 
     rows = [run_point(batch_run(B).replace(rounds=1, tokens=16), tiny).row() for B in (1, 2)]
-    df = pd.DataFrame(rows).rename(columns=lambda c: c.split(".", 1)[1] if c.startswith("config.") else c)
+    # store.load's form: the model record aside, the generated ids renamed, config fields by name
+    df = pd.DataFrame(rows).drop(columns="model").rename(columns={"tokens": "generated_tokens"})
+    df = df.rename(columns=lambda c: c.split(".", 1)[1] if c.startswith("config.") else c)
     assert selection.figures_for(df)["batch"] and len(selection.batch_one(df)) == 1
     table = batches.break_even_table(df)
     assert list(table.batches) == ["1, 2"] and table.setting[0] == "oracle alpha=0.6"
     assert len(batches.per_row_spread(df)) == 1
     fig = batches.speedup_vs_batch(df)
     assert [ax.get_xlabel() for ax in fig.axes if ax.get_visible()] == ["batch B (rows decoded together)"]
+    # points repeated at one B are one median per B; a field that varies (tokens) splits the series
+    twice = pd.concat([df, df.assign(speedup=df.speedup * 2)])
+    assert list(batches.break_even_table(twice).batches) == ["1, 2"]
+    other = pd.concat([df, df.assign(tokens=17)])
+    assert len(batches.break_even_table(other)) == 2 and "tokens" in batches.break_even_table(other)
+    assert batches.break_even_table(df[df.batch == 1]).empty  # one batch size: nothing to draw against B
 
 
 def test_a_batch_engine_refuses_the_one_sequence_calls(tiny):
@@ -175,3 +186,24 @@ def test_select_commits_layer_by_layer_when_the_states_are_not_stacked(tiny, mon
     engine = Engine(run, tiny)
     ok, message = verdict(checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N).identity)
     assert ok, message
+
+
+def test_a_bitwise_commit_is_held_to_a_tolerance_at_batch_b():
+    """int4 weights: MatMulNBits rounds a [4, 1] decode apart from a [1, 1] one, so readvance-m1's state is not
+    bitwise against the batch-1 reference at B = 4, and the rule says why instead of failing the run."""
+    run = RunConfig(model="tiny", int4=True, k=3, drafter="mtp", commit="readvance-m1", schedule="fused", batch=4,
+                    tokens=N, threads=1)
+    engine = Engine(run)
+    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    ok, message = verdict(checked.identity)
+    assert ok, message
+    assert "at batch 4 its [B, M] forwards may round apart" in checked.identity["state_rule"]
+    assert checked.identity["state_max_rel_diff"] <= 1e-5
+
+
+def test_a_result_stored_before_batches_still_matches_its_point():
+    from mtplab.sweep.store import same_config
+
+    run = RunConfig(model="tiny")
+    before = {k: v for k, v in run.to_dict().items() if k != "batch"}  # a result.json from before the field
+    assert same_config(before, run.to_dict()) and not same_config(before, run.replace(batch=2).to_dict())

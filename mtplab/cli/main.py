@@ -180,10 +180,10 @@ def _run(args) -> int:
             check_run_on_model(run, model.description)
         calibration = None
         if run.engine == "mtplab":  # the cached calibration, measured first when missing (and said so)
-            from mtplab.experiment.calibrate import load_or_measure
+            from mtplab.experiment.batch_calibrate import load_or_measure_batch
 
             say = lambda m: print(f"mtplab run: {m}", file=sys.stderr)  # noqa: E731
-            calibration = load_or_measure(run.model, say=say, threads=run.threads)
+            calibration = load_or_measure_batch(run.model, run.batch, say=say, threads=run.threads)
         result = run_point(run, model, calibration=calibration)
     except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
         print(f"mtplab run: {err}", file=sys.stderr)

@@ -228,11 +228,14 @@ BATCH_COMMITS = {"select": select_rows, "readvance-m1": readvance_m1_rows, "read
 
 
 def batch_commit(engine) -> Callable:
-    """The run's commit strategy at batch B (ValueError for one that has no batched form)."""
+    """The run's commit strategy at batch B, prepared once per engine (ValueError for one with no batched form)."""
     name = engine.commit_strategy.name
     if name not in BATCH_COMMITS:
         raise ValueError(f"commit={name!r} has no batched form: batch > 1 runs commit in {list(BATCH_COMMITS)}")
-    return BATCH_COMMITS[name](engine)
+    key = ("batch", name, BATCH_COMMITS[name])
+    if key not in engine._prepared:
+        engine._prepared[key] = BATCH_COMMITS[name](engine)
+    return engine._prepared[key]
 
 
 def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int) -> np.ndarray:
@@ -262,8 +265,9 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     run, k, B = engine.run_cfg, engine.k, engine.batch
     oracle = run.drafter == "oracle"
     if oracle and (references is None or len(references) != B or min(map(len, references)) < n + k + 1):
+        got = "none" if references is None else f"{len(references)} of {min(map(len, references), default=0)}+ tokens"
         raise ValueError(f"the oracle drafter drafts from each row's greedy reference: {B} references of at least "
-                         f"n + k + 1 = {n + k + 1} tokens")
+                         f"n + k + 1 = {n + k + 1} tokens (got {got})")
     commit, decode_first = batch_commit(engine), run.schedule == "decode-verify"
     skip = 0 if decode_first else 1  # fused: the verify's first token was emitted by the step before
     readvance = engine.commit_strategy.verify_in_place
@@ -283,7 +287,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     engine.last_hidden[...] = out["hidden"][:, -1]
     frozen_rows = RowKeeper(engine, "batch-frozen")
     frozen_len = np.zeros(B, dtype=np.int64)
-    active = np.ones(B, dtype=bool)
+    active = np.array([len(e) < n for e in emitted])
     accepted: list[list[int]] = [[] for _ in range(B)]
     finished = [float("nan")] * B
     phases, steps, all_rows = Phases(), 0, np.arange(B)

@@ -388,6 +388,8 @@ def batch_problem(batch: int, desc) -> str | None:
     if batch == 1:
         return None
     io = desc.target
+    if io.positions or desc.mtp.positions:
+        return f"batch={batch} on {desc.name}: its graphs take position_ids, which mtplab feeds for batch 1 only"
     if io.lengths != "seqlens" or not io.query_seqlens or not desc.mtp.query_seqlens:
         return (f"batch={batch} on {desc.name}: its graphs take {'an attention_mask' if io.lengths != 'seqlens' else 'no query_seqlens'}, "
                 "so an M > 1 forward after a past runs batch 1 only; batch > 1 needs the built-in model's graph form "

@@ -41,6 +41,9 @@ def _record(sample: dict, side: str, rows: list[list[int]], n: int, seconds: flo
 def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                     calibration: dict | None = None) -> RunResult:
     """The checked pass, `run.rounds` paired timed rounds of the whole batch, and the prediction at B."""
+    if calibration is not None and calibration.get("batch", 1) != run.batch:
+        raise ValueError(f"the calibration given was measured at batch {calibration.get('batch', 1)}; this point runs "
+                         f"batch {run.batch}: pass its own (mtplab.experiment.batch_calibrate.load_or_measure_batch)")
     if engine is not None:
         check_engine(run, engine, artifact)
     engine = engine or Engine(run, artifact)
@@ -79,7 +82,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     calibration = calibration if calibration is not None else calibration_for_batch(run)
     alpha, alpha_source = acceptance_alpha(run, calibration)
     predicted = theory.predict_batch(alpha, k, run.schedule, run.commit, calibration, n, B) if (
-        alpha is not None and str(k + 1) in calibration["target"]) else None
+        alpha is not None and theory.covers(calibration, k, run.commit)) else None
     accepted = [a for row in spec.accepted for a in row]  # pooled over the rows
     steps = len(accepted)
     generated = sum(len(t) - 1 for t in spec.tokens)
@@ -90,7 +93,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
         "steps": len(spec.accepted[b]),
         "acceptance_length": 1.0 + (float(np.mean(spec.accepted[b])) if spec.accepted[b] else 0.0),
         "tokens_per_s": stats.median([measure.rate(n - 1, s) for s in row_seconds[b]]),
-        "lossless": checked.rows[b]["token_identical"] and checked.rows[b]["state_first_divergence"] is None,
+        "lossless": row_lossless(checked.rows[b]),
     } for b in range(B)]
     result = measure.run_result(
         samples, n, acceptance,
@@ -119,7 +122,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
             "greedy_baseline": f"paired rounds, greedy at [B={B}, 1]",
             "calibration": calibration["key"],
             "calibration_measured": {"at": calibration.get("measured_at"), "load": calibration.get("load"),
-                                     "source": "cached on this machine"},
+                                     "source": calibration.get("source", "cached on this machine")},
             "rounds": plan.outcome,
         },
     )
@@ -130,6 +133,11 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
         oracle.shout(text)
     result.lossless, result.verdict = ok, text
     return result
+
+
+def row_lossless(row: dict) -> bool:
+    """A row's own checks passed: its tokens, its committed state, and its reference's argmax where not a near-tie."""
+    return bool(row["token_identical"]) and row["state_first_divergence"] is None and not row["reference_disagreements"]
 
 
 def calibration_for_batch(run: RunConfig, say=print) -> dict:

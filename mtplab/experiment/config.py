@@ -415,8 +415,8 @@ def batch_problems(cfg: dict) -> list[str]:
         out.append(f"batch={cfg['batch']} decodes greedily: needs temperature=0 and acceptance='greedy-match' (got "
                    f"temperature={cfg['temperature']:g}, acceptance={cfg['acceptance']!r})")
     if cfg["backend"] != "cpu":
-        out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: the batched "
-                   "select commit is written for host arrays)")
+        out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: mtplab.engine.batch "
+                   "is written for host arrays, its select commit included)")
     return out
 
 

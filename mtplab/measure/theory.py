@@ -202,7 +202,7 @@ def expected_batch_steps(alpha: float, k: int, schedule: str, tokens: int, batch
 def batch_commit_seconds(alpha: float, k: int, commit: str, table: dict, batch: int) -> float:
     """A step's expected commit cost at batch B from a batch calibration's commit table (every row committing n
     tokens, n = 1..k+1), with the rows' counts c = accepted + 1 independent:
-    select: its cost at the mean row's count (each row replays its own; the cost hardly depends on the count);
+    select: its expected cost over one row's count (each row replays its own);
     readvance-m1: the cost at the largest count among the B rows (that many [B, 1] forwards);
     readvance-batched: one forward per distinct count, each priced at its own count (so restoring the state is
     counted once per distinct count: an upper bound by one restore per extra count)."""
@@ -220,13 +220,19 @@ def predict_batch(alpha: float, k: int, schedule: str, commit: str, calibration:
     """A batch point's speedup from alpha, k, the schedule, the commit and a calibration at its batch B:
     T(B, M) for the forwards, the draft phase at [B, 1], greedy's cost per [B, 1] step and the commit at B
     (batch_commit_seconds). Greedy makes tokens - 1 steps; speculative E[max over the rows' steps] (the batch
-    waits for its slowest row), each costing [T(B, 1) if decode-verify] + draft + T(B, k+1) + commit."""
+    waits for its slowest row), each costing [T(B, 1) if decode-verify] + draft + T(B, k+1) + commit. Every step
+    is priced at all B rows: the rows done early ride along through the forwards (their commit is skipped, which
+    this overprices a little)."""
     target = calibration["target"]
     greedy = greedy_seconds(calibration)
     draft = draft_seconds(calibration, k)
     commit_cost = batch_commit_seconds(alpha, k, commit, calibration["commit"][commit], batch)
     step = SCHEDULES.get(schedule).decodes * target["1"] + draft + target[str(k + 1)] + commit_cost
-    steps = expected_batch_steps(alpha, k, schedule, tokens, batch)
+    if tokens > 1:
+        steps = expected_batch_steps(alpha, k, schedule, tokens, batch)
+        speedup = (tokens - 1) * greedy / (steps * step)
+    else:  # nothing after the prefill's token to time: the long-run ratio of one row
+        steps, speedup = float("nan"), tokens_per_step(alpha, k, schedule) * greedy / step
     return {
         "alpha": alpha,
         "batch": batch,
@@ -234,7 +240,7 @@ def predict_batch(alpha: float, k: int, schedule: str, commit: str, calibration:
         "expected_steps": steps,
         "step_seconds": step,
         "greedy_seconds_per_token": greedy,
-        "speedup": (tokens - 1) * greedy / (steps * step),
+        "speedup": speedup,
         "verify_cost_ratio": target[str(k + 1)] / target["1"],
         "commit_cost_ratio": commit_cost / target["1"],
     }

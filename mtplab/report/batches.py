@@ -11,8 +11,39 @@ import pandas as pd
 
 from mtplab.report.plots import _ci_err, _k_color
 from mtplab.report.selection import batch_rows
+from mtplab.report.selection import batches as selection_batches
 
 SERIES = ["setting", "k", "schedule", "commit"]  # one line per series, drawn against B
+PANEL = ["setting", "schedule", "commit"]
+MERGED = {"batch", "drafter", "alpha", "seed"}  # B is the axis, the drafter is the setting, seeds are repeats
+
+
+def series_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The batch rows, one per series and B (points repeated at one B: their median), and the series key: SERIES
+    plus every other run field that varies among them (policy, tokens, threads, ...), so a line never mixes
+    settings. Series with fewer than two batch sizes are left out (nothing to draw against B)."""
+    from mtplab.experiment.config import dimensions
+
+    rows = batch_rows(df)
+    extra = [d for d in dimensions() if d in rows and d not in MERGED and d not in SERIES and rows[d].nunique() > 1]
+    key = SERIES + extra
+    if rows.empty:
+        return rows, key
+    rows = rows.assign(**{c: rows[c].fillna("-") for c in extra})
+    sizes = rows.groupby(key).batch.transform("nunique")
+    rows = rows[sizes >= 2]
+    agg = {"speedup": "median", "speedup_ci": "first", "n": "size"}
+    if "predicted.speedup" in rows:
+        agg["predicted.speedup"] = "median"
+    merged = rows.assign(n=1).groupby(key + ["batch"], as_index=False).agg(
+        {c: f for c, f in agg.items() if c in rows or c == "n"})
+    if "speedup_ci" in merged:  # one point's interval; none for a median of several
+        merged["speedup_ci"] = merged.speedup_ci.where(merged.n == 1, None)
+    return merged, key
+
+
+def _label(r, key: list[str]) -> str:
+    return ", ".join(f"{c}={r[c]}" for c in key if c not in SERIES)
 
 
 def break_even(batch: list[int], speedup: list[float]) -> tuple[float | None, str]:
@@ -32,15 +63,15 @@ def break_even(batch: list[int], speedup: list[float]) -> tuple[float | None, st
 
 def break_even_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per series (drafter setting, k, schedule, commit): the measured and predicted break-even batch."""
-    rows = batch_rows(df)
+    rows, key_cols = series_rows(df)
     out = []
-    for key, s in rows.groupby(SERIES):
+    for key, s in rows.groupby(key_cols):
         s = s.sort_values("batch")
         _, measured = break_even(s.batch.tolist(), s.speedup.tolist())
         predicted = "no prediction"
         if "predicted.speedup" in s and s["predicted.speedup"].notna().all():
             _, predicted = break_even(s.batch.tolist(), s["predicted.speedup"].tolist())
-        out.append(dict(zip(SERIES, key)) | {
+        out.append(dict(zip(key_cols, key)) | {
             "batches": ", ".join(str(b) for b in s.batch),
             "speedups": ", ".join(f"{v:.2f}" for v in s.speedup),
             "measured break-even": measured, "predicted break-even": predicted})
@@ -53,23 +84,34 @@ def findings(df: pd.DataFrame) -> str:
     if table.empty:
         return ""
     lines = []
-    for (setting, schedule, commit), t in table.groupby(["setting", "schedule", "commit"]):
+    panel_cols = PANEL + [c for c in table.columns if c not in SERIES and c not in TABLE_COLUMNS]
+    for panel, t in table.groupby(panel_cols):
         parts = [f"k={r.k}: {r['measured break-even']} (predicted {r['predicted break-even']})" for _, r in t.iterrows()]
-        lines.append(f"- **{setting}**, {schedule}, {commit}: MTP stops beating greedy at " + "; ".join(parts))
+        more = "".join(f", {c}={v}" for c, v in zip(panel_cols[3:], panel[3:]))
+        lines.append(f"- **{panel[0]}**, {panel[1]}, {panel[2]}{more}: MTP stops beating greedy at " + "; ".join(parts))
+    failed = df[(selection_batches(df) > 1) & (df.status != "ok")] if "status" in df else df.iloc[:0]
+    if len(failed):
+        lines.append(f"- **{len(failed)} batch point(s) did not pass** (left out of the figure): "
+                     + ", ".join(f"`{p}` ({st})" for p, st in zip(failed.point_id, failed.status)))
     return "\n".join(lines)
+
+
+TABLE_COLUMNS = ("batches", "speedups", "measured break-even", "predicted break-even")
 
 
 def speedup_vs_batch(df: pd.DataFrame):
     """Speedup over greedy at the same B against B (log2 axis), a panel per drafter setting and schedule, a line per
     k with its 95% CI; the prediction from the calibration at each B dashed."""
-    rows = batch_rows(df)
-    panels = sorted(rows.groupby(["setting", "schedule", "commit"]).groups)
+    rows, key_cols = series_rows(df)
+    panel_cols = PANEL + [c for c in key_cols if c not in SERIES]
+    panels = sorted(rows.groupby(panel_cols).groups)
     cols = min(3, len(panels))
     fig, axes = plt.subplots(math.ceil(len(panels) / cols), cols, figsize=(4.4 * cols, 3.6 * math.ceil(len(panels) / cols)),
                              squeeze=False)
     ks = sorted(rows.k.unique())
-    for ax, (setting, schedule, commit) in zip(axes.flat, panels):
-        part = rows[(rows.setting == setting) & (rows.schedule == schedule) & (rows.commit == commit)]
+    for ax, panel in zip(axes.flat, panels):
+        part = rows[(rows[panel_cols] == pd.Series(panel, index=panel_cols)).all(axis=1)]
+        setting, schedule, commit = panel[:3]
         for k in ks:
             s = part[part.k == k].sort_values("batch")
             if s.empty:
@@ -85,7 +127,8 @@ def speedup_vs_batch(df: pd.DataFrame):
         ax.set_xticks(bs, [str(b) for b in bs])
         ax.set_xlabel("batch B (rows decoded together)")
         ax.set_ylabel("speedup over greedy at the same B (x)")
-        ax.set_title(f"{setting}\n{schedule}, {commit}", fontsize=9)
+        more = ", ".join(f"{c}={v}" for c, v in zip(panel_cols[3:], panel[3:]))
+        ax.set_title(f"{setting}\n{schedule}, {commit}" + (f"\n{more}" if more else ""), fontsize=9)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
@@ -102,8 +145,8 @@ def per_row_spread(df: pd.DataFrame) -> pd.DataFrame:
     for _, r in rows.iterrows():
         extra = r.get("extra")
         detail = ((json.loads(extra) if isinstance(extra, str) else extra or {}).get("batch")) or {}
-        acc = [p["acceptance_length"] for p in detail.get("per_row", [])]
-        tps = [p["tokens_per_s"] for p in detail.get("per_row", [])]
+        acc = [p["acceptance_length"] for p in detail.get("per_row", []) if p.get("acceptance_length") is not None]
+        tps = [p["tokens_per_s"] for p in detail.get("per_row", []) if p.get("tokens_per_s") is not None]
         step = detail.get("step_seconds")
         out.append({"point": r.get("point_id", ""), "B": r.batch, "k": r.k, "setting": r.setting,
                     "acceptance length per row": f"{min(acc):.2f}-{max(acc):.2f}" if acc else "-",

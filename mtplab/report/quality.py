@@ -101,12 +101,14 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
         shown = ", ".join(f"`{p}`" for p in unstable.point_id[:8])
         more = f" and {len(unstable) - 8} more (the points table has every CI)" if len(unstable) > 8 else ""
         lines.append(f"- Unstable points ({len(unstable)}): {shown}{more}")
-    keys = [c for c in ("model_name", "engine") if c in df]
+    keys = [c for c in ("model_name", "engine", "batch") if c in df and (c != "batch" or df[c].nunique() > 1)]
     groups = list(df.groupby(keys)) if keys else [((), df)]
     for key, part in groups:  # one model on one engine: the same greedy each point, so a spread is drift
         g = part.greedy_tokens_per_s.dropna()
         if len(g):
-            label = f" ({', '.join(map(str, key if isinstance(key, tuple) else (key,)))})" if len(groups) > 1 else ""
+            values = key if isinstance(key, tuple) else (key,)
+            named = [f"batch {v}" if c == "batch" else str(v) for c, v in zip(keys, values)]
+            label = f" ({', '.join(named)})" if len(groups) > 1 else ""
             lines.append(
                 f"- Greedy tok/s over the sweep's points{label}: min {g.min():.1f}, median {g.median():.1f}, max "
                 f"{g.max():.1f} (a spread of {g.max() / g.min() - 1:.0%}; the figure below shows it against time)."

@@ -232,7 +232,8 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
         calib["model_spec"] = spec_
         calibrations[name] = calib
     batched = {}  # the cost model at each batch B > 1 the sweep runs: calibration_batch.json, by "model/B"
-    for spec_, n, B in sorted({(r.model, r.threads or threads, r.batch) for r in cpu if r.batch > 1}):
+    for spec_, n, B in sorted({(r.model, r.threads or threads, r.batch) for r in cpu if r.batch > 1},
+                              key=lambda pt: (pt[0], pt[2], pt[1] != threads, pt[1])):  # the sweep's threads first
         name = f"{model_name(spec_)}/{B}"
         if name in batched:
             continue

@@ -59,6 +59,10 @@ def point_folders(points_dir: Path) -> list[Path]:
 def same_config(stored: dict, config: dict) -> bool:
     """Whether a stored result's config is a point's. Where the spec leaves `threads` to the sweep (0), the
     thread count it ran on is the sweep's choice (recorded in the result, not part of the point)."""
+    from mtplab.experiment.config import defaults
+
+    # a field added since the result was stored ran at its default then (batch: 1)
+    stored = {**{k: v for k, v in defaults().items() if k in config and k not in stored}, **stored}
     if not config.get("threads", 0):
         stored, config = ({k: v for k, v in c.items() if k != "threads"} for c in (stored, config))
     return stored == config
