@@ -15,7 +15,8 @@ from mtplab.sweep.run import run_sweep
 
 
 def _spec(name: str, ks: list[int]) -> grid.GridSpec:
-    defaults = {"model": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.7, "policy": "sibling-pinned"}
+    # 5 rounds: a 3-round t interval is wide enough that one disturbed round on a busy machine can hide a 10x change
+    defaults = {"model": "tiny", "tokens": 24, "drafter": "oracle", "alpha": 0.7, "policy": "sibling-pinned", "rounds": 5}
     return grid.parse({"name": name, "defaults": defaults, "k": ks})
 
 
