@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mtplab.engine.commits import rebuild_conv
+from mtplab.engine.commits import rebuild_conv, transitions_gatherer
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.engine import prompt_tokens
 from mtplab.engine.schedules import Phases
@@ -59,10 +59,6 @@ class BatchRun:
     split: dict = field(default_factory=dict)  # seconds per phase: decode, draft, verify, commit
 
 
-def _argmax_rows(logits) -> np.ndarray:
-    return logits.argmax(-1)
-
-
 def _margins(rows: np.ndarray) -> np.ndarray:
     """Each row's top-2 gap (0 on a tie)."""
     top2 = np.partition(rows.astype(np.float64), -2, axis=-1)[..., -2:]
@@ -72,16 +68,10 @@ def _margins(rows: np.ndarray) -> np.ndarray:
 def start(engine, batch_prompts: np.ndarray) -> dict:
     """A new batch generation: state and plans reset, every row's prompt prefilled at [B, P] (eager, untimed)."""
     check_engine(engine, batch_prompts)
-    st = engine.state
-    st.reset()
-    engine.mtp_state.kv[0][...] = 0
-    engine.mtp_state.kv[1][...] = 0
-    engine.target.new_generation()
-    engine.mtp.new_generation()
+    engine.new_generation()
     out = engine.forward(Slot.PRIMARY, batch_prompts, eager=True, label="prefill")
-    st.lengths[...] = batch_prompts.shape[1]
-    engine.opened = time.perf_counter()
-    engine.first_forward = engine.last_forward = None
+    engine.state.lengths[...] = batch_prompts.shape[1]
+    engine.setup_done()
     return out
 
 
@@ -99,14 +89,14 @@ def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False) -> 
     st, forward = engine.state, engine.forward
     out = start(engine, batch_prompts)
     rows = out["logits"][:, -1]
-    tokens = [_argmax_rows(rows)]
+    tokens = [rows.argmax(-1)]
     gaps = [_margins(rows)] if margins else []
     t0 = time.perf_counter()
     while len(tokens) < n:
         out = forward(Slot.PRIMARY, tokens[-1][:, None])
         st.lengths += 1
         rows = out["logits"][:, 0]
-        tokens.append(_argmax_rows(rows))
+        tokens.append(rows.argmax(-1))
         if margins:
             gaps.append(_margins(rows))
     seconds = time.perf_counter() - t0
@@ -131,36 +121,13 @@ class RowKeeper:
             live[rows] = kept[rows]
 
 
-def _gathered(engine):
-    """select's inputs on the host: every layer's transitions [L, B, 1, C*width] and conv inputs [L, B, M, C],
-    gathered from the verify's outputs (one concatenate each) into buffers kept per shape."""
-    desc = engine.desc
-    io, layout = desc.target, desc.transitions
-    layers = [s.layer for s in io.states if s.kind == "conv"]
-    names = [(io.select_outputs[i]["transitions"].name, io.select_outputs[i]["conv_input"].name) for i in layers]
-    buffers: dict = {}
-
-    def gather(ver: dict):
-        first_t, first_c = ver[names[0][0]], ver[names[0][1]]
-        key = (first_t.shape, first_c.shape)
-        bufs = buffers.get(key)
-        if bufs is None:
-            t = np.empty((len(layers), first_t.shape[0], 1, first_t.shape[1]), first_t.dtype)
-            bufs = buffers[key] = (t, layout.split(t), np.empty((len(layers), *first_c.shape), first_c.dtype))
-        np.concatenate([ver[t][None, :, None] for t, _ in names], out=bufs[0])
-        np.concatenate([ver[c][None] for _, c in names], out=bufs[2])
-        return bufs[1], bufs[2]
-
-    return tuple(layers), gather
-
-
 def select_rows(engine) -> Callable:
     """select at batch B: commit(ver, counts, rows) replays each listed row's own count of transitions."""
     desc, st = engine.desc, engine.state
     if desc.select != "transitions":
         raise ValueError(f"commit='select' at batch > 1 runs on GatedDeltaNet transitions (the built-in model); "
                          f"{desc.name} selects by {desc.select or 'nothing'}")
-    layers, gather = _gathered(engine)
+    layers, gather = tuple(s.layer for s in desc.target.states if s.kind == "conv"), transitions_gatherer(desc)
     group = desc.transitions.group
     channels_first = any("channels-first" in s.layout for s in desc.target.states if s.kind == "conv")
 
@@ -248,7 +215,7 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
         feeds, outputs, bound = mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i)
         out = engine.mtp.run(Slot.PRIMARY, feeds, outputs, bound)
         engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + 1
-        token = _argmax_rows(out[io.logits][:, 0])
+        token = out[io.logits][:, 0].argmax(-1)
         h = out[io.hidden][:, 0]
         drafts[:, i] = token
     return drafts
@@ -273,7 +240,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     readvance = engine.commit_strategy.verify_in_place
     st = engine.state
     out = start(engine, batch_prompts)
-    first = _argmax_rows(out["logits"][:, -1])
+    first = out["logits"][:, -1].argmax(-1)
     emitted = [[int(t)] for t in first]
     head = engine.head if not (oracle and run.oracle_free_drafts) else None
     if head is not None:  # the head's KV: entry j pairs token j+1 with the target's hidden j
@@ -292,8 +259,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     finished = [float("nan")] * B
     phases, steps, all_rows = Phases(), 0, np.arange(B)
     ids = np.empty((B, k + 1), dtype=np.int64)
-    engine.opened = time.perf_counter()
-    engine.first_forward = engine.last_forward = None
+    engine.setup_done()
     t0 = time.perf_counter()
     while active.any():
         phases.start()
@@ -302,9 +268,9 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             dec = engine.forward(Slot.PRIMARY, pending[:, None])
             st.lengths += 1
             hidden = np.array(dec["hidden"][:, 0], dtype=np.float32)
-            first = _argmax_rows(dec["logits"][:, 0])
+            first = dec["logits"][:, 0].argmax(-1)
         else:  # fused: draft from the pending token and the last committed position's hidden state
-            hidden, first = engine.last_hidden.copy(), pending
+            hidden, first = engine.last_hidden, pending  # read by the drafts only, before the verify rewrites it
         phases.lap("decode")
         position = st.lengths - 1
         drafts = draft_head(engine, first, hidden, position, k) if head is not None else None
@@ -318,7 +284,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             engine.save_state()
         verify_start = st.lengths.copy()
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
-        targets = _argmax_rows(ver["logits"])  # [B, k+1]
+        targets = ver["logits"].argmax(-1)  # [B, k+1]
         match = drafts == targets[:, :k]
         counts = np.where(match.all(1), k, match.argmin(1))  # drafts each row keeps
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers

@@ -167,29 +167,16 @@ def select_commit(desc, device) -> Callable:
         layers = [(s.layer, io.select_outputs[s.layer]["transitions"].name, io.select_outputs[s.layer]["conv_input"].name,
                    "channels-first" in s.layout) for s in io.states if s.kind == "conv"]
         ids = tuple(i for i, *_ in layers)
-        transitions, conv_inputs = [t for _, t, _, _ in layers], [c for _, _, c, _ in layers]
         forms = {cf for *_, cf in layers}  # the conv layout: one for all layers, or the update goes layer by layer
         stackable, channels_first = device.xp is np and len(forms) == 1, next(iter(forms), False)
-        gathered: dict = {}  # by the outputs' shapes: the layers' transitions [L, 1, C*width] and conv inputs, and views
-
-        def gather(ver: dict):
-            """Every layer's transitions and conv input, each kind copied into one buffer (one call each)."""
-            first_t, first_c = ver[transitions[0]], ver[conv_inputs[0]]
-            key = (first_t.shape, first_t.dtype, first_c.shape, first_c.dtype)
-            bufs = gathered.get(key)
-            if bufs is None:
-                t = np.empty((len(ids), *first_t.shape), first_t.dtype)
-                bufs = gathered[key] = (t, layout.split(t), np.empty((len(ids), *first_c.shape[1:]), first_c.dtype))
-            np.concatenate([ver[t] for t in transitions], out=bufs[0][:, 0])
-            np.concatenate([ver[c] for c in conv_inputs], out=bufs[2])
-            return bufs[1], bufs[2]
+        gather = transitions_gatherer(desc)
 
         def apply(st, ver: dict, n: int) -> None:
             gdn, conv = (st.stacked("recurrent", ids), st.stacked("conv", ids)) if stackable else (None, None)
             if gdn is not None and conv is not None:  # the host's states in one buffer per kind: every layer at once
                 (decay, key, delta), conv_input = gather(ver)
-                replay_transitions_closed(gdn[:, 0], decay, key, delta, n, layout.group)
-                rebuild_conv(conv[:, 0], conv_input, n, channels_first=channels_first)
+                replay_transitions_closed(gdn[:, 0], decay[:, 0], key[:, 0], delta[:, 0], n, layout.group)
+                rebuild_conv(conv[:, 0], conv_input[:, 0], n, channels_first=channels_first)
                 return
             for i, t, c, first in layers:
                 replay(st.gdn[i], ver[t], n)
@@ -199,6 +186,29 @@ def select_commit(desc, device) -> Callable:
     if desc.select == "replay-op":
         return OpReplay(desc, device)
     raise ValueError(SELECT.refusal(desc) or f"unknown select form {desc.select!r}")
+
+
+def transitions_gatherer(desc) -> Callable:
+    """gather(verify outputs) -> ((decay, key, delta) [L, B, C, ...], conv inputs [L, B, M, C]): every GatedDeltaNet
+    layer's transitions and conv input on the host, each kind copied into one buffer kept per shape (one
+    concatenate each), so that select updates every layer, and every row, from one array per kind."""
+    io, layout = desc.target, desc.transitions
+    layers = [s.layer for s in io.states if s.kind == "conv"]
+    names = [(io.select_outputs[i]["transitions"].name, io.select_outputs[i]["conv_input"].name) for i in layers]
+    buffers: dict = {}
+
+    def gather(ver: dict):
+        first_t, first_c = ver[names[0][0]], ver[names[0][1]]
+        key = (first_t.shape, first_t.dtype, first_c.shape, first_c.dtype)
+        bufs = buffers.get(key)
+        if bufs is None:  # transitions [L, B, 1, C*width]: rows as TransitionLayout.split reads them
+            t = np.empty((len(layers), first_t.shape[0], 1, first_t.shape[1]), first_t.dtype)
+            bufs = buffers[key] = (t, layout.split(t), np.empty((len(layers), *first_c.shape), first_c.dtype))
+        np.concatenate([ver[t][None, :, None] for t, _ in names], out=bufs[0])
+        np.concatenate([ver[c][None] for _, c in names], out=bufs[2])
+        return bufs[1], bufs[2]
+
+    return gather
 
 
 class OpReplay:

@@ -204,17 +204,25 @@ class Engine:
         if self.batch > 1:
             raise ValueError(f"this engine holds batch={self.batch} rows: decode them with mtplab.engine.batch "
                              "(greedy, speculative); Engine.greedy and Engine.speculative decode one sequence")
+        self.new_generation()
+        out = self.forward(Slot.PRIMARY, prompt, eager=True, label="prefill")
+        self.state.length = len(prompt)
+        self.setup_done()
+        return out
+
+    def new_generation(self) -> None:
+        """Every row's state, the head's KV and both executors' plans reset; the acceptance rule told."""
         self.state.reset()
         self.mtp_state.kv[0][...] = 0
         self.mtp_state.kv[1][...] = 0
         self.target.new_generation()
         self.mtp.new_generation()
         self.acceptance.new_generation()
-        out = self.forward(Slot.PRIMARY, prompt, eager=True, label="prefill")
-        self.state.length = len(prompt)
-        self.opened = time.perf_counter()  # the untimed setup ends here (the audit holds timed windows to it)
+
+    def setup_done(self) -> None:
+        """The untimed setup (prefills) ends here: the audit holds timed windows to it; forward stamps start over."""
+        self.opened = time.perf_counter()
         self.first_forward = self.last_forward = None
-        return out
 
     # -- greedy --------------------------------------------------------------------------------
     def greedy(
@@ -282,8 +290,7 @@ class Engine:
         self.prompt, self.emitted = list(prompt), emitted
         drafter.prefill(prompt[1:] + emitted, out["hidden"][0])
         self.last_hidden[...] = out["hidden"][0, -1]
-        self.opened = time.perf_counter()  # the head's prefill is untimed setup too
-        self.first_forward = self.last_forward = None
+        self.setup_done()  # the head's prefill is untimed setup too
         step, phases = SCHEDULES.get(self.run_cfg.schedule).step, Phases()
         accepted: list[int] = []
         t_start = time.perf_counter()

@@ -31,11 +31,7 @@ def _counters(engine: Engine) -> dict:
 
 
 def _record(sample: dict, side: str, rows: list[list[int]], n: int, seconds: float) -> None:
-    prefix = "greedy_" if side == "greedy" else ""
-    count = sum(measure.counted(t, n) for t in rows)
-    sample[f"{prefix}counted"] = count
-    sample[f"{prefix}tokens_per_s"] = measure.rate(count, seconds)
-    sample[f"{prefix}seconds"] = seconds
+    measure.record_counted(sample, side, sum(measure.counted(t, n) for t in rows), seconds)
 
 
 def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,

@@ -48,9 +48,14 @@ def paired_round(r: int, order: tuple[str, str]) -> dict:
 def record_side(sample: dict, side: str, tokens: list[int], n: int, seconds: float) -> None:
     """One side of a paired round: `greedy` sets greedy_tokens_per_s, greedy_seconds and greedy_counted, any
     other side (the speculative one) tokens_per_s, seconds and counted."""
+    record_counted(sample, side, counted(tokens, n), seconds)
+
+
+def record_counted(sample: dict, side: str, count: int, seconds: float) -> None:
+    """One side of a paired round from its counted tokens (a batch counts every row's): record_side's fields."""
     prefix = "greedy_" if side == "greedy" else ""
-    sample[f"{prefix}counted"] = counted(tokens, n)
-    sample[f"{prefix}tokens_per_s"] = tokens_per_s(tokens, n, seconds)
+    sample[f"{prefix}counted"] = count
+    sample[f"{prefix}tokens_per_s"] = rate(count, seconds)
     sample[f"{prefix}seconds"] = seconds
 
 
