@@ -178,19 +178,23 @@ def sampled_acceptance(ok: pd.DataFrame):
 
 def batch(ok: pd.DataFrame):
     """Speedup against the batch B per k, and the break-even batch per k, measured and predicted."""
-    if not _fills(ok, "batch"):
-        return None
-    from IPython.display import HTML, display
-
-    _markdown(
+    return _captioned(
+        ok, "batch",
         "## Batches: where MTP stops paying\n"
         "B prompts (seeds seed..seed+B-1) decoded together: greedy at [B, 1]; a speculative step verifies [B, k+1] in "
         "one forward, each row with its own acceptance and commit, and the batch steps until its slowest row is done. "
         "Speedup = greedy's seconds over speculative's at the same B (paired rounds, 95% CI). Dashed: predicted from "
         "the calibration at each B (T(B, M), the draft phase and the commit at B) and the expected steps of the "
         "slowest row. Break-even: where the speedup falls through 1, interpolated in log2 B.\n\n"
-        + batches.findings(ok)
+        + batches.findings(ok),
+        _batch_section,
     )
+
+
+def _batch_section(ok: pd.DataFrame) -> None:
+    """The batch figure, then its break-even table and the rows within each point (folded)."""
+    from IPython.display import HTML, display
+
     _display(batches.speedup_vs_batch(ok))
     _markdown("**Break-even batch per series** (the speedups at each B, in order):")
     display(HTML(batches.break_even_table(ok).to_html(index=False, classes="counters")))
@@ -199,7 +203,6 @@ def batch(ok: pd.DataFrame):
         display(HTML(f"<details><summary>Rows within each batch point ({len(spread)} points: each row's acceptance "
                      "length and tokens/s until it had its tokens, lowest to highest; the step's latency)</summary>"
                      + spread.to_html(index=False, classes="counters") + "</details>"))
-    return None
 
 
 batch.all_batches = True
