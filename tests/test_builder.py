@@ -20,6 +20,7 @@ from mtplab.cli.inspect import inspect_text
 from mtplab.engine.engine import Engine, prompt_tokens
 from mtplab.experiment.config import RunConfig
 from mtplab.model.builder import open_builder
+from mtplab.runtime.executor import Slot
 
 FIXTURE = Path(__file__).parent / "data" / "builder-tiny"
 
@@ -103,12 +104,19 @@ def test_the_mtp_head_drafts_losslessly(builder):
 
 
 @pytest.mark.parametrize("policy", ["sibling-pinned", "shared-max"])
-def test_both_slots_replay_with_no_fallbacks(builder, policy):
+def test_both_slots_replay_with_no_fallbacks_primary_on_the_users_graph_given_a_session_of_its_own(builder, policy):
     engine, *_, ok, verdict = _checked(builder, _run(k=3, policy=policy))
     assert ok, verdict
     counters = engine.target.counters()
     for slot in ("primary", "verify"):
         assert counters[slot]["replays"] > 0 and counters[slot]["fallbacks"] == 0, (slot, counters)
+    sessions = engine.target.sessions
+    select = {o.name for roles in builder.description.target.select_outputs.values() for o in roles.values()}
+    assert select <= {o.name for o in sessions[Slot.VERIFY].get_outputs()}
+    if policy == "sibling-pinned":  # greedy and the decode pay nothing for select's extra outputs
+        assert not select & {o.name for o in sessions[Slot.PRIMARY].get_outputs()}
+    else:  # one session holds both slots' plans: mtplab's copy
+        assert sessions[Slot.PRIMARY] is sessions[Slot.VERIFY]
 
 
 def test_shared_jit_declines_the_verify_capture(builder):

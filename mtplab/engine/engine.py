@@ -94,12 +94,15 @@ class Engine:
         B = self.batch = run.batch  # rows decoded together (mtplab.engine.batch runs B > 1)
         self.state = TargetState.allocate(desc, self.main, batch=B)
         shared = dev.shared_weights(self.art.target) if pol.sibling_session else None
-        primary_session = dev.session(self.art.target, shared)
+        # With a session of its own, Primary runs the user's graph where the target is mtplab's copy (own_graph).
+        own = desc.own_graph() if pol.sibling_session else None
+        self.primary_desc = own or desc
+        primary_session = dev.session(self.primary_desc.target.path, own_weights(shared, own))
         verify_session = dev.session(self.art.target, shared) if pol.sibling_session else primary_session
         self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
-        # Largest I/O any slot binds: verify at M=k+1, both recurrent modes.
+        # Largest I/O any slot binds: verify at M=k+1, both recurrent modes, on each graph.
         big = np.zeros((B, run.k + 1), dtype=np.int64)
-        specs = [target_io(desc, self.state, big, in_place) for in_place in (True, False)]
+        specs = [target_io(d, self.state, big, in_place) for d in (desc, *([own] if own else [])) for in_place in (True, False)]
         memory, arenas = slot_memory(
             pol, dev, self.main, specs, dev.host_inputs, frozenset({desc.target.logits, desc.target.hidden})
         )
@@ -182,7 +185,8 @@ class Engine:
             self.first_forward = time.perf_counter()
         if isinstance(tokens, list):
             tokens = np.asarray(tokens, dtype=np.int64)
-        feeds, outputs, bound = target_io(self.desc, self.state, tokens, in_place)
+        feeds, outputs, bound = target_io(self.primary_desc if slot is Slot.PRIMARY else self.desc, self.state, tokens,
+                                          in_place)
         run = self.target.run_eager if eager else self.target.run
         out = run(slot, feeds, outputs, bound)
         if in_place:
@@ -373,6 +377,16 @@ class Engine:
         self.target.rollback(Slot.PRIMARY)
         self._commit(ver, consumed, start)
         self.state.length = start + len(consumed)
+
+
+def own_weights(shared: dict | None, own) -> dict | None:
+    """The shared weights the user's own graph takes (mtplab's copy adds a constant of its own)."""
+    if shared is None or own is None:
+        return shared
+    import onnx
+
+    names = {t.name for t in onnx.load(str(own.target.path), load_external_data=False).graph.initializer}
+    return {name: value for name, value in shared.items() if name in names}
 
 
 def commits_on(desc) -> tuple[list[str], dict[str, str]]:

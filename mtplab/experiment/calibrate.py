@@ -49,12 +49,14 @@ def model_hash(model: str) -> str:
 
 
 REPEATS = 3  # what runs and sweeps use; another count is cached apart and never replaces it
+# Bumped when what a calibration measures changes (2: a builder folder's Primary slot runs the user's own graph).
+MEASURES = 2
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
     """What a calibration is valid for: model (a preset name or a folder), machine, threads, onnxruntime, the
-    commit strategies registered (a new one is measured, not missing from a cached table) and how many repeats
-    measured it."""
+    commit strategies registered (a new one is measured, not missing from a cached table), how many repeats
+    measured it, and what the engine runs where (MEASURES)."""
     import onnxruntime
 
     return {
@@ -64,6 +66,7 @@ def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
         "threads": threads,
         "onnxruntime": onnxruntime.__version__,
         "commits": sorted(COMMITS.names()),
+        "measures": MEASURES,
         **({} if repeats == REPEATS else {"repeats": repeats}),
     }
 

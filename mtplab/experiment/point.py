@@ -137,6 +137,9 @@ def run_mtplab_point(
     baseline = "paired rounds"
     if primary.fallbacks != fallbacks:  # the Primary slot lost its plan for good (CUDA graph ids spent)
         baseline = "paired rounds; the Primary slot ran eager in some of them"
+    if engine.desc.original_target is not None:  # the target is mtplab's copy with select's outputs
+        baseline += ("; greedy on your own graph" if engine.primary_desc is not engine.desc else
+                     "; greedy on mtplab's copy of your graph (one session holds both slots), paying for its extra outputs")
     samples = timed["samples"]
     steps = len(timed["accepted"])
     calibration = calibration if calibration is not None else calibration_for(run)

@@ -10,6 +10,7 @@ description to the graph's real inputs and outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,17 @@ class ModelDescription:
     original_target: Path | None = None  # the user's graph, where `target` is mtplab's copy with extra outputs
     int8_compute: bool = False  # matmul inputs rounded to int8 (MatMulNBits accuracy_level 4)
 
+    def own_graph(self) -> ModelDescription | None:
+        """The user's own graph, where `target` is mtplab's copy with select's extra outputs (else None).
+
+        A forward that reads none of those outputs (a decode, greedy, a prefill, a re-advance) runs it:
+        the copy computes bitwise what it computes, and its extra outputs cost time a baseline must not pay.
+        """
+        if self.original_target is None:
+            return None
+        own = dataclasses.replace(self.target, path=self.original_target, select_outputs={}, capture_count=False)
+        return dataclasses.replace(self, target=own, original_target=None)
+
     @property
     def attention_layers(self) -> tuple[int, ...]:
         return tuple(kv.layer for kv in self.target.kv)
@@ -195,14 +207,15 @@ def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = No
             into["position_ids"] = np.zeros((*io.positions, M), dtype=np.int64)
         if io.capture_count:
             into["capture_count"] = _constant(M, (batch,))
-    if "seqlens_k" in into:
-        into["seqlens_k"][...] = length + M - 1
+    seqlens, positions = into.get("seqlens_k"), into.get("position_ids")
+    if seqlens is not None:
+        seqlens[...] = length + M - 1
     else:
         mask = into["attention_mask"]
         mask[0, : length + M] = 1
         mask[0, length + M :] = 0
-    if "position_ids" in into:
-        into["position_ids"][...] = length if M == 1 else np.arange(length, length + M)
+    if positions is not None:
+        positions[...] = length if M == 1 else np.arange(length, length + M)
     return into
 
 

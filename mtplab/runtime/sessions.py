@@ -10,7 +10,9 @@ own and carry_conv() copies it into the past carry after the run (on the device,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -162,7 +164,7 @@ class TargetState:
     conv: Buffers = field(default_factory=Buffers)
     gdn: Buffers = field(default_factory=Buffers)
     present: Buffers = field(default_factory=Buffers)
-    io_cache: dict = field(default_factory=dict)  # target_io's fixed part by (M, mode), and the carries
+    io_cache: dict = field(default_factory=dict)  # target_io's fixed part by (graph, M, mode), and the carries
     stacks: dict = field(default_factory=dict)  # {kind: (one buffer [L, *shape], its layers)}: see stacked()
     stacked_layout: int = -1  # layout() when the stacks were made
 
@@ -292,15 +294,20 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     io = desc.target
     M = int(tokens.shape[-1])
     length = st.length if st.lengths is None else st.lengths
-    if (longest := int(np.max(length))) + M > desc.capacity:
+    longest = length if type(length) is int else int(np.max(length))
+    if longest + M > desc.capacity:
         raise ValueError(f"sequence would reach {longest + M} tokens, beyond the KV capacity {desc.capacity}")
-    # Outputs and bindings depend only on M, the mode and the state's buffers; the length feeds are rewritten in place.
-    outputs, bound, lengths = st.fixed((M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
-    feeds = {io.input_ids: token_ids(tokens, M, st.batch), **length_feeds(io, length, M, desc.capacity, lengths)}
-    return feeds, outputs, bound
+    # Outputs, bindings and the feeds' arrays depend only on M, the mode and the state's buffers: the token ids and
+    # the length feeds are rewritten in place (host tokens; a device array is fed as it is).
+    outputs, bound, feeds = st.fixed((io.path, M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
+    length_feeds(io, length, M, desc.capacity, feeds)
+    if type(tokens) is np.ndarray:
+        feeds[io.input_ids][...] = tokens if tokens.ndim == 2 else tokens.reshape(st.batch, M)
+        return feeds, outputs, bound
+    return {**feeds, io.input_ids: token_ids(tokens, M, st.batch)}, outputs, bound
 
 
-def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[dict, tuple, dict]:
+def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[Mapping, tuple, dict]:
     io, B = desc.target, st.batch
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
         io.logits: ((B, M, desc.vocab_size), io.logits_type),
@@ -319,8 +326,10 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
         else:
             bound.append((s.present, live if s.in_place else st.present[s.past], True))
     outputs.update(select_output_shapes(desc, M, B))
-    lengths = length_feeds(io, st.length if st.lengths is None else st.lengths, M, desc.capacity)  # rewritten per forward
-    return outputs, tuple(bound), lengths  # bound immutable: the executor's replay check may take it by identity
+    feeds = {io.input_ids: np.zeros((B, M), dtype=np.int64),  # rewritten per forward
+             **length_feeds(io, st.length if st.lengths is None else st.lengths, M, desc.capacity)}
+    # outputs and bound immutable: the executor's replay check may take them by identity
+    return MappingProxyType(outputs), tuple(bound), feeds
 
 
 def select_output_shapes(desc: ModelDescription, M: int, batch: int = 1) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -337,13 +346,13 @@ def token_ids(tokens: Any, M: int, batch: int = 1) -> Any:
 
 
 class MtpIO(NamedTuple):
-    """mtp_io's part for one M that depends only on the KV buffers: built once, its length feeds rewritten per
-    forward."""
+    """mtp_io's part for one M that depends only on the KV buffers: built once, its token ids and length feeds
+    rewritten in place per forward."""
 
-    outputs: dict
+    outputs: Mapping
     bound: tuple
     kv: tuple
-    lengths: dict
+    feeds: dict
     hidden_type: Any
 
 
@@ -380,12 +389,15 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
         k, v = st.kv
         bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
                  (kv.present_value, v, True))
-        fixed = st.io_cache[M] = MtpIO(outputs, bound, st.kv, length_feeds(io, position, M, desc.capacity),
-                                       desc.target.hidden_type)
-    feeds = {
-        io.input_ids: token_ids(tokens, M, B),
-        io.hidden_input: hidden.astype(fixed.hidden_type, copy=False).reshape(B, M, desc.hidden_size),
-        **length_feeds(io, position, M, desc.capacity, fixed.lengths),
-    }
+        feeds = {io.input_ids: np.zeros((B, M), dtype=np.int64), io.hidden_input: None,
+                 **length_feeds(io, position, M, desc.capacity)}
+        fixed = st.io_cache[M] = MtpIO(MappingProxyType(outputs), bound, st.kv, feeds, desc.target.hidden_type)
+    feeds = fixed.feeds
+    length_feeds(io, position, M, desc.capacity, feeds)
+    if isinstance(tokens, (int, np.integer, np.ndarray, list)):  # host ids: into the feed's own buffer
+        feeds[io.input_ids][...] = np.reshape(tokens, (B, M)) if B > 1 else tokens
+    else:  # a device array is fed as it is
+        feeds = {**feeds, io.input_ids: token_ids(tokens, M, B)}
+    feeds[io.hidden_input] = hidden.astype(fixed.hidden_type, copy=False).reshape(B, M, desc.hidden_size)
     return feeds, fixed.outputs, fixed.bound
 
