@@ -55,6 +55,7 @@ def test_inspect_lists_the_layers_the_head_and_the_state_layouts(builder):
     assert "past.0.recurrent -> present.0.recurrent [1, 4, 16, 32] float32, [B, Hv, Dk, Dv] K-major (from LinearAttention)" in text
     assert "position_ids [3, 1, M] (MRoPE)" in text
     assert "select: runs" in text and "ops CPUExecutionProvider lacks in model.onnx: none" in text
+    assert "Primary (greedy, the decode, prefills, re-advances) runs model.onnx given a session of its own" in text
 
 
 def test_the_users_folder_is_left_as_the_builder_wrote_it(builder):
@@ -262,6 +263,11 @@ def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):
     assert open_builder(copy).description.capacity == 64
     run = ["run", "--model", str(copy), "--drafter", "oracle", "--alpha", "0.7", "--k", "1", "--rounds", "1"]
     assert main([*run, "--tokens", "20"]) == 0, capsys.readouterr().err
+    from mtplab.base.threads import threads_used
+    from mtplab.experiment.calibrate import cache_key, cache_path
+
+    calibration = json.loads(cache_path(cache_key(str(copy), threads_used(0))).read_text())
+    assert calibration["copy_target"]["1"] > 0  # Primary ran model.onnx: the copy's M=1 is measured apart
     assert main([*run, "--tokens", "60"]) == 2
     assert "exceeds model's KV capacity 64 (allowed: tokens <= 52)" in capsys.readouterr().err
 

@@ -71,6 +71,16 @@ def test_the_prediction_prices_fallbacks_greedys_loop_and_the_draft_phase():
     assert eager["step_seconds"] == pytest.approx(1.0 + 0.15 + 2.4 + 0.01) and eager["fallback_cost_ratio"] == 2.0
 
 
+def test_a_point_whose_primary_runs_the_copy_pays_its_m1_cost_in_the_decode_and_in_greedy():
+    calib = CALIBRATION | {"eager": {"1": 1.5, "2": 2.0}, "greedy_token": 1.1, "copy_target": {"1": 1.25}}
+    copy = theory.on_the_copy(calib)
+    assert (copy["target"]["1"], copy["eager"]["1"], copy["greedy_token"]) == pytest.approx((1.25, 1.75, 1.35))
+    assert copy["target"]["2"] == calib["target"]["2"] and calib["target"]["1"] == 1.0  # the verify's, and no mutation
+    got = theory.predict(0.0, 1, "decode-verify", "select", copy)
+    assert got["speedup"] == pytest.approx(2 * 1.35 / (1.25 + 0.1 + 1.2 + 0.01))
+    assert theory.on_the_copy(CALIBRATION) is CALIBRATION  # a calibration without the copy's cost is as it was
+
+
 def test_a_batch_waits_for_its_slowest_row():
     one = theory.expected_steps(0.7, 3, "fused", 40)
     assert theory.expected_batch_steps(0.7, 3, "fused", 40, 1) == pytest.approx(one)

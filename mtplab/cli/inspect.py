@@ -62,6 +62,10 @@ def inspect_text(model, providers: list[str] | None = None) -> str:
     lines += ["", f"MTP head {h.path.name}: tokens {h.input_ids}, hidden {h.hidden_input} -> logits {h.logits}, "
                   f"hidden {h.hidden}; KV {h.kv[0].past_key}/{h.kv[0].past_value}; lengths: {_lengths(h)}"]
     lines += ["", "commit strategies:", *commit_lines(desc)]
+    if desc.original_target is not None:
+        lines.append(f"graphs: Verify runs mtplab's copy with select's outputs ({t.path}); Primary (greedy, the decode, "
+                     f"prefills, re-advances) runs {desc.original_target.name} given a session of its own (the sibling "
+                     "policies), else the copy too")
     if desc.max_k() is not None:
         lines.append(f"draft length: k in 1..{desc.max_k()}")
     else:

@@ -100,11 +100,12 @@ class Engine:
         primary_session = dev.session(self.primary_desc.target.path, own_weights(shared, own))
         verify_session = dev.session(self.art.target, shared) if pol.sibling_session else primary_session
         self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
-        # Largest I/O any slot binds: verify at M=k+1, both recurrent modes, on each graph.
+        # Largest I/O a slot binds: M=k+1, both recurrent modes, on the slot's graph.
         big = np.zeros((B, run.k + 1), dtype=np.int64)
-        specs = [target_io(d, self.state, big, in_place) for d in (desc, *([own] if own else [])) for in_place in (True, False)]
+        specs = [target_io(desc, self.state, big, in_place) for in_place in (True, False)]
+        own_specs = [target_io(own, self.state, big, in_place) for in_place in (True, False)] if own else None
         memory, arenas = slot_memory(
-            pol, dev, self.main, specs, dev.host_inputs, frozenset({desc.target.logits, desc.target.hidden})
+            pol, dev, self.main, specs, dev.host_inputs, frozenset({desc.target.logits, desc.target.hidden}), own_specs
         )
         self.arenas = {"main": self.main, **arenas}
         self.target = Executor(

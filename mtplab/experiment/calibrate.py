@@ -147,6 +147,10 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     def draft(k: int) -> None:  # the whole draft phase of k drafts, host work included
         engine.head.draft(tok, engine.last_hidden, L0, k)
 
+    def copy_forward() -> dict:  # M=1 on mtplab's copy (Verify's graph): what a shared policy's Primary runs
+        engine.state.length = L0
+        return engine.forward(Slot.VERIFY, [tok])
+
     def eager(M: int) -> dict:  # the same forward outside the slot's plan: what a fallback runs
         engine.state.length = L0
         if M == 1:
@@ -181,6 +185,9 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         for M in range(1, MAX_M + 1):
             forward(M)  # a changed size recaptures the slot's plan: untimed
             add(f"target/{M}", _median_time(lambda M=M: forward(M), reps))
+        if engine.primary_desc is not engine.desc:  # Primary runs the user's graph, Verify mtplab's copy
+            copy_forward()  # the Verify plan's size changes: untimed
+            add("copy/1", _median_time(copy_forward, reps))
         for M in range(1, MAX_M + 1):
             add(f"eager/{M}", _median_time(lambda M=M: eager(M), reps))
         head()
@@ -204,6 +211,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         "reps_per_sample": reps,
         "target": table("target/"),
         "eager": table("eager/"),
+        **({"copy_target": table("copy/")} if "copy/1" in summary else {}),
         "head": summary["head"]["median"],
         "draft": table("draft/"),
         "greedy_token": summary["greedy_token"]["median"],
@@ -285,6 +293,10 @@ def format_table(calib: dict) -> str:
         eager = calib["eager"]
         lines.insert(4, "  eager ms  " + " ".join(f"{eager[m] * 1e3:8.3f}" for m in calib["target"] if m in eager))
         lines.insert(5, "  eager/T(M)" + " ".join(f"{eager[m] / v:8.2f}" for m, v in calib["target"].items() if m in eager))
+    if calib.get("copy_target"):
+        copy = calib["copy_target"]["1"]
+        lines.append(f"  T(1) on mtplab's copy {copy * 1e3:.3f} ms ({copy / t1:.2f} T(1)): a shared policy's Primary; T(1) "
+                     "above is the user's graph (Primary given a session of its own), T(M > 1) the copy's (Verify)")
     if calib.get("draft"):
         lines.append("  draft phase k=1..{} ms ".format(len(calib["draft"]))
                      + " ".join(f"{v * 1e3:.3f}" for v in calib["draft"].values()))

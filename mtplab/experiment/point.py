@@ -143,6 +143,8 @@ def run_mtplab_point(
     samples = timed["samples"]
     steps = len(timed["accepted"])
     calibration = calibration if calibration is not None else calibration_for(run)
+    if engine.desc.original_target is not None and engine.primary_desc is engine.desc:  # Primary on the copy
+        calibration = theory.on_the_copy(calibration)
     alpha, alpha_source = acceptance_alpha(run, calibration, checked.spec["accepted"])
     # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction
     predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n,

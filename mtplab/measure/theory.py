@@ -125,6 +125,22 @@ def greedy_seconds(calibration: dict) -> float:
     return calibration.get("greedy_token", calibration["target"]["1"])
 
 
+def on_the_copy(calibration: dict) -> dict:
+    """The calibration as a point sees it whose Primary slot runs mtplab's copy of a builder graph (a shared
+    policy: one session holds both slots' plans), where the calibration's Primary ran the user's own graph:
+    the M=1 forward, its eager run and greedy's token each cost the copy's extra outputs too."""
+    copy = calibration.get("copy_target")
+    if not copy:
+        return calibration
+    extra = copy["1"] - calibration["target"]["1"]
+    out = {**calibration, "target": {**calibration["target"], "1": copy["1"]}}
+    if "1" in (calibration.get("eager") or {}):
+        out["eager"] = {**calibration["eager"], "1": calibration["eager"]["1"] + extra}
+    if "greedy_token" in calibration:
+        out["greedy_token"] = calibration["greedy_token"] + extra
+    return out
+
+
 def draft_seconds(calibration: dict, k: int) -> float:
     """The calibrated draft phase of k drafts (k head steps for a calibration from before it was measured)."""
     return (calibration.get("draft") or {}).get(str(k), k * calibration["head"])

@@ -49,11 +49,12 @@ def policy(name: str | ArenaPolicy) -> ArenaPolicy:
     return POLICIES[name]
 
 
-def slot_memory(pol: ArenaPolicy, device, main, specs, host_inputs=frozenset(), scoped=frozenset()):
+def slot_memory(pol: ArenaPolicy, device, main, specs, host_inputs=frozenset(), scoped=frozenset(), primary_specs=None):
     """({slot: SlotMemory}, {arena name: Arena}) for the target's two slots under this policy.
 
     specs: (feeds, outputs, bound) of the largest forwards any slot binds (presized where the policy
-    presizes). scoped: the Verify slot's step-scoped outputs (its logits and hidden state).
+    presizes); primary_specs: the Primary slot's own, where a sibling policy runs it on another graph.
+    scoped: the Verify slot's step-scoped outputs (its logits and hidden state).
     """
     from mtplab.runtime.executor import Slot, SlotMemory
 
@@ -65,8 +66,9 @@ def slot_memory(pol: ArenaPolicy, device, main, specs, host_inputs=frozenset(), 
         memory = {slot: SlotMemory(arena, host_inputs=host_inputs) for slot in (Slot.PRIMARY, Slot.VERIFY)}
         return memory, {"shared": arena}
     primary, private = device.arena("primary"), device.arena("verify", private=True)
-    for feeds, outputs, _ in specs:
+    for feeds, outputs, _ in primary_specs or specs:
         presize(primary, feeds, outputs, skip=host_inputs)
+    for feeds, outputs, _ in specs:
         presize(private, feeds, outputs, skip=scoped | host_inputs)
     memory = {
         Slot.PRIMARY: SlotMemory(primary, host_inputs=host_inputs),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,6 +22,7 @@ from mtplab.base.threads import session_options
 from mtplab.model.description import ModelDescription, StateTensor, length_feeds
 from mtplab.model.onnx_read import failing_op
 from mtplab.runtime.arena import Arena, address, to_numpy
+from mtplab.runtime.signature import OutputSpec
 
 # Where an op's kernel allows an output on its input's buffer: {provider: {op: {(input, output)}}}, as the
 # kernels register it (KernelDefBuilder MayInplace) in onnxruntime 1.30-1.32. CUDA: GroupQueryAttention KV
@@ -302,7 +302,8 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     outputs, bound, feeds = st.fixed((io.path, M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
     length_feeds(io, length, M, desc.capacity, feeds)
     if type(tokens) is np.ndarray:
-        feeds[io.input_ids][...] = tokens if tokens.ndim == 2 else tokens.reshape(st.batch, M)
+        ids = feeds[io.input_ids]
+        ids[...] = tokens if tokens.shape == ids.shape else tokens.reshape(st.batch, M)  # reshape: refuses a wrong size
         return feeds, outputs, bound
     return {**feeds, io.input_ids: token_ids(tokens, M, st.batch)}, outputs, bound
 
@@ -329,7 +330,7 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
     feeds = {io.input_ids: np.zeros((B, M), dtype=np.int64),  # rewritten per forward
              **length_feeds(io, st.length if st.lengths is None else st.lengths, M, desc.capacity)}
     # outputs and bound immutable: the executor's replay check may take them by identity
-    return MappingProxyType(outputs), tuple(bound), feeds
+    return OutputSpec(outputs), tuple(bound), feeds
 
 
 def select_output_shapes(desc: ModelDescription, M: int, batch: int = 1) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -391,11 +392,13 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
                  (kv.present_value, v, True))
         feeds = {io.input_ids: np.zeros((B, M), dtype=np.int64), io.hidden_input: None,
                  **length_feeds(io, position, M, desc.capacity)}
-        fixed = st.io_cache[M] = MtpIO(MappingProxyType(outputs), bound, st.kv, feeds, desc.target.hidden_type)
+        fixed = st.io_cache[M] = MtpIO(OutputSpec(outputs), bound, st.kv, feeds, desc.target.hidden_type)
     feeds = fixed.feeds
     length_feeds(io, position, M, desc.capacity, feeds)
-    if isinstance(tokens, (int, np.integer, np.ndarray, list)):  # host ids: into the feed's own buffer
-        feeds[io.input_ids][...] = np.reshape(tokens, (B, M)) if B > 1 else tokens
+    if B == 1 and isinstance(tokens, (int, np.integer)):  # host ids: into the feed's own buffer
+        feeds[io.input_ids][...] = tokens
+    elif isinstance(tokens, (np.ndarray, list, tuple)):
+        feeds[io.input_ids][...] = np.reshape(tokens, (B, M))
     else:  # a device array is fed as it is
         feeds = {**feeds, io.input_ids: token_ids(tokens, M, B)}
     feeds[io.hidden_input] = hidden.astype(fixed.hidden_type, copy=False).reshape(B, M, desc.hidden_size)

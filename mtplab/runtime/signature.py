@@ -8,8 +8,8 @@ cheaply, by holding the very objects the plan was captured with.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from operator import attrgetter, is_, itemgetter
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -70,6 +70,28 @@ def describe_mismatch(old: tuple, new: tuple) -> str:
     return "no difference"
 
 
+class OutputSpec(Mapping):
+    """A forward's output spec, {name: (shape, dtype)}, that cannot change once made: the replay check may take
+    the very same object as the same spec (target_io and mtp_io cache one per forward size)."""
+
+    __slots__ = ("_spec",)
+
+    def __init__(self, spec: dict):
+        self._spec = dict(spec)
+
+    def __getitem__(self, name):
+        return self._spec[name]
+
+    def __iter__(self):
+        return iter(self._spec)
+
+    def __len__(self) -> int:
+        return len(self._spec)
+
+    def __repr__(self) -> str:
+        return f"OutputSpec({self._spec!r})"
+
+
 _META = attrgetter("dtype", "shape")
 _ARRAY = itemgetter(1)
 
@@ -84,7 +106,7 @@ class ReplayCheck:
     - feeds: same names in the same order, each value of the same shape and dtype, so staging picks
       the same slot buffer (SlotMemory keeps one view per name, shape and dtype; host inputs are
       checked against SlotMemory.host, which a new shape replaces);
-    - outputs: the same spec (names in order, shapes, dtypes; or the very same read-only mapping) from the
+    - outputs: the same spec (names in order, shapes, dtypes; or the very same OutputSpec) from the
       same SlotMemory and, for step-scoped outputs, the same pool block still held, so the same addresses;
     - bound: the same (name, direction) and the same array object, read for dtype and shape;
     - every slot buffer (staged feeds, outputs) read for dtype and shape too.
@@ -118,8 +140,8 @@ class ReplayCheck:
         self.staging = [(staged[n], isinstance(staged[n], np.ndarray)) for n in feeds]
         self.out_names = tuple(outputs)
         self.out_spec = dict(outputs)
-        # A read-only mapping (target_io's) cannot change: the very same object needs no comparing.
-        self.out_obj = outputs if type(outputs) is MappingProxyType else None
+        # An OutputSpec cannot change: the very same object needs no comparing.
+        self.out_obj = outputs if type(outputs) is OutputSpec else None
         self.block = memory.block
         self.bound = tuple(bound)
         # A tuple of (name, array, is_output) tuples cannot change: the very same object needs no re-reading.
