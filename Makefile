@@ -19,6 +19,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[cpu,dev,cluster,peer]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name mtplab --display-name "mtplab" >/dev/null
+	$(BIN)/python -m compileall -q mtplab  # bytecode once: where PYTHONDONTWRITEBYTECODE is set, each process would compile it
 	touch $(STAMP)
 
 .venv-ort-%/.installed: Makefile
