@@ -199,10 +199,7 @@ def batch_commit(engine) -> Callable:
     name = engine.commit_strategy.name
     if name not in BATCH_COMMITS:
         raise ValueError(f"commit={name!r} has no batched form: batch > 1 runs commit in {list(BATCH_COMMITS)}")
-    key = ("batch", name, BATCH_COMMITS[name])
-    if key not in engine._prepared:
-        engine._prepared[key] = BATCH_COMMITS[name](engine)
-    return engine._prepared[key]
+    return engine.prepared(("batch", name, BATCH_COMMITS[name]), BATCH_COMMITS[name])
 
 
 def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int) -> np.ndarray:

@@ -102,11 +102,11 @@ class Engine:
         self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
         # Largest I/O a slot binds: M=k+1, both recurrent modes, on the slot's graph.
         big = np.zeros((B, run.k + 1), dtype=np.int64)
-        specs = [target_io(desc, self.state, big, in_place) for in_place in (True, False)]
-        own_specs = [target_io(own, self.state, big, in_place) for in_place in (True, False)] if own else None
-        memory, arenas = slot_memory(
-            pol, dev, self.main, specs, dev.host_inputs, frozenset({desc.target.logits, desc.target.hidden}), own_specs
-        )
+        def largest(d):
+            return [target_io(d, self.state, big, in_place) for in_place in (True, False)]
+
+        memory, arenas = slot_memory(pol, dev, self.main, largest(desc), dev.host_inputs,
+                                     frozenset({desc.target.logits, desc.target.hidden}), own and largest(own))
         self.arenas = {"main": self.main, **arenas}
         self.target = Executor(
             {Slot.PRIMARY: primary_session, Slot.VERIFY: verify_session},
@@ -171,9 +171,19 @@ class Engine:
         strategy = COMMITS.get(name)
         if problem := strategy.refusal(self.desc):
             raise ValueError(problem)
-        if name not in self._prepared:  # prepared once per engine (select's replay graph is a session of its own)
-            self._prepared[name] = strategy.prepare(self)
-        self.commit_strategy, self._commit = strategy, self._prepared[name]
+        # prepared once per engine (select's replay graph is a session of its own)
+        self.commit_strategy, self._commit = strategy, self.prepared(name, strategy.prepare)
+
+    def prepared(self, key, build: Callable):
+        """What build(self) makes, made once per engine under key (a commit strategy's prepared commit)."""
+        if key not in self._prepared:
+            self._prepared[key] = build(self)
+        return self._prepared[key]
+
+    @property
+    def primary_runs_copy(self) -> bool:
+        """The Primary slot runs mtplab's copy of a builder graph (one session for both slots), not the user's."""
+        return self.desc.original_target is not None and self.primary_desc is self.desc
 
     # -- forwards ------------------------------------------------------------------------------
     def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:
@@ -381,13 +391,12 @@ class Engine:
 
 
 def own_weights(shared: dict | None, own) -> dict | None:
-    """The shared weights the user's own graph takes (mtplab's copy adds a constant of its own)."""
+    """The shared weights the user's own graph takes: the copy's, less the constants the copy added."""
     if shared is None or own is None:
         return shared
-    import onnx
+    from mtplab.model.surgery import ADDED
 
-    names = {t.name for t in onnx.load(str(own.target.path), load_external_data=False).graph.initializer}
-    return {name: value for name, value in shared.items() if name in names}
+    return {name: value for name, value in shared.items() if not name.startswith(ADDED)}
 
 
 def commits_on(desc) -> tuple[list[str], dict[str, str]]:

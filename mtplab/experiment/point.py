@@ -138,12 +138,12 @@ def run_mtplab_point(
     if primary.fallbacks != fallbacks:  # the Primary slot lost its plan for good (CUDA graph ids spent)
         baseline = "paired rounds; the Primary slot ran eager in some of them"
     if engine.desc.original_target is not None:  # the target is mtplab's copy with select's outputs
-        baseline += ("; greedy on your own graph" if engine.primary_desc is not engine.desc else
-                     "; greedy on mtplab's copy of your graph (one session holds both slots), paying for its extra outputs")
+        baseline += ("; greedy on mtplab's copy of your graph (one session holds both slots), paying for its extra "
+                     "outputs" if engine.primary_runs_copy else "; greedy on your own graph")
     samples = timed["samples"]
     steps = len(timed["accepted"])
     calibration = calibration if calibration is not None else calibration_for(run)
-    if engine.desc.original_target is not None and engine.primary_desc is engine.desc:  # Primary on the copy
+    if engine.primary_runs_copy:
         calibration = theory.on_the_copy(calibration)
     alpha, alpha_source = acceptance_alpha(run, calibration, checked.spec["accepted"])
     # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction

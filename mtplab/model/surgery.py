@@ -36,6 +36,7 @@ SURGERY_VERSION = 2
 LINEAR_ROLES = ("query", "key", "value", "past_state", "decay", "beta")
 NP_TO_ONNX = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 REPLAYED = ("LinearAttention", "GatedDeltaNet")
+ADDED = "mtplab."  # every name the copy adds (outputs, constants) starts so: the user's graph has none of them
 CAPTURE_COUNT = "capture_count"  # GatedDeltaNet input 9: how many of the forward's tokens to capture
 CAPTURE_INPUT, STATE_UPDATE_OUTPUT = 9, 2
 
@@ -125,14 +126,14 @@ def _exposed(desc: ModelDescription, model: onnx.ModelProto) -> dict[int, dict[s
         node = consumer(model, s.past)
         roles = out.setdefault(s.layer, {})
         if s.kind == "conv":
-            roles["conv_input"] = (node.input[0], f"mtplab.conv_input.{s.layer}", 1 if "channels-last" in s.layout else 2)
+            roles["conv_input"] = (node.input[0], f"{ADDED}conv_input.{s.layer}", 1 if "channels-last" in s.layout else 2)
         elif s.op == "GatedDeltaNet":
-            name = f"mtplab.transitions.{s.layer}"
+            name = f"{ADDED}transitions.{s.layer}"
             roles["transitions"] = (name, name, None)
         else:
             for role, name in zip(LINEAR_ROLES, node.input):
                 if name and role != "past_state":
-                    roles[role] = (name, f"mtplab.{role}.{s.layer}", 1)
+                    roles[role] = (name, f"{ADDED}{role}.{s.layer}", 1)
     return out
 
 
@@ -150,7 +151,7 @@ def _expose(copy: onnx.ModelProto, exposed) -> None:
                 continue
             if source != name:
                 elem = typed.get(source, TensorProto.FLOAT)
-                one = f"mtplab.one.{elem}"
+                one = f"{ADDED}one.{elem}"
                 if not any(t.name == one for t in copy.graph.initializer):
                     copy.graph.initializer.append(helper.make_tensor(one, elem, [], [1.0]))
                 copy.graph.node.append(helper.make_node("Mul", [source, one], [name], name=f"{name}.expose"))

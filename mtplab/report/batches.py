@@ -16,6 +16,7 @@ from mtplab.report.selection import batches as selection_batches
 SERIES = ["setting", "k", "schedule", "commit"]  # one line per series, drawn against B
 PANEL = ["setting", "schedule", "commit"]
 MERGED = {"batch", "drafter", "alpha", "seed"}  # B is the axis, the drafter is the setting, seeds are repeats
+TABLE_COLUMNS = ("batches", "speedups", "measured break-even", "predicted break-even")  # break_even_table's own
 
 
 def series_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -95,8 +96,6 @@ def findings(df: pd.DataFrame) -> str:
                      + ", ".join(f"`{p}` ({st})" for p, st in zip(failed.point_id, failed.status)))
     return "\n".join(lines)
 
-
-TABLE_COLUMNS = ("batches", "speedups", "measured break-even", "predicted break-even")
 
 
 def speedup_vs_batch(df: pd.DataFrame):
