@@ -61,3 +61,30 @@ def test_load_or_measure_reuses_the_cache_and_says_when_it_measures(calib, tmp_p
 def test_a_calibration_of_other_repeats_is_kept_apart_from_the_one_runs_use():
     assert calibrate.cache_key("tiny", 2, repeats=1) != calibrate.cache_key("tiny", 2)
     assert calibrate.cache_key("tiny", 2, repeats=calibrate.REPEATS) == calibrate.cache_key("tiny", 2)
+
+
+def test_each_cost_is_its_ratio_to_the_reference_timed_beside_it():
+    """A machine twice as slow for the second item: the ratios, and so the costs in T(1) units, do not move."""
+    speed = {"now": 1.0}
+    order = []
+
+    def reference():
+        order.append("ref")
+        return 0.010 * speed["now"]
+
+    def item(cost):
+        def measure():
+            order.append("item")
+            return cost * speed["now"]
+        return measure
+
+    paired = calibrate.PairedSamples(reference, "target/1")
+    paired.add("target/4", item(0.020))
+    speed["now"] = 2.0
+    paired.add("greedy_token", item(0.011))
+    summary = paired.summary()
+    assert order == ["ref", "item", "item", "ref"]  # the reference goes first every other time
+    assert summary["target/4"]["ratio"] == pytest.approx(2.0) and summary["greedy_token"]["ratio"] == pytest.approx(1.1)
+    t1 = summary["target/1"]["median"]
+    assert t1 == pytest.approx(0.015)  # the references' median, both speeds
+    assert summary["greedy_token"]["median"] / summary["target/4"]["median"] == pytest.approx(0.55)

@@ -256,9 +256,15 @@ class Engine:
         row = out["logits"][0, -1]
         tokens, rows = [choose(xp, row)], [row.copy()][:keep_logits]
         gaps = [top2_margin_xp(xp, row)] if margins else []
+        ids = np.empty(1, dtype=np.int64) if xp is np else None  # the host's next token, written in place
         t0 = time.perf_counter()
         while len(tokens) < n:
-            out = forward(Slot.PRIMARY, tokens[-1].reshape(1), eager=eager)
+            if ids is None:
+                step = tokens[-1].reshape(1)
+            else:
+                ids[0] = tokens[-1]
+                step = ids
+            out = forward(Slot.PRIMARY, step, eager=eager)
             state.length += 1
             row = out["logits"][0, 0]
             if len(rows) < keep_logits:

@@ -1,8 +1,8 @@
 """The cost model at batch B: T(B, M), the draft phase, greedy's step and each commit, measured at [B, *].
 
 What `mtplab.experiment.calibrate` measures at batch 1, measured the same way (interleaved over repeats,
-medians) on an Engine made for B rows: the target forward at [B, M] for M = 1..8 on replayed plans, the
-draft phase of k = 1..7 drafts at [B, 1] (host work included), greedy's cost per [B, 1] step (its loop), and
+each sample beside a sample of T(B, 1), medians of the ratios) on an Engine made for B rows: the target
+forward at [B, M] for M = 1..8 on replayed plans, the draft phase of k = 1..7 drafts at [B, 1] (host work included), greedy's cost per [B, 1] step (its loop), and
 each commit strategy's cost when every row commits n tokens, n = 1..8. The head's acceptance is the batch-1
 calibration's (a row drafts as a batch of one does). Cached per model, machine, threads, onnxruntime and B;
 `mtplab.measure.theory.predict_batch` turns it into a batch point's predicted speedup.
@@ -20,17 +20,18 @@ from mtplab.base.threads import threads_used
 from mtplab.engine import batch as batching
 from mtplab.engine.engine import Engine
 from mtplab.experiment.calibrate import (
+    FORWARD_SAMPLES,
     GREEDY_TOKENS,
     MAX_M,
     PROMPT_LEN,
     REPEATS,
+    PairedSamples,
+    _block_time,
     _calibration_run,
-    _median_time,
     cache_key,
     cache_path,
     load_or_measure,
 )
-from mtplab.measure import stats
 from mtplab.measure.result import dumps, write_atomic
 from mtplab.runtime.executor import Slot
 
@@ -74,25 +75,29 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
             else:
                 apply(ver, counts, rows)
             times.append(time.perf_counter() - t0)
-        return float(np.median(times[1:]))
+        return float(np.mean(times[1:]))
 
     from mtplab.engine.engine import commits_on
 
     strategies, skipped = commits_on(engine.desc)
-    samples: dict[str, list[float]] = {}
+    forward(1), forward(1)  # Primary's plan captured before the first reference sample
+    paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps), "target/1")
+    add = paired.add
     for _ in range(repeats):
-        for M in range(1, MAX_M + 1):
+        for M in range(2, MAX_M + 1):
             forward(M)
-            samples.setdefault(f"target/{M}", []).append(_median_time(lambda M=M: forward(M), reps))
+            for _ in range(FORWARD_SAMPLES):
+                add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps))
         for k in range(1, MAX_M):
-            samples.setdefault(f"draft/{k}", []).append(_median_time(
-                lambda k=k: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps))
-        samples.setdefault("greedy_token", []).append(float(np.median([greedy_step() for _ in range(reps)])))
+            add(f"draft/{k}", lambda k=k: _block_time(
+                lambda: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps))
+        for _ in range(FORWARD_SAMPLES):
+            add("greedy_token", lambda: float(np.mean([greedy_step() for _ in range(reps)])))
         batching.start(engine, prompts)
         for strategy in strategies:
             for n in range(1, MAX_M + 1):
-                samples.setdefault(f"commit/{strategy}/{n}", []).append(commit(strategy, n))
-    summary = {name: stats.summarize(v) for name, v in samples.items()}
+                add(f"commit/{strategy}/{n}", lambda strategy=strategy, n=n: commit(strategy, n))
+    summary = paired.summary()
 
     def table(prefix: str) -> dict:
         return {name[len(prefix):]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
@@ -109,6 +114,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         "commit": {s: table(f"commit/{s}/") for s in strategies},
         "commits_skipped": skipped,
         "ci": {name: s["ci"] for name, s in summary.items()},
+        "ratio_to_t1": {name: s["ratio"] for name, s in summary.items()},
         "seconds": time.perf_counter() - t_start,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load": [round(load_start, 2), round(os.getloadavg()[0], 2)],

@@ -5,9 +5,16 @@ drift spreads over all of them): the target forward T(M) for M = 1..8 on replaye
 Primary as greedy decodes, M >= 2 on Verify as the select commit's verify runs) and the same
 forwards eager (what a fallback costs), one MTP head step and the whole draft phase of k = 1..7
 drafts (host work included), greedy's own cost per token (its loop, not just the forward), and
-each commit strategy's cost for n committed tokens = 1..8. It also measures the MTP head's
-acceptance on prompts no point uses, and records the load average before and after. Results are cached per model, machine, threads and
-onnxruntime version; `mtplab.measure.theory.predict` turns them into a point's predicted speedup.
+each commit strategy's cost for n committed tokens = 1..8. T(M) and greedy's token, which every
+prediction divides, get FORWARD_SAMPLES samples per repeat.
+
+A sample is the mean over a few calls in a row (a run pays its occasional slow forward too), timed
+beside a sample of T(1), the order alternating (PairedSamples): a cost is its median ratio to the
+T(1) beside it times T(1)'s median over all of them, so a machine that speeds up or slows down
+between items moves no ratio a prediction divides (greedy's token against T(k+1)).
+It also measures the MTP head's acceptance on prompts no point uses, and records the load average
+before and after. Results are cached per model, machine, threads and onnxruntime version;
+`mtplab.measure.theory.predict` turns them into a point's predicted speedup.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +43,9 @@ ACCEPTANCE_SEEDS = (1000, 1001, 1002)  # prompts for the head's acceptance; swee
 ACCEPTANCE_K = 4
 PROMPT_LEN = 8
 GREEDY_TOKENS = 16  # decodes per greedy sample of the calibration
+# Samples per repeat of the costs every prediction divides (T(M), greedy's token): cheap beside the commits' and the
+# head's acceptance, and what decides a prediction's noise.
+FORWARD_SAMPLES = 5
 
 
 def model_hash(model: str) -> str:
@@ -49,8 +60,9 @@ def model_hash(model: str) -> str:
 
 
 REPEATS = 3  # what runs and sweeps use; another count is cached apart and never replaces it
-# Bumped when what a calibration measures changes (2: a builder folder's Primary slot runs the user's own graph).
-MEASURES = 2
+# Bumped when what a calibration measures changes (2: a builder folder's Primary slot runs the user's own graph;
+# 3: every cost a ratio to the T(1) timed beside it).
+MEASURES = 3
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
@@ -79,13 +91,44 @@ def cache_path(key: dict) -> Path:
     return root / "calibration" / f"{key['preset']}-{digest}.json"
 
 
-def _median_time(fn, reps: int) -> float:
-    times = []
+def _block_time(fn, reps: int) -> float:
+    """Seconds per call over `reps` calls in a row: a sample pays the occasional slow call, as a run does (a median
+    of single calls would hide it, and a speculative step's wide forwards are the ones that have it)."""
+    t0 = time.perf_counter()
     for _ in range(reps):
-        t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return (time.perf_counter() - t0) / reps
+
+
+class PairedSamples:
+    """Samples of each cost, each timed beside a sample of a reference cost (T(1)), which goes first every other
+    time. summary() gives each cost as its median ratio to the reference beside it times the reference's median
+    over every pairing: the machine's drift between items cancels in the ratios that a prediction divides."""
+
+    def __init__(self, reference: Callable[[], float], name: str):
+        self.reference, self.name = reference, name
+        self.references: list[float] = []
+        self.ratios: dict[str, list[float]] = {}
+
+    def add(self, name: str, measure: Callable[[], float]) -> None:
+        """One sample of `name` (seconds from measure()) and one of the reference beside it."""
+        first = len(self.references) % 2 == 0
+        ref = self.reference() if first else None
+        value = measure()
+        ref = ref if first else self.reference()
+        self.references.append(ref)
+        self.ratios.setdefault(name, []).append(value / ref)
+
+    def summary(self) -> dict[str, dict]:
+        """{name: median and CI in seconds, and the ratio to the reference with its CI}; the reference's own entry
+        is summarized from its samples."""
+        t_ref = stats.median(self.references)
+        out = {self.name: stats.summarize(self.references) | {"ratio": 1.0}}
+        for name, ratios in self.ratios.items():
+            s = stats.summarize(ratios)
+            out[name] = {"median": s["median"] * t_ref, "ci": [c * t_ref for c in s["ci"]], "ratio": s["median"],
+                         "ratio_ci": s["ci"]}
+        return out
 
 
 def _calibration_run(model: str, threads: int, **fields) -> tuple[RunConfig, object]:
@@ -162,7 +205,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         return g.seconds / g.decodes
 
     def commit(strategy: str, n: int, reps: int) -> float:
-        """Median seconds of one commit of n tokens (the verify it commits from is untimed, run once)."""
+        """Mean seconds of one commit of n tokens (the verify it commits from is untimed, run once)."""
         engine.use_commit(strategy)
         engine.state.length = L0
         # A strategy that reads the verify's outputs gets them; one whose verify runs in place restores a snapshot.
@@ -173,34 +216,35 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
             t0 = time.perf_counter()
             engine.commit(ver, [tok] * n, L0)
             times.append(time.perf_counter() - t0)
-        return float(np.median(times[1:]))
+        return float(np.mean(times[1:]))
 
-    samples: dict[str, list[float]] = {}
     strategies, skipped = commits_on(engine.desc)
-
-    def add(name: str, value: float) -> None:
-        samples.setdefault(name, []).append(value)
-
+    forward(1), forward(1)  # Primary's plan captured before the first reference sample
+    paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps), "target/1")
+    add = paired.add
     for _ in range(repeats):
-        for M in range(1, MAX_M + 1):
+        for M in range(2, MAX_M + 1):
             forward(M)  # a changed size recaptures the slot's plan: untimed
-            add(f"target/{M}", _median_time(lambda M=M: forward(M), reps))
+            for _ in range(FORWARD_SAMPLES):
+                add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps))
         if engine.primary_desc is not engine.desc:  # Primary runs the user's graph, Verify mtplab's copy
             copy_forward()  # the Verify plan's size changes: untimed
-            add("copy/1", _median_time(copy_forward, reps))
+            for _ in range(FORWARD_SAMPLES):
+                add("copy/1", lambda: _block_time(copy_forward, reps))
         for M in range(1, MAX_M + 1):
-            add(f"eager/{M}", _median_time(lambda M=M: eager(M), reps))
+            add(f"eager/{M}", lambda M=M: _block_time(lambda: eager(M), reps))
         head()
-        add("head", _median_time(head, reps))
+        add("head", lambda: _block_time(head, reps))
         for k in range(1, MAX_M):
-            add(f"draft/{k}", _median_time(lambda k=k: draft(k), reps))
-        add("greedy_token", float(np.median([greedy_token() for _ in range(reps)])))
+            add(f"draft/{k}", lambda k=k: _block_time(lambda: draft(k), reps))
+        for _ in range(FORWARD_SAMPLES):
+            add("greedy_token", lambda: float(np.mean([greedy_token() for _ in range(reps)])))
         engine.start(prompt)  # back to the state the other items are measured from
         engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
         for strategy in strategies:
             for n in range(1, MAX_M + 1):
-                add(f"commit/{strategy}/{n}", commit(strategy, n, reps))
-    summary = {name: stats.summarize(v) for name, v in samples.items()}
+                add(f"commit/{strategy}/{n}", lambda strategy=strategy, n=n: commit(strategy, n, reps))
+    summary = paired.summary()
 
     def table(prefix: str) -> dict:
         return {name[len(prefix) :]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
@@ -218,6 +262,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         "commit": {s: table(f"commit/{s}/") for s in strategies},
         "commits_skipped": skipped,
         "ci": {name: s["ci"] for name, s in summary.items()},
+        "ratio_to_t1": {name: s["ratio"] for name, s in summary.items()},
         "mtp_acceptance": _acceptance(model, acceptance_tokens, threads),
         "seconds": time.perf_counter() - t_start,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
