@@ -2,8 +2,8 @@
 
 - greedy and MTP against onnxruntime-genai (benchmarks/mtplab_vs_genai.py) on `small` and on the builder
   fixture, at 1 and 2 threads: medians of the per-round paired ratios with 95% CIs;
-- engine greedy against a bare replay loop and the speculative host share (benchmarks/executor_overhead.py,
-  tiny, 1 thread);
+- engine greedy against a bare replay loop, greedy's host path layer by layer, and the speculative host share
+  (benchmarks/executor_overhead.py, tiny, 1 thread);
 - the efficiency range of the demo's sibling-pinned/select points (results/demo, when `make demo` ran).
 Each line names its thread pool; --pools global per-session runs the pool comparison side by side
 (processes alternating). The load average is printed before and after: numbers from a busy machine
@@ -85,9 +85,13 @@ def main() -> None:
                         rows.append((name, "OUTPUT DIFFERS FROM GREEDY", str(r["identical"]), ""))
         for pool in args.pools:
             out = Path(tmp) / f"overhead-{pool}.json"
-            t = _run("executor_overhead.py", ["--threads", "1", "--pool", pool] + (["--rounds", "5"] if args.quick else []),
-                     out)["per_token"]
+            measured = _run("executor_overhead.py", ["--threads", "1", "--pool", pool]
+                            + (["--rounds", "5"] if args.quick else []), out)
+            t, layers = measured["per_token"], measured["greedy_layers"]
             name = f"tiny, 1 thread, {pool} pool"
+            rows.append((name, "greedy's host path by layer, x plan replay",
+                         ", ".join(f"{layer.lstrip('+ ').split(',')[0]} {m['ratio']:.2f}" for layer, m in layers.items()
+                                   if layer != "plan replay"), ""))
             rows.append((name, "engine greedy / bare replay loop", _ci({"median": t["ratio"], "ci": t["ratio_ci"]}),
                          GOALS["ratio"]))
             rows.append((name, "speculative host share (k=3)", _ci({"median": t["share"], "ci": t["share_ci"]}, True),

@@ -18,6 +18,11 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   times inside them) / sum of step walls: the part of a step the host spends outside the forwards.
   Goal: <= 20%. Where it goes: each phase's host time per step (the schedule's phase clock less the
   forwards of the session that phase runs: Primary decode, the MTP head's drafts, the Verify).
+Greedy's host path by layer, on the same Engine, interleaved rounds of n tokens, each layer adding to the one
+before, every one relative to the first (the same plan replayed as the length advances, nothing else):
++ the loop's own work (target_io rewriting the token and length feeds, the state's carry, the argmax), + the
+replay check (ReplayCheck.stage: the feeds staged into the plan's buffers, every binding checked), the whole
+Executor.run, Engine.forward (its bookkeeping), Engine.greedy (the timed loop): where greedy's host time goes.
 On a machine shared with other work, --threads 1 keeps each forward on the calling thread
 (no intra-op pool waiting for a busy core), which steadies both ratios.
 
@@ -173,6 +178,57 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
     }
 
 
+LAYERS = ("plan replay", "+ feeds, carry, argmax", "+ replay check", "Executor.run", "Engine.forward", "Engine.greedy")
+
+
+def greedy_layers(art, rounds: int, n: int, threads: int) -> dict[str, dict]:
+    """Microseconds per token of greedy's loop built up layer by layer (LAYERS), and each layer's ratio to the first."""
+    run = RunConfig(model="tiny", k=3, threads=threads)
+    eng = Engine(run, art)
+    prompt = prompt_tokens(art.config.vocab_size, run.prompt_len, 0)
+    eng.greedy(prompt, n, margins=False)  # captures the Primary plan
+    ex, state, desc = eng.target, eng.state, eng.primary_desc
+    slot, memory = ex.state[Slot.PRIMARY], ex.memory[Slot.PRIMARY]
+    logits = desc.target.logits
+
+    def loop(layer: str) -> float:
+        if layer == "Engine.greedy":
+            g = eng.greedy(prompt, n, margins=False)
+            return g.seconds / g.decodes
+        eng.start(prompt)
+        token, plan, check = np.zeros(1, dtype=np.int64), slot.plan, slot.check
+        t0 = time.perf_counter()
+        for _ in range(n - 1):
+            if layer == "plan replay":
+                plan.run()
+            elif layer == "Engine.forward":
+                out = eng.forward(Slot.PRIMARY, token)
+                token[0] = out[logits][0, 0].argmax()
+            else:
+                feeds, outputs, bound = target_io(desc, state, token)
+                if layer == "Executor.run":
+                    out = ex.run(Slot.PRIMARY, feeds, outputs, bound)
+                else:
+                    if layer == "+ replay check":
+                        assert check.stage(memory, feeds, outputs, bound), "the replay check refused its own plan"
+                    plan.run()
+                    out = check.result
+                state.carry()
+                token[0] = out[logits][0, 0].argmax()
+            state.length += 1
+        return (time.perf_counter() - t0) / (n - 1)
+
+    times: dict[str, list[float]] = {layer: [] for layer in LAYERS}
+    for r in range(rounds + 1):
+        for layer in (LAYERS if r % 2 else LAYERS[::-1]):
+            seconds = loop(layer)
+            if r:
+                times[layer].append(seconds * 1e6)
+    base = np.asarray(times[LAYERS[0]])
+    return {layer: {"us": float(np.median(v)), "ratio": float(np.median(np.asarray(v) / base)),
+                    "ratio_ci": summarize(list(np.asarray(v) / base))["ci"]} for layer, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=3)
@@ -219,10 +275,18 @@ def main() -> None:
     print(f"{'measure':42} {'value':>22} {'goal':>8}")
     for name, value, goal in rows:
         print(f"{name:42} {value:>22} {goal:>8}")
+    layers = greedy_layers(art, args.rounds, args.tokens, args.threads)
+    print()
+    print(f"greedy's host path by layer on tiny, {args.tokens} tokens, median of {args.rounds} interleaved rounds "
+          "(each layer adds to the one above)")
+    print(f"{'layer':26} {'us/token':>9} {'/ plan replay':>22}")
+    for layer, m in layers.items():
+        print(f"{layer:26} {m['us']:9.1f} {m['ratio']:9.3f}x [{m['ratio_ci'][0]:.3f}, {m['ratio_ci'][1]:.3f}]")
     print(f"thread pool: {thread_pool()}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "pool": thread_pool(), "per_token": t}, f, indent=1, default=float)
+            json.dump({"threads": args.threads, "pool": thread_pool(), "per_token": t, "greedy_layers": layers}, f,
+                      indent=1, default=float)
 
 
 if __name__ == "__main__":
