@@ -19,9 +19,10 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   Goal: <= 20%. Where it goes: each phase's host time per step (the schedule's phase clock less the
   forwards of the session that phase runs: Primary decode, the MTP head's drafts, the Verify).
 Greedy's host path by layer, on the same Engine, interleaved rounds of n tokens, each layer adding to the one
-before, every one relative to the first (the same plan replayed as the length advances, nothing else):
-+ the loop's own work (target_io rewriting the token and length feeds, the state's carry, the argmax), + the
-replay check (ReplayCheck.stage: the feeds staged into the plan's buffers, every binding checked), the whole
+before, every one relative to the first (the captured plan replayed n times, nothing else): + the loop's own
+work (target_io rewriting its token and length feeds, the state's carry, the argmax; nothing stages the feeds
+yet, so the plan still runs one token at one length), + the replay check (ReplayCheck.stage: the feeds staged
+into the plan's buffers, every binding checked; from here the plan runs the real tokens and lengths), the whole
 Executor.run, Engine.forward (its bookkeeping), Engine.greedy (the timed loop): where greedy's host time goes.
 On a machine shared with other work, --threads 1 keeps each forward on the calling thread
 (no intra-op pool waiting for a busy core), which steadies both ratios.

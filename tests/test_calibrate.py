@@ -64,7 +64,7 @@ def test_a_calibration_of_other_repeats_is_kept_apart_from_the_one_runs_use():
 
 
 def test_each_cost_is_its_ratio_to_the_reference_timed_beside_it():
-    """A machine twice as slow for the second item: the ratios, and so the costs in T(1) units, do not move."""
+    """A machine twice as slow from the second sample on: the ratios, and so the costs in T(1) units, do not move."""
     speed = {"now": 1.0}
     order = []
 
@@ -72,19 +72,20 @@ def test_each_cost_is_its_ratio_to_the_reference_timed_beside_it():
         order.append("ref")
         return 0.010 * speed["now"]
 
-    def item(cost):
+    def item(name, cost):
         def measure():
-            order.append("item")
+            order.append(name)
             return cost * speed["now"]
         return measure
 
     paired = calibrate.PairedSamples(reference, "target/1")
-    paired.add("target/4", item(0.020))
+    paired.add("target/4", item("T4", 0.020))
     speed["now"] = 2.0
-    paired.add("greedy_token", item(0.011))
+    paired.add("target/4", item("T4", 0.020))
+    paired.add("greedy_token", item("greedy", 0.011))
     summary = paired.summary()
-    assert order == ["ref", "item", "item", "ref"]  # the reference goes first every other time
+    # the reference goes first for every other sample of the same cost
+    assert order == ["ref", "T4", "T4", "ref", "ref", "greedy"]
     assert summary["target/4"]["ratio"] == pytest.approx(2.0) and summary["greedy_token"]["ratio"] == pytest.approx(1.1)
-    t1 = summary["target/1"]["median"]
-    assert t1 == pytest.approx(0.015)  # the references' median, both speeds
+    assert summary["target/1"]["median"] == pytest.approx(0.020)  # the references' median: 0.010, 0.020, 0.020
     assert summary["greedy_token"]["median"] / summary["target/4"]["median"] == pytest.approx(0.55)

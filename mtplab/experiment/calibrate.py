@@ -92,8 +92,10 @@ def cache_path(key: dict) -> Path:
 
 
 def _block_time(fn, reps: int) -> float:
-    """Seconds per call over `reps` calls in a row: a sample pays the occasional slow call, as a run does (a median
-    of single calls would hide it, and a speculative step's wide forwards are the ones that have it)."""
+    """Seconds per call over `reps` calls in a row, after one untimed call (a slot whose plan the item before left
+    at another size recaptures there): a sample pays the occasional slow call, as a run does (a median of single
+    calls would hide it, and a speculative step's wide forwards are the ones that have it)."""
+    fn()
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
@@ -101,9 +103,10 @@ def _block_time(fn, reps: int) -> float:
 
 
 class PairedSamples:
-    """Samples of each cost, each timed beside a sample of a reference cost (T(1)), which goes first every other
-    time. summary() gives each cost as its median ratio to the reference beside it times the reference's median
-    over every pairing: the machine's drift between items cancels in the ratios that a prediction divides."""
+    """Samples of each cost, each timed beside a sample of a reference cost (T(1)), which goes first for every other
+    sample of the same cost. summary() gives each cost as its median ratio to the reference beside it times the
+    reference's median over every pairing: the machine's drift between items cancels in the ratios that a prediction
+    divides."""
 
     def __init__(self, reference: Callable[[], float], name: str):
         self.reference, self.name = reference, name
@@ -112,7 +115,7 @@ class PairedSamples:
 
     def add(self, name: str, measure: Callable[[], float]) -> None:
         """One sample of `name` (seconds from measure()) and one of the reference beside it."""
-        first = len(self.references) % 2 == 0
+        first = len(self.ratios.get(name, ())) % 2 == 0
         ref = self.reference() if first else None
         value = measure()
         ref = ref if first else self.reference()
@@ -271,7 +274,8 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
 
 def greedy_token_now(model: str, threads: int, samples: int = 3) -> float:
-    """Greedy's seconds per token on this model now (its loop, as `measure` takes `greedy_token`)."""
+    """Greedy's seconds per token on this model now: the median of `samples` runs of its loop (the sweep's re-check
+    at its end, against the calibration's `greedy_token` from its start)."""
     from mtplab.engine.engine import Engine, prompt_tokens
 
     run, art = _calibration_run(model, threads, k=1, tokens=GREEDY_TOKENS + 1, rounds=1)
