@@ -2,8 +2,9 @@
 
 What `mtplab.experiment.calibrate` measures at batch 1, measured the same way (interleaved over repeats,
 each sample beside a sample of T(B, 1), medians of the ratios) on an Engine made for B rows: the target
-forward at [B, M] for M = 1..8 on replayed plans, the draft phase of k = 1..7 drafts at [B, 1] (host work included), greedy's cost per [B, 1] step (its loop), and
-each commit strategy's cost when every row commits n tokens, n = 1..8. The head's acceptance is the batch-1
+forward at [B, M] for M = 1..8 on replayed plans, the draft phase of k = 1..7 drafts at [B, 1] (host work
+included), greedy's cost per [B, 1] step (its loop), and each commit strategy's cost when every row commits
+n tokens, n = 1..8. The head's acceptance is the batch-1
 calibration's (a row drafts as a batch of one does). Cached per model, machine, threads, onnxruntime and B;
 `mtplab.measure.theory.predict_batch` turns it into a batch point's predicted speedup.
 """

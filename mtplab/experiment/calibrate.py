@@ -8,10 +8,11 @@ drafts (host work included), greedy's own cost per token (its loop, not just the
 each commit strategy's cost for n committed tokens = 1..8. T(M) and greedy's token, which every
 prediction divides, get FORWARD_SAMPLES samples per repeat.
 
-A sample is the mean over a few calls in a row (a run pays its occasional slow forward too), timed
-beside a sample of T(1), the order alternating (PairedSamples): a cost is its median ratio to the
-T(1) beside it times T(1)'s median over all of them, so a machine that speeds up or slows down
-between items moves no ratio a prediction divides (greedy's token against T(k+1)).
+A forward's sample is the mean of a few calls in a row after an untimed one (a run pays its
+occasional slow forward too). Every sample is timed beside a sample of T(1), which goes first for
+every other sample of the same cost (PairedSamples): a cost is its median ratio to the T(1) beside
+it times T(1)'s median over all of them, so a machine that speeds up or slows down between items
+moves no ratio a prediction divides (greedy's token against T(k+1)).
 It also measures the MTP head's acceptance on prompts no point uses, and records the load average
 before and after. Results are cached per model, machine, threads and onnxruntime version;
 `mtplab.measure.theory.predict` turns them into a point's predicted speedup.
