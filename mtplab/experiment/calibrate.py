@@ -228,7 +228,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     add = paired.add
     for _ in range(repeats):
         for M in range(2, MAX_M + 1):
-            forward(M)  # a changed size recaptures the slot's plan: untimed
+            forward(M)  # untimed: with _block_time's own untimed call, a first size's warm-up and capture both
             for _ in range(FORWARD_SAMPLES):
                 add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps))
         if engine.primary_desc is not engine.desc:  # Primary runs the user's graph, Verify mtplab's copy

@@ -301,11 +301,7 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     # the length feeds are rewritten in place (host tokens; a device array is fed as it is).
     outputs, bound, feeds = st.fixed((io.path, M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
     length_feeds(io, length, M, desc.capacity, feeds)
-    if type(tokens) is np.ndarray:
-        ids = feeds[io.input_ids]
-        ids[...] = tokens if tokens.shape == ids.shape else tokens.reshape(st.batch, M)  # reshape: refuses a wrong size
-        return feeds, outputs, bound
-    return {**feeds, io.input_ids: token_ids(tokens, M, st.batch)}, outputs, bound
+    return with_token_ids(feeds, io.input_ids, tokens, M, st.batch), outputs, bound
 
 
 def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[Mapping, tuple, dict]:
@@ -344,6 +340,22 @@ def token_ids(tokens: Any, M: int, batch: int = 1) -> Any:
     if hasattr(tokens, "reshape"):
         return tokens.reshape(batch, M).astype(np.int64, copy=False)
     return np.asarray(tokens, dtype=np.int64).reshape(batch, M)
+
+
+def with_token_ids(feeds: dict, name: str, tokens: Any, M: int, batch: int) -> dict:
+    """`feeds` holding a forward's token ids [batch, M] under `name`: host ids (a numpy array, an int, a list or
+    tuple) written into that feed's own buffer in place (a wrong count is refused by the reshape); a device array
+    fed as it is, in a new dict (the cached one keeps its host buffer)."""
+    ids = feeds[name]
+    if type(tokens) is np.ndarray and tokens.shape == ids.shape:
+        ids[...] = tokens
+    elif isinstance(tokens, (int, np.integer)) and ids.size == 1:
+        ids[...] = tokens
+    elif isinstance(tokens, (np.ndarray, list, tuple, int, np.integer)):
+        ids[...] = np.reshape(tokens, (batch, M))
+    else:
+        return {**feeds, name: token_ids(tokens, M, batch)}
+    return feeds
 
 
 class MtpIO(NamedTuple):
@@ -393,14 +405,8 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
         feeds = {io.input_ids: np.zeros((B, M), dtype=np.int64), io.hidden_input: None,
                  **length_feeds(io, position, M, desc.capacity)}
         fixed = st.io_cache[M] = MtpIO(OutputSpec(outputs), bound, st.kv, feeds, desc.target.hidden_type)
-    feeds = fixed.feeds
-    length_feeds(io, position, M, desc.capacity, feeds)
-    if B == 1 and isinstance(tokens, (int, np.integer)):  # host ids: into the feed's own buffer
-        feeds[io.input_ids][...] = tokens
-    elif isinstance(tokens, (np.ndarray, list, tuple)):
-        feeds[io.input_ids][...] = np.reshape(tokens, (B, M))
-    else:  # a device array is fed as it is
-        feeds = {**feeds, io.input_ids: token_ids(tokens, M, B)}
+    length_feeds(io, position, M, desc.capacity, fixed.feeds)
+    feeds = with_token_ids(fixed.feeds, io.input_ids, tokens, M, B)
     feeds[io.hidden_input] = hidden.astype(fixed.hidden_type, copy=False).reshape(B, M, desc.hidden_size)
     return feeds, fixed.outputs, fixed.bound
 
