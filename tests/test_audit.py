@@ -59,9 +59,12 @@ def _timed_greedy(monkeypatch, change):
     monkeypatch.setattr(Engine, "greedy", greedy)
 
 
-@pytest.mark.parametrize("commit, changes", [(c, {}) for c in COMMITS] + [("select", {"prompt_len": 1})])
+# A one-token prompt: the head's prefill is M=1 too. A short readvance-batched run ends with Primary's plan at M=n
+# (its last commit's forward): the next greedy round's first decode replaces it, which is no problem.
+@pytest.mark.parametrize("commit, changes", [(c, {}) for c in COMMITS] + [("select", {"prompt_len": 1}),
+                                                                          ("readvance-batched", {"tokens": 8})])
 def test_clean_points_pass_the_audit_without_warnings(tiny, commit, changes):
-    r = _point(tiny, commit=commit, rounds=3, **changes)  # a one-token prompt: the head's prefill is M=1 too
+    r = _point(tiny, commit=commit, rounds=3, **changes)
     assert r.lossless and r.identity["timed_audit"] == {"problems": [], "problem_count": 0, "warnings": {}}
     assert not [w for w in r.warnings if w["name"] != "efficiency"], r.warnings
 

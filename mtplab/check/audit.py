@@ -62,6 +62,7 @@ class Trace:
     activity_before: dict
     calls_before: dict
     ready_before: dict  # slot label -> whether it held a plan ready to replay when the run began
+    primary_tokens_before: int | None = None  # the token count M of the Primary plan held when the run began
     forwards: dict = field(default_factory=dict)
     activity: dict = field(default_factory=dict)
     calls: dict = field(default_factory=dict)
@@ -71,7 +72,8 @@ class Trace:
     @classmethod
     def begin(cls, engine) -> Trace:
         ready = {label: st.status is Status.READY for label, st in _slot_states(engine)}
-        return cls(dict(engine.forwards), _activity(engine), dict(engine.device.backend.calls), ready)
+        return cls(dict(engine.forwards), _activity(engine), dict(engine.device.backend.calls), ready,
+                   _plan_tokens(engine.target.state[Slot.PRIMARY], engine.primary_desc.target.input_ids))
 
     def end(self, engine, tokens: list[int], accepted: list[int] | None = None) -> Trace:
         before = self.forwards_before
@@ -151,7 +153,9 @@ class Audit:
         c = trace.activity.get(primary, {})
         decodes = _runs(c) - c.get("eager", 0)
         setup = c.get("warmups", 0) + c.get("captures", 0)
-        may_invalidate = 0 if self.engine.target.retain else 1  # the prefill's eager run drops the plan
+        # Without retain the prefill's eager run drops the plan; with it, a plan the run before left at M > 1 (a
+        # commit's M=n forward on Primary) is replaced at the first decode.
+        may_invalidate = 0 if self.engine.target.retain and trace.primary_tokens_before in (None, 1) else 1
         if c.get("eager", 0) != 1 or decodes != n - 1:
             self._problem(r, side, f"primary ran {c.get('eager', 0)} eager forwards and {decodes} through its plan "
                                    f"({_nonzero(c)}), expected 1 (the prefill) and {n - 1}")
@@ -325,6 +329,13 @@ def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
         out.append(f"its forwards are not what {run.schedule}, drafter {run.drafter} and commit {run.commit} make "
                    f"for its accepted counts, (ran, expected): {diff}")
     return out + trace.honesty_problems()
+
+
+def _plan_tokens(st, input_ids: str) -> int | None:
+    """The token count M a slot's held plan was captured for (None: it holds none)."""
+    if st.status is not Status.READY or st.signature is None:
+        return None
+    return next((int(shape[-1]) for name, way, _, shape, _ in st.signature if name == input_ids and way == "in"), None)
 
 
 def _slot_states(engine):
