@@ -22,7 +22,7 @@ from pathlib import Path
 
 from IPython.display import HTML, Markdown, display
 
-from mtplab.report import figures, findings, provenance, tables
+from mtplab.report import figures, findings, provenance, selection, tables
 from mtplab.sweep import store
 
 sweep = json.loads((Path(sweep_dir) / "sweep.json").read_text())
@@ -68,4 +68,4 @@ fig = figures.per_model(quality.speedup_with_ci, ok, calibration)
 figures.per_model(quality.efficiency_table, ok)
 
 # %%
-fig = figures.per_model(quality.drift, df)
+fig = figures.per_model(quality.drift, selection.ran(df))

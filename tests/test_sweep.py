@@ -240,8 +240,12 @@ def test_a_point_that_fails_its_lossless_check_is_a_mismatch_and_fails_the_sweep
     assert main(args + ["--resume", "--allow-mismatch"]) == 0
 
 
-def test_a_failing_point_is_recorded_and_the_sweep_completes_in_a_relative_results_folder(
+def test_a_failing_point_is_recorded_the_sweep_completes_in_a_relative_results_folder_and_its_report_says_so(
         tmp_path, tiny, monkeypatch, failing_notebooks):
+    import shutil
+
+    from mtplab.report import findings, provenance, quality
+
     spec = grid.parse({"name": "mixed", "defaults": {"model": "tiny", "tokens": 16}, "k": [1, 2]})
     monkeypatch.setenv("MTPLAB_NOTEBOOKS", str(failing_notebooks))
     monkeypatch.chdir(tmp_path)
@@ -253,7 +257,23 @@ def test_a_failing_point_is_recorded_and_the_sweep_completes_in_a_relative_resul
     failed = df[df.status == "failed"].iloc[0]
     assert failed.k == 2 and "planted failure at k=2" in failed.error
     assert (sweep_dir / "points" / failed.point_id / "run_point.ipynb").exists()
-    assert json.loads((sweep_dir / "sweep.json").read_text())["failed"] == 1
+    sweep = json.loads((sweep_dir / "sweep.json").read_text())
+    assert sweep["failed"] == 1
+    # The report's text reads the failed point's row (no measurements) without tripping on it.
+    text = findings.sweep_findings(df)
+    assert f"1 point(s) failed to run** (nothing measured, left out of every figure): `{failed.point_id}` " \
+           "(RuntimeError: planted failure at k=2)" in text, text
+    assert "Every one of the 1 point is token-identical" in text
+    assert "each point ran 3 paired" in provenance.header_html(sweep, df)
+    assert failed.point_id not in quality.quality_markdown(df, sweep, {})  # not an "unstable" point: it never ran
+    # A sweep whose every point failed has no result columns in its parquet: the report still reads it.
+    shutil.rmtree(sweep_dir / "points" / spec.points[0].id)
+    store.collect(sweep_dir)
+    only = store.load(sweep_dir)
+    assert list(only.status) == ["failed"] and only.lossless.isna().all()
+    assert "**No point ran**: this sweep measured nothing." in findings.sweep_findings(only)
+    assert "an unrecorded number of paired" in provenance.header_html(sweep, only)
+    quality.quality_markdown(only, sweep, {})
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,9 @@ JSON_COLUMNS = (
     "round_samples",
     "warnings",
 )
+
+# A row's columns that are not dotted (a dict field outside JSON_COLUMNS becomes dotted columns, one per key).
+RESULT_COLUMNS = tuple(f.name for f in fields(RunResult) if f.name in JSON_COLUMNS or not str(f.type).startswith("dict"))
 
 
 def finite(value):

@@ -13,6 +13,7 @@ import pandas as pd
 
 from mtplab.measure import stats
 from mtplab.measure.result import write_atomic
+from mtplab.report import selection
 from mtplab.report.provenance import PARAMETERS, blank_inapplicable, fixed_and_varied, plural
 from mtplab.report.selection import COUNTERS, SLOTS
 from mtplab.report.tables import CSS, ci_pair, ci_text
@@ -68,7 +69,7 @@ def _sweep(folder: Path) -> tuple[dict, pd.DataFrame]:
     if not (folder / "sweep.json").exists() or not (folder / "results.parquet").exists():
         raise ValueError(f"{folder} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first")
     df = store.load(folder)
-    return json.loads((folder / "sweep.json").read_text()), df[df.status != "failed"]
+    return json.loads((folder / "sweep.json").read_text()), selection.ran(df)
 
 
 def _counter_columns(df: pd.DataFrame) -> list[str]:

@@ -9,6 +9,7 @@ from mtplab.report.provenance import plural
 from mtplab.report.selection import alpha_grid, counters_long, own_head, peer_rows
 from mtplab.report.tables import ci_pair as _interval
 from mtplab.report.tables import count_text
+from mtplab.sweep import store
 
 
 def per_model(findings, df: pd.DataFrame) -> str:
@@ -29,7 +30,7 @@ def _point_text(r) -> str:
 
 def stability_findings(df: pd.DataFrame) -> list[str]:
     """How sure the sweep's numbers are: stable points, CI widths, greedy drift and load, before any headline."""
-    own = selection.own_engine(df[df.status != "failed"])
+    own = selection.own_engine(selection.ran(df))
     if own.empty:
         return []
     ci = [_interval(v) for v in own.speedup_ci] if "speedup_ci" in own else []
@@ -87,10 +88,15 @@ def sweep_findings(df: pd.DataFrame) -> str:
     """A sweep's findings as a markdown bullet list: how sure, identity, where MTP beats greedy (real head first),
     best k per alpha, policies, theory fit."""
     out = stability_findings(df)
-    ok = df[df.status != "failed"]  # every point that ran: ok, or mismatch (its lossless check failed)
+    ok = selection.ran(df)
     failed = df[df.status == "failed"]
     if len(failed):
-        out.append(f"- **{len(failed)} point(s) failed to run**: " + ", ".join(failed.point_id))
+        errors = failed.error if "error" in failed else pd.Series("", index=failed.index)
+        out.append(f"- **{len(failed)} point(s) failed to run** (nothing measured, left out of every figure): "
+                   + "; ".join(f"`{p}` ({store.error_summary(e)})" for p, e in zip(failed.point_id, errors)))
+    if not len(ok):
+        out.append("- **No point ran**: this sweep measured nothing.")
+        return "\n".join(out)
     lossy = ok[~ok.lossless.astype(bool)]
     if len(lossy):
         items = ", ".join(f"`{r.point_id}` (token {r['identity.first_divergence']})" for _, r in lossy.iterrows())

@@ -73,9 +73,10 @@ def _rounds(df) -> str:
     """The paired rounds per point, as the results record them ("3", or "3-5")."""
     import json
 
-    if "round_samples" not in df or df.empty:
+    recorded = [v for v in df.round_samples if isinstance(v, (str, list))] if "round_samples" in df else []
+    if not recorded:  # no point ran (a failed point records none)
         return "an unrecorded number of"
-    counts = sorted({len(json.loads(v)) if isinstance(v, str) else len(v or []) for v in df.round_samples})
+    counts = sorted({len(json.loads(v)) if isinstance(v, str) else len(v) for v in recorded})
     return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
 

@@ -13,7 +13,7 @@ from mtplab.experiment.config import defaults
 from mtplab.measure import theory
 from mtplab.measure.stats import STABLE_HALF_WIDTH
 from mtplab.report.plots import _k_color
-from mtplab.report.selection import parse_json, set_acceptance
+from mtplab.report.selection import parse_json, ran, set_acceptance
 from mtplab.report.tables import ci_pair
 
 
@@ -85,7 +85,9 @@ def efficiency_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
-    """Per-point CI width, unstable points, greedy drift over the sweep, load, threads and the calibration."""
+    """Per-point CI width, unstable points, greedy drift over the sweep, load, threads and the calibration (over the
+    points that ran: a failed one measured nothing)."""
+    df = ran(df)
     ci = _ci(df.speedup_ci)
     width = (ci[:, 1] - ci[:, 0]) / 2 / df.speedup.abs()
     unstable = df[~df.stable.fillna(False).astype(bool)]

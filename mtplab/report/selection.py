@@ -19,6 +19,11 @@ PINNED = defaults()["policy"]  # the policy a figure of one policy shows when th
 SCHEDULE = defaults()["schedule"]  # the schedule figures of one schedule show
 
 
+def ran(df: pd.DataFrame) -> pd.DataFrame:
+    """The points that ran (ok, or a mismatch: their lossless check failed): a failed point measured nothing."""
+    return df[df.status != "failed"] if "status" in df else df
+
+
 def acceptance_source(drafter: str) -> str | None:
     """Where a drafter's acceptance comes from ("setting": its alpha; "calibration": the MTP head's, measured);
     None for a drafter this process has not registered."""

@@ -163,7 +163,7 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
                 counts[status] += 1
                 bar.set_postfix_str(progress(counts), refresh=True)
                 if status != "ok":
-                    bar.write(f"point {point_id} {status}: {message.splitlines()[0] if message else ''}")
+                    bar.write(f"point {point_id} {status}: {store.error_summary(message)}")
             bar.close()
         finally:
             pool.close()

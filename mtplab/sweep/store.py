@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtplab.measure.result import flatten, write_atomic
+from mtplab.measure.result import RESULT_COLUMNS, flatten, write_atomic
 
 RESULT = "result.json"
 ERROR = "error.json"
@@ -36,6 +36,16 @@ def point_folder(points_dir: str | Path, point_id: str) -> Iterator[Path]:
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
+
+
+def error_summary(error, limit: int = 160) -> str:
+    """A failed point's error in one line: its first, or the exception's own last line where the first names only a
+    wrapper (papermill's "PapermillExecutionError: "), shortened to `limit` characters."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()] if isinstance(error, str) else []
+    if not lines:
+        return "no error recorded"
+    line = lines[0] if not lines[0].endswith(":") else lines[-1]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def write_error(folder: Path, config: dict, error: str) -> None:
@@ -182,7 +192,9 @@ def load(sweep_dir: str | Path) -> pd.DataFrame:
     info = df.pop("model") if "model" in df.columns else pd.Series([None] * len(df), index=df.index)
     df = df.rename(columns={c: c.split(".", 1)[1] for c in df.columns if c.startswith("config.")})
     batch = df["batch"].fillna(1).astype(int) if "batch" in df else 1  # sweeps from before batches: 1
-    return df.assign(model_info=info, model_name=model_names(df, info), batch=batch)
+    # A sweep whose every point failed has no result columns: they are there, empty, as a failed row leaves them.
+    missing = {c: float("nan") for c in RESULT_COLUMNS if c not in df and c not in ("tokens", "model")}
+    return df.assign(model_info=info, model_name=model_names(df, info), batch=batch, **missing)
 
 
 def model_names(df: pd.DataFrame, info: pd.Series) -> list[str]:
