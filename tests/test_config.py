@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import papermill as pm
@@ -59,6 +60,18 @@ def test_point_ids_name_the_new_dimensions_only_off_their_defaults():
     assert grid.Point(base.run.replace(threads=0)).id == base.id
     changed = base.run.replace(validate=False, prompt_len=4, max_recaptures=1, threads=2)
     assert grid.Point(changed).id == base.id + "-p4-novalidate-mr1-th2"
+
+
+def test_a_point_id_is_a_visible_folder_name_whatever_the_model_folder_is_called(tmp_path):
+    import shutil
+
+    data = Path(__file__).parent / "data" / "builder-tiny"
+    for name, start in ((".hidden", "m.hidden-k3-"), ("two words é", "two_words__-k3-"), ("x" * 300, "x" * 150)):
+        folder = tmp_path / name[:240]
+        shutil.copytree(data, folder, ignore=lambda d, names: [n for n in names if n.endswith(".data")])
+        pid = grid.Point(RunConfig(model=str(folder), tokens=16)).id
+        assert pid.startswith(start) and len(pid) <= 200 and pid[0].isalnum(), pid
+        assert re.fullmatch(r"[A-Za-z0-9._+=-]+", pid), pid
 
 
 def test_the_k_and_max_recaptures_checks_are_one_definition():

@@ -409,3 +409,15 @@ def test_a_column_of_numbers_and_text_is_stored_as_text():
     assert list(df["config.k"]) == [1, 2, 3]
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)  # raised ArrowInvalid with the mixed column
+
+
+def test_the_results_index_lists_an_unreadable_sweep_json_and_still_lists_the_others(tmp_path):
+    for name, text in {"good": json.dumps({"name": "good", "finished": "2026-12-04", "ok": 3}), "broken": "{bad",
+                       "alist": "[]", "binary": b"\xff\xfe".decode("latin-1")}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sweep.json").write_text(text, encoding="latin-1" if name == "binary" else "utf-8")
+    page = store.write_index(tmp_path).read_text()
+    assert "<td>good</td><td>2026-12-04</td>" in page and "<td>3</td>" in page
+    assert "<td>broken</td><td colspan='6'>unreadable sweep.json: Expecting property name" in page
+    assert "<td>alist</td><td colspan='6'>unreadable sweep.json: a JSON list, not an object" in page
+    assert "<td>binary</td><td colspan='6'>unreadable sweep.json:" in page

@@ -13,7 +13,9 @@ are refused with any other drafter (the command line and grids refuse them given
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -437,7 +439,19 @@ def point_id(run: RunConfig, repeat: int = 0) -> str:
             text = id_part(f, value)
         placed[place].append((rank, order, text))
     parts = [text for _, _, text in sorted(placed["head"])] + [text for _, _, text in sorted(placed["body"])]
-    return "-".join(parts + [f"r{repeat}"] + [text for _, _, text in sorted(placed["tail"])])
+    return folder_safe("-".join(parts + [f"r{repeat}"] + [text for _, _, text in sorted(placed["tail"])]))
+
+
+def folder_safe(name: str, limit: int = 200) -> str:
+    """`name` as a point folder's name: characters outside letters, digits and ``._+=-`` become '_', it starts with a
+    letter or digit (a leading '.' would make it a hidden scratch folder), and a name over `limit` characters keeps
+    its start and a hash of the whole (file systems refuse names over 255 bytes)."""
+    safe = re.sub(r"[^A-Za-z0-9._+=-]", "_", name)
+    if not safe[:1].isalnum():
+        safe = "m" + safe
+    if len(safe) > limit:
+        safe = f"{safe[: limit - 17]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+    return safe
 
 
 def id_part(f: dataclasses.Field, value) -> str:

@@ -211,17 +211,25 @@ def model_names(df: pd.DataFrame, info: pd.Series) -> list[str]:
 
 
 def write_index(results_root: str | Path) -> Path:
-    """results/index.html: every sweep with its date, environment, point counts and a link."""
+    """results/index.html: every sweep with its date, environment, point counts and a link. A folder whose sweep.json
+    does not read as a sweep's is listed as such (another sweep's page never fails over it)."""
     root = Path(results_root)
     rows = []
     for sj in sorted(root.glob("*/sweep.json")):
-        s = json.loads(sj.read_text())
-        env = s.get("env", {})
+        try:
+            s = json.loads(sj.read_text())
+            if not isinstance(s, dict):
+                raise ValueError(f"a JSON {type(s).__name__}, not an object")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            rows.append(f"<tr><td>{html.escape(sj.parent.name)}</td><td colspan='6'>unreadable sweep.json: "
+                        f"{html.escape(str(err))}</td></tr>")
+            continue
+        env = s.get("env") if isinstance(s.get("env"), dict) else {}
         pages = [name for name in ("report", "study") if (sj.parent / f"{name}.html").exists()]
         link = " ".join(f'<a href="{html.escape(sj.parent.name)}/{name}.html">{name}</a>' for name in pages) or \
             "no report yet"
         rows.append(
-            f"<tr><td>{html.escape(s.get('name', sj.parent.name))}</td><td>{html.escape(s.get('finished', ''))}</td>"
+            f"<tr><td>{html.escape(str(s.get('name', sj.parent.name)))}</td><td>{html.escape(str(s.get('finished', '')))}</td>"
             f"<td>{html.escape(str(env.get('device', '')))} / onnxruntime {html.escape(str(env.get('onnxruntime', '')))}</td>"
             f"<td>{s.get('ok', 0)}</td><td>{s.get('mismatch', 0)}</td><td>{s.get('failed', 0)}</td><td>{link}</td></tr>"
         )
