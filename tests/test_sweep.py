@@ -421,3 +421,22 @@ def test_the_results_index_lists_an_unreadable_sweep_json_and_still_lists_the_ot
     assert "<td>broken</td><td colspan='6'>unreadable sweep.json: Expecting property name" in page
     assert "<td>alist</td><td colspan='6'>unreadable sweep.json: a JSON list, not an object" in page
     assert "<td>binary</td><td colspan='6'>unreadable sweep.json:" in page
+
+
+def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_said(tmp_path, capsys):
+    import shutil
+
+    from mtplab.cli.main import main
+
+    folder = tmp_path / "weights-cut"
+    shutil.copytree(ROOT / "tests" / "data" / "builder-tiny", folder)
+    with open(folder / "model.onnx.data", "r+b") as f:
+        f.truncate(1000)
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"name": "cut", "defaults": {"model": str(folder), "drafter": "oracle", "alpha": 0.5,
+                                                                "commit": "readvance-m1", "tokens": 8}, "k": [1]}))
+    assert main(["sweep", str(path), "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"the calibration failed (exit 2) before any point ran: `mtplab calibrate --model {folder} --threads" in err
+    assert "External data length" in err and "[E:onnxruntime" not in err
+    assert not list((tmp_path / "r" / "cut" / "points").iterdir())

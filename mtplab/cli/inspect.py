@@ -9,8 +9,9 @@ from mtplab.engine.strategies import COMMITS
 from mtplab.model.description import ModelDescription
 
 
-def missing_ops(paths, providers: list[str]) -> dict[str, list[str]]:
-    """{graph file: ops it uses that the installed onnxruntime has no schema for, or whose session fails}."""
+def missing_ops(paths, providers: list[str]) -> dict[str, list[str] | str]:
+    """{graph file: ops it uses that the installed onnxruntime has no schema for, or whose kernel is missing; or, where
+    the session fails for another reason (weights that do not read, say), that reason as a string}."""
     import onnx
     import onnxruntime as ort
 
@@ -24,8 +25,9 @@ def missing_ops(paths, providers: list[str]) -> dict[str, list[str]]:
         if not lacking:
             try:
                 ort.InferenceSession(str(path), session_options(1), providers=providers)
-            except Exception as err:  # noqa: BLE001 - a missing kernel is what we report
-                lacking = [failing_op(err) or f"session fails: {str(err)[:120]}"]
+            except Exception as err:  # noqa: BLE001 - a missing kernel, or why the graph does not load, is what we report
+                op = failing_op(err)
+                lacking = [op] if op else " ".join(str(err).split())[:400]
         out[Path(path).name] = lacking
     return out
 
@@ -74,7 +76,10 @@ def inspect_text(model, providers: list[str] | None = None) -> str:
     lacking = missing_ops([desc.original_target or t.path, h.path], providers)
     lines.append("")
     for name, ops in lacking.items():
-        lines.append(f"ops {', '.join(providers)} lacks in {name}: {', '.join(ops) if ops else 'none'}")
+        if isinstance(ops, str):
+            lines.append(f"{name} does not load on {', '.join(providers)}: {ops}")
+        else:
+            lines.append(f"ops {', '.join(providers)} lacks in {name}: {', '.join(ops) if ops else 'none'}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -201,8 +202,6 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
     calibration.json beside the sweep (the points read it there): measured now when `fresh` or when this
     machine has none cached, else the cached one; each says which (`source`). A resumed sweep keeps its own.
     """
-    import subprocess
-
     from mtplab.experiment.calibrate import cache_key, cache_path
     from mtplab.experiment.config import model_name
 
@@ -225,8 +224,7 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
         if measure:  # in a process of its own: the sweep process runs no onnxruntime session
             if not quiet:
                 print(f"sweep {sweep_dir.name}: measuring the calibration of {name} on {n} threads", file=sys.stderr)
-            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n)]
-            subprocess.run(cmd, check=True, capture_output=True)
+            _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n)])
         calib = json.loads(path.read_text())
         calib["source"] = "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"
         calib["model_spec"] = spec_
@@ -245,13 +243,27 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
             if not quiet:
                 print(f"sweep {sweep_dir.name}: measuring the calibration of {name} (batch {B}) on {n} threads",
                       file=sys.stderr)
-            cmd = [sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n), "--batch", str(B)]
-            subprocess.run(cmd, check=True, capture_output=True)
+            _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n), "--batch", str(B)])
         batched[name] = json.loads(path.read_text()) | {
             "source": "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"}
     if batched:  # written first: calibration.json's presence marks the sweep's calibration as complete
         write_atomic(sweep_dir / "calibration_batch.json", dumps(batched, indent=1))
     write_atomic(target, dumps(calibrations, indent=1))
+
+
+def _calibrate(cmd: list[str]) -> None:
+    """Run `mtplab calibrate` in a process of its own; ValueError with its own last words if it fails (before any
+    point runs: a model folder it cannot run, say)."""
+    import subprocess
+
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in (done.stderr + done.stdout).splitlines()]
+        lines = [line for line in lines if line]
+        # onnxruntime's own log lines repeat what the error says, at length
+        said = ([line for line in lines if not re.search(r"\[[EWI]:onnxruntime", line)] or lines)[-12:]
+        raise ValueError(f"the calibration failed (exit {done.returncode}) before any point ran: `{shlex.join(['mtplab', *cmd[3:]])}` "
+                         "said:\n  " + "\n  ".join(said or ["nothing"]))
 
 
 def recheck_calibration(sweep_dir: Path) -> dict:
