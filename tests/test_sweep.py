@@ -291,6 +291,7 @@ def test_a_failing_point_is_recorded_the_sweep_completes_in_a_relative_results_f
         ({"seed": ["x", 1, -1]}, r"seed in the spec: seed='x', -1: must be an integer >= 0"),
         ({"int4": ["no"]}, r"int4 in the spec: int4='no': must be true or false"),
         ({"k": [0, "x", 2]}, r"k in the spec: k=0, 'x': must be an integer >= 1"),
+        ({"tokens": [1, 8]}, r"tokens in the spec: tokens=1: must be an integer >= 2"),  # one token times no decode
         ({"drafter": ["mtp"], "alpha": [0.5, 0.7]}, r"alpha=0.5 with drafter='mtp': alpha belongs to the oracle drafter"),
         ({"name": "../escaped"}, r"name='../escaped': must be a folder name"),
         ({"tokens": [300]}, r"tokens=300: .*exceeds the tiny model's max_seq_len 256 .*\(in grids\[0\]\)"),

@@ -41,6 +41,7 @@ def _boolean(v) -> bool:
 
 INTEGER_1 = (_integer(1), "an integer >= 1")
 INTEGER_0 = (_integer(0), "an integer >= 0")
+INTEGER_2 = (_integer(2), "an integer >= 2")
 BOOLEAN = (_boolean, "true or false (a boolean)")
 def _number(within):
     """A rule's test: a real number (not a boolean) that `within` accepts (NaN never is)."""
@@ -206,7 +207,8 @@ class RunConfig:
         rule=(lambda v: max_recaptures_problem(v) is None, "an integer >= 0"), tag="mr", id=("tail", 6, None),
     )
     # -- measurement
-    tokens: int = param(128, "tokens to generate", group="measurement", rule=INTEGER_1, id=("body", 6, "t{}"),
+    tokens: int = param(128, "tokens to generate (>= 2: the prefill makes the first, the timed decodes the rest)",
+                        group="measurement", rule=INTEGER_2, id=("body", 6, "t{}"),
                         per_run=True)
     prompt_len: int = param(8, "prompt tokens", group="measurement", rule=INTEGER_1, tag="p", id=("tail", 3, None),
                             per_run=True)
