@@ -174,7 +174,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]
-    run, art = _calibration_run(model, threads, k=MAX_M - 1, drafter="mtp", tokens=1, max_recaptures=10**9, rounds=1)
+    run, art = _calibration_run(model, threads, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9, rounds=1)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine.start(prompt)
