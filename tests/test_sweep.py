@@ -441,3 +441,14 @@ def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_
     assert f"the calibration failed (exit 2) before any point ran: `mtplab calibrate --model {folder} --threads" in err
     assert "External data length" in err and "[E:onnxruntime" not in err
     assert not list((tmp_path / "r" / "cut" / "points").iterdir())
+
+
+def test_resume_refuses_a_spec_that_does_not_name_the_points_the_sweep_holds(tmp_path):
+    spec = grid.parse({"name": "s", "defaults": {"model": "tiny", "tokens": 8}, "k": [3]})
+    held = tmp_path / "s" / "points" / "tiny-k1-mtp-sibling-pinned-select-decode-verify-t8-s0-r0"
+    held.mkdir(parents=True)
+    store.write_error(held, {}, "a point of the spec it ran")
+    with pytest.raises(ValueError, match=r"holds 1 point\(s\) this spec does not name \(e.g. tiny-k1-mtp-.*\): --resume "
+                                         "continues the spec a sweep ran"):
+        run_sweep(spec, tmp_path, quiet=True, resume=True)
+    assert [p.name for p in (tmp_path / "s" / "points").iterdir()] == [held.name]  # nothing ran

@@ -124,6 +124,13 @@ def run_sweep(
             raise ValueError(
                 f"{sweep_dir} already holds results: pass --resume to continue it, or choose another --name"
             )
+        wanted = {p.id for p in spec.points}
+        others = [f.name for f in store.point_folders(points_dir) if f.name not in wanted]
+        if others:  # its table and report would mix two specs' points under the new spec's name
+            raise ValueError(
+                f"{sweep_dir} holds {len(others)} point(s) this spec does not name (e.g. {others[0]}): --resume continues "
+                "the spec a sweep ran (or one that adds points to it); give that spec, or choose another --name"
+            )
         return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address, calibration)
 
 
