@@ -25,6 +25,8 @@ from mtplab.runtime.device import cuda_available
         (["--rounds", "1000000000"], "--rounds 1000000000: must be an integer in 1..1000"),
         (["--threads", "20000"], "--threads 20000: must be an integer in 0.."),
         (["--model", "tiny"], "--preset 'tiny' and --model 'tiny': name the model once"),
+        (["--tokens", "1"], "--tokens 1: must be an integer >= 2"),
+        (["--out", "."], "--out .: is a folder; give a file path"),
     ],
 )
 def test_bad_options_fail_before_any_work(args, message, capsys):
@@ -165,3 +167,31 @@ def test_an_onnxruntime_without_the_cpu_kernel_is_refused_in_one_line_before_any
     assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no CPU GatedDeltaNet kernel" in err[0] and "onnxruntime>=1.32" in err[0]
+
+
+def test_every_output_path_is_checked_before_any_work(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = [
+        (["calibrate", "--model", "tiny", "--out", str(tmp_path)], "--out " + str(tmp_path) + ": is a folder"),
+        (["compare", str(tmp_path), str(tmp_path), "--out", str(tmp_path)], "is a folder; give a file path"),
+        (["sweep", "--grid", "smoke", "--results", str(afile)], f"--results {afile}: is a file, not a folder"),
+        (["sweep", "--grid", "smoke", "--results", str(tmp_path), "--name", "index.html"], "the results index's file"),
+        (["model", "build", "--preset", "tiny", "--out", str(afile / "x")], f"{afile} is a file, not a folder"),
+    ]
+    for args, message in cases:
+        assert main(args) == 2, args
+        assert message in capsys.readouterr().err, args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written, no temp file left
+
+
+def test_a_plugin_that_does_not_import_is_one_line_for_any_command(monkeypatch, capsys):
+    import mtplab.engine.strategies as strategies
+
+    monkeypatch.setenv("MTPLAB_PLUGINS", "no_such_plugin_module")
+    monkeypatch.setattr(strategies, "_plugins_loaded", False)
+    assert main(["run", "--preset", "tiny"]) == 2
+    assert capsys.readouterr().err == ("mtplab: MTPLAB_PLUGINS / mtplab.plugins names 'no_such_plugin_module', which "
+                                       "does not import: No module named 'no_such_plugin_module'\n")
+    monkeypatch.delenv("MTPLAB_PLUGINS")
+    monkeypatch.setattr(strategies, "_plugins_loaded", False)

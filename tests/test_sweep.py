@@ -322,6 +322,22 @@ def test_distinct_floats_make_distinct_points():
     assert sorted(p.id.split("-")[2] for p in spec.points) == ["oracle0.7", "oracle0.70000001"]
 
 
+@pytest.mark.parametrize("text, message", [
+    ("name: g\ndefaults: {model: tiny}\nk: [1, 2]\nk: [3]\n", r"at line 4, column 1: key 'k' given twice in one mapping"),
+    ("name: g\ndefaults: {model: tiny}\ngrids: []\n", r"'grids' is an empty list"),
+    ("name: g\ndefaults: {model: tiny}\ngrids: [{k: [1]}, {}]\n", r"grids\[1\] is empty: name at least one dimension"),
+    ("name: g\n", r"the spec names no dimension \(no defaults, no grid\)"),
+    ("name: g\ndefaults: {model: tiny}\nk: [1, 2, 1]\n", r"'k' in the spec repeats 1: give each value once"),
+])
+def test_a_spec_that_says_less_or_twice_what_it_means_is_refused(tmp_path, text, message):
+    path = tmp_path / "g.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        grid.load(path)
+    with pytest.raises(ValueError, match="is a folder; give a YAML file"):
+        grid.load(tmp_path)
+
+
 def test_a_yaml_syntax_error_is_one_line_with_its_line(tmp_path):
     path = tmp_path / "g.yaml"
     path.write_text("name: g\nk: [1, 2\npolicy: [shared-max]\n")

@@ -12,8 +12,12 @@ from mtplab.experiment.config import BACKENDS, RunConfig
 
 def _model_build(args) -> int:
     from mtplab.base.threads import use_global_pool
+    from mtplab.measure.result import output_folder_problem
     from mtplab.model import build_model, preset
 
+    if args.out is not None and (problem := output_folder_problem("--out", args.out)):
+        print(f"mtplab model build: {problem}", file=sys.stderr)
+        return 2
     if args.own_process:  # the build's reference runs thousands of forwards alone: one pool, spinning as default
         use_global_pool(0)
     try:
@@ -161,9 +165,12 @@ def _run_config(args) -> tuple[RunConfig | None, list[str]]:
 
 
 def _run(args) -> int:
+    from mtplab.measure.result import output_file_problem
     from mtplab.model import PRESETS
 
     run, problems = _run_config(args)
+    if problem := output_file_problem("--out", args.out):
+        problems.append(problem)
     if problems:
         print("mtplab run: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
@@ -200,9 +207,11 @@ def _calibrate(args) -> int:
     from mtplab.base.threads import threads_used
     from mtplab.experiment.calibrate import REPEATS, cache_key, cache_path, format_table, measure
     from mtplab.experiment.config import field_problem
-    from mtplab.measure.result import dumps, write_atomic
+    from mtplab.measure.result import dumps, output_file_problem, write_atomic
 
     given, problems = given_options(args)
+    if problem := output_file_problem("--out", args.out):
+        problems.append(problem)
     values = config.defaults() | given
     model, threads, batch = values["model"], values["threads"], values["batch"]
     problems += [as_options(p) for name in ("model", "threads", "batch") if (p := field_problem(name, [values[name]]))]
@@ -282,8 +291,12 @@ def _help(text: str, choices=None) -> str:
 
 
 def _compare(args) -> int:
+    from mtplab.measure.result import output_file_problem
     from mtplab.report.compare import make_compare
 
+    if problem := output_file_problem("--out", args.out):
+        print(f"mtplab compare: {problem}", file=sys.stderr)
+        return 2
     try:
         path = make_compare(args.a, args.b, args.out)
     except ValueError as err:
@@ -411,10 +424,16 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, own_process: bool = False) -> int:
     """The `mtplab` command. own_process: this process runs this command only (the `mtplab` executable, `python -m
     mtplab`), so a run or a calibration may give every session one shared thread pool (mtplab.base.threads)."""
-    args = parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    args.own_process = own_process
-    return args.func(args)
+    from mtplab.engine.strategies import PluginError
+
+    try:
+        args = parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
+        args.own_process = own_process
+        return args.func(args)
+    except PluginError as err:  # a plugin module named in the environment that does not import: one line, any command
+        print(f"mtplab: {err}", file=sys.stderr)
+        return 2
 
 
 def console() -> int:

@@ -23,6 +23,10 @@ PLUGINS_GROUP = "mtplab.plugins"
 _plugins_loaded = False
 
 
+class PluginError(ImportError):
+    """A plugin module named in $MTPLAB_PLUGINS or the entry points does not import."""
+
+
 def load_plugins() -> list[str]:
     """Import the plugin modules ($MTPLAB_PLUGINS, then the `mtplab.plugins` entry points), once; their names."""
     global _plugins_loaded
@@ -36,7 +40,7 @@ def load_plugins() -> list[str]:
             importlib.import_module(name)
         except ImportError as err:
             _plugins_loaded = False  # every later read says so again, rather than "unknown strategy"
-            raise ImportError(f"{PLUGINS_ENV} / {PLUGINS_GROUP} names {name!r}, which does not import: {err}") from err
+            raise PluginError(f"{PLUGINS_ENV} / {PLUGINS_GROUP} names {name!r}, which does not import: {err}") from err
     return names
 
 

@@ -136,9 +136,41 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     umask = os.umask(0)
     os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
-    with os.fdopen(fd, "wb") as f:
-        f.write(text.encode() if isinstance(text, str) else text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a write that fails (the path is a folder, the disk is full) leaves no temp file behind
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def output_folder_problem(option: str, path) -> str | None:
+    """Why a command cannot make or write into the folder `path`, or None: checked before any work starts."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return f"{option} {path}: is a file, not a folder"
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        return f"{option} {path}: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{option} {path}: {existing} is not writable"
+    return None
+
+
+def output_file_problem(option: str, path) -> str | None:
+    """Why `path` cannot take a file that a command writes at its end, or None: checked before any work starts."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        return f"{option} {path}: is a folder; give a file path"
+    parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
+    if not parent.is_dir():
+        return f"{option} {path}: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{option} {path}: {parent} is not writable"
+    return None

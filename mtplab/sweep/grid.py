@@ -44,6 +44,8 @@ class GridSpec:
 
 def check_name(name) -> str | None:
     """Why a sweep name is not a safe folder name under the results root, or None."""
+    if name == "index.html":
+        return f"name={name!r}: is the results index's file name; choose another"
     if isinstance(name, str) and SAFE_NAME.fullmatch(name):
         return None
     return (
@@ -65,6 +67,9 @@ def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
             if not value:
                 out.append(f"{key!r} in {where} is an empty list")
                 continue
+            repeated = [v for i, v in enumerate(value) if _hashable(v) and v in value[:i]]
+            if repeated:
+                out.append(f"{key!r} in {where} repeats {', '.join(map(repr, dict.fromkeys(repeated)))}: give each value once")
         elif not allow_scalars:
             out.append(f"{key!r} in {where} must be a list (got {value!r})")
             continue
@@ -72,6 +77,14 @@ def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
         if problem:
             out.append(f"{key} in {where}: {problem}")
     return out
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _resource_problems(resources) -> list[str]:
@@ -97,11 +110,18 @@ def _shape_problems(source: dict) -> list[str]:
     top = {k: v for k, v in source.items() if k in dimensions}
     out += _dimension_problems("the spec", top, allow_scalars=False)
     grids = source.get("grids") or [{}]
+    if source.get("grids") == []:
+        out.append("'grids' is an empty list: give at least one grid (a mapping of dimensions), or leave grids out")
     if not isinstance(grids, list):
         out.append(f"'grids' must be a list of mappings (got {grids!r})")
     else:
         for n, g in enumerate(grids):
+            if g == {} and source.get("grids"):
+                out.append(f"grids[{n}] is empty: name at least one dimension in it")
             out += _dimension_problems(f"grids[{n}]", g, allow_scalars=False)
+    if not source.get("defaults") and not top and not source.get("grids"):
+        out.append("the spec names no dimension (no defaults, no grid): every point would be all defaults (model "
+                   f"{config.defaults()['model']}, {config.defaults()['tokens']} tokens); give defaults or a grid")
     repeats = source.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         out.append(f"'repeats' must be an integer >= 1 (got {repeats!r})")
@@ -236,6 +256,20 @@ def require_engines(spec: GridSpec) -> None:
             _fail([f"engine: {err}"])
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (safe_load keeps the last, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if _hashable(key) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key) if _hashable(key) else None
+        return super().construct_mapping(node, deep=deep)
+
+
 def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
     """A spec from a YAML file, or a named preset (smoke, default)."""
     if (spec is None) == (preset is None):
@@ -248,8 +282,12 @@ def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
         path = Path(spec)
         if not path.exists():
             raise ValueError(f"grid spec {path} does not exist")
+    if path.is_dir():
+        raise ValueError(f"grid spec {path} is a folder; give a YAML file")
     try:
-        source = yaml.safe_load(path.read_text())
+        source = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"grid spec {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

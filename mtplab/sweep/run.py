@@ -26,7 +26,7 @@ from tqdm import tqdm
 from mtplab.base import paths
 from mtplab.base.lock import folder_lock
 from mtplab.measure.env import environment
-from mtplab.measure.result import dumps, write_atomic
+from mtplab.measure.result import dumps, output_folder_problem, write_atomic
 from mtplab.sweep import grid, store
 from mtplab.sweep.kernel import ensure_kernel
 from mtplab.sweep.pool import EXECUTORS, make_pool
@@ -331,6 +331,11 @@ def option_problems(args) -> list[str]:
     except ValueError as err:
         spec = None
         problems.append(str(err))
+    root = Path(args.results) if args.results is not None else paths.results_root()
+    if problem := output_folder_problem("--results", root):
+        problems.append(problem)
+    elif spec is not None and (problem := output_folder_problem("the sweep folder", root / (args.name or spec.name))):
+        problems.append(problem + " (choose another --name)")
     return problems, spec
 
 
