@@ -195,3 +195,12 @@ def test_a_plugin_that_does_not_import_is_one_line_for_any_command(monkeypatch, 
                                        "does not import: No module named 'no_such_plugin_module'\n")
     monkeypatch.delenv("MTPLAB_PLUGINS")
     monkeypatch.setattr(strategies, "_plugins_loaded", False)
+
+
+def test_options_that_belong_to_another_mode_are_refused_not_ignored(capsys):
+    assert main(["doctor", "--ks", "1", "2"]) == 2
+    assert "--ks belong to --gpu-check" in capsys.readouterr().err
+    assert main(["sweep", "--grid", "smoke", "--address", "10.0.0.1:6379"]) == 2
+    assert "--address 10.0.0.1:6379: a Ray cluster's address, for --executor ray only" in capsys.readouterr().err
+    assert main(["sweep", "spec.yaml", "--grid", "smoke"]) == 2
+    assert "give a grid spec file or --grid (one of" in (err := capsys.readouterr().err) and "), not both" in err

@@ -61,9 +61,17 @@ def _export_genai(args) -> int:
     return 0
 
 
+GPU_CHECK_OPTIONS = ("--presets", "--ks", "--tokens", "--out", "--backend", "--budget")
+
+
 def _doctor(args) -> int:
     from mtplab.cli.doctor import format_report, report
 
+    stray = [o for o in GPU_CHECK_OPTIONS if any(a == o or a.startswith(o + "=") for a in args.argv)]
+    if stray and not args.gpu_check:
+        print(f"mtplab doctor: {', '.join(stray)} belong to --gpu-check (the device check); without it doctor only "
+              "reports", file=sys.stderr)
+        return 2
     if args.gpu_check:
         from pathlib import Path
 

@@ -273,7 +273,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
     """A spec from a YAML file, or a named preset (smoke, default)."""
     if (spec is None) == (preset is None):
-        raise ValueError("give a grid spec file or --grid (one of " + ", ".join(presets()) + ")")
+        raise ValueError("give a grid spec file or --grid (one of " + ", ".join(presets()) + ")"
+                         + (", not both" if spec is not None else ""))
     if preset is not None:
         if preset not in presets():
             raise ValueError(f"unknown sweep preset {preset!r}: allowed presets are {presets()}")

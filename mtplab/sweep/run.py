@@ -324,6 +324,9 @@ def option_problems(args) -> list[str]:
         problems.append(f"--timeout {args.timeout}: must be an integer number of seconds >= 1")
     if args.executor not in EXECUTORS:
         problems.append(f"--executor {args.executor}: allowed executors are {list(EXECUTORS)}")
+    elif args.address is not None and args.executor != "ray":
+        problems.append(f"--address {args.address}: a Ray cluster's address, for --executor ray only "
+                        f"(this sweep runs on --executor {args.executor})")
     if args.name is not None and (problem := grid.check_name(args.name)):
         problems.append(problem.replace("name=", "--name ", 1))
     try:
