@@ -274,6 +274,9 @@ def test_a_failing_point_is_recorded_the_sweep_completes_in_a_relative_results_f
     assert "**No point ran**: this sweep measured nothing." in findings.sweep_findings(only)
     assert "an unrecorded number of paired" in provenance.header_html(sweep, only)
     quality.quality_markdown(only, sweep, {})
+    shutil.rmtree(sweep_dir / "points" / failed.point_id)  # the table names a point no folder holds now
+    with pytest.raises(ValueError, match=r"results.parquet names other points than those in .*points: re-collect"):
+        store.load(sweep_dir)
 
 
 @pytest.mark.parametrize(

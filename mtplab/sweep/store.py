@@ -167,13 +167,14 @@ def check_fresh(sweep_dir: str | Path) -> None:
     path = sweep_dir / "results.parquet"
     folders = point_folders(sweep_dir / "points")
     stamps = [f.stat().st_mtime_ns for folder in folders for f in (folder, *folder.iterdir())]
-    stale = bool(stamps) and max(stamps) > path.stat().st_mtime_ns
-    if not stale:
-        ids = set(pd.read_parquet(path, columns=["point_id"]).point_id) if folders else set()
-        stale = ids != {f.name for f in folders}
-    if stale:
+    how = "is older than the points in" if bool(stamps) and max(stamps) > path.stat().st_mtime_ns else None
+    if how is None:  # the same points: a point folder removed since leaves the table naming it
+        table = pd.read_parquet(path)
+        ids = set(table.point_id) if "point_id" in table else set()
+        how = "names other points than those in" if ids != {f.name for f in folders} else None
+    if how:
         raise ValueError(
-            f"{path} is older than the points in {sweep_dir / 'points'}: re-collect it with "
+            f"{path} {how} {sweep_dir / 'points'}: re-collect it with "
             f"`mtplab sweep <spec> --name {sweep_dir.name} --resume` (it collects without re-running finished points)"
         )
 
