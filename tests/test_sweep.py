@@ -265,6 +265,8 @@ def test_a_failing_point_is_recorded_the_sweep_completes_in_a_relative_results_f
            "(RuntimeError: planted failure at k=2)" in text, text
     assert "Every one of the 1 point is token-identical" in text
     assert "each point ran 3 paired" in provenance.header_html(sweep, df)
+    # an interrupted sweep's header says its fixed parameters are the finished points', not the spec's
+    assert "(over the 2 points that finished; the spec has 3)" in provenance.header_html(sweep | {"points": 3}, df)
     assert failed.point_id not in quality.quality_markdown(df, sweep, {})  # not an "unstable" point: it never ran
     # A sweep whose every point failed has no result columns in its parquet: the report still reads it.
     shutil.rmtree(sweep_dir / "points" / spec.points[0].id)

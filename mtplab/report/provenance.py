@@ -101,9 +101,12 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
             ("Python", "python"),
         )
     )
+    partial = len(df) < sweep.get("points", len(df))  # an interrupted sweep: the spec's other points never ran
+    over = f" (over the {plural(len(df), 'point')} that finished; the spec has {sweep.get('points')})" if partial else ""
     rows = [
         _row("points", f"{plural(sweep['points'], 'point')}: {counts}" + (" (interrupted)" if sweep.get("interrupted") else "")),
-        _row("fixed parameters", html.escape(", ".join(f"{_shown(k)}={v}" for k, v in fixed.items()) or "none")),
+        _row("fixed parameters",
+             html.escape(", ".join(f"{_shown(k)}={v}" for k, v in fixed.items()) or "none") + html.escape(over)),
         _row(
             "varied parameters",
             html.escape("; ".join(f"{_shown(k)}: {', '.join(map(str, v))}" for k, v in varied.items()) or "none"),
