@@ -89,3 +89,15 @@ def test_the_alpha_figures_and_the_heads_acceptance_take_greedy_decoding_rows_on
     assert list(selection.set_acceptance(rows).temperature) == [0.0]  # the oracle's alpha^i law is greedy's
     assert list(selection.own_head(rows).temperature) == [0.0]
     assert len(selection.temperature_rows(rows)) == 2  # the head's rows against temperature take both
+
+
+def test_failed_points_are_left_out_of_what_was_measured_and_one_round_points_have_no_ci_said_so():
+    from mtplab.report import findings
+
+    df = pd.DataFrame([_row(status="ok", speedup=0.9, speedup_ci="[null, null]", stable=False,
+                            greedy_tokens_per_s=100.0),
+                       _row(status="failed", speedup=float("nan"), speedup_ci=float("nan"), stable=float("nan"),
+                            greedy_tokens_per_s=float("nan"))])
+    assert list(selection.ran(df).status) == ["ok"]
+    (text,) = findings.stability_findings(df)
+    assert "0 of 1 mtplab point stable" in text and "no point has a CI (a CI needs at least two paired rounds)" in text

@@ -37,8 +37,9 @@ def stability_findings(df: pd.DataFrame) -> list[str]:
     half = pd.Series([(hi - lo) / 2 / abs(m) for (lo, hi), m in zip(ci, own.speedup)], dtype=float)
     stable = int(own.stable.fillna(False).astype(bool).sum()) if "stable" in own else 0
     g = own.greedy_tokens_per_s.dropna()
-    text = (f"- **How sure**: {stable} of {plural(len(own), 'mtplab point')} stable (speedup CI half-width at most 5%); "
-            f"median half-width {half.median():.1%}")
+    width = (f"median half-width {half.median():.1%}" if half.notna().any()
+             else "no point has a CI (a CI needs at least two paired rounds)")
+    text = f"- **How sure**: {stable} of {plural(len(own), 'mtplab point')} stable (speedup CI half-width at most 5%); {width}"
     if len(g):
         text += (f"; mtplab's greedy ran {g.min():.1f}-{g.max():.1f} tok/s across the sweep's points (a spread of "
                  f"{g.max() / g.min() - 1:.0%}: why every figure is a ratio from paired rounds)")
