@@ -283,16 +283,44 @@ def test_a_timed_greedy_computing_margins_is_a_mismatch(tiny, monkeypatch):
     _mismatch(_point(tiny), "top-2 margins")
 
 
-def test_a_published_speedup_that_is_not_the_rounds_ratio_is_caught(tiny, monkeypatch):
+@pytest.mark.parametrize("plant, words", [
+    ("speedup", "the published numbers: round 0's speedup"),
+    ("tokens_per_s", "the published numbers: round 0's tokens_per_s"),  # the speedup then agrees with it
+])
+def test_a_published_rate_that_is_not_the_rounds_own_is_caught(tiny, monkeypatch, plant, words):
     real = measure.close_round
 
     def close_round(sample):
+        if plant == "tokens_per_s":
+            sample["tokens_per_s"] *= 1.2
         out = real(sample)
-        out["speedup"] *= 1.2
+        if plant == "speedup":
+            out["speedup"] *= 1.2
         return out
 
     monkeypatch.setattr(measure, "close_round", close_round)
-    _run_check_failed(_point(tiny), "the published numbers: round 0's speedup")
+    _run_check_failed(_point(tiny), words)
+
+
+def test_a_published_interval_or_efficiency_that_is_not_the_rounds_is_caught(tiny, monkeypatch):
+    real = measure.summary_of
+
+    def summary_of(samples, key):  # a narrower, "stable" interval than the rounds give
+        out = real(samples, key)
+        return out | {"ci": [out["median"] * 0.995, out["median"] * 1.005], "stable": True}
+
+    monkeypatch.setattr(measure, "summary_of", summary_of)
+    _run_check_failed(_point(tiny), "the published numbers: speedup_ci", "is not its rounds' bootstrap CI")
+    monkeypatch.setattr(measure, "summary_of", real)
+    real_result = measure.run_result
+
+    def run_result(*args, **kwargs):  # an efficiency nearer 1 than the rounds give
+        out = real_result(*args, **kwargs)
+        out.efficiency = 1.0
+        return out
+
+    monkeypatch.setattr(measure, "run_result", run_result)
+    _run_check_failed(_point(tiny), "efficiency 1 is not its rounds' speedups over the prediction")
 
 
 def test_an_oracle_that_drafts_at_another_alpha_is_flagged(tiny, monkeypatch):

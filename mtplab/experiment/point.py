@@ -10,7 +10,7 @@ import numpy as np
 from mtplab.base.threads import use_global_pool
 from mtplab.check import flags, lossless
 from mtplab.check import verdict as oracle
-from mtplab.check.audit import Audit, Trace, checked_problems, engine_problems, result_problems
+from mtplab.check.audit import Audit, Trace, checked_problems, engine_problems
 from mtplab.engine.engine import Engine, prompt_tokens
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.experiment import config
@@ -19,6 +19,7 @@ from mtplab.experiment.shared import acceptance_alpha, check_engine
 from mtplab.measure import rounds as measure
 from mtplab.measure import theory
 from mtplab.measure.env import environment
+from mtplab.measure.published import result_problems
 from mtplab.measure.result import RunResult
 from mtplab.model import Artifact
 from mtplab.runtime.executor import Slot

@@ -1,0 +1,65 @@
+"""The published numbers of a point re-derived from its rounds and accepted counts, apart from the code that made them
+(mtplab.measure.rounds): a point whose RunResult says anything else is a mismatch (the run check)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtplab.measure import stats
+
+
+def result_problems(result, n: int, k: int, generated: int) -> list[str]:
+    """Every published aggregate of a point recomputed from its rounds and accepted counts: each round's rates from
+    its counts and seconds, the medians with plain numpy, the CIs with the same seeded bootstrap, the efficiency."""
+    out, samples = [], result.round_samples
+
+    def off(a, b) -> bool:
+        a, b = float(a), float(b)
+        return not (a == b or (np.isnan(a) and np.isnan(b)) or abs(a - b) <= 1e-9 * max(abs(a), abs(b)))
+
+    def ratio(a, b) -> float:
+        return a / b if a and b else float("nan")
+
+    for s in samples:
+        for side in ("", "greedy_"):  # each side's rate from its own count and seconds
+            if off(s[f"{side}tokens_per_s"], ratio(s[f"{side}counted"], s[f"{side}seconds"])):
+                out.append(f"round {s['round']}'s {side}tokens_per_s {s[f'{side}tokens_per_s']:.6g} is not its "
+                           f"{s[f'{side}counted']} counted tokens over its {s[f'{side}seconds']:.6g} s")
+        if off(s["speedup"], ratio(s["tokens_per_s"], s["greedy_tokens_per_s"])):
+            out.append(f"round {s['round']}'s speedup {s['speedup']:.6g} is not its tokens/s over greedy's")
+    for name in ("speedup", "tokens_per_s", "greedy_tokens_per_s"):
+        values = [s[name] for s in samples]
+        median = float(np.median(values))
+        if off(getattr(result, name), median):
+            out.append(f"{name} {getattr(result, name):.6g} is not the median of its rounds ({median:.6g})")
+        ci = stats.bootstrap_ci(values)
+        if len(getattr(result, f"{name}_ci")) != 2 or any(off(a, b) for a, b in zip(getattr(result, f"{name}_ci"), ci)):
+            out.append(f"{name}_ci {getattr(result, f'{name}_ci')} is not its rounds' bootstrap CI {ci}")
+        if name == "speedup" and bool(result.stable) != stats.is_stable(ci, median):
+            out.append(f"stable={result.stable}, but its rounds' CI {ci} around {median:.6g} says otherwise")
+    predicted = (result.predicted or {}).get("speedup")
+    if predicted is not None:
+        efficiency = [e for s in samples if np.isfinite(e := ratio(s["speedup"], predicted))]
+        expect = float(np.median(efficiency)) if efficiency else float("nan")
+        if off(result.efficiency, expect):
+            out.append(f"efficiency {result.efficiency:.6g} is not its rounds' speedups over the prediction "
+                       f"{predicted:.6g} ({expect:.6g})")
+    acc = np.asarray(result.accepted_per_step, dtype=float)
+    steps = len(acc)
+    if steps:
+        expect = {
+            "steps": steps,
+            "accepted": acc.sum(),
+            "drafted": steps * k,
+            "draft_acceptance": acc.sum() / (steps * k),
+            "acceptance_length": 1 + acc.mean(),
+            "tokens_per_step": generated / steps,
+        }
+        for name, value in expect.items():
+            if off(getattr(result, name), value):
+                out.append(f"{name} {getattr(result, name):.6g}, its accepted counts give {value:.6g}")
+        per_position = [float((acc >= i).mean()) for i in range(1, k + 1)]
+        if len(result.acceptance_per_position) != k or any(
+                off(a, b) for a, b in zip(result.acceptance_per_position, per_position)):
+            out.append(f"per-position acceptance {result.acceptance_per_position}, its accepted counts give {per_position}")
+    return out
