@@ -138,6 +138,47 @@ def test_a_batch_point_reports_rows_and_its_prediction(tiny):
     assert "batch of 2" in result_text(result) and result.identity["timed_audit"]["problems"] == []
 
 
+@pytest.mark.parametrize("plant, words", [
+    ("greedy twice", "round 0, greedy: greedy's forwards {'prefill/M=8': 2, 'primary/M=1': 30}"),
+    ("another policy", "the engine: its arena policy is 'shared-max', the config says 'sibling-pinned'"),
+    ("faster tokens/s", "the published numbers: round 0's tokens_per_s"),
+])
+def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, monkeypatch, plant, words):
+    from mtplab.experiment import batch_point
+    from mtplab.experiment.point import run_point
+
+    if plant == "greedy twice":  # the timed greedy (no margins) does its work twice
+        real = batch.greedy
+        monkeypatch.setattr(batch, "greedy", lambda e, p, n, margins=False: (
+            real(e, p, n, margins=margins) if margins else (real(e, p, n), real(e, p, n))[1]))
+    elif plant == "another policy":  # the engine builds another policy than its config names
+        from mtplab.engine import engine as engine_mod
+        from mtplab.runtime.policy import policy
+
+        monkeypatch.setattr(engine_mod, "policy", lambda name: policy("shared-max"))
+    else:
+        real_close = batch_point.measure.close_round
+        monkeypatch.setattr(batch_point.measure, "close_round",
+                            lambda s: real_close(s | {"tokens_per_s": s["tokens_per_s"] * 1.2}))
+    result = run_point(batch_run(2).replace(rounds=2, tokens=16), tiny)
+    assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: "), result.verdict
+    problems = " | ".join(result.identity["timed_audit"]["problems"])
+    assert words in problems, problems
+
+
+def test_a_batch_oracle_drafting_at_another_alpha_is_flagged(tiny, monkeypatch):
+    from mtplab.engine.drafters import OracleDrafter
+    from mtplab.experiment.point import run_point
+
+    real = OracleDrafter.__init__
+    monkeypatch.setattr(OracleDrafter, "__init__", lambda self, reference, alpha, *a, **kw: real(
+        self, reference, 0.98, *a, **kw))
+    result = run_point(batch_run(2).replace(alpha=0.5, rounds=1, tokens=48), tiny)
+    assert result.lossless, result.verdict
+    assert "it does not draft as configured" in next(w["message"] for w in result.warnings
+                                                     if w["name"] == "oracle_acceptance")
+
+
 def test_break_even_is_where_the_speedup_falls_through_one():
     from mtplab.report.batches import break_even
 

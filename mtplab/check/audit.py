@@ -149,7 +149,7 @@ class Audit:
         primary = self.engine.target.labels[Slot.PRIMARY]
         for slot, c in trace.activity.items():
             if slot != primary and _runs(c):
-                self._problem(r, side, f"the {slot} slot ran {_nonzero(c)}: greedy runs only the Primary slot")
+                self._problem(r, side, f"the {slot} slot ran {nonzero(c)}: greedy runs only the Primary slot")
         c = trace.activity.get(primary, {})
         decodes = _runs(c) - c.get("eager", 0)
         setup = c.get("warmups", 0) + c.get("captures", 0)
@@ -158,11 +158,11 @@ class Audit:
         may_invalidate = 0 if self.engine.target.retain and trace.primary_tokens_before in (None, 1) else 1
         if c.get("eager", 0) != 1 or decodes != n - 1:
             self._problem(r, side, f"primary ran {c.get('eager', 0)} eager forwards and {decodes} through its plan "
-                                   f"({_nonzero(c)}), expected 1 (the prefill) and {n - 1}")
+                                   f"({nonzero(c)}), expected 1 (the prefill) and {n - 1}")
         elif c.get("fallbacks", 0):
             self._fallbacks(r, side, primary, f"{c['fallbacks']} of {n - 1} decodes fell back")
         elif setup > SETUP_RUNS or c.get("invalidations", 0) > may_invalidate:
-            self._problem(r, side, f"primary {_nonzero(c)}: expected {n - 1} decodes replayed after at most a "
+            self._problem(r, side, f"primary {nonzero(c)}: expected {n - 1} decodes replayed after at most a "
                                    "warm-up and a capture")
         if self.greedy_state is not None and self.engine.state.length == P + n - 1:
             self._state(r, side, self.engine.state.snapshot(copy=False), self.greedy_state, self.greedy_rule,
@@ -187,14 +187,14 @@ class Audit:
         for slot, want in checked.activity.items():
             got = trace.activity.get(slot, {})
             if _runs(got) != _runs(want) or got.get("eager", 0) != want.get("eager", 0):
-                self._problem(r, side, f"the {slot} slot ran {_runs(got)} forwards ({_nonzero(got)}), the checked run "
-                                       f"{_runs(want)} ({_nonzero(want)})")
+                self._problem(r, side, f"the {slot} slot ran {_runs(got)} forwards ({nonzero(got)}), the checked run "
+                                       f"{_runs(want)} ({nonzero(want)})")
             elif _off_plan(got) > _off_plan(want) + SETUP_RUNS:
                 if got.get("fallbacks", 0) > want.get("fallbacks", 0) + SETUP_RUNS:
-                    self._fallbacks(r, side, slot, f"{_nonzero(got)}, the checked run {_nonzero(want)}")
+                    self._fallbacks(r, side, slot, f"{nonzero(got)}, the checked run {nonzero(want)}")
                 else:
                     self._problem(r, side, f"the {slot} slot ran {_off_plan(got)} forwards outside its plan "
-                                           f"({_nonzero(got)}), the checked run {_off_plan(want)} ({_nonzero(want)})")
+                                           f"({nonzero(got)}), the checked run {_off_plan(want)} ({nonzero(want)})")
             elif abs(got.get("invalidations", 0) - want.get("invalidations", 0)) > 1:
                 self._problem(r, side, f"the {slot} slot invalidated {got.get('invalidations', 0)} plans, the checked "
                                        f"run {want.get('invalidations', 0)}")
@@ -354,5 +354,6 @@ def _forwards_diff(ran: dict, want: dict) -> dict[str, tuple[int, int]]:
     return {k: (ran.get(k, 0), want.get(k, 0)) for k in sorted(set(ran) | set(want)) if ran.get(k, 0) != want.get(k, 0)}
 
 
-def _nonzero(c: dict) -> str:
+def nonzero(c: dict) -> str:
+    """A counters dict's non-zero entries, `key=value` each ("nothing" when none)."""
     return " ".join(f"{k}={v}" for k, v in c.items() if v) or "nothing"

@@ -13,9 +13,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mtplab.check.audit import Trace, nonzero
 from mtplab.check.lossless import Lockstep, Watch
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch
+from mtplab.engine.strategies import DRAFTERS
+from mtplab.runtime.executor import Slot
 
 
 class BatchChecked(NamedTuple):
@@ -23,6 +26,7 @@ class BatchChecked(NamedTuple):
     spec: batch.BatchRun  # the checked speculative run
     rows: list[dict]  # per row: token identity and its lockstep summary
     identity: dict  # the rows pooled, in the form mtplab.check.verdict reads (the first failing row's, with "row")
+    spec_forwards: dict = {}  # the forwards the checked speculative run made, by "slot/M=m" (the timed runs' too)
 
 
 def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
@@ -39,14 +43,44 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
                 locks[b].check(step, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b))
 
         watch.start("speculative")
+        before = dict(engine.forwards)
         spec = batch.speculative(engine, prompts, n, references=greedy.tokens, on_commit=on_commit)
+        spec_forwards = {key: d for key, v in engine.forwards.items() if (d := v - before.get(key, 0))}
         for b, lock in enumerate(locks):  # what each row left behind (a riding row: as it finished)
             lock.check(spec.steps, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b))
     finally:
         engine.watch = None
     rows = [token_identity(spec.tokens[b][:n], greedy.tokens[b][:n], greedy.margins[b]) | locks[b].summary()
             for b in range(engine.batch)]
-    return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite))
+    return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite), spec_forwards)
+
+
+def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, checked: BatchChecked) -> list[str]:
+    """Where one timed run of a batch did other work than its side does: greedy runs the batch's prefill and n - 1
+    [B, 1] decodes through Primary's plan and nothing else; a speculative run makes the checked run's forwards, and
+    the checked run makes one verify per step and, where its drafter runs the head, k head steps per step; the slots'
+    counts agree with the backend's own."""
+    run, out = engine.run_cfg, list(trace.honesty_problems())
+    if side == "greedy":
+        want = {f"prefill/M={prompt_len}": 1, **({"primary/M=1": n - 1} if n > 1 else {})}
+        if trace.forwards != want:
+            out.append(f"greedy's forwards {trace.forwards}, expected {want}")
+        primary = engine.target.labels[Slot.PRIMARY]
+        c = trace.activity.get(primary, {})
+        through_plan = c.get("replays", 0) + c.get("captures", 0) + c.get("warmups", 0)
+        if c.get("eager", 0) != 1 or c.get("fallbacks", 0) or through_plan != n - 1:
+            out.append(f"greedy's primary slot ran {nonzero(c)}: expected the prefill eager and {n - 1} decodes through its plan")
+        out += [f"greedy ran the {slot} slot ({nonzero(a)}): greedy runs only Primary" for slot, a in trace.activity.items()
+                if slot != primary and any(a.values())]
+        return out
+    if trace.forwards != checked.spec_forwards:
+        out.append(f"the speculative run's forwards {trace.forwards}, the checked run's {checked.spec_forwards}")
+    steps, made = checked.spec.steps, checked.spec_forwards
+    want = {f"verify/M={run.k + 1}": steps} | ({"mtp/M=1": run.k * steps} if DRAFTERS.get(run.drafter).uses_head(run)
+                                                else {})
+    if any(made.get(key, 0) != v for key, v in want.items()):
+        out.append(f"the checked speculative run's {steps} steps made {made}; its config makes {want} of them")
+    return out
 
 
 def batch_rule(rule: StateRule, engine) -> StateRule:

@@ -14,8 +14,10 @@ import time
 
 import numpy as np
 
+from mtplab.check import flags
 from mtplab.check import verdict as oracle
-from mtplab.check.batch import checked_batch
+from mtplab.check.audit import Trace, engine_problems
+from mtplab.check.batch import checked_batch, timed_problems
 from mtplab.engine import batch
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
@@ -23,6 +25,7 @@ from mtplab.experiment.shared import acceptance_alpha, check_engine
 from mtplab.measure import rounds as measure
 from mtplab.measure import stats, theory
 from mtplab.measure.env import environment
+from mtplab.measure.published import result_problems
 from mtplab.measure.result import RunResult
 
 
@@ -45,11 +48,11 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     engine = engine or Engine(run, artifact)
     B, k, n = run.batch, run.k, run.tokens
     prompts = batch.prompts(run, engine.desc.vocab_size)
+    problems: list[str] = [f"the engine: {p}" for p in engine_problems(engine)]
     before = _counters(engine)
     checked = checked_batch(engine, prompts, n)
     slots = {s: {c: v - before.get(s, {}).get(c, 0) for c, v in cs.items()} for s, cs in _counters(engine).items()}
     forwards = dict(engine.forwards)
-    problems: list[str] = []
     plan = measure.RoundsPlan.of(run)
     samples: list[dict] = []
     split: dict = {}
@@ -59,13 +62,16 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
         order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
         sample = measure.paired_round(r, order)
         for side in order:
+            trace = Trace.begin(engine)
             if side == "greedy":
                 g = batch.greedy(engine, prompts, n)
+                trace.end(engine, g.tokens[0])
                 _record(sample, side, g.tokens, n, g.seconds)
                 if g.tokens != [t[:n] for t in checked.greedy.tokens]:
                     problems.append(f"round {r}: a timed greedy run's tokens differ from the checked run's")
             else:
                 spec = batch.speculative(engine, prompts, n, references=checked.greedy.tokens)
+                trace.end(engine, spec.tokens[0])
                 _record(sample, side, spec.tokens, n, spec.seconds)
                 sample["steps"] = spec.steps
                 split = {key: split.get(key, 0.0) + v for key, v in spec.split.items()}
@@ -74,6 +80,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                 if spec.tokens != checked.spec.tokens or spec.accepted != checked.spec.accepted:
                     problems.append(f"round {r}: a timed speculative run's tokens or accepted counts differ from the "
                                     "checked run's")
+            problems += [f"round {r}, {side}: {p}" for p in timed_problems(engine, side, trace, n, prompts.shape[1],
+                                                                            checked)]
         samples.append(measure.close_round(sample))
     calibration = calibration if calibration is not None else calibration_for_batch(run)
     alpha, alpha_source = acceptance_alpha(run, calibration)
@@ -122,12 +130,18 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
             "rounds": plan.outcome,
         },
     )
+    problems += [f"the published numbers: {p}" for p in result_problems(result, n, k, generated)]
+    result.identity["timed_audit"] = {"problems": problems, "problem_count": len(problems)}
     ok, text = oracle.verdict(checked.identity)
     if ok and problems:
         ok, text = False, "RUN CHECK FAILED: " + problems[0]
     if not ok:
         oracle.shout(text)
     result.lossless, result.verdict = ok, text
+    # As a batch-1 point's, less the phase accounting (a batch step's phases are not timed apart) and the
+    # sampled test (a batch decodes greedily): the rows' accepted counts pooled.
+    result.warnings = flags.point_warnings(result.efficiency, float("nan"), run.drafter, accepted, k, calibration,
+                                           {}, alpha=run.alpha)
     return result
 
 
