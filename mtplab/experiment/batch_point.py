@@ -4,7 +4,9 @@ The checked pass (mtplab.check.batch) holds every row to its own greedy and its 
 paired rounds, the order alternating, time greedy and speculative over the whole batch. Both sides count
 every row's tokens after its prefill token up to the n-th (B * (n - 1)), so a round's speedup is greedy's
 seconds over speculative's. Each timed run must repeat the checked run's tokens and accepted counts, row by
-row. The prediction comes from the batch calibration (T(B, M), mtplab.experiment.batch_calibrate).
+row, and do the work its side does (mtplab.check.batch.timed_problems); the published numbers are re-derived
+from the rounds (mtplab.measure.published). The prediction comes from the batch calibration (T(B, M),
+mtplab.experiment.batch_calibrate).
 """
 
 from __future__ import annotations
