@@ -351,3 +351,24 @@ def test_a_spec_names_a_folder_beside_it_from_any_working_directory(copy, tmp_pa
     loaded = grid.load(spec)
     assert sorted(p.run.model for p in loaded.points) == sorted([str(copy.resolve()), "tiny"])
     assert loaded.source["model"][0] == str(copy.resolve())  # sweep.json keeps the absolute folder
+
+
+def test_two_folders_of_one_name_whose_weights_differ_get_caches_of_their_own(tmp_path, monkeypatch):
+    import mtplab.base.files as files
+
+    a, b = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    shutil.copytree(FIXTURE, a)
+    shutil.copytree(FIXTURE, b)
+    with open(b / "model.onnx.data", "r+b") as f:  # one weight changed: the graphs and config stay the same
+        f.seek(4096)
+        byte = f.read(1)
+        f.seek(4096)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    first, second = open_builder(a), open_builder(b)
+    assert first.content != second.content and first.description.target.path != second.description.target.path
+    import hashlib
+    import types
+
+    hashed = []  # the digest module's own hashing, counted
+    monkeypatch.setattr(files, "hashlib", types.SimpleNamespace(sha256=lambda: hashed.append(1) or hashlib.sha256()))
+    assert open_builder(b).content == second.content and not hashed  # the weights' digests are remembered

@@ -255,9 +255,9 @@ def gpu_check(
     """Run the device check; print as it goes; write the JSON; 0 when every check holds."""
     from tqdm import tqdm
 
+    from mtplab.base.files import write_atomic
     from mtplab.cli.doctor import report
     from mtplab.measure.env import environment
-    from mtplab.measure.result import write_atomic
     from mtplab.model import PRESETS
 
     max_k = MAX_TRANSITION_CAPACITY - 1

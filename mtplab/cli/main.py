@@ -212,10 +212,11 @@ def _run(args) -> int:
 
 
 def _calibrate(args) -> int:
+    from mtplab.base.files import write_atomic
     from mtplab.base.threads import threads_used
     from mtplab.experiment.calibrate import REPEATS, cache_key, cache_path, format_table, measure
     from mtplab.experiment.config import field_problem
-    from mtplab.measure.result import dumps, output_file_problem, write_atomic
+    from mtplab.measure.result import dumps, output_file_problem
 
     given, problems = given_options(args)
     if problem := output_file_problem("--out", args.out):

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from mtplab.base.files import write_atomic
 from mtplab.base.threads import threads_used
 from mtplab.engine import batch as batching
 from mtplab.engine.engine import Engine
@@ -33,7 +34,7 @@ from mtplab.experiment.calibrate import (
     cache_path,
     load_or_measure,
 )
-from mtplab.measure.result import dumps, write_atomic
+from mtplab.measure.result import dumps
 from mtplab.runtime.executor import Slot
 
 

@@ -29,13 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from mtplab.base.files import write_atomic
 from mtplab.base.paths import cache_root
 from mtplab.base.threads import threads_used
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.config import RunConfig, model_name
 from mtplab.measure import stats, theory
 from mtplab.measure.env import _cpu_name
-from mtplab.measure.result import dumps, write_atomic
+from mtplab.measure.result import dumps
 from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS
 from mtplab.runtime.executor import Slot
 

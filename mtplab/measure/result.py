@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from mtplab.base.files import write_atomic
 
 
 @dataclass
@@ -130,22 +131,6 @@ def flatten(d: dict, top: bool = True) -> dict:
     return row
 
 
-def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write via a temp file in the same folder and rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode() if isinstance(text, str) else text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a write that fails (the path is a folder, the disk is full) leaves no temp file behind
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def output_folder_problem(option: str, path) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnx
 
+from mtplab.base.files import file_digest
 from mtplab.model.description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
 from mtplab.model.onnx_read import attributes, consumer, data_files, graph_io_table
 
@@ -259,7 +260,11 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
         raise _fail(folder, f"the head's {head.hidden_input} is {m_in[head.hidden_input][1]}, "
                             f"the target's hidden states are {target.dtype}")
     check_builder_ops(folder, {n.op_type for m in (target_model, mtp_model) for n in m.graph.node})
+    # The content key of every cached derivative (select's copy, the peer's folder, the calibration): the config, both
+    # graphs and their external weights (a copy holds the weights too, so changed weights must make a new copy).
+    weights = sorted({folder / f for m in (target_model, mtp_model) for f in data_files(m)})
     blob = cfg_path.read_bytes() + target_path.read_bytes() + mtp_path.read_bytes()
+    blob += "".join(f"{w.name}:{file_digest(w)};" for w in weights).encode()
     content = hashlib.sha256(blob).hexdigest()[:16]
     desc = select_copy(desc, target_model, content)
     return BuilderModel(

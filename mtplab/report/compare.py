@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mtplab.base.files import write_atomic
 from mtplab.measure import stats
-from mtplab.measure.result import write_atomic
 from mtplab.report import selection
 from mtplab.report.provenance import PARAMETERS, blank_inapplicable, fixed_and_varied, plural
 from mtplab.report.selection import COUNTERS, SLOTS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtplab.measure.result import write_atomic
+from mtplab.base.files import write_atomic
 from mtplab.sweep import store
 from mtplab.sweep.kernel import ensure_kernel
 from mtplab.sweep.point_exec import notebooks_dir

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtplab.measure.result import RESULT_COLUMNS, flatten, write_atomic
+from mtplab.base.files import write_atomic
+from mtplab.measure.result import RESULT_COLUMNS, flatten
 
 RESULT = "result.json"
 ERROR = "error.json"

@@ -1,0 +1,59 @@
+"""Files mtplab writes and reads back: atomic writes, and content digests of large files (a model's weights)
+remembered by path, size and modification time, so that a folder's weights are hashed once, not at every open."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from mtplab.base.paths import cache_root
+
+DIGESTS = "digests.json"  # in the cache: {"path|size|mtime_ns": sha256 prefix}
+KEPT = 4096  # digests remembered (the oldest go first)
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write via a temp file in the same folder and rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a write that fails (the path is a folder, the disk is full) leaves no temp file behind
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 (16 hex digits) of a file's content, computed once per path, size and modification time."""
+    path = Path(path).resolve()
+    st = path.stat()
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    store = cache_root() / DIGESTS
+    try:
+        known = json.loads(store.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known.get(key), str):
+        return known[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    known = {k: v for k, v in known.items() if not k.startswith(f"{path}|")}  # this file's older versions
+    known[key] = h.hexdigest()[:16]
+    try:
+        write_atomic(store, json.dumps(dict(list(known.items())[-KEPT:])))
+    except OSError:  # a read-only cache: the digest is still right, only not remembered
+        pass
+    return known[key]
