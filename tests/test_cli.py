@@ -139,6 +139,11 @@ def test_help_gives_every_options_default_and_the_choices():
     assert "choices: cpu, cuda" in helps["run --backend"]
     assert "cuda" in helps["sweep --preset"] and "smoke" in helps["sweep --preset"]
     assert parser().parse_args(["sweep", "--grid", "smoke"]).preset == "smoke"  # --grid: a spec's preset is the model
+    for command in ("run", "calibrate", "sweep", "report", "compare", "doctor", "model"):  # every help prints
+        with pytest.raises(SystemExit) as done:
+            parser().parse_args([command, "--help"])
+        assert done.value.code == 0
+    assert "95% interval" in parser()._subparsers._group_actions[0].choices["run"].format_help()
 
 
 def test_sweep_runs_one_point_at_a_time_by_default_and_says_why(capsys):

@@ -116,7 +116,8 @@ def add_run_options(p: argparse.ArgumentParser, only: tuple[str, ...] | None = N
     for f in config.fields():
         if only is not None and f.name not in only:
             continue
-        meta, where = f.metadata, groups.get(f.metadata["group"], p)
+        # argparse formats help texts with %: a literal one ("95% interval") must be written %%
+        meta, where = f.metadata | {"help": f.metadata["help"].replace("%", "%%")}, groups.get(f.metadata["group"], p)
         if isinstance(f.default, bool):
             action = "store_false" if f.default else "store_true"
             text = f"turns {f.name} off: {meta['help']}" if f.default else meta["help"]
