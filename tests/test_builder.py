@@ -262,6 +262,29 @@ def test_a_head_reading_another_hidden_output_is_refused(copy):
         open_builder(copy)
 
 
+@pytest.mark.parametrize("edit, outcome", [
+    ({"context_length": 1024}, 256),  # the graph's rotary tables hold 256 positions: past them nothing runs
+    ({"context_length": "abc"}, r"model\.context_length is 'abc', not a whole number of tokens"),
+    ({"vocab_size": 1024}, r"disagrees with the graphs: model\.onnx's logits is declared \[\.\.\., 512\], "
+                           r"genai_config\.json's model\.vocab_size is 1024"),
+    ({"decoder": {"hidden_size": 64}}, r"model\.onnx's hidden_states is declared \[\.\.\., 128\], genai_config\.json's "
+                                       r"model\.decoder\.hidden_size is 64"),
+])
+def test_genai_config_values_are_held_to_the_graphs(copy, edit, outcome):
+    cfg = json.loads((copy / "genai_config.json").read_text())
+    for key, value in edit.items():
+        if isinstance(value, dict):
+            cfg["model"][key].update(value)
+        else:
+            cfg["model"][key] = value
+    (copy / "genai_config.json").write_text(json.dumps(cfg))
+    if isinstance(outcome, int):
+        assert open_builder(copy).description.capacity == outcome
+    else:
+        with pytest.raises(ValueError, match=outcome):
+            open_builder(copy)
+
+
 def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):
     from mtplab.cli.main import main
 

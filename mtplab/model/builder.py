@@ -195,6 +195,17 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node))
 
 
+ROTARY_CACHE_INPUT = {"RotaryEmbedding": 2, "MRotaryEmbedding": 2, "GroupQueryAttention": 7}  # cos_cache's slot
+
+
+def rotary_rows(model: onnx.ModelProto) -> int | None:
+    """The fewest positions any rotary table of the graph holds (its cos_cache initializer's rows), or None."""
+    inits = {t.name: t for t in model.graph.initializer}
+    rows = [int(inits[n.input[i]].dims[0]) for n in model.graph.node
+            if (i := ROTARY_CACHE_INPUT.get(n.op_type)) is not None and len(n.input) > i and n.input[i] in inits]
+    return min(rows) if rows else None
+
+
 def _dims(folder: Path, name: str, dims: tuple, rank: int) -> tuple[int, ...]:
     """A state's shape at batch 1: every dim after the batch must be a number in the graph."""
     if len(dims) != rank or not all(isinstance(d, int) and d > 0 for d in dims[1:]):
@@ -230,7 +241,13 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     mtp_model = _load_graph(folder, mtp_cfg.get("filename", "mtp.onnx"), "mtp")
     target_path, mtp_path = folder / dec.get("filename", "model.onnx"), folder / mtp_cfg.get("filename", "mtp.onnx")
     t_in, t_out = graph_io_table(target_path)
-    cap = min(capacity, int(model_cfg.get("context_length") or capacity))
+    try:
+        cap = min(capacity, int(model_cfg.get("context_length") or capacity))
+    except (TypeError, ValueError):
+        raise _fail(folder, f"genai_config.json's model.context_length is {model_cfg.get('context_length')!r}, "
+                            "not a whole number of tokens") from None
+    # positions past a rotary table's rows do not run (its cos/sin caches are the graph's own limit)
+    cap = min([cap, *(rows for m in (target_model, mtp_model) if (rows := rotary_rows(m)) is not None)])
 
     target = _graph_io(folder, target_path, target_model, dec, t_in, t_out, head_size=dec.get("head_size"))
     m_in, m_out = graph_io_table(mtp_path)
@@ -256,6 +273,15 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
                             int8_compute=int8)
     for io, where in ((target, f"{folder.name}/{target_path.name}"), (head, f"{folder.name}/{mtp_path.name}")):
         check_graph(io, where)
+    declared = [(f"{target_path.name}'s {target.logits}", t_out, target.logits, vocab, "model.vocab_size"),
+                (f"{mtp_path.name}'s {head.logits}", m_out, head.logits, vocab, "model.vocab_size"),
+                (f"{target_path.name}'s {target.hidden}", t_out, target.hidden, hidden, "model.decoder.hidden_size"),
+                (f"{mtp_path.name}'s {head.hidden_input}", m_in, head.hidden_input, hidden, "model.decoder.hidden_size")]
+    wrong = [f"{what} is declared [..., {dims[-1]}], genai_config.json's {field} is {value}"
+             for what, table, name, value, field in declared
+             if (dims := table.get(name, ((),))[0]) and isinstance(dims[-1], int) and dims[-1] != value]
+    if wrong:
+        raise _fail(folder, "genai_config.json disagrees with the graphs: " + "; ".join(wrong))
     if target.dtype != m_in.get(head.hidden_input, ((), target.dtype))[1]:
         raise _fail(folder, f"the head's {head.hidden_input} is {m_in[head.hidden_input][1]}, "
                             f"the target's hidden states are {target.dtype}")
