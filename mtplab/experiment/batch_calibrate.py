@@ -32,6 +32,7 @@ from mtplab.experiment.calibrate import (
     _calibration_run,
     cache_key,
     cache_path,
+    calibration_sizes,
     load_or_measure,
 )
 from mtplab.measure.result import dumps
@@ -43,12 +44,13 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     run, art = _calibration_run(model, threads, k=MAX_M - 1, drafter="mtp", tokens=GREEDY_TOKENS + 1,
                                 max_recaptures=10**9, rounds=1, batch=batch)
+    top, _ = calibration_sizes(art.description)
     engine = Engine(run, art)
     st, B = engine.state, batch
     prompts = batching.prompts(run.replace(prompt_len=PROMPT_LEN), engine.desc.vocab_size)
     batching.start(engine, prompts)
     L0 = st.lengths.copy()
-    ids = np.tile(prompts[:, :1], (1, MAX_M))
+    ids = np.tile(prompts[:, :1], (1, top))
     hidden = np.zeros((B, engine.desc.hidden_size), np.float32)
 
     def forward(M: int) -> dict:
@@ -58,14 +60,14 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False)
 
     def greedy_step() -> float:
-        g = batching.greedy(engine, prompts, GREEDY_TOKENS + 1)
+        g = batching.greedy(engine, prompts, run.tokens)  # GREEDY_TOKENS + 1, or what the capacity holds
         return g.seconds / g.decodes
 
     def commit(strategy: str, n: int) -> float:
         engine.use_commit(strategy)
         apply = batching.batch_commit(engine)
         st.lengths[...] = L0
-        ver = None if engine.commit_strategy.verify_in_place else forward(MAX_M)
+        ver = None if engine.commit_strategy.verify_in_place else forward(top)
         engine.save_state()
         counts, rows = np.full(B, n), np.arange(B)
         times = []
@@ -86,18 +88,18 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps), "target/1")
     add = paired.add
     for _ in range(repeats):
-        for M in range(2, MAX_M + 1):
+        for M in range(2, top + 1):
             forward(M)
             for _ in range(FORWARD_SAMPLES):
                 add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps))
-        for k in range(1, MAX_M):
+        for k in range(1, top):
             add(f"draft/{k}", lambda k=k: _block_time(
                 lambda: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_step() for _ in range(reps)])))
         batching.start(engine, prompts)
         for strategy in strategies:
-            for n in range(1, MAX_M + 1):
+            for n in range(1, top + 1):
                 add(f"commit/{strategy}/{n}", lambda strategy=strategy, n=n: commit(strategy, n))
     summary = paired.summary()
 

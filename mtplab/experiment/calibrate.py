@@ -136,6 +136,19 @@ class PairedSamples:
         return out
 
 
+def calibration_sizes(desc) -> tuple[int, int]:
+    """(the largest verify size M, greedy decodes per sample) a calibration of this model measures: MAX_M and
+    GREEDY_TOKENS, or fewer where the model's transition capacity or KV capacity holds fewer (a verify of M needs
+    2M tokens of headroom after the prompt). A prediction at a k the calibration lacks is not made."""
+    room = desc.capacity - PROMPT_LEN
+    top = min(MAX_M, desc.transition_capacity or MAX_M, (room - 2) // 2)
+    greedy = min(GREEDY_TOKENS, room - 1)
+    if top < 2 or greedy < 2:
+        raise ValueError(f"{desc.name}: a KV capacity of {desc.capacity} leaves no room to calibrate (a {PROMPT_LEN}-token "
+                         f"prompt, then a verify of 2 tokens needs {PROMPT_LEN + 6})")
+    return top, greedy
+
+
 def _calibration_run(model: str, threads: int, **fields) -> tuple[RunConfig, object]:
     """A RunConfig for measuring `model` with a commit it supports (the calibration measures every supported
     commit itself; which one the engine starts with does not matter), and the opened model."""
@@ -146,6 +159,9 @@ def _calibration_run(model: str, threads: int, **fields) -> tuple[RunConfig, obj
     if not supported:
         raise ValueError(f"{model_name(model)}: every commit strategy is refused: "
                          + "; ".join(f"{n}: {why}" for n, why in refused.items()))
+    top, greedy = calibration_sizes(art.description)
+    fields = {name: (min(value, top - 1) if name == "k" else min(value, greedy + 1) if name == "tokens" else value)
+              for name, value in fields.items()}
     return RunConfig(model=model, threads=threads, commit=supported[0], **fields), art
 
 
@@ -176,6 +192,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]
     run, art = _calibration_run(model, threads, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9, rounds=1)
+    top, greedy_n = calibration_sizes(art.description)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine.start(prompt)
@@ -206,7 +223,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         return engine.forward(Slot.VERIFY, [tok] * M, in_place=False, eager=True)
 
     def greedy_token() -> float:  # greedy's own loop: a replayed M=1 forward plus its per-token host work
-        g = engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)
+        g = engine.greedy(prompt, greedy_n + 1, margins=False)
         return g.seconds / g.decodes
 
     def commit(strategy: str, n: int, reps: int) -> float:
@@ -214,7 +231,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         engine.use_commit(strategy)
         engine.state.length = L0
         # A strategy that reads the verify's outputs gets them; one whose verify runs in place restores a snapshot.
-        ver = None if engine.commit_strategy.verify_in_place else forward(MAX_M)
+        ver = None if engine.commit_strategy.verify_in_place else forward(top)
         engine.save_state()
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
@@ -228,7 +245,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps), "target/1")
     add = paired.add
     for _ in range(repeats):
-        for M in range(2, MAX_M + 1):
+        for M in range(2, top + 1):
             forward(M)  # untimed: with _block_time's own untimed call, a first size's warm-up and capture both
             for _ in range(FORWARD_SAMPLES):
                 add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps))
@@ -236,18 +253,18 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
             copy_forward()  # the Verify plan's size changes: untimed
             for _ in range(FORWARD_SAMPLES):
                 add("copy/1", lambda: _block_time(copy_forward, reps))
-        for M in range(1, MAX_M + 1):
+        for M in range(1, top + 1):
             add(f"eager/{M}", lambda M=M: _block_time(lambda: eager(M), reps))
         head()
         add("head", lambda: _block_time(head, reps))
-        for k in range(1, MAX_M):
+        for k in range(1, top):
             add(f"draft/{k}", lambda k=k: _block_time(lambda: draft(k), reps))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_token() for _ in range(reps)])))
         engine.start(prompt)  # back to the state the other items are measured from
         engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
         for strategy in strategies:
-            for n in range(1, MAX_M + 1):
+            for n in range(1, top + 1):
                 add(f"commit/{strategy}/{n}", lambda strategy=strategy, n=n: commit(strategy, n, reps))
     summary = paired.summary()
 
@@ -283,10 +300,10 @@ def greedy_token_now(model: str, threads: int, samples: int = 3) -> float:
     run, art = _calibration_run(model, threads, k=1, tokens=GREEDY_TOKENS + 1, rounds=1)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
-    engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)  # warm-up and capture
+    engine.greedy(prompt, run.tokens, margins=False)  # warm-up and capture (run.tokens: within the model's capacity)
     times = []
     for _ in range(samples):
-        g = engine.greedy(prompt, GREEDY_TOKENS + 1, margins=False)
+        g = engine.greedy(prompt, run.tokens, margins=False)
         times.append(g.seconds / g.decodes)
     return float(np.median(times))
 
