@@ -265,6 +265,8 @@ def test_a_head_reading_another_hidden_output_is_refused(copy):
 @pytest.mark.parametrize("edit, outcome", [
     ({"context_length": 1024}, 256),  # the graph's rotary tables hold 256 positions: past them nothing runs
     ({"context_length": "abc"}, r"model\.context_length is 'abc', not a whole number of tokens"),
+    ({"decoder": {"num_hidden_layers": 2}}, "3 linear-attention (LinearAttention) + 1 attention"),  # the graph's layers
+    ({"decoder": {"num_hidden_layers": 6}}, "3 linear-attention (LinearAttention) + 1 attention"),
     ({"vocab_size": 1024}, r"disagrees with the graphs: model\.onnx's logits is declared \[\.\.\., 512\], "
                            r"genai_config\.json's model\.vocab_size is 1024"),
     ({"decoder": {"hidden_size": 64}}, r"model\.onnx's hidden_states is declared \[\.\.\., 128\], genai_config\.json's "
@@ -280,6 +282,8 @@ def test_genai_config_values_are_held_to_the_graphs(copy, edit, outcome):
     (copy / "genai_config.json").write_text(json.dumps(cfg))
     if isinstance(outcome, int):
         assert open_builder(copy).description.capacity == outcome
+    elif "layers" in str(edit):
+        assert outcome in inspect_text(open_builder(copy))
     else:
         with pytest.raises(ValueError, match=outcome):
             open_builder(copy)
