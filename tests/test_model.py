@@ -55,9 +55,16 @@ def test_onnx_matches_reference_over_eight_steps(name, M, runner_for, request):
             np.testing.assert_allclose(run.state.gdn[i][0], rs.gdn[i], atol=STATE_ATOL, rtol=0)
 
 
-def test_int4_build_runs_close_to_its_dequantized_reference(runner_for):
+def test_int4_build_runs_close_to_its_dequantized_reference(runner_for, tiny):
+    import onnx
+
+    from mtplab.model.onnx_read import parameter_count
+
     art = build_model(preset("tiny", weight_format="int4"))
     assert any("MatMulNBits" in op for op in art.manifest["ops"])
+    for role in ("target", "mtp"):  # a packed int4 weight counts its K x N parameters, as the fp32 build's do
+        graph = onnx.load(str(art.path / art.manifest["files"][role]), load_external_data=False)
+        assert parameter_count(graph) == tiny.manifest["parameters"][role]
     run, ref = runner_for(art), _reference(art)
     rs = ref.new_state()
     for tokens in ([1, 2, 3, 4], [5], [6]):

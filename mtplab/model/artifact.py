@@ -14,7 +14,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from mtplab.base.paths import cache_root
@@ -22,7 +21,7 @@ from mtplab.model.behaviour import fitted_head
 from mtplab.model.config import ModelConfig
 from mtplab.model.forms import check_runtime, choose_form
 from mtplab.model.graph import build_mtp, build_target, mtp_signature, target_signature
-from mtplab.model.onnx_read import io_table
+from mtplab.model.onnx_read import io_table, parameter_count
 from mtplab.model.stepper import runnable_providers
 from mtplab.model.weights import target_weights
 
@@ -235,7 +234,6 @@ def _build(cfg: ModelConfig, key: str) -> dict[str, bytes]:
     blobs = {"target.onnx": target_blob, "mtp.onnx": mtp.SerializeToString()}
     t_in, t_out = target_signature(cfg)
     m_in, m_out = mtp_signature(cfg)
-    n_params = lambda model: int(sum(np.prod(t.dims) for t in model.graph.initializer))  # noqa: E731
     manifest = {
         "format": "mtplab-artifact/1",
         "builtin": True,
@@ -249,7 +247,7 @@ def _build(cfg: ModelConfig, key: str) -> dict[str, bytes]:
             "mtp": {"inputs": _io_table(m_in), "outputs": _io_table(m_out)},
         },
         "ops": sorted(ops_t | ops_m),
-        "parameters": {"target": n_params(target), "mtp": n_params(mtp)},
+        "parameters": {"target": parameter_count(target), "mtp": parameter_count(mtp)},
         "behaviour": behaviour,
         "onnxruntime_version": onnxruntime.__version__,
         "content_hash": hashlib.sha256(blobs["target.onnx"] + blobs["mtp.onnx"]).hexdigest()[:16],

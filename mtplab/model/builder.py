@@ -21,7 +21,7 @@ import onnx
 
 from mtplab.base.files import file_digest
 from mtplab.model.description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
-from mtplab.model.onnx_read import attributes, consumer, data_files, graph_io_table
+from mtplab.model.onnx_read import attributes, consumer, data_files, graph_io_table, parameter_count
 
 # KV capacity mtplab allocates for a builder model, at most its context length.
 DEFAULT_CAPACITY = 1024
@@ -164,23 +164,6 @@ def unproduced_inputs(model: onnx.ModelProto) -> list[tuple[str, str]]:
     return [(n.name or n.op_type, i) for n in g.node for i in n.input if i not in have]
 
 
-def _parameters(model: onnx.ModelProto) -> int:
-    """Weights as the model counts them: a MatMulNBits weight is its K x N, not its packed bytes and scales."""
-    packed, n = set(), 0
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            a = attributes(node)
-            n += int(a.get("K", 0)) * int(a.get("N", 0))
-            packed |= set(node.input[1:])
-    for t in model.graph.initializer:
-        if t.name not in packed:
-            size = 1
-            for d in t.dims:
-                size *= d
-            n += size
-    return n
-
-
 def weight_format(model: onnx.ModelProto) -> str:
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     if not nbits:
@@ -295,7 +278,7 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     desc = select_copy(desc, target_model, content)
     return BuilderModel(
         folder, desc, config, {"target": _op_counts(target_model), "mtp": _op_counts(mtp_model)},
-        {"target": _parameters(target_model), "mtp": _parameters(mtp_model)}, content, weight_format(target_model),
+        {"target": parameter_count(target_model), "mtp": parameter_count(mtp_model)}, content, weight_format(target_model),
     )
 
 

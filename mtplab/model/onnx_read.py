@@ -71,3 +71,20 @@ def failing_op(err: BaseException | str) -> str | None:
         if m:
             return m.group(1)
     return None
+
+
+def parameter_count(model: onnx.ModelProto) -> int:
+    """Weights as the model counts them: a MatMulNBits weight is its K x N, not its packed bytes and scales."""
+    packed, n = set(), 0
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            a = attributes(node)
+            n += int(a.get("K", 0)) * int(a.get("N", 0))
+            packed |= set(node.input[1:])
+    for t in model.graph.initializer:
+        if t.name not in packed:
+            size = 1
+            for d in t.dims:
+                size *= d
+            n += size
+    return n
