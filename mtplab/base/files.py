@@ -1,5 +1,6 @@
-"""Files mtplab writes and reads back: atomic writes, and content digests of large files (a model's weights)
-remembered by path, size and modification time, so that a folder's weights are hashed once, not at every open."""
+"""Files mtplab writes and reads back: atomic writes, the checks that an output path can take what a command will
+write (made before any work starts), and content digests of large files (a model's weights) remembered by path,
+size and modification time, so that a folder's weights are hashed once, not at every open."""
 
 from __future__ import annotations
 
@@ -57,3 +58,31 @@ def file_digest(path: str | Path) -> str:
     except OSError:  # a read-only cache: the digest is still right, only not remembered
         pass
     return known[key]
+
+
+def output_folder_problem(option: str, path) -> str | None:
+    """Why a command cannot make or write into the folder `path`, or None: checked before any work starts."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return f"{option} {path}: is a file, not a folder"
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        return f"{option} {path}: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{option} {path}: {existing} is not writable"
+    return None
+
+
+def output_file_problem(option: str, path) -> str | None:
+    """Why `path` cannot take a file that a command writes at its end, or None: checked before any work starts."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        return f"{option} {path}: is a folder; give a file path"
+    parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
+    if not parent.is_dir():
+        return f"{option} {path}: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{option} {path}: {parent} is not writable"
+    return None

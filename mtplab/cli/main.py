@@ -11,8 +11,8 @@ from mtplab.experiment.config import BACKENDS, RunConfig
 
 
 def _model_build(args) -> int:
+    from mtplab.base.files import output_folder_problem
     from mtplab.base.threads import use_global_pool
-    from mtplab.measure.result import output_folder_problem
     from mtplab.model import build_model, preset
 
     if args.out is not None and (problem := output_folder_problem("--out", args.out)):
@@ -174,7 +174,7 @@ def _run_config(args) -> tuple[RunConfig | None, list[str]]:
 
 
 def _run(args) -> int:
-    from mtplab.measure.result import output_file_problem
+    from mtplab.base.files import output_file_problem
     from mtplab.model import PRESETS
 
     run, problems = _run_config(args)
@@ -213,11 +213,11 @@ def _run(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from mtplab.base.files import write_atomic
+    from mtplab.base.files import output_file_problem, write_atomic
     from mtplab.base.threads import threads_used
     from mtplab.experiment.calibrate import REPEATS, cache_key, cache_path, format_table, measure
     from mtplab.experiment.config import field_problem
-    from mtplab.measure.result import dumps, output_file_problem
+    from mtplab.measure.result import dumps
 
     given, problems = given_options(args)
     if problem := output_file_problem("--out", args.out):
@@ -301,7 +301,7 @@ def _help(text: str, choices=None) -> str:
 
 
 def _compare(args) -> int:
-    from mtplab.measure.result import output_file_problem
+    from mtplab.base.files import output_file_problem
     from mtplab.report.compare import make_compare
 
     if problem := output_file_problem("--out", args.out):

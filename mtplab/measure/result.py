@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -129,33 +128,3 @@ def flatten(d: dict, top: bool = True) -> dict:
         else:
             row[key] = value
     return row
-
-
-
-
-def output_folder_problem(option: str, path) -> str | None:
-    """Why a command cannot make or write into the folder `path`, or None: checked before any work starts."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        return f"{option} {path}: is a file, not a folder"
-    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        return f"{option} {path}: {existing} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{option} {path}: {existing} is not writable"
-    return None
-
-
-def output_file_problem(option: str, path) -> str | None:
-    """Why `path` cannot take a file that a command writes at its end, or None: checked before any work starts."""
-    if path is None:
-        return None
-    path = Path(path)
-    if path.is_dir():
-        return f"{option} {path}: is a folder; give a file path"
-    parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
-    if not parent.is_dir():
-        return f"{option} {path}: {parent} is a file, not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{option} {path}: {parent} is not writable"
-    return None

@@ -24,10 +24,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from mtplab.base import paths
-from mtplab.base.files import write_atomic
+from mtplab.base.files import output_folder_problem, write_atomic
 from mtplab.base.lock import folder_lock
 from mtplab.measure.env import environment
-from mtplab.measure.result import dumps, output_folder_problem
+from mtplab.measure.result import dumps
 from mtplab.sweep import grid, store
 from mtplab.sweep.kernel import ensure_kernel
 from mtplab.sweep.pool import EXECUTORS, make_pool
