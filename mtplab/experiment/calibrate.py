@@ -171,7 +171,7 @@ def _acceptance(model: str, tokens: int, threads: int) -> dict:
 
     run, art = _calibration_run(model, threads, k=ACCEPTANCE_K, drafter="mtp", rounds=1)
     # A model with a short context gets fewer tokens per prompt: prompt + tokens + verify headroom must fit.
-    tokens = max(2, min(tokens, art.description.capacity - PROMPT_LEN - 2 * (ACCEPTANCE_K + 1)))
+    tokens = max(2, min(tokens, art.description.capacity - PROMPT_LEN - 2 * (run.k + 1)))
     run = run.replace(tokens=tokens)
     engine = Engine(run, art)
     counts: list[int] = []
@@ -180,7 +180,7 @@ def _acceptance(model: str, tokens: int, threads: int) -> dict:
 
         counts += engine.speculative(prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, seed), tokens)["accepted"]
     acc = np.asarray(counts, dtype=float)
-    per_pos = theory.measured_per_position(acc, ACCEPTANCE_K)
+    per_pos = theory.measured_per_position(acc, run.k)  # ACCEPTANCE_K, or fewer where the model holds fewer
     return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
 
 
