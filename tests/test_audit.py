@@ -329,3 +329,20 @@ def test_an_oracle_that_drafts_at_another_alpha_is_flagged(tiny, monkeypatch):
         self, reference, 0.98, *a, **kw))
     r = _point(tiny, alpha=0.5, tokens=96)
     assert "it does not draft as configured" in _warned(r, "oracle_acceptance")
+
+
+def test_a_greedy_baseline_off_its_calibrated_cost_is_flagged():
+    from mtplab.check.flags import GREEDY_DRIFT_BAND, greedy_warning
+
+    calibration = {"greedy_token": 1e-3}
+    assert greedy_warning(1.2e-3, calibration) is None and greedy_warning(float("nan"), calibration) is None
+    assert greedy_warning(5e-3, {}) is None  # a calibration without greedy's cost (a synthetic one) says nothing
+    slow = greedy_warning(2e-3, calibration)  # a decode doing twice the calibrated loop's work
+    assert slow["name"] == "greedy_drift" and f"(2.00x, outside [{GREEDY_DRIFT_BAND[0]}, {GREEDY_DRIFT_BAND[1]}])" in \
+        slow["message"]
+    assert greedy_warning(0.5e-3, calibration)["name"] == "greedy_drift"
+
+
+def test_a_point_whose_greedy_ran_far_from_its_calibration_says_so(tiny):
+    r = run_point(RunConfig(**(RUN | {"rounds": 2})), tiny, calibration=synthetic_calibration(1e-4) | {"greedy_token": 1.0})
+    assert "greedy took" in _warned(r, "greedy_drift")

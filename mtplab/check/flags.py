@@ -12,6 +12,9 @@ Each warning is {"name", "message"}; the names are stable (the report counts the
 - sampled_acceptance: at temperature > 0, the kept share of the judged drafts is not their expected
   acceptance sum(min(p, q)) (an exact two-sided binomial test, conservative here, false-alarm rate at
   most ORACLE_FALSE_ALARM): the rejection sampler does not keep drafts at the rate its rule sets;
+- greedy_drift: the point's greedy cost per decode is outside GREEDY_DRIFT_BAND of the calibration's (the
+  machine moved since the calibration, or the timed greedy does work the calibrated loop does not): the
+  prediction and the efficiency assume the calibration's baseline;
 - the timed-round audit's own (mtplab.check.audit): timed_fallbacks, timed_state_not_bitwise, clock.
 """
 
@@ -26,6 +29,9 @@ EFFICIENCY_BAND = (0.7, 1.3)
 # timed outside the clock makes it negative, a slow host path between the phases large.
 UNACCOUNTED_BAND = (-0.03, 0.15)
 ACCEPTANCE_FALSE_ALARM = 0.01
+# the point's greedy seconds per decode over the calibration's. Measured here: the demo's points 0.82-1.06 of their
+# calibration (a machine whose speed moves 10-25% within a minute); a decode doing twice its work is far outside.
+GREEDY_DRIFT_BAND = (0.67, 1.5)
 _Z = 2.326  # one-sided 1% normal quantile
 
 
@@ -127,11 +133,26 @@ def sampled_warning(sampled: dict) -> dict | None:
     )
 
 
+def greedy_warning(decode_seconds: float, calibration: dict | None) -> dict | None:
+    """The greedy_drift warning, or None: the point's greedy seconds per decode against the calibration's."""
+    calibrated = (calibration or {}).get("greedy_token")
+    if not calibrated or not decode_seconds == decode_seconds:
+        return None
+    ratio, (lo, hi) = decode_seconds / calibrated, GREEDY_DRIFT_BAND
+    if lo <= ratio <= hi:
+        return None
+    return warning("greedy_drift", f"greedy took {decode_seconds * 1e3:.3g} ms per decode here, the calibration "
+                                   f"{calibrated * 1e3:.3g} ms ({ratio:.2f}x, outside [{lo}, {hi}]): the machine moved "
+                                   "since the calibration, or the timed greedy does work the calibrated loop does not")
+
+
 def point_warnings(efficiency: float, unaccounted: float, drafter: str, accepted: list[int], k: int,
                    calibration: dict | None, audit: dict, alpha: float | None = None,
-                   sampled: dict | None = None) -> list[dict]:
+                   sampled: dict | None = None, greedy_decode_seconds: float = float("nan")) -> list[dict]:
     """Every named warning of one point (see the module docstring)."""
     out = []
+    if (w := greedy_warning(greedy_decode_seconds, calibration)) is not None:
+        out.append(w)
     lo, hi = EFFICIENCY_BAND
     if efficiency == efficiency and not lo <= efficiency <= hi:
         out.append(warning("efficiency", f"efficiency {efficiency:.2f} is outside [{lo}, {hi}]: the measured "

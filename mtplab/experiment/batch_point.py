@@ -143,7 +143,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     # As a batch-1 point's, less the phase accounting (a batch step's phases are not timed apart) and the
     # sampled test (a batch decodes greedily): the rows' accepted counts pooled.
     result.warnings = flags.point_warnings(result.efficiency, float("nan"), run.drafter, accepted, k, calibration,
-                                           {}, alpha=run.alpha)
+                                           {}, alpha=run.alpha, greedy_decode_seconds=measure.rate(B, result.greedy_tokens_per_s))
     return result
 
 
