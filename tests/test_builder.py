@@ -265,6 +265,8 @@ def test_a_head_reading_another_hidden_output_is_refused(copy):
 @pytest.mark.parametrize("edit, outcome", [
     ({"context_length": 1024}, 256),  # the graph's rotary tables hold 256 positions: past them nothing runs
     ({"context_length": "abc"}, r"model\.context_length is 'abc', not a whole number of tokens"),
+    ({"context_length": 4096.7}, r"model\.context_length is 4096\.7, not a whole number of tokens above 0"),
+    ({"context_length": 0}, r"model\.context_length is 0, not a whole number"),
     ({"decoder": {"num_hidden_layers": 2}}, "3 linear-attention (LinearAttention) + 1 attention"),  # the graph's layers
     ({"decoder": {"num_hidden_layers": 6}}, "3 linear-attention (LinearAttention) + 1 attention"),
     ({"vocab_size": 1024}, r"disagrees with the graphs: model\.onnx's logits is declared \[\.\.\., 512\], "

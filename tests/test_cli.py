@@ -183,6 +183,8 @@ def test_every_output_path_is_checked_before_any_work(tmp_path, capsys):
         (["sweep", "--grid", "smoke", "--results", str(afile)], f"--results {afile}: is a file, not a folder"),
         (["sweep", "--grid", "smoke", "--results", str(tmp_path), "--name", "index.html"], "the results index's file"),
         (["model", "build", "--preset", "tiny", "--out", str(afile / "x")], f"{afile} is a file, not a folder"),
+        (["model", "export-genai", "--preset", "tiny", "--out", str(afile)], f"--out {afile}: is a file, not a folder"),
+        (["doctor", "--gpu-check", "--out", str(tmp_path)], "is a folder; give a file path"),
     ]
     for args, message in cases:
         assert main(args) == 2, args

@@ -1,6 +1,6 @@
 """Files mtplab writes and reads back: atomic writes, the checks that an output path can take what a command will
 write (made before any work starts), and content digests of large files (a model's weights) remembered by path,
-size and modification time, so that a folder's weights are hashed once, not at every open."""
+size, times and inode, so that a folder's weights are hashed once, not at every open."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mtplab.base.paths import cache_root
 
-DIGESTS = "digests.json"  # in the cache: {"path|size|mtime_ns": sha256 prefix}
+DIGESTS = "digests.json"  # in the cache: {"path|size|mtime_ns|ctime_ns|inode": sha256 prefix}
 KEPT = 4096  # digests remembered (the oldest go first)
 
 
@@ -35,10 +35,12 @@ def write_atomic(path: Path, text: str | bytes) -> None:
 
 
 def file_digest(path: str | Path) -> str:
-    """The SHA-256 (16 hex digits) of a file's content, computed once per path, size and modification time."""
+    """The SHA-256 (16 hex digits) of a file's content, computed once per path, size, modification and change time and
+    inode."""
     path = Path(path).resolve()
     st = path.stat()
-    key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    # ctime and inode change with any write or replacement, even one that keeps the size and sets the mtime back
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
     store = cache_root() / DIGESTS
     try:
         known = json.loads(store.read_text())

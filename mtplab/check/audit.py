@@ -6,7 +6,8 @@ counts, its clock stamps and the state it ends in; nothing is added inside the t
 
 - greedy: n tokens equal to the reference; exactly one prefill and n - 1 decodes at M=1 on the
   Primary slot, replayed (at most a warm-up and a capture first), no fallback, no invalidation
-  (one, the prefill's, when the decode plan is not retained), no other slot running; the state it
+  (one, the prefill's, when the decode plan is not retained; one, the first decode's, when the run before
+  left Primary's plan at M > 1, a readvance-batched commit's), no other slot running; the state it
   ends in equals the lockstep reference's at that length (bitwise where the same M=1 kernels run on
   the same device).
 - speculative: tokens equal to the reference; the same forwards, the same accepted-count sequence

@@ -5,6 +5,7 @@ greedy of the row's prompt must equal them in turn: tests/test_batch.py holds th
 each row the step committed is compared, state and KV rows, with a plain `session.run` stepper of that
 row alone (batch 1) advanced to the row's committed length, under the commit's rule: the same Lockstep
 the batch-1 pass uses, one per row. The verdict pools the rows and names the first row that fails.
+The timed runs of a batch point are held to their side's work by timed_problems.
 """
 
 from __future__ import annotations

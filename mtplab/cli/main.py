@@ -47,12 +47,15 @@ def _model_inspect(args) -> int:
 
 
 def _export_genai(args) -> int:
+    from mtplab.base.files import output_folder_problem
     from mtplab.experiment.genai_export import export_genai
     from mtplab.experiment.genai_runner import require_genai
     from mtplab.model import build_model, preset
 
     try:
         require_genai()
+        if problem := output_folder_problem("--out", args.out):
+            raise ValueError(problem)
     except ValueError as err:
         print(f"mtplab model export-genai: {err}", file=sys.stderr)
         return 2
@@ -75,8 +78,12 @@ def _doctor(args) -> int:
     if args.gpu_check:
         from pathlib import Path
 
+        from mtplab.base.files import output_file_problem
         from mtplab.cli.gpucheck import gpu_check
 
+        if problem := output_file_problem("--out", args.out):
+            print(f"mtplab doctor --gpu-check: {problem}", file=sys.stderr)
+            return 2
         try:
             return gpu_check(args.presets, args.ks, args.tokens, Path(args.out), args.backend, args.budget)
         except ValueError as err:

@@ -141,12 +141,13 @@ def calibration_sizes(desc) -> tuple[int, int]:
     GREEDY_TOKENS, or fewer where the model's transition capacity or KV capacity holds fewer (a verify of M needs
     2M tokens of headroom after the prompt). A prediction at a k the calibration lacks is not made."""
     room = desc.capacity - PROMPT_LEN
+    if desc.transition_capacity is not None and desc.transition_capacity < 2:
+        raise ValueError(f"{desc.name}: a transition capacity of {desc.transition_capacity} holds no verify of k >= 1")
     top = min(MAX_M, desc.transition_capacity or MAX_M, (room - 2) // 2)
-    greedy = min(GREEDY_TOKENS, room - 1)
-    if top < 2 or greedy < 2:
+    if top < 2:
         raise ValueError(f"{desc.name}: a KV capacity of {desc.capacity} leaves no room to calibrate (a {PROMPT_LEN}-token "
                          f"prompt, then a verify of 2 tokens needs {PROMPT_LEN + 6})")
-    return top, greedy
+    return top, min(GREEDY_TOKENS, room - 1)
 
 
 def _calibration_run(model: str, threads: int, **fields) -> tuple[RunConfig, object]:

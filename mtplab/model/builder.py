@@ -178,14 +178,16 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node))
 
 
-ROTARY_CACHE_INPUT = {"RotaryEmbedding": 2, "MRotaryEmbedding": 2, "GroupQueryAttention": 7}  # cos_cache's slot
+ROTARY_CACHE_INPUT = {"RotaryEmbedding": 2, "MRotaryEmbedding": 2, "GroupQueryAttention": 7}  # com.microsoft's cos_cache
 
 
 def rotary_rows(model: onnx.ModelProto) -> int | None:
-    """The fewest positions any rotary table of the graph holds (its cos_cache initializer's rows), or None."""
+    """The fewest positions any rotary table of the graph holds (the rows of a com.microsoft op's 2-D cos_cache
+    initializer, [max positions, rotary dim / 2]), or None."""
     inits = {t.name: t for t in model.graph.initializer}
-    rows = [int(inits[n.input[i]].dims[0]) for n in model.graph.node
-            if (i := ROTARY_CACHE_INPUT.get(n.op_type)) is not None and len(n.input) > i and n.input[i] in inits]
+    rows = [int(t.dims[0]) for n in model.graph.node
+            if n.domain == "com.microsoft" and (i := ROTARY_CACHE_INPUT.get(n.op_type)) is not None and len(n.input) > i
+            and (t := inits.get(n.input[i])) is not None and len(t.dims) == 2]
     return min(rows) if rows else None
 
 
@@ -224,11 +226,11 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     mtp_model = _load_graph(folder, mtp_cfg.get("filename", "mtp.onnx"), "mtp")
     target_path, mtp_path = folder / dec.get("filename", "model.onnx"), folder / mtp_cfg.get("filename", "mtp.onnx")
     t_in, t_out = graph_io_table(target_path)
-    try:
-        cap = min(capacity, int(model_cfg.get("context_length") or capacity))
-    except (TypeError, ValueError):
-        raise _fail(folder, f"genai_config.json's model.context_length is {model_cfg.get('context_length')!r}, "
-                            "not a whole number of tokens") from None
+    context = model_cfg.get("context_length")
+    if context is not None and not (type(context) is int and context > 0):
+        raise _fail(folder, f"genai_config.json's model.context_length is {context!r}, not a whole number of tokens "
+                            "above 0")
+    cap = min(capacity, context or capacity)
     # positions past a rotary table's rows do not run (its cos/sin caches are the graph's own limit)
     cap = min([cap, *(rows for m in (target_model, mtp_model) if (rows := rotary_rows(m)) is not None)])
 
@@ -262,7 +264,7 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
                 (f"{mtp_path.name}'s {head.hidden_input}", m_in, head.hidden_input, hidden, "model.decoder.hidden_size")]
     wrong = [f"{what} is declared [..., {dims[-1]}], genai_config.json's {field} is {value}"
              for what, table, name, value, field in declared
-             if (dims := table.get(name, ((),))[0]) and isinstance(dims[-1], int) and dims[-1] != value]
+             if (dims := table.get(name, ((),))[0]) and isinstance(dims[-1], int) and dims[-1] > 0 and dims[-1] != value]
     if wrong:
         raise _fail(folder, "genai_config.json disagrees with the graphs: " + "; ".join(wrong))
     if target.dtype != m_in.get(head.hidden_input, ((), target.dtype))[1]:

@@ -166,7 +166,7 @@ def warning_findings(ok: pd.DataFrame) -> list[str]:
             kinds.setdefault(w["name"], []).append((row.point_id, w["message"]))
     if not kinds:
         return [f"- No named warnings at any of the {plural(len(ok), 'point')} (efficiency, accounting, head "
-                "acceptance, timed-round audit)."]
+                "and oracle acceptance, greedy's drift from its calibration, timed-round audit)."]
     flagged = len({p for items in kinds.values() for p, _ in items})
     parts = [f"`{name}` at {len(items)} (e.g. `{items[0][0]}`: {items[0][1]})" for name, items in sorted(kinds.items())]
     return [f"- **Warnings at {flagged} of {plural(len(ok), 'point')}**: " + "; ".join(parts) + "."]

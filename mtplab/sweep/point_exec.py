@@ -55,7 +55,11 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
             if not (tmp / store.RESULT).exists():
                 error = "the notebook finished without writing result.json"
         except Exception as err:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
-            error = f"{type(err).__name__}: {err}".strip()[:4000] or traceback.format_exc()[-4000:]
+            # papermill's error names the cell's exception in ename/evalue: that line first, then the text's end
+            # (a long traceback kept from its start would lose the exception it ends with)
+            cause = f"{err.ename}: {err.evalue}\n" if getattr(err, "ename", None) else ""
+            text = f"{type(err).__name__}: {err}".strip()
+            error = (cause + (text if len(text) <= 4000 else "...\n" + text[-4000:])) or traceback.format_exc()[-4000:]
         if error is not None:
             store.write_error(tmp, asdict(point_run(point, threads)), error)
             return point.id, "failed", error

@@ -45,7 +45,7 @@ def error_summary(error, limit: int = 160) -> str:
     lines = [line.strip() for line in error.strip().splitlines() if line.strip()] if isinstance(error, str) else []
     if not lines:
         return "no error recorded"
-    line = lines[0] if not lines[0].endswith(":") else lines[-1]
+    line = lines[0] if not lines[0].endswith(":") and lines[0] != "..." else lines[-1]
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
@@ -233,7 +233,7 @@ def write_index(results_root: str | Path) -> Path:
         rows.append(
             f"<tr><td>{html.escape(str(s.get('name', sj.parent.name)))}</td><td>{html.escape(str(s.get('finished', '')))}</td>"
             f"<td>{html.escape(str(env.get('device', '')))} / onnxruntime {html.escape(str(env.get('onnxruntime', '')))}</td>"
-            f"<td>{s.get('ok', 0)}</td><td>{s.get('mismatch', 0)}</td><td>{s.get('failed', 0)}</td><td>{link}</td></tr>"
+            "".join(f"<td>{html.escape(str(s.get(c, 0)))}</td>" for c in ("ok", "mismatch", "failed")) + f"<td>{link}</td></tr>"
         )
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>mtplab results</title>"
