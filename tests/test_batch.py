@@ -142,6 +142,8 @@ def test_a_batch_point_reports_rows_and_its_prediction(tiny):
     ("greedy twice", "round 0, greedy: greedy's forwards {'prefill/M=8': 2, 'primary/M=1': 30}"),
     ("another policy", "the engine: its arena policy is 'shared-max', the config says 'sibling-pinned'"),
     ("faster tokens/s", "the published numbers: round 0's tokens_per_s"),
+    ("free drafts", "its config makes {'verify/M=4': "),  # the head never runs, in the checked run too
+    ("timed head skipped", "round 0, speculative: the speculative run's forwards"),  # in the timed runs only
 ])
 def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, monkeypatch, plant, words):
     from mtplab.experiment import batch_point
@@ -151,6 +153,18 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
         real = batch.greedy
         monkeypatch.setattr(batch, "greedy", lambda e, p, n, margins=False: (
             real(e, p, n, margins=margins) if margins else (real(e, p, n), real(e, p, n))[1]))
+    elif plant in ("free drafts", "timed head skipped"):
+        real_draft = batch.draft_head
+        checked = []
+
+        def draft_head(engine, first, hidden, position, k):
+            if plant == "free drafts" or checked[-1:] == ["done"]:
+                return np.zeros((engine.batch, k), dtype=np.int64)
+            return real_draft(engine, first, hidden, position, k)
+
+        real_checked = batch_point.checked_batch
+        monkeypatch.setattr(batch_point, "checked_batch", lambda *a: (real_checked(*a), checked.append("done"))[0])
+        monkeypatch.setattr(batch, "draft_head", draft_head)
     elif plant == "another policy":  # the engine builds another policy than its config names
         from mtplab.engine import engine as engine_mod
         from mtplab.runtime.policy import policy
@@ -160,7 +174,9 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
         real_close = batch_point.measure.close_round
         monkeypatch.setattr(batch_point.measure, "close_round",
                             lambda s: real_close(s | {"tokens_per_s": s["tokens_per_s"] * 1.2}))
-    result = run_point(batch_run(2).replace(rounds=2, tokens=16), tiny)
+    drafter = "mtp" if plant in ("free drafts", "timed head skipped") else "oracle"
+    run = batch_run(2, drafter=drafter).replace(rounds=2, tokens=16)
+    result = run_point(run, tiny)
     assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: "), result.verdict
     problems = " | ".join(result.identity["timed_audit"]["problems"])
     assert words in problems, problems
