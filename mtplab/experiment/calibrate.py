@@ -141,7 +141,7 @@ def calibration_sizes(desc) -> tuple[int, int]:
     GREEDY_TOKENS, or fewer where the model's transition capacity or KV capacity holds fewer (a verify of M needs
     2M tokens of headroom after the prompt). A prediction at a k the calibration lacks is not made."""
     room = desc.capacity - PROMPT_LEN
-    if desc.transition_capacity is not None and desc.transition_capacity < 2:
+    if desc.transition_capacity and desc.transition_capacity < 2:  # 0: the model keeps no transitions (no limit)
         raise ValueError(f"{desc.name}: a transition capacity of {desc.transition_capacity} holds no verify of k >= 1")
     top = min(MAX_M, desc.transition_capacity or MAX_M, (room - 2) // 2)
     if top < 2:
