@@ -89,3 +89,19 @@ def test_each_cost_is_its_ratio_to_the_reference_timed_beside_it():
     assert summary["target/4"]["ratio"] == pytest.approx(2.0) and summary["greedy_token"]["ratio"] == pytest.approx(1.1)
     assert summary["target/1"]["median"] == pytest.approx(0.020)  # the references' median: 0.010, 0.020, 0.020
     assert summary["greedy_token"]["median"] / summary["target/4"]["median"] == pytest.approx(0.55)
+
+
+def test_the_calibration_sizes_stay_within_what_the_model_holds():
+    from types import SimpleNamespace
+
+    def desc(capacity, transitions):  # a test double of a ModelDescription: the three fields the sizes read
+        return SimpleNamespace(name="m", capacity=capacity, transition_capacity=transitions)
+
+    assert calibrate.calibration_sizes(desc(256, 8)) == (calibrate.MAX_M, calibrate.GREEDY_TOKENS)
+    assert calibrate.calibration_sizes(desc(256, 0)) == (calibrate.MAX_M, calibrate.GREEDY_TOKENS)  # 0: no limit
+    assert calibrate.calibration_sizes(desc(256, 4)) == (4, calibrate.GREEDY_TOKENS)
+    assert calibrate.calibration_sizes(desc(24, 0)) == (7, 15)  # 8 + 2 * 7 + 2 tokens; 8 + 15 + 1
+    with pytest.raises(ValueError, match="a transition capacity of 1 holds no verify of k >= 1"):
+        calibrate.calibration_sizes(desc(256, 1))
+    with pytest.raises(ValueError, match="a KV capacity of 13 leaves no room to calibrate"):
+        calibrate.calibration_sizes(desc(13, 0))
