@@ -144,7 +144,7 @@ class Audit:
                                    "work the decoder it measures does not do")
         for text in trace.honesty_problems():
             self._problem(r, side, text)
-        want = {f"prefill/M={P}": 1, **({"primary/M=1": n - 1} if n > 1 else {})}
+        want = greedy_forwards(P, n)
         if trace.forwards != want:
             self._problem(r, side, f"forwards {trace.forwards}, expected {want}")
         primary = self.engine.target.labels[Slot.PRIMARY]
@@ -299,6 +299,11 @@ def engine_problems(engine) -> list[str]:
         if getattr(engine.target, name) != want:
             out.append(f"its executor has {name}={getattr(engine.target, name)!r}, the config says {want!r}")
     return out
+
+
+def greedy_forwards(prompt_len: int, n: int) -> dict[str, int]:
+    """The forwards by (slot, M) a greedy run of n tokens makes: the prefill, then n - 1 M=1 decodes (n >= 2)."""
+    return {f"prefill/M={prompt_len}": 1, "primary/M=1": n - 1}
 
 
 def expected_forwards(run, prompt_len: int, accepted: list[int]) -> dict[str, int]:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mtplab.check.audit import Trace, nonzero
+from mtplab.check.audit import Trace, greedy_forwards, nonzero
 from mtplab.check.lossless import Lockstep, Watch
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch
@@ -63,7 +63,7 @@ def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, che
     counts agree with the backend's own."""
     run, out = engine.run_cfg, list(trace.honesty_problems())
     if side == "greedy":
-        want = {f"prefill/M={prompt_len}": 1, **({"primary/M=1": n - 1} if n > 1 else {})}
+        want = greedy_forwards(prompt_len, n)
         if trace.forwards != want:
             out.append(f"greedy's forwards {trace.forwards}, expected {want}")
         primary = engine.target.labels[Slot.PRIMARY]

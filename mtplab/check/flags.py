@@ -136,7 +136,7 @@ def sampled_warning(sampled: dict) -> dict | None:
 def greedy_warning(decode_seconds: float, calibration: dict | None) -> dict | None:
     """The greedy_drift warning, or None: the point's greedy seconds per decode against the calibration's."""
     calibrated = (calibration or {}).get("greedy_token")
-    if not calibrated or not decode_seconds == decode_seconds:
+    if not calibrated or math.isnan(decode_seconds):
         return None
     ratio, (lo, hi) = decode_seconds / calibrated, GREEDY_DRIFT_BAND
     if lo <= ratio <= hi:

@@ -160,9 +160,11 @@ def _calibration_run(model: str, threads: int, **fields) -> tuple[RunConfig, obj
     if not supported:
         raise ValueError(f"{model_name(model)}: every commit strategy is refused: "
                          + "; ".join(f"{n}: {why}" for n, why in refused.items()))
-    top, greedy = calibration_sizes(art.description)
-    fields = {name: (min(value, top - 1) if name == "k" else min(value, greedy + 1) if name == "tokens" else value)
-              for name, value in fields.items()}
+    top, greedy = calibration_sizes(art.description)  # a k or a length the model holds
+    if "k" in fields:
+        fields["k"] = min(fields["k"], top - 1)
+    if "tokens" in fields:
+        fields["tokens"] = min(fields["tokens"], greedy + 1)
     return RunConfig(model=model, threads=threads, commit=supported[0], **fields), art
 
 

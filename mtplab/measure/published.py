@@ -10,9 +10,9 @@ from mtplab.measure import stats
 
 def result_problems(result, n: int, k: int, generated: int) -> list[str]:
     """Every published rate and count of a point recomputed from its rounds and accepted counts: each round's rates
-    from its counts and seconds, the medians (of the finite rounds) with plain numpy, the CIs with the same seeded
-    bootstrap, the stable flag, the efficiency and its CI, the acceptance fields. (The seconds fields are what the
-    rates are made of, and are not published as a finding.)"""
+    from its counts and seconds, the medians of the finite rounds, the CIs with the same seeded bootstrap, the
+    stable flag, the efficiency and its CI, the acceptance fields. (The seconds fields are what the rates are made
+    of, and are not published as a finding.)"""
     out, samples = [], result.round_samples
 
     def off(a, b) -> bool:
@@ -22,9 +22,8 @@ def result_problems(result, n: int, k: int, generated: int) -> list[str]:
     def ratio(a, b) -> float:
         return a / b if a and b else float("nan")
 
-    def median(values) -> float:  # of the finite values, as a point's medians are taken (a NaN round says nothing)
-        finite = [v for v in values if v is not None and np.isfinite(v)]
-        return float(np.median(finite)) if finite else float("nan")
+    def ci_off(published: list, ci: list) -> bool:
+        return len(published) != 2 or any(off(a, b) for a, b in zip(published, ci))
 
     for s in samples:
         for side in ("", "greedy_"):  # each side's rate from its own count and seconds
@@ -35,22 +34,22 @@ def result_problems(result, n: int, k: int, generated: int) -> list[str]:
             out.append(f"round {s['round']}'s speedup {s['speedup']:.6g} is not its tokens/s over greedy's")
     for name in ("speedup", "tokens_per_s", "greedy_tokens_per_s"):
         values = [s[name] for s in samples]
-        centre = median(values)
+        centre = stats.median(values)  # of the finite rounds, as a point's medians are taken
         if off(getattr(result, name), centre):
             out.append(f"{name} {getattr(result, name):.6g} is not the median of its rounds ({centre:.6g})")
         ci = stats.bootstrap_ci(values)
-        if len(getattr(result, f"{name}_ci")) != 2 or any(off(a, b) for a, b in zip(getattr(result, f"{name}_ci"), ci)):
+        if ci_off(getattr(result, f"{name}_ci"), ci):
             out.append(f"{name}_ci {getattr(result, f'{name}_ci')} is not its rounds' bootstrap CI {ci}")
         if name == "speedup" and bool(result.stable) != stats.is_stable(ci, centre):
             out.append(f"stable={result.stable}, but its rounds' CI {ci} around {centre:.6g} says otherwise")
     predicted = (result.predicted or {}).get("speedup")
     if predicted is not None:
         efficiency = [ratio(s["speedup"], predicted) for s in samples]
-        if off(result.efficiency, median(efficiency)):
+        if off(result.efficiency, stats.median(efficiency)):
             out.append(f"efficiency {result.efficiency:.6g} is not its rounds' speedups over the prediction "
-                       f"{predicted:.6g} ({median(efficiency):.6g})")
+                       f"{predicted:.6g} ({stats.median(efficiency):.6g})")
         ci = stats.bootstrap_ci(efficiency)
-        if len(result.efficiency_ci) != 2 or any(off(a, b) for a, b in zip(result.efficiency_ci, ci)):
+        if ci_off(result.efficiency_ci, ci):
             out.append(f"efficiency_ci {result.efficiency_ci} is not its rounds' bootstrap CI {ci}")
     acc = np.asarray(result.accepted_per_step, dtype=float)
     steps = len(acc)

@@ -248,9 +248,9 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
         raise _fail(folder, f"genai_config.json's mtp.main_hidden_states is {main_hidden!r}, but the decoder's "
                             f"hidden_states output is {target.hidden!r}")
     # the layers as the graph holds them (genai_config.json's num_hidden_layers is not read: the graph is what runs)
-    layers = {kv.layer for kv in target.kv} | {s.layer for s in target.states}
-    kinds = tuple("attention" if i in {kv.layer for kv in target.kv} else "linear-attention"
-                  for i in range(max(layers) + 1 if layers else 0))
+    attention = {kv.layer for kv in target.kv}
+    layers = attention | {s.layer for s in target.states}
+    kinds = tuple("attention" if i in attention else "linear-attention" for i in range(max(layers) + 1 if layers else 0))
     name = folder.name
     int8 = any(n.op_type == "MatMulNBits" and attributes(n).get("accuracy_level", 0) == 4
                for m in (target_model, mtp_model) for n in m.graph.node)

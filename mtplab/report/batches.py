@@ -97,7 +97,6 @@ def findings(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-
 def speedup_vs_batch(df: pd.DataFrame):
     """Speedup over greedy at the same B against B (log2 axis), a panel per drafter setting and schedule, a line per
     k with its 95% CI; the prediction from the calibration at each B dashed."""

@@ -263,10 +263,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if _hashable(key) and key in seen:
+            if not _hashable(key):
+                continue
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice in one mapping",
                                                         key_node.start_mark)
-            seen.add(key) if _hashable(key) else None
+            seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
 

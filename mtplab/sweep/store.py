@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from mtplab.base.files import write_atomic
 from mtplab.measure.result import RESULT_COLUMNS, flatten
@@ -170,8 +171,8 @@ def check_fresh(sweep_dir: str | Path) -> None:
     stamps = [f.stat().st_mtime_ns for folder in folders for f in (folder, *folder.iterdir())]
     how = "is older than the points in" if bool(stamps) and max(stamps) > path.stat().st_mtime_ns else None
     if how is None:  # the same points: a point folder removed since leaves the table naming it
-        table = pd.read_parquet(path)
-        ids = set(table.point_id) if "point_id" in table else set()
+        has_ids = "point_id" in pq.read_schema(path).names  # a sweep of no points has no columns
+        ids = set(pd.read_parquet(path, columns=["point_id"]).point_id) if has_ids else set()
         how = "names other points than those in" if ids != {f.name for f in folders} else None
     if how:
         raise ValueError(
