@@ -20,10 +20,12 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   forwards of the session that phase runs: Primary decode, the MTP head's drafts, the Verify).
 Greedy's host path by layer, on the same Engine, interleaved rounds of n tokens, each layer adding to the one
 before, every one relative to the first (the captured plan replayed n times, nothing else): + the loop's own
-work (target_io rewriting its token and length feeds, the state's carry, the argmax; nothing stages the feeds
+work (the token and length feeds rewritten in place, the state's carry, the argmax; nothing stages the feeds
 yet, so the plan still runs one token at one length), + the replay check (ReplayCheck.stage: the feeds staged
-into the plan's buffers, every binding checked; from here the plan runs the real tokens and lengths), the whole
-Executor.run, Engine.forward (its bookkeeping), Engine.greedy (the timed loop): where greedy's host time goes.
+into the plan's buffers, every binding checked; from here the plan runs the real tokens and lengths), the
+executor's replayer (the check, the replay and the slot's counters), Engine.greedy (the timed loop): where
+greedy's host time goes. Beside them, Engine.forward's path (target_io, Executor.run, the engine's
+bookkeeping), which a speculative step's decode, verify and readvance forwards take.
 On a machine shared with other work, --threads 1 keeps each forward on the calling thread
 (no intra-op pool waiting for a busy core), which steadies both ratios.
 
@@ -46,6 +48,7 @@ from mtplab.engine.strategies import SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.measure.stats import summarize
 from mtplab.model import build_model, preset
+from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
 from mtplab.runtime.sessions import TargetState, make_session, target_io
@@ -179,7 +182,8 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
     }
 
 
-LAYERS = ("plan replay", "+ feeds, carry, argmax", "+ replay check", "Executor.run", "Engine.forward", "Engine.greedy")
+LAYERS = ("plan replay", "+ feeds, carry, argmax", "+ replay check", "Executor.replayer", "Engine.greedy",
+          "Engine.forward's path")
 
 
 def greedy_layers(art, rounds: int, n: int, threads: int) -> dict[str, dict]:
@@ -189,33 +193,35 @@ def greedy_layers(art, rounds: int, n: int, threads: int) -> dict[str, dict]:
     prompt = prompt_tokens(art.config.vocab_size, run.prompt_len, 0)
     eng.greedy(prompt, n, margins=False)  # captures the Primary plan
     ex, state, desc = eng.target, eng.state, eng.primary_desc
-    slot, memory = ex.state[Slot.PRIMARY], ex.memory[Slot.PRIMARY]
-    logits = desc.target.logits
+    slot, memory, io = ex.state[Slot.PRIMARY], ex.memory[Slot.PRIMARY], desc.target
 
     def loop(layer: str) -> float:
         if layer == "Engine.greedy":
             g = eng.greedy(prompt, n, margins=False)
             return g.seconds / g.decodes
         eng.start(prompt)
-        token, plan, check = np.zeros(1, dtype=np.int64), slot.plan, slot.check
+        feeds, outputs, bound = target_io(desc, state, np.zeros(1, dtype=np.int64))  # the feeds greedy rewrites
+        ids, plan, check, carries = feeds[io.input_ids], slot.plan, slot.check, state.carries()
+        replayer = ex.replayer(Slot.PRIMARY, feeds, outputs, bound)
         t0 = time.perf_counter()
         for _ in range(n - 1):
             if layer == "plan replay":
                 plan.run()
-            elif layer == "Engine.forward":
-                out = eng.forward(Slot.PRIMARY, token)
-                token[0] = out[logits][0, 0].argmax()
+            elif layer == "Engine.forward's path":
+                out = eng.forward(Slot.PRIMARY, ids)
+                ids[0, 0] = out[io.logits][0, 0].argmax()
             else:
-                feeds, outputs, bound = target_io(desc, state, token)
-                if layer == "Executor.run":
-                    out = ex.run(Slot.PRIMARY, feeds, outputs, bound)
+                length_feeds(io, state.length, 1, desc.capacity, feeds)
+                if layer == "Executor.replayer":
+                    out = replayer()
                 else:
                     if layer == "+ replay check":
                         assert check.stage(memory, feeds, outputs, bound), "the replay check refused its own plan"
                     plan.run()
                     out = check.result
-                state.carry()
-                token[0] = out[logits][0, 0].argmax()
+                for committed, present in carries:
+                    committed[...] = present
+                ids[0, 0] = out[io.logits][0, 0].argmax()
             state.length += 1
         return (time.perf_counter() - t0) / (n - 1)
 
@@ -279,7 +285,7 @@ def main() -> None:
     layers = greedy_layers(art, args.rounds, args.tokens, args.threads)
     print()
     print(f"greedy's host path by layer on tiny, {args.tokens} tokens, median of {args.rounds} interleaved rounds "
-          "(each layer adds to the one above)")
+          "(each layer adds to the one above; the last, a speculative step's forward path, stands apart)")
     print(f"{'layer':26} {'us/token':>9} {'/ plan replay':>22}")
     for layer, m in layers.items():
         print(f"{layer:26} {m['us']:9.1f} {m['ratio']:9.3f}x [{m['ratio_ci'][0]:.3f}, {m['ratio_ci'][1]:.3f}]")

@@ -19,7 +19,6 @@ from mtplab.engine.strategies import COMMITS, SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.measure import rounds as measure
-from mtplab.runtime.executor import Slot
 
 RUN = dict(model="tiny", k=3, drafter="oracle", alpha=0.7, commit="select", tokens=48, rounds=2)
 
@@ -76,21 +75,25 @@ def test_timed_greedy_running_every_decode_eager_is_a_mismatch_not_a_speedup(tin
 
 def test_timed_greedy_doing_two_forwards_per_token_is_a_mismatch(tiny, monkeypatch):
     def twice(real, self, p, n):
-        forward = self.forward
+        decoder = self._decoder
 
-        def doubled(slot, tokens, *a, **kw):
-            if slot is Slot.PRIMARY and len(tokens) == 1:
-                forward(slot, tokens, *a, **kw)
-            return forward(slot, tokens, *a, **kw)
+        def doubled(eager):
+            decode, ids, feeds = decoder(eager)
 
-        self.forward = doubled
+            def run():
+                decode()
+                return decode()
+
+            return run, ids, feeds
+
+        self._decoder = doubled
         try:
             return real(self, p, n, margins=False)
         finally:
-            del self.forward
+            del self._decoder
 
     _timed_greedy(monkeypatch, twice)
-    _mismatch(_point(tiny), "greedy: forwards {'prefill/M=8': 1, 'primary/M=1': 94}")
+    _mismatch(_point(tiny), "greedy: primary ran 1 eager forwards and 94 through its plan")
 
 
 @pytest.mark.parametrize("bug", ["wrong token", "half the tokens"])

@@ -103,6 +103,22 @@ def test_greedy_with_plans_equals_greedy_eager(tiny):
     assert eng.greedy(prompt, 24, eager=True).tokens == planned.tokens
 
 
+def test_greedy_counts_its_forwards_and_stamps_them_inside_its_timed_window(tiny):
+    eng = Engine(RunConfig(model="tiny"), tiny)
+    g = eng.greedy(prompt_tokens(tiny.config.vocab_size, 8, 0), 24)
+    assert eng.forwards == {"prefill/M=8": 1, "primary/M=1": 23} and g.decodes == 23
+    assert g.started <= eng.first_forward <= eng.last_forward <= g.started + g.seconds
+
+
+def test_greedy_beyond_the_kv_capacity_is_refused_before_the_prefill(tiny):
+    eng = Engine(RunConfig(model="tiny"), tiny)
+    prompt, capacity = prompt_tokens(tiny.config.vocab_size, 8, 0), eng.desc.capacity
+    with pytest.raises(ValueError, match=f"would reach {capacity + 1} tokens, beyond the KV capacity {capacity}"):
+        eng.greedy(prompt, capacity - 6)
+    assert eng.forwards == {}  # nothing ran
+    assert len(eng.greedy(prompt, capacity - 7).tokens) == capacity - 7  # the longest run fits
+
+
 def test_readvance_m1_is_bitwise_state_identical(tiny):
     r = run_point(RunConfig(model="tiny", k=3, drafter="mtp", commit="readvance-m1", tokens=64), tiny)
     assert r.identity["state_bitwise"] is True and r.identity["state_max_abs_diff"] == 0.0

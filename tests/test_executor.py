@@ -285,11 +285,12 @@ class NullSession:
 
 
 def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
-    """Two executors take the same runs and the same disturbances; one always builds the full signature."""
+    """Three executors take the same runs and the same disturbances: one always builds the full signature, one runs
+    through run(), one through a replayer made on the feeds target_io keeps (made again when it makes new ones)."""
     cfg = tiny.config
     state = TargetState.allocate(tiny.description, Arena("main"))
     executors = []
-    for _ in range(2):
+    for _ in range(3):
         arena = Arena("slot")
         ex = Executor({Slot.PRIMARY: NullSession()}, {Slot.PRIMARY: SlotMemory(arena)}, max_recaptures=20)
         feeds, outputs, _ = target_io(state.desc, state, np.zeros(2, dtype=np.int64))
@@ -298,7 +299,8 @@ def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
         for n, (s, d) in outputs.items():
             arena.reserve(n, s, d)
         executors.append(ex)
-    full, checked = executors
+    full, checked, replayed = executors
+    replayers: dict[int, tuple] = {}  # by M: (feeds, outputs, bound, replayer)
     i, j = cfg.gdn_layer_ids[0], cfg.gdn_layer_ids[-1]
     k, _ = state.kv[cfg.attention_layer_ids[0]]
 
@@ -326,21 +328,38 @@ def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
             if ex is full:
                 ex.state[Slot.PRIMARY].check = None  # never the replay check: the full signature, every run
             feeds, outputs, bound = target_io(state.desc, state, np.arange(M, dtype=np.int64))
-            outs.append(ex.run(Slot.PRIMARY, feeds, outputs, bound))
-        a, b = full.state[Slot.PRIMARY], checked.state[Slot.PRIMARY]
-        assert (a.counters(), a.status, a.reason, a.signature is None) == (
-            b.counters(),
-            b.status,
-            b.reason,
-            b.signature is None,
-        ), (step, name)
-        assert [(n, o.shape, o.dtype) for n, o in outs[0].items()] == [
-            (n, o.shape, o.dtype) for n, o in outs[1].items()
-        ]
+            if ex is replayed:
+                made = replayers.get(M)
+                if made is None or any(x is not y for x, y in zip(made, (feeds, outputs, bound))):
+                    made = replayers[M] = (feeds, outputs, bound, ex.replayer(Slot.PRIMARY, feeds, outputs, bound))
+                outs.append(made[3]())
+            else:
+                outs.append(ex.run(Slot.PRIMARY, feeds, outputs, bound))
+        a, b, c = (ex.state[Slot.PRIMARY] for ex in executors)
+        decided = [(s.counters(), s.status, s.reason, s.signature is None) for s in (a, b, c)]
+        assert decided[0] == decided[1] == decided[2], (step, name)
+        shapes = [[(n, o.shape, o.dtype) for n, o in out.items()] for out in outs]
+        assert shapes[0] == shapes[1] == shapes[2]
         if rng.random() < 0.05:  # the caller reshapes a returned output in place
             for out in outs:
                 out["hidden"].shape = (out["hidden"].size,)
     assert checked.state[Slot.PRIMARY].replays > 10 and checked.state[Slot.PRIMARY].invalidations > 3
+    assert len(replayers) == 2  # both sizes ran through replayers
+
+
+def test_a_replayer_runs_as_run_does_and_names_its_slot(setup):
+    cfg, state, ex = setup
+    feeds, outputs, bound = target_io(state.desc, state, np.array([1]))
+    step = ex.replayer(Slot.PRIMARY, feeds, outputs, bound)
+    for t in range(5):
+        feeds["input_ids"][...] = t
+        step()
+        state.carry()
+    st = ex.state[Slot.PRIMARY]
+    assert (st.warmups, st.captures, st.replays) == (1, 1, 3)
+    with pytest.raises(ValueError, match="not configured on this executor"):
+        Executor({Slot.PRIMARY: ex.sessions[Slot.PRIMARY]}, {Slot.PRIMARY: ex.memory[Slot.PRIMARY]}).replayer(
+            Slot.VERIFY, feeds, outputs, bound)
 
 
 def test_plans_replay_through_the_c_entry_unless_the_session_s_own_call_was_replaced(tiny):

@@ -175,14 +175,27 @@ def test_a_prefill_bug_shared_by_greedy_and_speculative_is_caught_by_the_anchor(
 
 
 def test_a_zeroed_gdn_state_before_each_forward_shows_in_the_tokens(tiny, clean, monkeypatch):
-    real = Engine.forward
+    real, real_decoder = Engine.forward, Engine._decoder
+
+    def zero(state):
+        for s in state.gdn.values():
+            s[...] = 0
 
     def forward(self, slot, tokens, in_place=True, eager=False, label=None):
-        for s in self.state.gdn.values():
-            s[...] = 0
+        zero(self.state)
         return real(self, slot, tokens, in_place, eager, label)
 
+    def decoder(self, eager):  # greedy's decodes take a path of their own: the bug is planted there too
+        decode, ids, feeds = real_decoder(self, eager)
+
+        def run():
+            zero(self.state)
+            return decode()
+
+        return run, ids, feeds
+
     monkeypatch.setattr(Engine, "forward", forward)
+    monkeypatch.setattr(Engine, "_decoder", decoder)
     r = _run(tiny, "readvance-m1")
     _failed(r)
     assert r.identity["anchor"]["first_token_disagreement"] is not None
@@ -221,7 +234,8 @@ def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_ind
             feeds["seqlens_k"] += 1  # the feeds are rewritten in place each forward
         return feeds
 
-    monkeypatch.setattr(runtime, "length_feeds", shifted)
+    monkeypatch.setattr(runtime, "length_feeds", shifted)  # target_io's
+    monkeypatch.setattr(engine_mod, "length_feeds", shifted)  # greedy's loop's
     r = _run(tiny, "select")
     _failed(r)
     assert r.identity["token_identical"]  # greedy and speculative share the bug: only the references see it

@@ -23,6 +23,7 @@ from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset
 from mtplab.model.config import capacity_problem, k_problem
+from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, backend_problem, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
@@ -202,12 +203,9 @@ class Engine:
         out = run(slot, feeds, outputs, bound)
         if in_place:
             self.state.carry()
-        if self._roles:  # the graph names its outputs otherwise: add them under their roles
-            out["logits"], out["hidden"] = out[self._roles[0]], out[self._roles[1]]
+        out = self._by_role(out)
         M = tokens.shape[-1]
-        key = self._keys.get((slot, label, M))
-        if key is None:
-            key = self._keys[(slot, label, M)] = f"{label or self.target.labels[slot]}/M={M}"
+        key = self._keys.get((slot, label, M)) or self._key(slot, M, label)
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:  # the position: a batch's longest row
             self.watch(key, self.state.length if self.batch == 1 else int(self.state.lengths.max()), out)
@@ -251,27 +249,37 @@ class Engine:
         margins=False skips the top-2 margins (a timed run: the decoder it measures computes none).
         Time starts after the prefill; `decodes` = n - 1 tokens are timed (the first is the prefill's).
         """
-        xp, state, forward, choose = self.xp, self.state, self.forward, self.acceptance.token
+        xp, state, choose, forwards = self.xp, self.state, self.acceptance.token, self.forwards
+        io, capacity, watch, key = self.primary_desc.target, self.desc.capacity, self.watch, self._key(Slot.PRIMARY, 1)
+        if len(prompt) + n - 1 > capacity:
+            raise ValueError(f"sequence would reach {len(prompt) + n - 1} tokens, beyond the KV capacity {capacity}")
         out = self.start(prompt)
         row = out["logits"][0, -1]
         tokens, rows = [choose(xp, row)], [row.copy()][:keep_logits]
         gaps = [top2_margin_xp(xp, row)] if margins else []
-        ids = np.empty(1, dtype=np.int64) if xp is np else None  # the host's next token, written in place
+        decode, ids, feeds = self._decoder(eager)
         t0 = time.perf_counter()
-        while len(tokens) < n:
-            if ids is None:
-                step = tokens[-1].reshape(1)
-            else:
-                ids[0] = tokens[-1]
-                step = ids
-            out = forward(Slot.PRIMARY, step, eager=eager)
+        if n > 1:
+            self.first_forward = time.perf_counter()
+        carries = state.carries()
+        for _ in range(n - 1):
+            ids[...] = tokens[-1]
+            length_feeds(io, state.length, 1, capacity, feeds)
+            out = decode()
+            for committed, present in carries:  # state.carry(), its pairs looked up once
+                committed[...] = present
+            forwards[key] = forwards.get(key, 0) + 1
+            if watch is not None:
+                watch(key, state.length, self._by_role(out))
             state.length += 1
-            row = out["logits"][0, 0]
+            row = out[io.logits][0, 0]
             if len(rows) < keep_logits:
                 rows.append(row.copy())
             tokens.append(choose(xp, row))
             if margins:
                 gaps.append(top2_margin_xp(xp, row))
+        if n > 1:
+            self.last_forward = time.perf_counter()
         if margins:
             host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(gaps)]))
         else:
@@ -279,6 +287,37 @@ class Engine:
         seconds = time.perf_counter() - t0
         logits = [to_numpy(r) for r in rows]
         return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, logits, t0)
+
+    def _decoder(self, eager: bool) -> tuple[Callable[[], dict], object, dict]:
+        """Greedy's M=1 forward on Slot.PRIMARY as a call on fixed feeds: (run, the token ids [1, 1] the next
+        token is written into, the feeds whose length entries the caller rewrites before each run).
+
+        The same forward as forward(Slot.PRIMARY, [token]) (on the feeds target_io keeps for M=1), less its
+        bookkeeping, which the caller does. On the device the ids are a device array of their own: the loop never
+        waits for the device.
+        """
+        feeds, outputs, bound = target_io(self.primary_desc, self.state, np.zeros(1, dtype=np.int64))
+        name = self.primary_desc.target.input_ids
+        ids = feeds[name]
+        if self.xp is not np:
+            ids = self.xp.zeros((1, 1), dtype=np.int64)
+            feeds = {**feeds, name: ids}
+        if eager:
+            return functools.partial(self.target.run_eager, Slot.PRIMARY, feeds, outputs, bound), ids, feeds
+        return self.target.replayer(Slot.PRIMARY, feeds, outputs, bound), ids, feeds
+
+    def _key(self, slot: Slot, M: int, label: str | None = None) -> str:
+        """The forward counter's name, "label/M=m"."""
+        key = self._keys.get((slot, label, M))
+        if key is None:
+            key = self._keys[(slot, label, M)] = f"{label or self.target.labels[slot]}/M={M}"
+        return key
+
+    def _by_role(self, out: dict) -> dict:
+        """A forward's outputs, with "logits" and "hidden" too where the graph names them otherwise."""
+        if not self._roles:
+            return out
+        return {**out, "logits": out[self._roles[0]], "hidden": out[self._roles[1]]}
 
     # -- speculative ---------------------------------------------------------------------------
     def drafter(self, reference: list[int] | None) -> Drafter:

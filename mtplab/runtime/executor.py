@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -319,14 +320,9 @@ class Executor:
         if slot not in self.sessions:  # each run names its slot: that is the whole retarget
             raise ValueError(f"slot {slot!r} is not configured on this executor: it has {list(self.sessions)}")
         st, mem, session = self.state[slot], self.memory[slot], self.sessions[slot]
-        check = st.check
-        if check is not None and st.status is Status.READY and check.stage(mem, feeds, outputs, bound):
-            # The run's signature is the plan's (ReplayCheck): replay, as the full path would.
-            if st.plan_blocks:
-                st.hazards += sum(1 for blk, owner in st.plan_blocks if blk.owner != owner)
-            self.backend.replay(session, st.plan)
-            st.replays += 1
-            return dict(check.result)
+        result = self._checked_replay(st, mem, session, feeds, outputs, bound)
+        if result is not None:
+            return dict(result)
         try:
             staged, outs = mem.stage(feeds), mem.outputs(outputs)
         except BufferTooSmall as err:
@@ -374,6 +370,36 @@ class Executor:
         st.captures += 1
         st.status = Status.READY
         return result
+
+    def replayer(self, slot: Slot, feeds: dict[str, np.ndarray], outputs: dict[str, tuple[tuple[int, ...], Any]],
+                 bound: list[tuple[str, Any, bool]]) -> Callable[[], dict[str, Any]]:
+        """run(slot, feeds, outputs, bound) as a call of no arguments, for a hot loop that rewrites these very
+        objects' contents between runs (greedy's token and length feeds).
+
+        Each call decides exactly as run() does (the replay check, else the full path), with less work around a
+        replay. A replay returns the slot's own result dict: read it, never change it.
+        """
+        if slot not in self.sessions:
+            raise ValueError(f"slot {slot!r} is not configured on this executor: it has {list(self.sessions)}")
+        st, mem, session, checked = self.state[slot], self.memory[slot], self.sessions[slot], self._checked_replay
+
+        def run() -> dict[str, Any]:
+            result = checked(st, mem, session, feeds, outputs, bound)
+            return result if result is not None else self.run(slot, feeds, outputs, bound)
+
+        return run
+
+    def _checked_replay(self, st: SlotCaptureState, mem: SlotMemory, session, feeds, outputs, bound) -> dict | None:
+        """The slot's plan replayed, where the run's signature is the plan's (ReplayCheck), as the full path would
+        (its result dict); None: take the full path."""
+        check = st.check
+        if check is None or st.status is not Status.READY or not check.stage(mem, feeds, outputs, bound):
+            return None
+        if st.plan_blocks:
+            st.hazards += sum(1 for blk, owner in st.plan_blocks if blk.owner != owner)
+        self.backend.replay(session, st.plan)
+        st.replays += 1
+        return check.result
 
     # -- reporting -------------------------------------------------------------------------
     def counters(self) -> dict[str, dict[str, int]]:

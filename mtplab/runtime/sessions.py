@@ -241,8 +241,12 @@ class TargetState:
 
     def carry(self) -> None:
         """After an in-place forward: the states written to buffers of their own become the committed ones."""
-        for committed, present in self.fixed("carries", self._carries):
+        for committed, present in self.carries():
             committed[...] = present
+
+    def carries(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """What carry() copies, (committed, present) pairs: valid until a buffer is replaced."""
+        return self.fixed("carries", self._carries)
 
     def _carries(self) -> list[tuple[np.ndarray, np.ndarray]]:
         pairs = []
