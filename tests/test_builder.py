@@ -273,6 +273,13 @@ def test_a_head_reading_another_hidden_output_is_refused(copy):
                            r"genai_config\.json's model\.vocab_size is 1024"),
     ({"decoder": {"hidden_size": 64}}, r"model\.onnx's hidden_states is declared \[\.\.\., 128\], genai_config\.json's "
                                        r"model\.decoder\.hidden_size is 64"),
+    # the KV head dim is symbolic in these graphs: the attention node's annotated widths say what it computes
+    ({"decoder": {"head_size": 16}}, r"model\.onnx: the head size disagrees: genai_config\.json's "
+                                     r"model\.decoder\.head_size is 16; attention layer 3 computes heads of 32 "
+                                     r"\(.*GroupQueryAttention's input .* is \[\.\.\., 128\] over 4 heads\)"),
+    ({"mtp": {"head_size": 64}}, r"mtp\.onnx: the head size disagrees: genai_config\.json's model\.mtp\.head_size is 64"),
+    ({"decoder": {"head_size": "32"}}, r"model\.decoder\.head_size is '32', not a whole number above 0"),
+    ({"decoder": {"head_size": None}}, 256),  # not given: the attention node's own
 ])
 def test_genai_config_values_are_held_to_the_graphs(copy, edit, outcome):
     cfg = json.loads((copy / "genai_config.json").read_text())

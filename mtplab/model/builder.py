@@ -21,7 +21,14 @@ import onnx
 
 from mtplab.base.files import file_digest
 from mtplab.model.description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
-from mtplab.model.onnx_read import attributes, consumer, data_files, graph_io_table, parameter_count
+from mtplab.model.onnx_read import (
+    attention_head_size,
+    attributes,
+    consumer,
+    data_files,
+    graph_io_table,
+    parameter_count,
+)
 
 # KV capacity mtplab allocates for a builder model, at most its context length.
 DEFAULT_CAPACITY = 1024
@@ -234,9 +241,12 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     # positions past a rotary table's rows do not run (its cos/sin caches are the graph's own limit)
     cap = min([cap, *(rows for m in (target_model, mtp_model) if (rows := rotary_rows(m)) is not None)])
 
-    target = _graph_io(folder, target_path, target_model, dec, t_in, t_out, head_size=dec.get("head_size"))
+    target = _graph_io(folder, target_path, target_model, dec, t_in, t_out, dec.get("head_size"),
+                       "model.decoder.head_size")
     m_in, m_out = graph_io_table(mtp_path)
-    head = _graph_io(folder, mtp_path, mtp_model, mtp_cfg, m_in, m_out, head_size=mtp_cfg.get("head_size", dec.get("head_size")))
+    own = "head_size" in mtp_cfg  # the head's own, else the decoder's
+    head = _graph_io(folder, mtp_path, mtp_model, mtp_cfg, m_in, m_out, mtp_cfg.get("head_size", dec.get("head_size")),
+                     "model.mtp.head_size" if own else "model.decoder.head_size")
     if not head.kv:
         raise _fail(folder, f"{mtp_path.name}: genai_config.json's mtp past_key_names "
                             f"{mtp_cfg.get('inputs', {}).get('past_key_names')!r} matches no input of {mtp_path.name} "
@@ -312,9 +322,11 @@ def check_builder_ops(folder: Path, ops: set[str]) -> None:
 
 
 def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, ins: dict, outs: dict,
-              head_size) -> GraphIO:
+              head_size, head_size_key: str) -> GraphIO:
     names_in, names_out = section.get("inputs", {}), section.get("outputs", {})
     where = f"{folder.name}/{path.name}"
+    if head_size is not None and not (type(head_size) is int and head_size > 0):
+        raise _fail(folder, f"genai_config.json's {head_size_key} is {head_size!r}, not a whole number above 0")
 
     def need(table: dict, key: str, default: str, kind: str) -> str:
         name = (names_in if kind == "input" else names_out).get(key, default)
@@ -348,10 +360,18 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
                                     f"(genai_config.json names: {names_in.get('past_key_names')}, ...)")
         dims = ins[past_k[i]][0]
         heads = dims[1] if len(dims) == 4 and isinstance(dims[1], int) else None
-        size = dims[3] if len(dims) == 4 and isinstance(dims[3], int) and dims[3] > 0 else head_size
+        declared = dims[3] if len(dims) == 4 and isinstance(dims[3], int) and dims[3] > 0 else None
+        computed = attention_head_size(model, past_k[i])
+        size = declared or head_size or (computed[0] if computed else None)
         if heads is None or not size:
             raise _fail(folder, f"unknown KV layout: {past_k[i]} is declared {list(dims)} (mtplab needs "
                                 "[B, kv_heads, past, head_size] with kv_heads fixed and head_size known)")
+        said = [(f"{past_k[i]} is declared [..., {declared}]", declared),
+                (f"genai_config.json's {head_size_key} is {head_size}", head_size)]
+        if computed:
+            said.append((f"attention layer {i} computes heads of {computed[0]} ({computed[1]})", computed[0]))
+        if len({value for _, value in said if value}) > 1:
+            raise _fail(folder, f"{where}: the head size disagrees: " + "; ".join(text for text, value in said if value))
         _check_kv_node(folder, where, model, past_k[i], past_v[i], pres_k[i], pres_v[i])
         kv.append(KvLayer(i, past_k[i], past_v[i], pres_k[i], pres_v[i], int(heads), int(size), ins[past_k[i]][1]))
     states = []
