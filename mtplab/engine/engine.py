@@ -249,8 +249,9 @@ class Engine:
         margins=False skips the top-2 margins (a timed run: the decoder it measures computes none).
         Time starts after the prefill; `decodes` = n - 1 tokens are timed (the first is the prefill's).
         """
-        xp, state, choose, forwards = self.xp, self.state, self.acceptance.token, self.forwards
+        xp, state, choose = self.xp, self.state, self.acceptance.token
         io, capacity, watch, key = self.primary_desc.target, self.desc.capacity, self.watch, self._key(Slot.PRIMARY, 1)
+        logits = io.logits
         if len(prompt) + n - 1 > capacity:
             raise ValueError(f"sequence would reach {len(prompt) + n - 1} tokens, beyond the KV capacity {capacity}")
         out = self.start(prompt)
@@ -268,11 +269,10 @@ class Engine:
             out = decode()
             for committed, present in carries:  # state.carry(), its pairs looked up once
                 committed[...] = present
-            forwards[key] = forwards.get(key, 0) + 1
             if watch is not None:
                 watch(key, state.length, self._by_role(out))
             state.length += 1
-            row = out[io.logits][0, 0]
+            row = out[logits][0, 0]
             if len(rows) < keep_logits:
                 rows.append(row.copy())
             tokens.append(choose(xp, row))
@@ -280,6 +280,7 @@ class Engine:
                 gaps.append(top2_margin_xp(xp, row))
         if n > 1:
             self.last_forward = time.perf_counter()
+            self.forwards[key] = self.forwards.get(key, 0) + n - 1
         if margins:
             host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(gaps)]))
         else:
