@@ -209,7 +209,7 @@ def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_i
 def test_an_executor_that_runs_eager_but_counts_a_replay_is_caught_by_the_backends_own_count(tiny, monkeypatch):
     from mtplab.runtime.executor import Executor, Status
 
-    real = Executor.run
+    real, real_replay = Executor.run, Executor._checked_replay
 
     def run(self, slot, feeds, outputs, bound):
         st = self.state[slot]
@@ -218,7 +218,15 @@ def test_an_executor_that_runs_eager_but_counts_a_replay_is_caught_by_the_backen
             return self._eager_temporaries(slot, feeds, outputs, bound)
         return real(self, slot, feeds, outputs, bound)
 
+    def checked_replay(self, st, mem, session, feeds, outputs, bound):  # greedy's replayer takes this path first
+        slot = next(s for s, held in self.state.items() if held is st)
+        if st.status is Status.READY and self.labels[slot] == "primary":
+            st.replays += 1
+            return self._eager_temporaries(slot, feeds, outputs, bound)
+        return real_replay(self, st, mem, session, feeds, outputs, bound)
+
     monkeypatch.setattr(Executor, "run", run)
+    monkeypatch.setattr(Executor, "_checked_replay", checked_replay)
     _run_check_failed(_point(tiny), "the backend ran")
 
 

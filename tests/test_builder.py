@@ -290,7 +290,9 @@ def test_genai_config_values_are_held_to_the_graphs(copy, edit, outcome):
             cfg["model"][key] = value
     (copy / "genai_config.json").write_text(json.dumps(cfg))
     if isinstance(outcome, int):
-        assert open_builder(copy).description.capacity == outcome
+        desc = open_builder(copy).description
+        assert desc.capacity == outcome
+        assert {kv.head_dim for kv in (*desc.target.kv, *desc.mtp.kv)} == {32}  # the graph's own, whatever was given
     elif "layers" in str(edit):
         assert outcome in inspect_text(open_builder(copy))
     else:

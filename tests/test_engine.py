@@ -117,6 +117,30 @@ def test_greedy_beyond_the_kv_capacity_is_refused_before_the_prefill(tiny):
         eng.greedy(prompt, capacity - 6)
     assert eng.forwards == {}  # nothing ran
     assert len(eng.greedy(prompt, capacity - 7).tokens) == capacity - 7  # the longest run fits
+    full = prompt_tokens(tiny.config.vocab_size, capacity, 1)
+    assert len(eng.greedy(full, 1).tokens) == 1  # a prompt that fills the cache still gives the prefill's token
+
+
+def test_a_greedy_decode_that_raises_leaves_its_counts_true(tiny, monkeypatch):
+    eng = Engine(RunConfig(model="tiny"), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    real, runs = eng._decoder, []
+
+    def decoder(eager):
+        decode, ids, feeds = real(eager)
+
+        def run():
+            if len(runs) == 5:
+                raise RuntimeError("the sixth decode fails")
+            runs.append(1)
+            return decode()
+
+        return run, ids, feeds
+
+    monkeypatch.setattr(eng, "_decoder", decoder)
+    with pytest.raises(RuntimeError, match="sixth decode"):
+        eng.greedy(prompt, 24)
+    assert eng.forwards == {"prefill/M=8": 1, "primary/M=1": 5} and eng.last_forward is not None
 
 
 def test_readvance_m1_is_bitwise_state_identical(tiny):

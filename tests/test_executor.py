@@ -10,6 +10,7 @@ import pytest
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
+from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import COUNTER_KEYS, Executor, Slot, SlotMemory, Status
 from mtplab.runtime.policy import policy
@@ -347,16 +348,23 @@ def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
     assert len(replayers) == 2  # both sizes ran through replayers
 
 
-def test_a_replayer_runs_as_run_does_and_names_its_slot(setup):
+def test_a_replayer_runs_as_run_does_and_names_its_slot(tiny, setup):
+    """The feeds rewritten in place reach every run: the same logits as run() on a second state, bit for bit."""
     cfg, state, ex = setup
+    other, other_ex = TargetState.allocate(tiny.description, Arena("main")), Executor(
+        {Slot.PRIMARY: ex.sessions[Slot.PRIMARY]}, {Slot.PRIMARY: SlotMemory(Arena("other"))})
     feeds, outputs, bound = target_io(state.desc, state, np.array([1]))
     step = ex.replayer(Slot.PRIMARY, feeds, outputs, bound)
-    for t in range(5):
+    for t in (5, 9, 2, 7, 7, 3):
+        length_feeds(state.desc.target, state.length, 1, state.desc.capacity, feeds)
         feeds["input_ids"][...] = t
-        step()
+        got = step()["logits"].copy()
         state.carry()
+        state.length += 1
+        np.testing.assert_array_equal(got, _call(other_ex, cfg, other, Slot.PRIMARY, [t])["logits"])
+        other.length += 1
     st = ex.state[Slot.PRIMARY]
-    assert (st.warmups, st.captures, st.replays) == (1, 1, 3)
+    assert (st.warmups, st.captures, st.replays) == (1, 1, 4)
     with pytest.raises(ValueError, match="not configured on this executor"):
         Executor({Slot.PRIMARY: ex.sessions[Slot.PRIMARY]}, {Slot.PRIMARY: ex.memory[Slot.PRIMARY]}).replayer(
             Slot.VERIFY, feeds, outputs, bound)

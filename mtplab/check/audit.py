@@ -1,8 +1,10 @@
 """The timed rounds, audited at no extra forward: each timed run must do what the checked pass showed.
 
 A timed run is traced by what the engine counts anyway (forwards by label and M; each slot's
-captures, replays, fallbacks, invalidations, warm-ups and eager runs), its tokens, its accepted
-counts, its clock stamps and the state it ends in; nothing is added inside the timed loop.
+captures, replays, fallbacks, invalidations, warm-ups and eager runs, held to the plan backend's own
+count of the runs it executed), its tokens, its accepted counts, its clock stamps and the state it
+ends in; nothing is added inside the timed loop. Greedy's loop counts its decodes itself, so its
+slot's activity and the backend's count are what hold its forwards.
 
 - greedy: n tokens equal to the reference; exactly one prefill and n - 1 decodes at M=1 on the
   Primary slot, replayed (at most a warm-up and a capture first), no fallback, no invalidation

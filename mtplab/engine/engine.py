@@ -205,7 +205,7 @@ class Engine:
             self.state.carry()
         out = self._by_role(out)
         M = tokens.shape[-1]
-        key = self._keys.get((slot, label, M)) or self._key(slot, M, label)
+        key = self._key(slot, M, label)
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:  # the position: a batch's longest row
             self.watch(key, self.state.length if self.batch == 1 else int(self.state.lengths.max()), out)
@@ -249,38 +249,17 @@ class Engine:
         margins=False skips the top-2 margins (a timed run: the decoder it measures computes none).
         Time starts after the prefill; `decodes` = n - 1 tokens are timed (the first is the prefill's).
         """
-        xp, state, choose = self.xp, self.state, self.acceptance.token
-        io, capacity, watch, key = self.primary_desc.target, self.desc.capacity, self.watch, self._key(Slot.PRIMARY, 1)
-        logits = io.logits
+        xp, capacity = self.xp, self.desc.capacity
         if len(prompt) + n - 1 > capacity:
             raise ValueError(f"sequence would reach {len(prompt) + n - 1} tokens, beyond the KV capacity {capacity}")
         out = self.start(prompt)
         row = out["logits"][0, -1]
-        tokens, rows = [choose(xp, row)], [row.copy()][:keep_logits]
+        tokens, rows = [self.acceptance.token(xp, row)], [row.copy()][:keep_logits]
         gaps = [top2_margin_xp(xp, row)] if margins else []
-        decode, ids, feeds = self._decoder(eager)
+        decoder = self._decoder(eager) if n > 1 else None
         t0 = time.perf_counter()
-        if n > 1:
-            self.first_forward = time.perf_counter()
-        carries = state.carries()
-        for _ in range(n - 1):
-            ids[...] = tokens[-1]
-            length_feeds(io, state.length, 1, capacity, feeds)
-            out = decode()
-            for committed, present in carries:  # state.carry(), its pairs looked up once
-                committed[...] = present
-            if watch is not None:
-                watch(key, state.length, self._by_role(out))
-            state.length += 1
-            row = out[logits][0, 0]
-            if len(rows) < keep_logits:
-                rows.append(row.copy())
-            tokens.append(choose(xp, row))
-            if margins:
-                gaps.append(top2_margin_xp(xp, row))
-        if n > 1:
-            self.last_forward = time.perf_counter()
-            self.forwards[key] = self.forwards.get(key, 0) + n - 1
+        if decoder is not None:
+            self._decode_greedily(decoder, tokens, rows, gaps, n, keep_logits, margins)
         if margins:
             host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(gaps)]))
         else:
@@ -288,6 +267,36 @@ class Engine:
         seconds = time.perf_counter() - t0
         logits = [to_numpy(r) for r in rows]
         return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, logits, t0)
+
+    def _decode_greedily(self, decoder, tokens: list, rows: list, gaps: list, n: int, keep_logits: int,
+                         margins: bool) -> None:
+        """Greedy's timed decodes, on a _decoder: each token decoded at M=1 and the next chosen, until there are n
+        (the kept logits rows and the margins too); the forward stamps and counts as Engine.forward keeps them."""
+        xp, state, choose, watch = self.xp, self.state, self.acceptance.token, self.watch
+        decode, ids, feeds = decoder
+        io, capacity, key = self.primary_desc.target, self.desc.capacity, self._key(Slot.PRIMARY, 1)
+        logits, carries, done = io.logits, state.carries(), 0
+        self.first_forward = time.perf_counter()
+        try:
+            while len(tokens) < n:
+                ids[...] = tokens[-1]
+                length_feeds(io, state.length, 1, capacity, feeds)
+                out = decode()
+                done += 1
+                for committed, present in carries:  # state.carry(), its pairs looked up once
+                    committed[...] = present
+                if watch is not None:
+                    watch(key, state.length, self._by_role(out))
+                state.length += 1
+                row = out[logits][0, 0]
+                if len(rows) < keep_logits:
+                    rows.append(row.copy())
+                tokens.append(choose(xp, row))
+                if margins:
+                    gaps.append(top2_margin_xp(xp, row))
+        finally:  # counted once, and kept true when a decode raises
+            self.last_forward = time.perf_counter()
+            self.forwards[key] = self.forwards.get(key, 0) + done
 
     def _decoder(self, eager: bool) -> tuple[Callable[[], dict], object, dict]:
         """Greedy's M=1 forward on Slot.PRIMARY as a call on fixed feeds: (run, the token ids [1, 1] the next

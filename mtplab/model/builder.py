@@ -22,6 +22,7 @@ import onnx
 from mtplab.base.files import file_digest
 from mtplab.model.description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
 from mtplab.model.onnx_read import (
+    annotated_widths,
     attention_head_size,
     attributes,
     consumer,
@@ -350,6 +351,7 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
     if "position_ids" in ins:
         dims = ins["position_ids"][0]
         positions = (3, 1) if len(dims) == 3 else (1,)
+    widths = annotated_widths(model)
     past_k, past_v = _layers(ins, names_in.get("past_key_names")), _layers(ins, names_in.get("past_value_names"))
     pres_k, pres_v = _layers(outs, names_out.get("present_key_names")), _layers(outs, names_out.get("present_value_names"))
     kv = []
@@ -361,7 +363,7 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
         dims = ins[past_k[i]][0]
         heads = dims[1] if len(dims) == 4 and isinstance(dims[1], int) else None
         declared = dims[3] if len(dims) == 4 and isinstance(dims[3], int) and dims[3] > 0 else None
-        computed = attention_head_size(model, past_k[i])
+        computed = attention_head_size(model, past_k[i], widths)
         size = declared or head_size or (computed[0] if computed else None)
         if heads is None or not size:
             raise _fail(folder, f"unknown KV layout: {past_k[i]} is declared {list(dims)} (mtplab needs "

@@ -35,10 +35,16 @@ def attributes(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def attention_head_size(model: onnx.ModelProto, past_key: str) -> tuple[int, str] | None:
+def annotated_widths(model: onnx.ModelProto) -> dict[str, int]:
+    """{tensor: W} for every [B, S, W] tensor whose W the graph declares (its shape annotations and inputs)."""
+    return {name: dims[2] for name, (dims, _) in io_table([*model.graph.value_info, *model.graph.input]).items()
+            if len(dims) == 3 and isinstance(dims[2], int) and dims[2] > 0}
+
+
+def attention_head_size(model: onnx.ModelProto, past_key: str, widths: dict[str, int]) -> tuple[int, str] | None:
     """(head size, where it was read) of the GroupQueryAttention node that reads `past_key`: a statically declared
-    width of its query (or key, or value) [B, S, W] over that input's head count; None where the graph does not say
-    (another op, or no static width among its shape annotations)."""
+    width of its query (or key, or value) [B, S, W] (widths: annotated_widths(model)) over that input's head count;
+    None where the graph does not say (another op, or no static width among its shape annotations)."""
     node = consumer(model, past_key)
     if node is None or node.op_type != "GroupQueryAttention":
         return None
@@ -46,8 +52,6 @@ def attention_head_size(model: onnx.ModelProto, past_key: str) -> tuple[int, str
     heads, kv_heads = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
     if heads <= 0 or kv_heads <= 0:
         return None
-    widths = {name: dims[2] for name, (dims, _) in io_table([*model.graph.value_info, *model.graph.input]).items()
-              if len(dims) == 3 and isinstance(dims[2], int) and dims[2] > 0}
     query, key, value = (list(node.input) + ["", "", ""])[:3]
     packed = not key  # one packed QKV input: [B, S, (heads + 2 kv_heads) * head size]
     for name, count in ((query, heads + 2 * kv_heads if packed else heads), (key, kv_heads), (value, kv_heads)):
