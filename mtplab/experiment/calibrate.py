@@ -63,8 +63,8 @@ def model_hash(model: str) -> str:
 
 REPEATS = 3  # what runs and sweeps use; another count is cached apart and never replaces it
 # Bumped when what a calibration measures changes (2: a builder folder's Primary slot runs the user's own graph;
-# 3: every cost a ratio to the T(1) timed beside it).
-MEASURES = 3
+# 3: every cost a ratio to the T(1) timed beside it; 4: greedy's decodes through the executor's replayer).
+MEASURES = 4
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
