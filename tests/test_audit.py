@@ -109,6 +109,18 @@ def test_timed_greedy_computing_wrong_or_fewer_tokens_is_a_mismatch(tiny, monkey
     _mismatch(_point(tiny), "token 30 is" if bug == "wrong token" else "made 24 tokens, asked for 48")
 
 
+def test_timed_greedy_ending_one_position_short_with_its_state_thrown_away_is_a_mismatch(tiny, monkeypatch):
+    def planted(real, self, p, n):
+        g = real(self, p, n, margins=False)
+        self.state.length -= 1  # the last decode's advance dropped, and its state with it
+        for a in self.state.recurrent_arrays():
+            a[...] = 0
+        return g
+
+    _timed_greedy(monkeypatch, planted)
+    _mismatch(_point(tiny), "its state ends at length 54, expected 55 (the prompt's 8 tokens and 47 decodes)")
+
+
 def test_a_timed_speculative_run_returning_the_reference_without_forwards_is_a_mismatch(tiny, monkeypatch):
     real = Engine.speculative
 

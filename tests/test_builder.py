@@ -280,6 +280,8 @@ def test_a_head_reading_another_hidden_output_is_refused(copy):
     ({"mtp": {"head_size": 64}}, r"mtp\.onnx: the head size disagrees: genai_config\.json's model\.mtp\.head_size is 64"),
     ({"decoder": {"head_size": "32"}}, r"model\.decoder\.head_size is '32', not a whole number above 0"),
     ({"decoder": {"head_size": None}}, 256),  # not given: the attention node's own
+    ({"decoder": {"head_size": 32.0}}, 256),  # a whole number, as some writers give it
+    ({"context_length": 128.0}, 128),
 ])
 def test_genai_config_values_are_held_to_the_graphs(copy, edit, outcome):
     cfg = json.loads((copy / "genai_config.json").read_text())
@@ -298,6 +300,40 @@ def test_genai_config_values_are_held_to_the_graphs(copy, edit, outcome):
     else:
         with pytest.raises(ValueError, match=outcome):
             open_builder(copy)
+
+
+def _attention_graph(copy: Path):
+    model = onnx.load(str(copy / "model.onnx"), load_external_data=False)
+    return model, next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
+
+
+def test_a_stale_width_annotation_is_not_taken_for_the_head_size(copy):
+    model, node = _attention_graph(copy)
+    query = next(v for v in model.graph.value_info if v.name == node.input[0])
+    query.type.tensor_type.shape.dim[2].dim_value = 64  # stale: onnxruntime runs by the real shapes, 128 wide
+    onnx.save(model, str(copy / "model.onnx"))
+    desc = open_builder(copy).description  # the key and value widths (64 over 2 heads) no longer agree with it
+    assert {kv.head_dim for kv in desc.target.kv} == {32}
+
+
+def test_a_head_size_the_graph_does_not_settle_must_be_given(copy):
+    model, node = _attention_graph(copy)
+    next(a for a in node.attribute if a.name == "num_heads").i = 2  # the query's 128 over 2 heads: 64, the key's 32
+    onnx.save(model, str(copy / "model.onnx"))
+    cfg = json.loads((copy / "genai_config.json").read_text())
+    del cfg["model"]["decoder"]["head_size"]
+    (copy / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"unknown KV layout: past_key_values\.3\.key .*head_size known"):
+        open_builder(copy)
+
+
+def test_a_graph_whose_attention_does_not_run_is_told_in_one_line_at_its_prefill(copy):
+    model, node = _attention_graph(copy)
+    next(a for a in node.attribute if a.name == "kv_num_heads").i = 1  # the annotations no longer agree: not read
+    onnx.save(model, str(copy / "model.onnx"))
+    engine = Engine(RunConfig(model=str(copy), commit="readvance-m1"), open_builder(copy))
+    with pytest.raises(ValueError, match=r"does not run its prefill: .*GroupQueryAttention.*kv_num_heads"):
+        engine.greedy(prompt_tokens(engine.desc.vocab_size, 8, 0), 4)
 
 
 def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):

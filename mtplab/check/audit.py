@@ -167,7 +167,11 @@ class Audit:
         elif setup > SETUP_RUNS or c.get("invalidations", 0) > may_invalidate:
             self._problem(r, side, f"primary {nonzero(c)}: expected {n - 1} decodes replayed after at most a "
                                    "warm-up and a capture")
-        if self.greedy_state is not None and self.engine.state.length == P + n - 1:
+        end = self.engine.state.length
+        if end != P + n - 1:
+            self._problem(r, side, f"its state ends at length {end}, expected {P + n - 1} (the prompt's {P} tokens and "
+                                   f"{n - 1} decodes)")
+        elif self.greedy_state is not None:
             self._state(r, side, self.engine.state.snapshot(copy=False), self.greedy_state, self.greedy_rule,
                         "the lockstep reference's")
         self._clock(r, side, sample, "greedy_", started, seconds, returned)

@@ -69,7 +69,7 @@ def start(engine, batch_prompts: np.ndarray) -> dict:
     """A new batch generation: state and plans reset, every row's prompt prefilled at [B, P] (eager, untimed)."""
     check_engine(engine, batch_prompts)
     engine.new_generation()
-    out = engine.forward(Slot.PRIMARY, batch_prompts, eager=True, label="prefill")
+    out = engine.prefill(batch_prompts)
     engine.state.lengths[...] = batch_prompts.shape[1]
     engine.setup_done()
     return out

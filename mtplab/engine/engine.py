@@ -218,10 +218,20 @@ class Engine:
             raise ValueError(f"this engine holds batch={self.batch} rows: decode them with mtplab.engine.batch "
                              "(greedy, speculative); Engine.greedy and Engine.speculative decode one sequence")
         self.new_generation()
-        out = self.forward(Slot.PRIMARY, prompt, eager=True, label="prefill")
+        out = self.prefill(prompt)
         self.state.length = len(prompt)
         self.setup_done()
         return out
+
+    def prefill(self, tokens) -> dict:
+        """The prompt's forward on Slot.PRIMARY, eager, at the current length: a generation's first forward, where a
+        graph that does not run with the buffers its description gives (a head count that disagrees with its
+        widths, say) is told in one line (ValueError), not an onnxruntime traceback."""
+        try:
+            return self.forward(Slot.PRIMARY, tokens, eager=True, label="prefill")
+        except RuntimeError as err:  # onnxruntime's errors; mtplab's own are ValueErrors
+            raise ValueError(f"{self.desc.name}: onnxruntime {_ort_version()} does not run its prefill: "
+                             f"{' '.join(str(err).split())}") from err
 
     def new_generation(self) -> None:
         """Every row's state, the head's KV and both executors' plans reset; the acceptance rule told."""
@@ -443,6 +453,12 @@ class Engine:
         self.target.rollback(Slot.PRIMARY)
         self._commit(ver, consumed, start)
         self.state.length = start + len(consumed)
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
 
 
 def own_weights(shared: dict | None, own) -> dict | None:

@@ -137,6 +137,14 @@ def _layers(names, pattern: str | None) -> dict[int, str]:
     return {int(m.group(1)): n for n in names if (m := rx.match(n))}
 
 
+def whole_number(value) -> int | None:
+    """A JSON value as a whole number above 0 (32, or 32.0 as some writers give it), else None (a string, a
+    bool, 32.5, 0)."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    return value if type(value) is int and value > 0 else None
+
+
 def _fail(folder: Path, what: str) -> ValueError:
     return ValueError(f"{folder}: {what}")
 
@@ -235,9 +243,11 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     target_path, mtp_path = folder / dec.get("filename", "model.onnx"), folder / mtp_cfg.get("filename", "mtp.onnx")
     t_in, t_out = graph_io_table(target_path)
     context = model_cfg.get("context_length")
-    if context is not None and not (type(context) is int and context > 0):
-        raise _fail(folder, f"genai_config.json's model.context_length is {context!r}, not a whole number of tokens "
-                            "above 0")
+    if context is not None:
+        if (whole := whole_number(context)) is None:
+            raise _fail(folder, f"genai_config.json's model.context_length is {context!r}, not a whole number of "
+                                "tokens above 0")
+        context = whole
     cap = min(capacity, context or capacity)
     # positions past a rotary table's rows do not run (its cos/sin caches are the graph's own limit)
     cap = min([cap, *(rows for m in (target_model, mtp_model) if (rows := rotary_rows(m)) is not None)])
@@ -326,8 +336,10 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
               head_size, head_size_key: str) -> GraphIO:
     names_in, names_out = section.get("inputs", {}), section.get("outputs", {})
     where = f"{folder.name}/{path.name}"
-    if head_size is not None and not (type(head_size) is int and head_size > 0):
-        raise _fail(folder, f"genai_config.json's {head_size_key} is {head_size!r}, not a whole number above 0")
+    if head_size is not None:
+        if (whole := whole_number(head_size)) is None:
+            raise _fail(folder, f"genai_config.json's {head_size_key} is {head_size!r}, not a whole number above 0")
+        head_size = whole
 
     def need(table: dict, key: str, default: str, kind: str) -> str:
         name = (names_in if kind == "input" else names_out).get(key, default)

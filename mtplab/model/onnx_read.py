@@ -42,9 +42,10 @@ def annotated_widths(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def attention_head_size(model: onnx.ModelProto, past_key: str, widths: dict[str, int]) -> tuple[int, str] | None:
-    """(head size, where it was read) of the GroupQueryAttention node that reads `past_key`: a statically declared
-    width of its query (or key, or value) [B, S, W] (widths: annotated_widths(model)) over that input's head count;
-    None where the graph does not say (another op, or no static width among its shape annotations)."""
+    """(head size, where it was read) of the GroupQueryAttention node that reads `past_key`, from the statically
+    declared widths (widths: annotated_widths(model)) of its query, key and value [B, S, W] over each one's head count.
+    None where the graph does not say: another op, no declared width, or declared widths that do not agree with
+    each other and the node's head counts (an annotation can be stale: onnxruntime runs by the real shapes)."""
     node = consumer(model, past_key)
     if node is None or node.op_type != "GroupQueryAttention":
         return None
@@ -54,11 +55,14 @@ def attention_head_size(model: onnx.ModelProto, past_key: str, widths: dict[str,
         return None
     query, key, value = (list(node.input) + ["", "", ""])[:3]
     packed = not key  # one packed QKV input: [B, S, (heads + 2 kv_heads) * head size]
-    for name, count in ((query, heads + 2 * kv_heads if packed else heads), (key, kv_heads), (value, kv_heads)):
-        width = widths.get(name) if name else None
-        if width is not None and width % count == 0:
-            return width // count, f"{node.name or node.op_type}'s input {name} is [..., {width}] over {count} heads"
-    return None
+    read = [(name, widths[name], count) for name, count in
+            ((query, heads + 2 * kv_heads if packed else heads), (key, kv_heads), (value, kv_heads))
+            if name and name in widths]
+    sizes = {width / count for _, width, count in read}
+    if len(sizes) != 1 or not next(iter(sizes)).is_integer():
+        return None
+    name, width, count = read[0]
+    return int(next(iter(sizes))), f"{node.name or node.op_type}'s input {name} is [..., {width}] over {count} heads"
 
 
 def data_files(model: onnx.ModelProto) -> set[str]:
