@@ -332,8 +332,20 @@ def test_a_graph_whose_attention_does_not_run_is_told_in_one_line_at_its_prefill
     next(a for a in node.attribute if a.name == "kv_num_heads").i = 1  # the annotations no longer agree: not read
     onnx.save(model, str(copy / "model.onnx"))
     engine = Engine(RunConfig(model=str(copy), commit="readvance-m1"), open_builder(copy))
-    with pytest.raises(ValueError, match=r"does not run its prefill: .*GroupQueryAttention.*kv_num_heads"):
+    with pytest.raises(ValueError, match=r"does not run .*'s prefill: .*GroupQueryAttention.*kv_num_heads"):
         engine.greedy(prompt_tokens(engine.desc.vocab_size, 8, 0), 4)
+
+
+def test_a_head_whose_attention_does_not_run_is_told_in_one_line_at_its_prefill(copy):
+    model = onnx.load(str(copy / "mtp.onnx"), load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
+    next(a for a in node.attribute if a.name == "kv_num_heads").i = 1
+    onnx.save(model, str(copy / "mtp.onnx"))
+    engine = Engine(RunConfig(model=str(copy), commit="readvance-m1"), open_builder(copy))
+    prompt = prompt_tokens(engine.desc.vocab_size, 8, 0)
+    assert len(engine.greedy(prompt, 4).tokens) == 4  # the target runs
+    with pytest.raises(ValueError, match=r"does not run .*'s MTP head \(its prefill\): .*kv_num_heads"):
+        engine.speculative(prompt, 8)
 
 
 def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):

@@ -22,7 +22,7 @@ from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription
 from mtplab.runtime.arena import array_module
 from mtplab.runtime.executor import Executor, Slot
-from mtplab.runtime.sessions import MtpState, mtp_io
+from mtplab.runtime.sessions import MtpState, mtp_io, refused_run
 
 
 class Drafter(Protocol):
@@ -41,7 +41,10 @@ class MtpDrafter:
     def prefill(self, tokens: list[int], hidden) -> None:
         """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j."""
         feeds, outputs, bound = mtp_io(self.desc, self.state, list(tokens), hidden, 0)
-        self.executor.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+        try:
+            self.executor.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+        except RuntimeError as err:  # onnxruntime's: the head's graph does not run with the buffers described
+            raise refused_run(f"{self.desc.name}'s MTP head (its prefill)", err) from err
         key = f"mtp/M={len(tokens)}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
 

@@ -28,7 +28,7 @@ from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, backend_problem, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
 from mtplab.runtime.policy import policy, presize, slot_memory
-from mtplab.runtime.sessions import MtpState, TargetState, mtp_io, target_io
+from mtplab.runtime.sessions import MtpState, TargetState, mtp_io, refused_run, target_io
 
 if TYPE_CHECKING:  # the config sits above the engine: the engine reads its fields only
     from mtplab.experiment.config import RunConfig
@@ -230,8 +230,7 @@ class Engine:
         try:
             return self.forward(Slot.PRIMARY, tokens, eager=True, label="prefill")
         except RuntimeError as err:  # onnxruntime's errors; mtplab's own are ValueErrors
-            raise ValueError(f"{self.desc.name}: onnxruntime {_ort_version()} does not run its prefill: "
-                             f"{' '.join(str(err).split())}") from err
+            raise refused_run(f"{self.desc.name}'s prefill", err) from err
 
     def new_generation(self) -> None:
         """Every row's state, the head's KV and both executors' plans reset; the acceptance rule told."""
@@ -453,12 +452,6 @@ class Engine:
         self.target.rollback(Slot.PRIMARY)
         self._commit(ver, consumed, start)
         self.state.length = start + len(consumed)
-
-
-def _ort_version() -> str:
-    import onnxruntime
-
-    return onnxruntime.__version__
 
 
 def own_weights(shared: dict | None, own) -> dict | None:

@@ -113,6 +113,13 @@ def make_session(
         raise RuntimeError(f"onnxruntime {ort.__version__} has no {ep} kernel for {op}{hint} ({path})") from err
 
 
+def refused_run(what: str, err: BaseException) -> ValueError:
+    """An onnxruntime error from running a graph as one line that says what did not run (a CLI prints it as it is)."""
+    import onnxruntime as ort
+
+    return ValueError(f"onnxruntime {ort.__version__} does not run {what}: {' '.join(str(err).split())}")
+
+
 # Kernels that arrived after their op's schema: (op, provider) -> first onnxruntime release with the kernel.
 KERNEL_SINCE = {("GatedDeltaNet", "CPUExecutionProvider"): "1.32"}
 
