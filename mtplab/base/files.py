@@ -67,12 +67,7 @@ def output_folder_problem(option: str, path) -> str | None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         return f"{option} {path}: is a file, not a folder"
-    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        return f"{option} {path}: {existing} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{option} {path}: {existing} is not writable"
-    return None
+    return _writable_problem(option, path, path)
 
 
 def output_file_problem(option: str, path) -> str | None:
@@ -82,9 +77,14 @@ def output_file_problem(option: str, path) -> str | None:
     path = Path(path)
     if path.is_dir():
         return f"{option} {path}: is a folder; give a file path"
-    parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
-    if not parent.is_dir():
-        return f"{option} {path}: {parent} is a file, not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{option} {path}: {parent} is not writable"
+    return _writable_problem(option, path, path.parent)
+
+
+def _writable_problem(option: str, path: Path, folder: Path) -> str | None:
+    """Why `folder` (made where missing) cannot be written into, told as a problem with `option` `path`, or None."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        return f"{option} {path}: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{option} {path}: {existing} is not writable"
     return None

@@ -203,9 +203,12 @@ class Engine:
         out = run(slot, feeds, outputs, bound)
         if in_place:
             self.state.carry()
-        out = self._by_role(out)
+        if self._roles:  # the graph names its outputs otherwise
+            out = self._by_role(out)
         M = tokens.shape[-1]
-        key = self._key(slot, M, label)
+        key = self._keys.get((slot, label, M))  # the per-forward path: the cached name, looked up inline
+        if key is None:
+            key = self._key(slot, M, label)
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:  # the position: a batch's longest row
             self.watch(key, self.state.length if self.batch == 1 else int(self.state.lengths.max()), out)

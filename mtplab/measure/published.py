@@ -45,9 +45,9 @@ def result_problems(result, n: int, k: int, generated: int) -> list[str]:
     predicted = (result.predicted or {}).get("speedup")
     if predicted is not None:
         efficiency = [ratio(s["speedup"], predicted) for s in samples]
-        if off(result.efficiency, stats.median(efficiency)):
+        if off(result.efficiency, centre := stats.median(efficiency)):
             out.append(f"efficiency {result.efficiency:.6g} is not its rounds' speedups over the prediction "
-                       f"{predicted:.6g} ({stats.median(efficiency):.6g})")
+                       f"{predicted:.6g} ({centre:.6g})")
         ci = stats.bootstrap_ci(efficiency)
         if ci_off(result.efficiency_ci, ci):
             out.append(f"efficiency_ci {result.efficiency_ci} is not its rounds' bootstrap CI {ci}")
