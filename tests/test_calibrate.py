@@ -9,6 +9,7 @@ import pytest
 from mtplab.base.threads import threads_used
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment import calibrate
+from mtplab.experiment.config import RunConfig
 from mtplab.measure import theory
 
 REFUSED = "the form of this model gives select nothing to replay (a test double's refusal)"
@@ -61,6 +62,29 @@ def test_load_or_measure_reuses_the_cache_and_says_when_it_measures(calib, tmp_p
 def test_a_calibration_of_other_repeats_is_kept_apart_from_the_one_runs_use():
     assert calibrate.cache_key("tiny", 2, repeats=1) != calibrate.cache_key("tiny", 2)
     assert calibrate.cache_key("tiny", 2, repeats=calibrate.REPEATS) == calibrate.cache_key("tiny", 2)
+
+
+def test_a_presets_int4_form_is_a_model_of_its_own_calibrated_apart(calib, tmp_path, monkeypatch):
+    """int4 weights run other kernels (MatMulNBits): their costs are not the fp32 build's, so an int4 point is
+    predicted from the int4 calibration, cached and named apart ("tiny-int4")."""
+    fp32, int4 = calibrate.cache_key("tiny", 1), calibrate.cache_key("tiny", 1, int4=True)
+    assert int4["preset"] == "tiny-int4" and fp32["preset"] == "tiny" and int4["model"] != fp32["model"]
+    assert calibrate.cache_path(int4) != calibrate.cache_path(fp32)
+    monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path))
+    path = calibrate.cache_path(fp32)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(calib | {"key": fp32}))
+    asked, said = [], []
+    monkeypatch.setattr(calibrate, "measure", lambda model, **kw: asked.append(kw) or calib | {
+        "key": calibrate.cache_key(model, 1, int4=kw["int4"])})
+    assert calibrate.load_or_measure("tiny", say=said.append, threads=1)["key"] == fp32 and not asked
+    assert calibrate.load_or_measure("tiny", say=said.append, threads=1, int4=True)["key"] == int4
+    assert asked[0]["int4"] is True and said == ["no calibration for tiny-int4 on 1 threads "
+                                                 f"(onnxruntime {fp32['onnxruntime']}): measuring it"]
+    sweep = tmp_path / "calibration.json"  # a sweep's: one calibration per model, by name
+    sweep.write_text(json.dumps({"tiny": {"key": fp32, "which": "fp32"}, "tiny-int4": {"key": int4, "which": "int4"}}))
+    for run, which in ((RunConfig(model="tiny", threads=1), "fp32"), (RunConfig(model="tiny", threads=1, int4=True), "int4")):
+        assert calibrate.sweep_calibration(str(sweep), run)["which"] == which
 
 
 def test_each_cost_is_its_ratio_to_the_reference_timed_beside_it():

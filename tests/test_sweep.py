@@ -464,6 +464,32 @@ def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_
     assert not list((tmp_path / "r" / "cut" / "points").iterdir())
 
 
+def test_a_sweep_over_int4_calibrates_each_weight_form_apart(tmp_path, monkeypatch):
+    """int4: [false, true] on one preset is two models to the cost model: calibration.json holds one calibration
+    each, by the name its points' results carry, each measured by `mtplab calibrate` with its own --int4."""
+    from mtplab.experiment import calibrate
+    from mtplab.sweep import run as sweep_run
+
+    monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path / "cache"))
+    commands = []
+
+    def calibrate_double(cmd):  # a test double of the calibration's own process: writes the cache file it would
+        int4, threads = "--int4" in cmd, int(cmd[cmd.index("--threads") + 1])
+        path = calibrate.cache_path(key := calibrate.cache_key(cmd[cmd.index("--model") + 1], threads, int4=int4))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key}))
+        commands.append(cmd[3:])
+
+    monkeypatch.setattr(sweep_run, "_calibrate", calibrate_double)
+    spec = grid.parse({"name": "q", "defaults": {"model": "tiny", "tokens": 8, "threads": 1}, "int4": [False, True]})
+    sweep_run.calibrate_sweep(spec, tmp_path, threads=1, quiet=True)
+    written = json.loads((tmp_path / "calibration.json").read_text())
+    assert {name: (c["key"]["preset"], c["int4"]) for name, c in written.items()} == {
+        "tiny": ("tiny", False), "tiny-int4": ("tiny-int4", True)}
+    assert sorted(commands) == [["calibrate", "--model", "tiny", "--threads", "1"],
+                                ["calibrate", "--model", "tiny", "--threads", "1", "--int4"]]
+
+
 def test_resume_refuses_a_spec_that_does_not_name_the_points_the_sweep_holds(tmp_path):
     spec = grid.parse({"name": "s", "defaults": {"model": "tiny", "tokens": 8}, "k": [3]})
     held = tmp_path / "s" / "points" / "tiny-k1-mtp-sibling-pinned-select-decode-verify-t8-s0-r0"

@@ -206,7 +206,7 @@ def _run(args) -> int:
             from mtplab.experiment.batch_calibrate import load_or_measure_batch
 
             say = lambda m: print(f"mtplab run: {m}", file=sys.stderr)  # noqa: E731
-            calibration = load_or_measure_batch(run.model, run.batch, say=say, threads=run.threads)
+            calibration = load_or_measure_batch(run.model, run.batch, say=say, threads=run.threads, int4=run.int4)
         result = run_point(run, model, calibration=calibration)
     except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
         print(f"mtplab run: {err}", file=sys.stderr)
@@ -230,8 +230,8 @@ def _calibrate(args) -> int:
     if problem := output_file_problem("--out", args.out):
         problems.append(problem)
     values = config.defaults() | given
-    model, threads, batch = values["model"], values["threads"], values["batch"]
-    problems += [as_options(p) for name in ("model", "threads", "batch") if (p := field_problem(name, [values[name]]))]
+    model, threads, batch, int4 = values["model"], values["threads"], values["batch"], values["int4"]
+    problems += [as_options(p) for name in ("model", "threads", "batch", "int4") if (p := field_problem(name, [values[name]]))]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
     if problems:
@@ -245,15 +245,15 @@ def _calibrate(args) -> int:
 
     try:
         if batch > 1:
-            calib = measure_batch(model, batch, repeats=args.repeats, threads=threads)
+            calib = measure_batch(model, batch, repeats=args.repeats, threads=threads, int4=int4)
         else:
-            calib = measure(model, repeats=args.repeats, threads=threads)
-    except ValueError as err:  # a folder mtplab refuses: before any measurement
+            calib = measure(model, repeats=args.repeats, threads=threads, int4=int4)
+    except ValueError as err:  # a folder mtplab refuses (or int4 with a folder): before any measurement
         print(f"mtplab calibrate: {err}", file=sys.stderr)
         return 2
     text = dumps(calib, indent=1)
-    key = batch_key(model, threads, batch, args.repeats) if batch > 1 else cache_key(model, threads_used(threads),
-                                                                                      args.repeats)
+    key = (batch_key(model, threads, batch, args.repeats, int4) if batch > 1
+           else cache_key(model, threads_used(threads), args.repeats, int4))
     path = cache_path(key)
     write_atomic(path, text)
     if args.out:
@@ -385,7 +385,7 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_run)
 
     c = sub.add_parser("calibrate", help="measure the cost model's forward, head and commit times (cached)", **fmt)
-    add_run_options(c, only=("model", "threads", "batch"))
+    add_run_options(c, only=("model", "int4", "threads", "batch"))
     c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
     c.set_defaults(func=_calibrate)

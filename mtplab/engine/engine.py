@@ -22,7 +22,7 @@ from mtplab.engine.drafters import Drafter, MtpDrafter
 from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset
-from mtplab.model.config import capacity_problem, k_problem
+from mtplab.model.config import capacity_problem, k_problem, preset_name
 from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, backend_problem, device_for
@@ -73,9 +73,8 @@ def model_for(run: RunConfig):
             "(the 1.30 and 1.31 CPU wheels hold its schema only): install onnxruntime>=1.32, or run --backend cuda "
             "with onnxruntime-gpu"
         )
-    return build_model(
-        preset(spec, weight_format="int4" if run.int4 else "fp32", dtype="fp16" if run.backend == "cuda" else "fp32")
-    )
+    cfg = preset(spec, weight_format="int4" if run.int4 else "fp32", dtype="fp16" if run.backend == "cuda" else "fp32")
+    return build_model(cfg.replace(name=preset_name(spec, run.int4)))
 
 
 class Engine:

@@ -39,10 +39,11 @@ from mtplab.measure.result import dumps
 from mtplab.runtime.executor import Slot
 
 
-def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEATS, reps: int = 3) -> dict:
-    """The batch-B calibration of one model on `threads` intra-op threads."""
+def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEATS, reps: int = 3,
+                  int4: bool = False) -> dict:
+    """The batch-B calibration of one model (int4: a preset's int4 form) on `threads` intra-op threads."""
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
-    run, art = _calibration_run(model, threads, k=MAX_M - 1, drafter="mtp", tokens=GREEDY_TOKENS + 1,
+    run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=GREEDY_TOKENS + 1,
                                 max_recaptures=10**9, rounds=1, batch=batch)
     top, _ = calibration_sizes(art.description)
     engine = Engine(run, art)
@@ -107,7 +108,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         return {name[len(prefix):]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
 
     return {
-        "key": batch_key(model, threads, batch, repeats),
+        "key": batch_key(model, threads, batch, repeats, int4),
         "batch": B,
         "repeats": repeats,
         "reps_per_sample": reps,
@@ -125,17 +126,17 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     }
 
 
-def batch_key(model: str, threads: int, batch: int, repeats: int = REPEATS) -> dict:
+def batch_key(model: str, threads: int, batch: int, repeats: int = REPEATS, int4: bool = False) -> dict:
     """The batch-1 calibration's key with the batch added."""
-    return cache_key(model, threads_used(threads), repeats) | {"batch": batch}
+    return cache_key(model, threads_used(threads), repeats, int4) | {"batch": batch}
 
 
-def load_or_measure_batch(model: str, batch: int, say=print, threads: int = 0) -> dict:
+def load_or_measure_batch(model: str, batch: int, say=print, threads: int = 0, int4: bool = False) -> dict:
     """The cached batch-B calibration (measured first when missing), with the head's acceptance from the
-    batch-1 calibration (measured too when missing)."""
+    batch-1 calibration (measured too when missing); int4: a preset's int4 form."""
     if batch == 1:
-        return load_or_measure(model, say=say, threads=threads)
-    key = batch_key(model, threads, batch)
+        return load_or_measure(model, say=say, threads=threads, int4=int4)
+    key = batch_key(model, threads, batch, int4=int4)
     path = cache_path(key)
     calib = None
     if path.exists():
@@ -145,6 +146,6 @@ def load_or_measure_batch(model: str, batch: int, say=print, threads: int = 0) -
             calib = None
     if calib is None or calib.get("key") != key:
         say(f"no calibration for {key['preset']} at batch {batch} on {key['threads']} threads: measuring it")
-        calib = measure_batch(model, batch, threads)
+        calib = measure_batch(model, batch, threads, int4=int4)
         write_atomic(path, dumps(calib, indent=1))
-    return calib | {"mtp_acceptance": load_or_measure(model, say=say, threads=threads)["mtp_acceptance"]}
+    return calib | {"mtp_acceptance": load_or_measure(model, say=say, threads=threads, int4=int4)["mtp_acceptance"]}

@@ -155,4 +155,4 @@ def calibration_for_batch(run: RunConfig, say=print) -> dict:
     """The cached batch calibration for the run's model, threads and batch (measured when missing)."""
     from mtplab.experiment.batch_calibrate import load_or_measure_batch
 
-    return load_or_measure_batch(run.model, run.batch, say=say, threads=run.threads)
+    return load_or_measure_batch(run.model, run.batch, say=say, threads=run.threads, int4=run.int4)

@@ -50,12 +50,12 @@ GREEDY_TOKENS = 16  # decodes per greedy sample of the calibration
 FORWARD_SAMPLES = 5
 
 
-def model_hash(model: str) -> str:
-    """A preset's config hash, or a folder's content hash (its graphs and config)."""
+def model_hash(model: str, int4: bool = False) -> str:
+    """A preset's config hash (its int4 form's with int4), or a folder's content hash (its graphs and config)."""
     if model in PRESETS:
         from mtplab.model import preset as model_preset
 
-        return model_preset(model).config_hash()
+        return model_preset(model, weight_format="int4" if int4 else "fp32").config_hash()
     from mtplab.model.folders import open_model
 
     return open_model(model).identity()["hash"]
@@ -67,21 +67,22 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 MEASURES = 4
 
 
-def cache_key(model: str, threads: int, repeats: int = REPEATS) -> dict:
-    """What a calibration is valid for: model (a preset name or a folder), machine, threads, onnxruntime, the
-    commit strategies registered (a new one is measured, not missing from a cached table), how many repeats
-    measured it, and what the engine runs where (MEASURES)."""
+def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
+    """What a calibration is valid for: model (a preset name, with int4 weights or not, or a folder), machine,
+    threads, onnxruntime, the commit strategies registered (a new one is measured, not missing from a cached
+    table), how many repeats measured it, and what the engine runs where (MEASURES)."""
     import onnxruntime
 
     return {
-        "preset": model_name(model),
-        "model": model_hash(model),
+        "preset": model_name(model, int4),
+        "model": model_hash(model, int4),
         "machine": f"{platform.node()} / {_cpu_name()}",
         "threads": threads,
         "onnxruntime": onnxruntime.__version__,
         "commits": sorted(COMMITS.names()),
         "measures": MEASURES,
         **({} if repeats == REPEATS else {"repeats": repeats}),
+        **({"int4": True} if int4 else {}),
     }
 
 
@@ -150,12 +151,13 @@ def calibration_sizes(desc) -> tuple[int, int]:
     return top, min(GREEDY_TOKENS, room - 1)
 
 
-def _calibration_run(model: str, threads: int, **fields) -> tuple[RunConfig, object]:
-    """A RunConfig for measuring `model` with a commit it supports (the calibration measures every supported
-    commit itself; which one the engine starts with does not matter), and the opened model."""
+def _calibration_run(model: str, threads: int, int4: bool = False, **fields) -> tuple[RunConfig, object]:
+    """A RunConfig for measuring `model` (int4: a preset's int4 form) with a commit it supports (the calibration
+    measures every supported commit itself; which one the engine starts with does not matter), and the opened
+    model."""
     from mtplab.engine.engine import commits_on, model_for
 
-    art = model_for(RunConfig(model=model, threads=threads))
+    art = model_for(RunConfig(model=model, threads=threads, int4=int4))
     supported, refused = commits_on(art.description)
     if not supported:
         raise ValueError(f"{model_name(model)}: every commit strategy is refused: "
@@ -165,14 +167,14 @@ def _calibration_run(model: str, threads: int, **fields) -> tuple[RunConfig, obj
         fields["k"] = min(fields["k"], top - 1)
     if "tokens" in fields:
         fields["tokens"] = min(fields["tokens"], greedy + 1)
-    return RunConfig(model=model, threads=threads, commit=supported[0], **fields), art
+    return RunConfig(model=model, threads=threads, int4=int4, commit=supported[0], **fields), art
 
 
-def _acceptance(model: str, tokens: int, threads: int) -> dict:
+def _acceptance(model: str, tokens: int, threads: int, int4: bool = False) -> dict:
     """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
     from mtplab.engine.engine import Engine
 
-    run, art = _calibration_run(model, threads, k=ACCEPTANCE_K, drafter="mtp", rounds=1)
+    run, art = _calibration_run(model, threads, int4, k=ACCEPTANCE_K, drafter="mtp", rounds=1)
     # A model with a short context gets fewer tokens per prompt: prompt + tokens + verify headroom must fit.
     tokens = max(2, min(tokens, art.description.capacity - PROMPT_LEN - 2 * (run.k + 1)))
     run = run.replace(tokens=tokens)
@@ -187,14 +189,16 @@ def _acceptance(model: str, tokens: int, threads: int) -> dict:
     return {"alpha": theory.fit_alpha(per_pos), "per_position": per_pos, "steps": len(counts), "seeds": list(ACCEPTANCE_SEEDS)}
 
 
-def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0) -> dict:
-    """Measure the calibration of one model (a preset name or a folder) on `threads` intra-op threads
-    (RunConfig.threads: 0 is every core)."""
+def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0,
+            int4: bool = False) -> dict:
+    """Measure the calibration of one model (a preset name, int4: its int4 form, or a folder) on `threads`
+    intra-op threads (RunConfig.threads: 0 is every core)."""
     from mtplab.engine.engine import Engine, commits_on, prompt_tokens
 
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]
-    run, art = _calibration_run(model, threads, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9, rounds=1)
+    run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
+                                rounds=1)
     top, greedy_n = calibration_sizes(art.description)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
@@ -275,7 +279,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         return {name[len(prefix) :]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
 
     return {
-        "key": cache_key(model, threads_used(threads), repeats),
+        "key": cache_key(model, threads_used(threads), repeats, int4),
         "repeats": repeats,
         "reps_per_sample": reps,
         "target": table("target/"),
@@ -288,19 +292,19 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         "commits_skipped": skipped,
         "ci": {name: s["ci"] for name, s in summary.items()},
         "ratio_to_t1": {name: s["ratio"] for name, s in summary.items()},
-        "mtp_acceptance": _acceptance(model, acceptance_tokens, threads),
+        "mtp_acceptance": _acceptance(model, acceptance_tokens, threads, int4),
         "seconds": time.perf_counter() - t_start,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
 
 
-def greedy_token_now(model: str, threads: int, samples: int = 3) -> float:
+def greedy_token_now(model: str, threads: int, samples: int = 3, int4: bool = False) -> float:
     """Greedy's seconds per token on this model now: the median of `samples` runs of its loop (the sweep's re-check
     at its end, against the calibration's `greedy_token` from its start)."""
     from mtplab.engine.engine import Engine, prompt_tokens
 
-    run, art = _calibration_run(model, threads, k=1, tokens=GREEDY_TOKENS + 1, rounds=1)
+    run, art = _calibration_run(model, threads, int4, k=1, tokens=GREEDY_TOKENS + 1, rounds=1)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine.greedy(prompt, run.tokens, margins=False)  # warm-up and capture (run.tokens: within the model's capacity)
@@ -318,21 +322,23 @@ def sweep_calibration(calibration_file: str, run: RunConfig) -> dict | None:
     path = Path(calibration_file) if calibration_file else None
     if path is None or not path.exists():
         return None
-    calib = json.loads(path.read_text()).get(model_name(run.model))
+    name = model_name(run.model, run.int4)
+    calib = json.loads(path.read_text()).get(name)
     if calib is None or calib.get("key", {}).get("threads") != threads_used(run.threads):
         return None
     if run.batch > 1:  # the cost model at the run's batch, beside it (calibration_batch.json); the head's acceptance
         batched = path.with_name("calibration_batch.json")
-        at_b = json.loads(batched.read_text()).get(f"{model_name(run.model)}/{run.batch}") if batched.exists() else None
+        at_b = json.loads(batched.read_text()).get(f"{name}/{run.batch}") if batched.exists() else None
         if at_b is None or at_b.get("key", {}).get("threads") != threads_used(run.threads):
             return None
         return at_b | {"mtp_acceptance": calib["mtp_acceptance"]}
     return calib
 
 
-def load_or_measure(model: str, say=print, threads: int = 0, **kwargs) -> dict:
-    """The cached calibration for this model, machine, threads and onnxruntime; measured first when missing."""
-    key = cache_key(model, threads_used(threads))
+def load_or_measure(model: str, say=print, threads: int = 0, int4: bool = False, **kwargs) -> dict:
+    """The cached calibration for this model (int4: a preset's int4 form), machine, threads and onnxruntime;
+    measured first when missing."""
+    key = cache_key(model, threads_used(threads), int4=int4)
     path = cache_path(key)
     if path.exists():
         try:
@@ -343,7 +349,7 @@ def load_or_measure(model: str, say=print, threads: int = 0, **kwargs) -> dict:
             pass
     say(f"no calibration for {key['preset']} on {key['threads']} threads (onnxruntime {key['onnxruntime']}): "
         "measuring it")
-    calib = measure(model, threads=threads, **kwargs)
+    calib = measure(model, threads=threads, int4=int4, **kwargs)
     write_atomic(path, dumps(calib, indent=1))
     return calib
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from mtplab.base.names import canonical
 from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
-from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS, capacity_problem, k_problem
+from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS, capacity_problem, k_problem, preset_name
 from mtplab.runtime.executor import max_recaptures_problem
 from mtplab.runtime.policy import POLICIES
 
@@ -141,9 +141,10 @@ MODEL_RULE = (
 )
 
 
-def model_name(spec: str) -> str:
-    """A model's short name: the preset's, or the folder's."""
-    return spec if spec in PRESETS else Path(spec).name
+def model_name(spec: str, int4: bool = False) -> str:
+    """A model's short name: the preset's ("tiny", "tiny-int4" with int4 weights: another model, timed and
+    calibrated apart), or the folder's."""
+    return preset_name(spec, int4) if spec in PRESETS else Path(spec).name
 
 
 def _drafter_id(value, values: dict) -> str:

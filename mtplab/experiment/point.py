@@ -97,7 +97,7 @@ def calibration_for(run: RunConfig, say=print) -> dict:
     """The cached cost-model calibration for the run's model, this machine and threads (measured when missing)."""
     from mtplab.experiment.calibrate import load_or_measure
 
-    return load_or_measure(run.model, say=say, threads=run.threads)
+    return load_or_measure(run.model, say=say, threads=run.threads, int4=run.int4)
 
 
 def run_mtplab_point(

@@ -232,6 +232,12 @@ def preset(name: str, **overrides) -> ModelConfig:
     return cfg.replace(**overrides) if overrides else cfg
 
 
+def preset_name(name: str, int4: bool = False) -> str:
+    """A preset's name as a model: "tiny", or "tiny-int4" with int4 weights (another model, timed and calibrated
+    apart)."""
+    return f"{name}-int4" if int4 else name
+
+
 def capacity_problem(prompt_len: int, tokens: int, k: int, capacity: int, what: str) -> str | None:
     """Why a run's prompt, tokens and verify headroom 2*(k+1) do not fit a KV capacity (`what` names it), or None."""
     headroom = 2 * (k + 1)

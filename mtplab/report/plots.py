@@ -298,7 +298,7 @@ def memory_by_policy(df: pd.DataFrame):
 def point_title(config: dict) -> str:
     """The point's parameters in one line (what a figure of it is titled with)."""
     c = upgrade(config)
-    model = model_name(c["model"])
+    model = model_name(c["model"], bool(c.get("int4")))
     if c.get("engine", "mtplab") != "mtplab":
         return f"{c['engine']}: k={c['k']}, {model}, {c['tokens']} tokens, seed {c['seed']}"
     return (

@@ -219,39 +219,43 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
             print(f"sweep {sweep_dir.name}: keeping the calibration it started with", file=sys.stderr)
         return
     cpu = [p.run for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"]
-    wanted = sorted({(r.model, r.threads or threads) for r in cpu}, key=lambda pt: (pt[0], pt[1] != threads, pt[1]))
+    # (model, int4, threads): a preset's int4 form is a model of its own, calibrated apart ("tiny-int4")
+    wanted = sorted({(r.model, r.int4, r.threads or threads) for r in cpu},
+                    key=lambda pt: (pt[0], pt[1], pt[2] != threads, pt[2]))
     if not wanted:
         return
     calibrations = {}
-    for spec_, n in wanted:  # the sweep's threads first: calibration.json keeps one per model
-        name = model_name(spec_)
+    for spec_, int4, n in wanted:  # the sweep's threads first: calibration.json keeps one per model
+        name = model_name(spec_, int4)
         if name in calibrations:
             continue
-        path = cache_path(cache_key(spec_, n))
+        path = cache_path(cache_key(spec_, n, int4=int4))
         measure = fresh or not path.exists()
         if measure:  # in a process of its own: the sweep process runs no onnxruntime session
             if not quiet:
                 print(f"sweep {sweep_dir.name}: measuring the calibration of {name} on {n} threads", file=sys.stderr)
-            _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n)])
+            _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n),
+                        *(["--int4"] if int4 else [])])
         calib = json.loads(path.read_text())
         calib["source"] = "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"
-        calib["model_spec"] = spec_
+        calib["model_spec"], calib["int4"] = spec_, int4
         calibrations[name] = calib
     batched = {}  # the cost model at each batch B > 1 the sweep runs: calibration_batch.json, by "model/B"
-    for spec_, n, B in sorted({(r.model, r.threads or threads, r.batch) for r in cpu if r.batch > 1},
-                              key=lambda pt: (pt[0], pt[2], pt[1] != threads, pt[1])):  # the sweep's threads first
-        name = f"{model_name(spec_)}/{B}"
+    for spec_, int4, n, B in sorted({(r.model, r.int4, r.threads or threads, r.batch) for r in cpu if r.batch > 1},
+                                    key=lambda pt: (pt[0], pt[1], pt[3], pt[2] != threads, pt[2])):  # its threads first
+        name = f"{model_name(spec_, int4)}/{B}"
         if name in batched:
             continue
         from mtplab.experiment.batch_calibrate import batch_key
 
-        path = cache_path(batch_key(spec_, n, B))
+        path = cache_path(batch_key(spec_, n, B, int4=int4))
         measure = fresh or not path.exists()
         if measure:
             if not quiet:
                 print(f"sweep {sweep_dir.name}: measuring the calibration of {name} (batch {B}) on {n} threads",
                       file=sys.stderr)
-            _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n), "--batch", str(B)])
+            _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n), "--batch", str(B),
+                        *(["--int4"] if int4 else [])])
         batched[name] = json.loads(path.read_text()) | {
             "source": "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"}
     if batched:  # written first: calibration.json's presence marks the sweep's calibration as complete
@@ -285,7 +289,7 @@ def recheck_calibration(sweep_dir: Path) -> dict:
         start = calib.get("greedy_token")
         if start is None or "model_spec" not in calib:
             continue
-        end = greedy_token_now(calib["model_spec"], calib["key"]["threads"])
+        end = greedy_token_now(calib["model_spec"], calib["key"]["threads"], int4=calib.get("int4", False))
         out[name] = {"greedy_token_start": start, "greedy_token_end": end, "drift": end / start - 1,
                      "load_end": round(os.getloadavg()[0], 2)}
     return out

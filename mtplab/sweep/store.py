@@ -207,9 +207,10 @@ def model_names(df: pd.DataFrame, info: pd.Series) -> list[str]:
     named = [json.loads(v).get("name") if isinstance(v, str) and v.startswith("{") else None for v in info]
     spec = df["model"] if "model" in df else pd.Series([""] * len(df), index=df.index)
     preset = df["preset"] if "preset" in df else pd.Series([""] * len(df), index=df.index)
+    int4 = df["int4"].fillna(False) if "int4" in df else pd.Series([False] * len(df), index=df.index)
     return [
-        n if isinstance(n, str) and n else model_name(m if isinstance(m, str) and m else str(p))
-        for n, m, p in zip(named, spec, preset)
+        n if isinstance(n, str) and n else model_name(m if isinstance(m, str) and m else str(p), bool(q))
+        for n, m, p, q in zip(named, spec, preset, int4)
     ]
 
 
