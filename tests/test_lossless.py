@@ -7,15 +7,13 @@ import pytest
 
 from mtplab.check import verdict as oracle
 from mtplab.engine import acceptance
-from mtplab.engine import commits as commit_ops
 from mtplab.engine import engine as engine_mod
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
-from mtplab.model import graph
+from mtplab.runtime import host_replay
 from mtplab.runtime.executor import Executor, Slot
-from mtplab.runtime.sessions import TargetState
 
 READVANCE = ("readvance-batched", "readvance-m1")
 
@@ -70,24 +68,18 @@ def test_a_skipped_restore_is_caught_at_the_first_commit(tiny, commit, monkeypat
 
 
 def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch):
-    real = commit_ops.rebuild_conv
-    monkeypatch.setattr(commit_ops, "rebuild_conv", lambda state, inputs, n, **kw: real(state, inputs, n - 1, **kw))
+    real = host_replay.rebuild_conv  # what select runs on the host
+    monkeypatch.setattr(host_replay, "rebuild_conv", lambda state, inputs, n, *a: real(state, inputs, n - 1, *a))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]
     assert first["step"] == 1 and first["tensor"].startswith("conv_state.")
 
 
-@pytest.mark.parametrize("off, path", [(-1, "every layer at once"), (+1, "layer by layer")])
-def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, path, monkeypatch):
-    if path == "every layer at once":  # the host's states stacked: what select runs on the CPU
-        real = commit_ops.replay_transitions_closed
-        monkeypatch.setattr(commit_ops, "replay_transitions_closed",
-                            lambda s, d, k, delta, n, rep: real(s, d, k, delta, n + off, rep))
-    else:  # the per-layer update (a replaced buffer; the device's path)
-        monkeypatch.setattr(TargetState, "stacked", lambda self, kind, layers: None)
-        real = graph.replay_transitions
-        monkeypatch.setattr(graph, "replay_transitions", lambda cfg, s, flat, n: real(cfg, s, flat, n + off))
+@pytest.mark.parametrize("off", [-1, +1])
+def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, monkeypatch):
+    real = host_replay.replay_state  # what select runs on the host, layer by layer
+    monkeypatch.setattr(host_replay, "replay_state", lambda layout, s, flat, n: real(layout, s, flat, n + off))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from mtplab.engine.commits import rebuild_conv
 from mtplab.model import ModelConfig, build_model, load_artifact, preset
 from mtplab.model.graph import (
     TransitionLayout,
+    rebuild_conv,
     replay_transitions,
     replay_transitions_closed,
     replay_transitions_xp,

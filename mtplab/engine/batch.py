@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mtplab.engine.commits import rebuild_conv, transitions_gatherer
+from mtplab.engine.commits import transitions_gatherer
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.engine import prompt_tokens
 from mtplab.engine.schedules import Phases
-from mtplab.model.graph import replay_transitions_closed
+from mtplab.model.graph import rebuild_conv, replay_transitions_closed
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.sessions import mtp_io
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mtplab.engine.strategies import COMMITS
-from mtplab.model.graph import replay_transitions_closed
+from mtplab.model.graph import rebuild_conv
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.executor import Slot
 
@@ -141,46 +141,25 @@ class Select(CommitStrategy):
                              "of the target)"}.get(desc.select, str(desc.select))
 
 
-def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int, channels_first: bool = False) -> None:
-    """Set a conv carry [B, k-1, C] in place to its value after the first n of conv_input [B, M, C], for every
-    row B (one layer's batch of 1, or L layers stacked).
-
-    channels_first: the carry is [B, C, k-1] and the input [B, C, M] (the builder's CausalConvWithState).
-    """
-    if channels_first:
-        conv_state, conv_input = conv_state.transpose(0, 2, 1), conv_input.transpose(0, 2, 1)
-    width = conv_state.shape[1]
-    if n >= width:
-        conv_state[...] = conv_input[:, n - width : n]
-    elif n > 0:
-        kept = conv_state[:, n:].copy()
-        conv_state[:, : width - n] = kept
-        conv_state[:, width - n :] = conv_input[:, :n]
-
-
 def select_commit(desc, device) -> Callable:
     """select's state update for this model on this device: apply(state, verify outputs, n accepted)."""
     io = desc.target
     if desc.select == "transitions":
-        layout = desc.transitions
-        replay = device.transition_replay(layout)
+        replay = device.transition_replay(desc.transitions)
+        if device.xp is np:  # the host's conv rebuild compiled too (mtplab.runtime.host_replay)
+            from mtplab.runtime import host_replay
+
+            rebuild = host_replay.rebuild_conv
+        else:
+            rebuild = rebuild_conv
         layers = [(s.layer, io.select_outputs[s.layer]["transitions"].name, io.select_outputs[s.layer]["conv_input"].name,
                    "channels-first" in s.layout) for s in io.states if s.kind == "conv"]
-        ids = tuple(i for i, *_ in layers)
-        forms = {cf for *_, cf in layers}  # the conv layout: one for all layers, or the update goes layer by layer
-        stackable, channels_first = device.xp is np and len(forms) == 1, next(iter(forms), False)
-        gather = transitions_gatherer(desc)
 
         def apply(st, ver: dict, n: int) -> None:
-            gdn, conv = (st.stacked("recurrent", ids), st.stacked("conv", ids)) if stackable else (None, None)
-            if gdn is not None and conv is not None:  # the host's states in one buffer per kind: every layer at once
-                (decay, key, delta), conv_input = gather(ver)
-                replay_transitions_closed(gdn[:, 0], decay[:, 0], key[:, 0], delta[:, 0], n, layout.group)
-                rebuild_conv(conv[:, 0], conv_input[:, 0], n, channels_first=channels_first)
-                return
+            gdn, conv = st.gdn, st.conv
             for i, t, c, first in layers:
-                replay(st.gdn[i], ver[t], n)
-                rebuild_conv(st.conv[i], ver[c], n, channels_first=first)
+                replay(gdn[i], ver[t], n)
+                rebuild(conv[i], ver[c], n, first)
 
         return apply
     if desc.select == "replay-op":

@@ -352,3 +352,20 @@ def replay_transitions_closed(state, decay, key, delta, n: int, rep: int) -> Non
     update = np.matmul(weighted.reshape(L, n, Hk, rep * Dv).transpose(0, 2, 3, 1), key[:, :n].transpose(0, 2, 1, 3))
     state *= (after[:, 0] * decay[:, 0])[..., None, None]
     state += update.reshape(L, Hv, Dv, Dk)
+
+
+def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int, channels_first: bool = False) -> None:
+    """Set a conv carry [B, k-1, C] in place to its value after the first n of conv_input [B, M, C], for every
+    row B (one layer's batch of 1, or L layers stacked).
+
+    channels_first: the carry is [B, C, k-1] and the input [B, C, M] (the builder's CausalConvWithState).
+    """
+    if channels_first:
+        conv_state, conv_input = conv_state.transpose(0, 2, 1), conv_input.transpose(0, 2, 1)
+    width = conv_state.shape[1]
+    if n >= width:
+        conv_state[...] = conv_input[:, n - width : n]
+    elif n > 0:
+        kept = conv_state[:, n:].copy()
+        conv_state[:, : width - n] = kept
+        conv_state[:, width - n :] = conv_input[:, :n]

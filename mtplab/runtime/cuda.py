@@ -157,8 +157,7 @@ class CudaGraphBackend:
 # select's state replay as one CUDA kernel per layer: each thread owns one state element and
 # applies the first n transitions in order, with the multiplies and the add rounded separately
 # (no FMA contraction), as numpy's token-by-token form does (`S *= decay; S += delta*key`,
-# mtplab.model.graph.replay_transitions_xp). The host's select runs the closed form instead
-# (replay_transitions_closed): bitwise for one token, within float32 rounding for more.
+# mtplab.model.graph.replay_transitions_xp) and the host's compiled form (mtplab.runtime.host_replay).
 REPLAY_KERNEL = r"""
 const int dk = i % Dk;
 const int dv = (i / Dk) % Dv;

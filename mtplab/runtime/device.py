@@ -69,13 +69,18 @@ class Device:
             raise ValueError(problem)
 
     def transition_replay(self, layout) -> Callable:
-        """select's GatedDeltaNet transition replay (a TransitionLayout): one CuPy kernel per layer on CUDA,
-        numpy on the CPU."""
+        """select's GatedDeltaNet transition replay (a TransitionLayout), replay(state, transitions row, n): one CuPy
+        kernel per layer on CUDA, one compiled call per layer on the CPU (mtplab.runtime.host_replay); bitwise the
+        same arithmetic."""
         if self.name == "cuda":
             from mtplab.runtime.cuda import DeviceReplay
 
             return DeviceReplay(layout)
-        from mtplab.model.graph import replay_transitions
+        if self.xp is np:
+            from mtplab.runtime import host_replay
+
+            return functools.partial(host_replay.replay_state, layout)
+        from mtplab.model.graph import replay_transitions  # another array module's: its own token-by-token ops
 
         return functools.partial(replay_transitions, layout)
 
