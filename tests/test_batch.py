@@ -234,8 +234,9 @@ def test_a_batch_engine_refuses_the_one_sequence_calls(tiny):
         engine.greedy([1, 2, 3], 4)
 
 
-def test_select_commits_layer_by_layer_when_the_states_are_not_stacked(tiny, monkeypatch):
-    """The per-layer form (a preset whose state rows would lose alignment in one buffer) is lossless too."""
+def test_select_commits_when_the_states_are_not_stacked(tiny, monkeypatch):
+    """States in buffers of their own (a preset whose state rows would lose alignment in one buffer): the carries go
+    layer by layer, and select's commit is lossless too."""
     from mtplab.runtime.sessions import TargetState
 
     monkeypatch.setattr(TargetState, "stacked", lambda self, kind, layers: None)

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mtplab.engine.commits import transitions_gatherer
+from mtplab.engine.commits import transitions_update
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.engine import prompt_tokens
 from mtplab.engine.schedules import Phases
-from mtplab.model.graph import rebuild_conv, replay_transitions_closed
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.sessions import mtp_io
 
@@ -127,25 +126,11 @@ def select_rows(engine) -> Callable:
     if desc.select != "transitions":
         raise ValueError(f"commit='select' at batch > 1 runs on GatedDeltaNet transitions (the built-in model); "
                          f"{desc.name} selects by {desc.select or 'nothing'}")
-    layers, gather = tuple(s.layer for s in desc.target.states if s.kind == "conv"), transitions_gatherer(desc)
-    group = desc.transitions.group
-    channels_first = any("channels-first" in s.layout for s in desc.target.states if s.kind == "conv")
+    apply = transitions_update(desc, engine.device)
 
     def commit(ver: dict, counts: np.ndarray, rows) -> None:
-        gdn, conv = st.stacked("recurrent", layers), st.stacked("conv", layers)
-        (decay, key, delta), conv_input = gather(ver)
-        if gdn is None or conv is None:  # layers in buffers of their own: a [1, B, ...] view of each
-            gdn = [st.gdn[i][None] for i in layers]
-            conv = [st.conv[i][None] for i in layers]
-            for j in range(len(layers)):
-                for b in rows:
-                    replay_transitions_closed(gdn[j][:, b], decay[j : j + 1, b], key[j : j + 1, b], delta[j : j + 1, b],
-                                              int(counts[b]), group)
-                    rebuild_conv(conv[j][:, b], conv_input[j : j + 1, b], int(counts[b]), channels_first)
-            return
-        for b in rows:  # every layer of row b at once
-            replay_transitions_closed(gdn[:, b], decay[:, b], key[:, b], delta[:, b], int(counts[b]), group)
-            rebuild_conv(conv[:, b], conv_input[:, b], int(counts[b]), channels_first)
+        for b in rows:
+            apply(st, ver, int(counts[b]), int(b))
 
     return commit
 

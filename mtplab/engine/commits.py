@@ -143,51 +143,41 @@ class Select(CommitStrategy):
 
 def select_commit(desc, device) -> Callable:
     """select's state update for this model on this device: apply(state, verify outputs, n accepted)."""
-    io = desc.target
     if desc.select == "transitions":
-        replay = device.transition_replay(desc.transitions)
-        if device.xp is np:  # the host's conv rebuild compiled too (mtplab.runtime.host_replay)
-            from mtplab.runtime import host_replay
-
-            rebuild = host_replay.rebuild_conv
-        else:
-            rebuild = rebuild_conv
-        layers = [(s.layer, io.select_outputs[s.layer]["transitions"].name, io.select_outputs[s.layer]["conv_input"].name,
-                   "channels-first" in s.layout) for s in io.states if s.kind == "conv"]
-
-        def apply(st, ver: dict, n: int) -> None:
-            gdn, conv = st.gdn, st.conv
-            for i, t, c, first in layers:
-                replay(gdn[i], ver[t], n)
-                rebuild(conv[i], ver[c], n, first)
-
-        return apply
+        return transitions_update(desc, device)
     if desc.select == "replay-op":
         return OpReplay(desc, device)
     raise ValueError(SELECT.refusal(desc) or f"unknown select form {desc.select!r}")
 
 
-def transitions_gatherer(desc) -> Callable:
-    """gather(verify outputs) -> ((decay, key, delta) [L, B, C, ...], conv inputs [L, B, M, C]): every GatedDeltaNet
-    layer's transitions and conv input on the host, each kind copied into one buffer kept per shape (one
-    concatenate each), so that select updates every layer, and every row, from one array per kind."""
-    io, layout = desc.target, desc.transitions
-    layers = [s.layer for s in io.states if s.kind == "conv"]
-    names = [(io.select_outputs[i]["transitions"].name, io.select_outputs[i]["conv_input"].name) for i in layers]
-    buffers: dict = {}
+def transitions_update(desc, device) -> Callable:
+    """apply(state, verify outputs, n, row=None): every GatedDeltaNet layer's state advanced by its first n
+    transitions and its conv carry rebuilt from the first n conv inputs, layer by layer (on the host one compiled
+    call each, mtplab.runtime.host_replay; on the device one kernel per state); row=b: batch row b only."""
+    io = desc.target
+    replay = device.transition_replay(desc.transitions)
+    if device.xp is np:
+        from mtplab.runtime import host_replay
 
-    def gather(ver: dict):
-        first_t, first_c = ver[names[0][0]], ver[names[0][1]]
-        key = (first_t.shape, first_t.dtype, first_c.shape, first_c.dtype)
-        bufs = buffers.get(key)
-        if bufs is None:  # transitions [L, B, 1, C*width]: rows as TransitionLayout.split reads them
-            t = np.empty((len(layers), first_t.shape[0], 1, first_t.shape[1]), first_t.dtype)
-            bufs = buffers[key] = (t, layout.split(t), np.empty((len(layers), *first_c.shape), first_c.dtype))
-        np.concatenate([ver[t][None, :, None] for t, _ in names], out=bufs[0])
-        np.concatenate([ver[c][None] for _, c in names], out=bufs[2])
-        return bufs[1], bufs[2]
+        rebuild = host_replay.rebuild_conv
+    else:
+        rebuild = rebuild_conv
+    layers = [(s.layer, io.select_outputs[s.layer]["transitions"].name, io.select_outputs[s.layer]["conv_input"].name,
+               "channels-first" in s.layout) for s in io.states if s.kind == "conv"]
 
-    return gather
+    def apply(st, ver: dict, n: int, row: int | None = None) -> None:
+        gdn, conv = st.gdn, st.conv
+        if row is None:
+            for i, t, c, first in layers:
+                replay(gdn[i], ver[t], n)
+                rebuild(conv[i], ver[c], n, first)
+            return
+        rows = slice(row, row + 1)
+        for i, t, c, first in layers:
+            replay(gdn[i][rows], ver[t][rows], n)
+            rebuild(conv[i][rows], ver[c][rows], n, first)
+
+    return apply
 
 
 class OpReplay:
