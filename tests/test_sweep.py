@@ -464,6 +464,14 @@ def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_
     assert not list((tmp_path / "r" / "cut" / "points").iterdir())
 
 
+def test_a_failed_int4_point_is_named_as_its_model_too():
+    """A failed point has no model record: its name comes from its config, int4 included, so that it sits with its
+    own model's points in the report."""
+    df = pd.DataFrame({"model": ["tiny", "tiny", "tiny"], "int4": [False, True, None]})
+    info = pd.Series([None, None, json.dumps({"name": "tiny-int4"})])
+    assert store.model_names(df, info) == ["tiny", "tiny-int4", "tiny-int4"]
+
+
 def test_a_sweep_over_int4_calibrates_each_weight_form_apart(tmp_path, monkeypatch):
     """int4: [false, true] on one preset is two models to the cost model: calibration.json holds one calibration
     each, by the name its points' results carry, each measured by `mtplab calibrate` with its own --int4."""
