@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from mtplab.model import build_model, preset
+from mtplab.model import build_model, preset_config
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
 from mtplab.runtime.sessions import TargetState, make_session, target_io
@@ -23,7 +23,7 @@ MS = (1, 2, 4, 8)
 
 
 def measure(name: str, repeats: int, int4: bool = False) -> dict[int, float]:
-    art = build_model(preset(name, weight_format="int4" if int4 else "fp32"))
+    art = build_model(preset_config(name, int4))
     cfg = art.config
     main = Arena("main")
     state = TargetState.allocate(art.description, main)

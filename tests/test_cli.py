@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -172,6 +173,14 @@ def test_an_onnxruntime_without_the_cpu_kernel_is_refused_in_one_line_before_any
     assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no CPU GatedDeltaNet kernel" in err[0] and "onnxruntime>=1.32" in err[0]
+
+
+def test_calibrate_refuses_what_a_run_would_refuse_in_the_runs_words(capsys):
+    folder = str(Path(__file__).parent / "data" / "builder-tiny")
+    assert main(["calibrate", "--model", "tiny", "--batch", "0"]) == 2
+    assert "--batch 0: must be an integer >= 1" in capsys.readouterr().err
+    assert main(["calibrate", "--model", folder, "--int4"]) == 2
+    assert "--int4 True with a model folder: int4 builds a preset's weights as int4" in capsys.readouterr().err
 
 
 def test_every_output_path_is_checked_before_any_work(tmp_path, capsys):

@@ -56,3 +56,39 @@ def test_the_compiled_conv_rebuild_is_numpys_for_every_count(channels_first, dty
         rebuild_conv(reference, conv_input, n, channels_first)
         np.testing.assert_array_equal(compiled, reference)
         assert n == 0 or not np.array_equal(compiled, start)
+
+
+def test_what_the_compiled_loop_would_read_past_is_refused_and_mixed_dtypes_take_numpys_form():
+    layout = TransitionLayout(8, 4, 2, 16, 8)
+    flat, (decay, key, delta), start = _transitions(layout, np.float32)
+    for state, row, n in ((start, flat, 9), (start, flat, -1), (np.zeros((2, *start.shape[1:]), np.float32), flat, 1),
+                          (start, flat[:, :-1], 1)):
+        with pytest.raises(ValueError, match=r"select's replay takes one state of 4x8x16, its row of 8x\d+ transitions"):
+            host_replay.replay_state(layout, state.copy(), row, n)
+    mixed, reference = start.copy(), start.copy()  # float64 transitions on a float32 state: numpy's form, as before
+    host_replay.replay_state(layout, mixed, flat.astype(np.float64), 3)
+    replay_transitions(layout, reference, flat.astype(np.float64), 3)
+    np.testing.assert_array_equal(mixed, reference)
+    conv, conv_input = np.zeros((1, 3, 4), np.float32), np.ones((1, 5, 4), np.float16)
+    host_replay.rebuild_conv(conv, conv_input, 2)
+    np.testing.assert_array_equal(conv, [[[0] * 4, [1] * 4, [1] * 4]])
+
+
+def test_where_numba_cannot_cache_the_update_compiles_per_process(monkeypatch):
+    """A read-only install with no writable cache folder: numba refuses cache=True at decoration (a test double of
+    that refusal here); the update is compiled without a disk cache and still runs."""
+    real = host_replay.numba.njit
+
+    def njit_that_cannot_cache(*args, **kwargs):
+        if kwargs.get("cache"):
+            raise RuntimeError("cannot cache function '_replay': no locator available for file 'host_replay.py'")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(host_replay.numba, "njit", njit_that_cannot_cache)
+    compiled = host_replay._compiled(host_replay._replay.py_func)
+    layout = TransitionLayout(8, 4, 2, 16, 8)
+    flat, (decay, key, delta), start = _transitions(layout, np.float32)
+    got, reference = start.reshape(-1).copy(), start.copy()
+    compiled(got, flat.reshape(-1), 3, 8, 4, 2, 16, 8)
+    replay_transitions_xp(np, reference[0], decay, key, delta, 3, layout.group)
+    np.testing.assert_array_equal(got, reference.reshape(-1))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from mtplab.model import ModelConfig, build_model, load_artifact, preset
+from mtplab.model import ModelConfig, build_model, load_artifact, preset, preset_config
 from mtplab.model.graph import (
     TransitionLayout,
     rebuild_conv,
@@ -60,7 +60,9 @@ def test_int4_build_runs_close_to_its_dequantized_reference(runner_for, tiny):
 
     from mtplab.model.onnx_read import parameter_count
 
-    art = build_model(preset("tiny", weight_format="int4"))
+    art = build_model(preset_config("tiny", int4=True))  # the model `--int4` runs: named and cached as its own
+    assert art.config.name == "tiny-int4" and art.path.name.startswith("tiny-int4-")
+    assert preset_config("tiny", int4=True).config_hash() == preset("tiny", weight_format="int4").config_hash()  # not the name
     assert any("MatMulNBits" in op for op in art.manifest["ops"])
     for role in ("target", "mtp"):  # a packed int4 weight counts its K x N parameters, as the fp32 build's do
         graph = onnx.load(str(art.path / art.manifest["files"][role]), load_external_data=False)

@@ -464,12 +464,13 @@ def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_
     assert not list((tmp_path / "r" / "cut" / "points").iterdir())
 
 
-def test_a_failed_int4_point_is_named_as_its_model_too():
-    """A failed point has no model record: its name comes from its config, int4 included, so that it sits with its
-    own model's points in the report."""
-    df = pd.DataFrame({"model": ["tiny", "tiny", "tiny"], "int4": [False, True, None]})
-    info = pd.Series([None, None, json.dumps({"name": "tiny-int4"})])
-    assert store.model_names(df, info) == ["tiny", "tiny-int4", "tiny-int4"]
+def test_a_presets_points_are_named_by_their_config_failed_and_older_ones_too():
+    """A failed point has no model record, and an int4 point from before int4 had a name of its own recorded "tiny":
+    a preset's name comes from the config, int4 included, so each sits with its own model's points in the report.
+    A folder's is its record's."""
+    df = pd.DataFrame({"model": ["tiny", "tiny", "tiny", "/x/builder-out"], "int4": [False, True, True, False]})
+    info = pd.Series([None, None, json.dumps({"name": "tiny"}), json.dumps({"name": "qwen-mini"})])
+    assert store.model_names(df, info) == ["tiny", "tiny-int4", "tiny-int4", "qwen-mini"]
 
 
 def test_a_sweep_over_int4_calibrates_each_weight_form_apart(tmp_path, monkeypatch):
@@ -496,6 +497,31 @@ def test_a_sweep_over_int4_calibrates_each_weight_form_apart(tmp_path, monkeypat
         "tiny": ("tiny", False), "tiny-int4": ("tiny-int4", True)}
     assert sorted(commands) == [["calibrate", "--model", "tiny", "--threads", "1"],
                                 ["calibrate", "--model", "tiny", "--threads", "1", "--int4"]]
+
+
+def test_a_resumed_sweep_keeps_its_calibrations_and_gets_those_of_models_it_did_not_hold(tmp_path, monkeypatch, capsys):
+    """A sweep started on fp32 points, resumed with int4 points added: the fp32 calibration it started with stays
+    as it was (its points were predicted from it); tiny-int4's is added, so the new points have the sweep's too."""
+    from mtplab.experiment import calibrate
+    from mtplab.sweep import run as sweep_run
+
+    monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path / "cache"))
+    for int4 in (False, True):  # this machine's cached calibrations
+        path = calibrate.cache_path(key := calibrate.cache_key("tiny", 1, int4=int4))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "measured": "now"}))
+    monkeypatch.setattr(sweep_run, "_calibrate", lambda cmd: pytest.fail(f"measured {cmd}: both are cached"))
+    started = {"tiny": {"key": calibrate.cache_key("tiny", 1), "measured": "at the start", "model_spec": "tiny"}}
+    (tmp_path / "calibration.json").write_text(json.dumps(started))
+    spec = grid.parse({"name": "q", "defaults": {"model": "tiny", "tokens": 8, "threads": 1}, "int4": [False, True]})
+    sweep_run.calibrate_sweep(spec, tmp_path, threads=1, quiet=False)
+    written = json.loads((tmp_path / "calibration.json").read_text())
+    assert written["tiny"] == started["tiny"] and written["tiny-int4"]["measured"] == "now"
+    assert written["tiny-int4"]["source"] == "cached on this machine (--reuse-calibration), when the sweep was resumed"
+    assert "keeping the calibration it started with, adding tiny-int4 (models it did not hold)" in capsys.readouterr().err
+    before = (tmp_path / "calibration.json").read_text()
+    sweep_run.calibrate_sweep(spec, tmp_path, threads=1, quiet=True)  # resumed again: nothing to add, nothing written
+    assert (tmp_path / "calibration.json").read_text() == before
 
 
 def test_resume_refuses_a_spec_that_does_not_name_the_points_the_sweep_holds(tmp_path):

@@ -13,7 +13,7 @@ from mtplab.experiment.config import BACKENDS, RunConfig
 def _model_build(args) -> int:
     from mtplab.base.files import output_folder_problem
     from mtplab.base.threads import use_global_pool
-    from mtplab.model import build_model, preset
+    from mtplab.model import build_model, preset_config
 
     if args.out is not None and (problem := output_folder_problem("--out", args.out)):
         print(f"mtplab model build: {problem}", file=sys.stderr)
@@ -21,8 +21,7 @@ def _model_build(args) -> int:
     if args.own_process:  # the build's reference runs thousands of forwards alone: one pool, spinning as default
         use_global_pool(0)
     try:
-        cfg = preset(args.preset, weight_format="int4" if args.int4 else "fp32", dtype=args.dtype)
-        art = build_model(cfg, out=args.out, force=args.force)
+        art = build_model(preset_config(args.preset, args.int4, args.dtype), out=args.out, force=args.force)
     except ValueError as err:
         print(f"mtplab model build: {err}", file=sys.stderr)
         return 2
@@ -50,7 +49,7 @@ def _export_genai(args) -> int:
     from mtplab.base.files import output_folder_problem
     from mtplab.experiment.genai_export import export_genai
     from mtplab.experiment.genai_runner import require_genai
-    from mtplab.model import build_model, preset
+    from mtplab.model import build_model, preset_config
 
     try:
         require_genai()
@@ -59,7 +58,7 @@ def _export_genai(args) -> int:
     except ValueError as err:
         print(f"mtplab model export-genai: {err}", file=sys.stderr)
         return 2
-    art = build_model(preset(args.preset, weight_format="int4" if args.int4 else "fp32"))
+    art = build_model(preset_config(args.preset, args.int4))
     print(export_genai(art, args.out))
     return 0
 
@@ -223,7 +222,6 @@ def _calibrate(args) -> int:
     from mtplab.base.files import output_file_problem, write_atomic
     from mtplab.base.threads import threads_used
     from mtplab.experiment.calibrate import REPEATS, cache_key, cache_path, format_table, measure
-    from mtplab.experiment.config import field_problem
     from mtplab.measure.result import dumps
 
     given, problems = given_options(args)
@@ -231,7 +229,8 @@ def _calibrate(args) -> int:
         problems.append(problem)
     values = config.defaults() | given
     model, threads, batch, int4 = values["model"], values["threads"], values["batch"], values["int4"]
-    problems += [as_options(p) for name in ("model", "threads", "batch", "int4") if (p := field_problem(name, [values[name]]))]
+    # as a run of these would be refused (a bad value; int4 with a folder), the other fields at their defaults
+    problems += [as_options(p) for p in config.run_problems({"model": model, "threads": threads, "batch": batch, "int4": int4})]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
     if problems:

@@ -21,8 +21,8 @@ from mtplab.engine.acceptance import top2_margin_xp
 from mtplab.engine.drafters import Drafter, MtpDrafter
 from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
-from mtplab.model import PRESETS, build_model, preset
-from mtplab.model.config import capacity_problem, k_problem, preset_name
+from mtplab.model import PRESETS, build_model, preset_config
+from mtplab.model.config import capacity_problem, k_problem
 from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, backend_problem, device_for
@@ -73,8 +73,7 @@ def model_for(run: RunConfig):
             "(the 1.30 and 1.31 CPU wheels hold its schema only): install onnxruntime>=1.32, or run --backend cuda "
             "with onnxruntime-gpu"
         )
-    cfg = preset(spec, weight_format="int4" if run.int4 else "fp32", dtype="fp16" if run.backend == "cuda" else "fp32")
-    return build_model(cfg.replace(name=preset_name(spec, run.int4)))
+    return build_model(preset_config(spec, run.int4, dtype="fp16" if run.backend == "cuda" else "fp32"))
 
 
 class Engine:

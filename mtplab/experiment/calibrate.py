@@ -53,9 +53,9 @@ FORWARD_SAMPLES = 5
 def model_hash(model: str, int4: bool = False) -> str:
     """A preset's config hash (its int4 form's with int4), or a folder's content hash (its graphs and config)."""
     if model in PRESETS:
-        from mtplab.model import preset as model_preset
+        from mtplab.model import preset_config
 
-        return model_preset(model, weight_format="int4" if int4 else "fp32").config_hash()
+        return preset_config(model, int4).config_hash()
     from mtplab.model.folders import open_model
 
     return open_model(model).identity()["hash"]

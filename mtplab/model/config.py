@@ -238,6 +238,12 @@ def preset_name(name: str, int4: bool = False) -> str:
     return f"{name}-int4" if int4 else name
 
 
+def preset_config(name: str, int4: bool = False, dtype: str = "fp32") -> ModelConfig:
+    """A preset as the model a run builds: int4 or fp32 weights, activations in `dtype`, named as that model
+    ("tiny-int4": the same name in results, calibrations and the model cache)."""
+    return preset(name, weight_format="int4" if int4 else "fp32", dtype=dtype).replace(name=preset_name(name, int4))
+
+
 def capacity_problem(prompt_len: int, tokens: int, k: int, capacity: int, what: str) -> str | None:
     """Why a run's prompt, tokens and verify headroom 2*(k+1) do not fit a KV capacity (`what` names it), or None."""
     headroom = 2 * (k + 1)

@@ -208,59 +208,55 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
 def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: bool = False) -> None:
     """The cost model's calibration for every CPU mtplab model of the sweep, on the points' threads, written to
     calibration.json beside the sweep (the points read it there): measured now when `fresh` or when this
-    machine has none cached, else the cached one; each says which (`source`). A resumed sweep keeps its own.
+    machine has none cached, else the cached one; each says which (`source`). A resumed sweep keeps the ones it
+    started with, and gets those of models it did not hold yet (a grid grown by the resume), so that every point
+    is predicted from the sweep's calibration.
     """
+    from mtplab.experiment.batch_calibrate import batch_key
     from mtplab.experiment.calibrate import cache_key, cache_path
     from mtplab.experiment.config import model_name
 
-    target = sweep_dir / "calibration.json"
-    if target.exists():  # a resumed sweep: its points so far were predicted from this one
-        if not quiet:
-            print(f"sweep {sweep_dir.name}: keeping the calibration it started with", file=sys.stderr)
-        return
+    target, target_batched = sweep_dir / "calibration.json", sweep_dir / "calibration_batch.json"
+    resumed = target.exists()  # its points so far were predicted from this one
+    calibrations = json.loads(target.read_text()) if resumed else {}
+    batched = json.loads(target_batched.read_text()) if resumed and target_batched.exists() else {}
+    held = set(calibrations) | set(batched)
     cpu = [p.run for p in spec.points if p.run.engine == "mtplab" and p.run.backend == "cpu"]
-    # (model, int4, threads): a preset's int4 form is a model of its own, calibrated apart ("tiny-int4")
-    wanted = sorted({(r.model, r.int4, r.threads or threads) for r in cpu},
-                    key=lambda pt: (pt[0], pt[1], pt[2] != threads, pt[2]))
-    if not wanted:
-        return
-    calibrations = {}
-    for spec_, int4, n in wanted:  # the sweep's threads first: calibration.json keeps one per model
-        name = model_name(spec_, int4)
-        if name in calibrations:
+    # (model, int4, threads, batch): a preset's int4 form is a model of its own, calibrated apart ("tiny-int4");
+    # calibration.json keeps one per model (the sweep's threads first), calibration_batch.json one per model and B > 1
+    wanted = sorted({(r.model, r.int4, r.threads or threads, 1) for r in cpu}
+                    | {(r.model, r.int4, r.threads or threads, r.batch) for r in cpu if r.batch > 1},
+                    key=lambda pt: (pt[0], pt[1], pt[3], pt[2] != threads, pt[2]))
+    for spec_, int4, n, B in wanted:
+        name = model_name(spec_, int4) + (f"/{B}" if B > 1 else "")
+        into = calibrations if B == 1 else batched
+        if name in into:
             continue
-        path = cache_path(cache_key(spec_, n, int4=int4))
+        path = cache_path(cache_key(spec_, n, int4=int4) if B == 1 else batch_key(spec_, n, B, int4=int4))
         measure = fresh or not path.exists()
         if measure:  # in a process of its own: the sweep process runs no onnxruntime session
             if not quiet:
-                print(f"sweep {sweep_dir.name}: measuring the calibration of {name} on {n} threads", file=sys.stderr)
+                print(f"sweep {sweep_dir.name}: measuring the calibration of {name}" + (f" (batch {B})" if B > 1 else "")
+                      + f" on {n} threads", file=sys.stderr)
             _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n),
-                        *(["--int4"] if int4 else [])])
+                        *(["--batch", str(B)] if B > 1 else []), *(["--int4"] if int4 else [])])
         calib = json.loads(path.read_text())
         calib["source"] = "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"
-        calib["model_spec"], calib["int4"] = spec_, int4
-        calibrations[name] = calib
-    batched = {}  # the cost model at each batch B > 1 the sweep runs: calibration_batch.json, by "model/B"
-    for spec_, int4, n, B in sorted({(r.model, r.int4, r.threads or threads, r.batch) for r in cpu if r.batch > 1},
-                                    key=lambda pt: (pt[0], pt[1], pt[3], pt[2] != threads, pt[2])):  # its threads first
-        name = f"{model_name(spec_, int4)}/{B}"
-        if name in batched:
-            continue
-        from mtplab.experiment.batch_calibrate import batch_key
-
-        path = cache_path(batch_key(spec_, n, B, int4=int4))
-        measure = fresh or not path.exists()
-        if measure:
-            if not quiet:
-                print(f"sweep {sweep_dir.name}: measuring the calibration of {name} (batch {B}) on {n} threads",
-                      file=sys.stderr)
-            _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--model", spec_, "--threads", str(n), "--batch", str(B),
-                        *(["--int4"] if int4 else [])])
-        batched[name] = json.loads(path.read_text()) | {
-            "source": "measured at the sweep's start" if measure else "cached on this machine (--reuse-calibration)"}
+        if resumed:
+            calib["source"] += ", when the sweep was resumed"
+        if B == 1:
+            calib["model_spec"], calib["int4"] = spec_, int4
+        into[name] = calib
+    added = sorted((set(calibrations) | set(batched)) - held)
+    if resumed and not quiet:
+        print(f"sweep {sweep_dir.name}: keeping the calibration it started with"
+              + (f", adding {', '.join(added)} (models it did not hold)" if added else ""), file=sys.stderr)
+    if resumed and not added:
+        return
     if batched:  # written first: calibration.json's presence marks the sweep's calibration as complete
-        write_atomic(sweep_dir / "calibration_batch.json", dumps(batched, indent=1))
-    write_atomic(target, dumps(calibrations, indent=1))
+        write_atomic(target_batched, dumps(batched, indent=1))
+    if calibrations or resumed:
+        write_atomic(target, dumps(calibrations, indent=1))
 
 
 def _calibrate(cmd: list[str]) -> None:

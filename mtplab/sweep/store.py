@@ -201,17 +201,18 @@ def load(sweep_dir: str | Path) -> pd.DataFrame:
 
 
 def model_names(df: pd.DataFrame, info: pd.Series) -> list[str]:
-    """Each row's model by name (a preset's, or a builder folder's), failed points included."""
+    """Each row's model by name (a preset's, from its config: "tiny-int4" for its int4 form, whatever a result from
+    before that name recorded; or a builder folder's, as its result recorded it), failed points included."""
     from mtplab.experiment.config import model_name
+    from mtplab.model.config import PRESETS
 
     named = [json.loads(v).get("name") if isinstance(v, str) and v.startswith("{") else None for v in info]
     spec = df["model"] if "model" in df else pd.Series([""] * len(df), index=df.index)
     preset = df["preset"] if "preset" in df else pd.Series([""] * len(df), index=df.index)
     int4 = df["int4"].fillna(False) if "int4" in df else pd.Series([False] * len(df), index=df.index)
-    return [
-        n if isinstance(n, str) and n else model_name(m if isinstance(m, str) and m else str(p), bool(q))
-        for n, m, p, q in zip(named, spec, preset, int4)
-    ]
+    specs = [m if isinstance(m, str) and m else str(p) for m, p in zip(spec, preset)]
+    return [model_name(s, bool(q)) if s in PRESETS else n if isinstance(n, str) and n else model_name(s)
+            for n, s, q in zip(named, specs, int4)]
 
 
 def write_index(results_root: str | Path) -> Path:
