@@ -39,9 +39,17 @@ def test_smoke_sweep_writes_one_row_per_point(smoke):
     assert {"speedup", "slots.verify.replays", "theory.speedup", "config.k"} <= set(df.columns)
     s = json.loads((smoke / "sweep.json").read_text())
     assert (s["ok"], s["failed"], s["points"]) == (len(spec.points), 0, len(spec.points))
+    ran = sorted({int(t) for t in df["config.threads"]})  # what the points ran, as the header tells it
+    assert s["threads_per_point"] == (ran[0] if len(ran) == 1 else ran)
     for p in spec.points:
         point = smoke / "points" / p.id
         assert {"result.json", "run_point.ipynb", "point.png"} <= {f.name for f in point.iterdir()}
+
+
+def test_the_reports_thread_line_names_every_count_points_ran_with():
+    from mtplab.report.provenance import threads_text
+
+    assert (threads_text(1), threads_text(2), threads_text([1, 2])) == ("1 ORT thread", "2 ORT threads", "1 or 2 ORT threads")
 
 
 def test_report_html_embeds_the_figures(smoke):

@@ -46,6 +46,11 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+def threads_text(per_point) -> str:
+    """sweep.json's threads_per_point in words: one count, or the counts points of the sweep ran with."""
+    return plural(per_point, "ORT thread") if isinstance(per_point, int) else f"{' or '.join(map(str, per_point))} ORT threads"
+
+
 def fixed_and_varied(df: pd.DataFrame) -> tuple[dict, dict]:
     """Parameters with one value over every point (fixed) and those with several (varied, sorted values)."""
     fixed, varied = {}, {}
@@ -115,7 +120,7 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
                         f"{_rounds(df)} paired greedy/speculative rounds"),
         _row(
             "threads",
-            f"{plural(sweep['workers'], 'point')} at a time x {plural(sweep['threads_per_point'], 'ORT thread')} each "
+            f"{plural(sweep['workers'], 'point')} at a time x {threads_text(sweep['threads_per_point'])} each "
             f"({sweep.get('executor', 'local')} executor)",
         ),
         _row("versions", html.escape(versions) + f", git {html.escape(str(env.get('git_revision') or 'n/a'))}"),

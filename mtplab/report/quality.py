@@ -118,7 +118,8 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
     load = [sweep.get("load_start"), sweep.get("load_end")]
     if None not in load:
         lines.append(f"- 1-minute load average at the start {load[0]}, at the end {load[1]}.")
-    lines.append(f"- Threads per point: {sweep.get('threads_per_point', 'unknown')}.")
+    per_point = sweep.get("threads_per_point", "unknown")
+    lines.append(f"- Threads per point: {' or '.join(map(str, per_point)) if isinstance(per_point, list) else per_point}.")
     checks = sweep.get("calibration_check") or {}
     for name, calib in calibration.items():
         lines.extend(calibration_lines(name, calib, checks.get(name)))

@@ -30,6 +30,7 @@ from mtplab.measure.env import environment
 from mtplab.measure.result import dumps
 from mtplab.sweep import grid, store
 from mtplab.sweep.kernel import ensure_kernel
+from mtplab.sweep.point_exec import point_run
 from mtplab.sweep.pool import EXECUTORS, make_pool
 
 LOCK = ".sweep.lock"
@@ -142,11 +143,12 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
     quarantine_corrupt(spec, points_dir)
     done = {p.name for p in store.point_folders(points_dir) if (p / store.RESULT).exists()}
     todo = [p for p in spec.points if p.id not in done]
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = max(1, (os.cpu_count() or 1) // workers)  # a point's, unless its spec sets them
+    used = sorted({point_run(p, threads).threads for p in spec.points})
     if not quiet:
         print(
             f"sweep {sweep_dir.name}: {len(todo)} of {len(spec.points)} points to run, {workers} at a time with "
-            f"{threads} thread(s) each" + (" (one at a time: timings you can trust)" if workers == 1 else ""),
+            f"{' or '.join(map(str, used))} thread(s) each" + (" (one at a time: timings you can trust)" if workers == 1 else ""),
             file=sys.stderr,
         )
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -194,7 +196,7 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
         "wall_seconds": round(time.perf_counter() - t0, 1),
         "executor": executor,
         "workers": workers,
-        "threads_per_point": threads,
+        "threads_per_point": used[0] if len(used) == 1 else used,  # what the points ran (the spec's, else the sweep's)
         "load_start": round(load_start, 2),
         "load_end": round(os.getloadavg()[0], 2),
         "calibration_check": recheck_calibration(sweep_dir) if todo else previous_check(sweep_dir),
