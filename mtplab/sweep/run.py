@@ -214,7 +214,6 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
     started with, and gets those of models it did not hold yet (a grid grown by the resume), so that every point
     is predicted from the sweep's calibration.
     """
-    from mtplab.experiment.batch_calibrate import batch_key
     from mtplab.experiment.calibrate import cache_key, cache_path
     from mtplab.experiment.config import model_name
 
@@ -234,7 +233,12 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
         into = calibrations if B == 1 else batched
         if name in into:
             continue
-        path = cache_path(cache_key(spec_, n, int4=int4) if B == 1 else batch_key(spec_, n, B, int4=int4))
+        if B == 1:
+            path = cache_path(cache_key(spec_, n, int4=int4))
+        else:  # the engine's import only for a batch sweep: the sweep process runs no onnxruntime session
+            from mtplab.experiment.batch_calibrate import batch_key
+
+            path = cache_path(batch_key(spec_, n, B, int4=int4))
         measure = fresh or not path.exists()
         if measure:  # in a process of its own: the sweep process runs no onnxruntime session
             if not quiet:
