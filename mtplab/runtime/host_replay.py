@@ -11,8 +11,10 @@ few thousand floats. numpy's closed form (replay_transitions_closed) is a dozen 
 inside a step, after an onnxruntime run has evicted the interpreter's working set, each costs two to four times its
 isolated time: 50 us per commit on tiny at k=3, an eighth of the step. One compiled call per layer and kind costs
 a few microseconds, and on the larger presets' states it is still faster than the closed form, hot: 6x at one
-token, 2x at four, even at eight (benchmarks/select_update.py). Compiled once per machine and cached beside this module (numba's cache=True), or in the user's cache
-folder; where neither can be written (a read-only install, no writable home), compiled once per process.
+token, 2x at four, even at eight (benchmarks/select_update.py).
+
+Compiled once per machine and cached beside this module (numba's cache=True), or in the user's cache folder;
+where neither can be written (a read-only install, no writable home), compiled once per process.
 """
 
 from __future__ import annotations
