@@ -23,7 +23,7 @@ from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset_config
 from mtplab.model.config import capacity_problem, k_problem
-from mtplab.model.description import length_feeds
+from mtplab.model.description import beyond_capacity, length_feeds
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, backend_problem, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
@@ -261,7 +261,7 @@ class Engine:
         """
         xp, capacity = self.xp, self.desc.capacity
         if len(prompt) + n - 1 > capacity:
-            raise ValueError(f"sequence would reach {len(prompt) + n - 1} tokens, beyond the KV capacity {capacity}")
+            raise beyond_capacity(len(prompt) + n - 1, capacity)
         out = self.start(prompt)
         row = out["logits"][0, -1]
         tokens, rows = [self.acceptance.token(xp, row)], [row.copy()][:keep_logits]

@@ -181,6 +181,12 @@ class ModelDescription:
         return f"{len(self.layer_kinds) or attn + lin} layers = {lin} linear-attention ({', '.join(ops)}) + {attn} attention"
 
 
+def beyond_capacity(reach: int, capacity: int) -> ValueError:
+    """The refusal of a forward whose sequence would reach `reach` tokens, over the KV capacity (raised by whoever
+    checks, before any run)."""
+    return ValueError(f"sequence would reach {reach} tokens, beyond the KV capacity {capacity}")
+
+
 def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = None) -> dict[str, np.ndarray]:
     """Feeds that tell a graph the M new tokens sit at positions length..length+M-1.
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from mtplab.base.threads import session_options
 from mtplab.model.config import ModelConfig
-from mtplab.model.description import ModelDescription, describe_builtin
+from mtplab.model.description import ModelDescription, beyond_capacity, describe_builtin
 
 
 class Stepper:
@@ -67,7 +67,7 @@ class Stepper:
         ids = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
         M = ids.shape[1]
         if self.length + M > desc.capacity:
-            raise ValueError(f"sequence would reach {self.length + M} tokens, beyond the KV capacity {desc.capacity}")
+            raise beyond_capacity(self.length + M, desc.capacity)
         total = self.length + M if self.growing else desc.capacity
         feeds = {io.input_ids: ids, **own_feeds(self.declared, self.length, M, total)}
         for kv in io.kv:

@@ -13,6 +13,7 @@ from mtplab.experiment.config import defaults
 from mtplab.measure import theory
 from mtplab.measure.stats import STABLE_HALF_WIDTH
 from mtplab.report.plots import _k_color
+from mtplab.report.provenance import threads_text
 from mtplab.report.selection import parse_json, ran, set_acceptance
 from mtplab.report.tables import ci_pair
 
@@ -118,8 +119,8 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
     load = [sweep.get("load_start"), sweep.get("load_end")]
     if None not in load:
         lines.append(f"- 1-minute load average at the start {load[0]}, at the end {load[1]}.")
-    per_point = sweep.get("threads_per_point", "unknown")
-    lines.append(f"- Threads per point: {' or '.join(map(str, per_point)) if isinstance(per_point, list) else per_point}.")
+    per_point = sweep.get("threads_per_point")
+    lines.append(f"- Threads per point: {'unknown' if per_point is None else threads_text(per_point)}.")
     checks = sweep.get("calibration_check") or {}
     for name, calib in calibration.items():
         lines.extend(calibration_lines(name, calib, checks.get(name)))

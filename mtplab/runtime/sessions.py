@@ -19,7 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from mtplab.base.threads import session_options
-from mtplab.model.description import ModelDescription, StateTensor, length_feeds
+from mtplab.model.description import ModelDescription, StateTensor, beyond_capacity, length_feeds
 from mtplab.model.onnx_read import failing_op
 from mtplab.runtime.arena import Arena, address, to_numpy
 from mtplab.runtime.signature import OutputSpec
@@ -307,7 +307,7 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     length = st.length if st.lengths is None else st.lengths
     longest = length if type(length) is int else int(np.max(length))
     if longest + M > desc.capacity:
-        raise ValueError(f"sequence would reach {longest + M} tokens, beyond the KV capacity {desc.capacity}")
+        raise beyond_capacity(longest + M, desc.capacity)
     # Outputs, bindings and the feeds' arrays depend only on M, the mode and the state's buffers: the token ids and
     # the length feeds are rewritten in place (host tokens; a device array is fed as it is).
     outputs, bound, feeds = st.fixed((io.path, M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)

@@ -261,7 +261,7 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
         return
     if batched:  # written first: calibration.json's presence marks the sweep's calibration as complete
         write_atomic(target_batched, dumps(batched, indent=1))
-    if calibrations or resumed:
+    if calibrations:
         write_atomic(target, dumps(calibrations, indent=1))
 
 
