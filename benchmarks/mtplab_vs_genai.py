@@ -2,7 +2,8 @@
 
 Greedy tokens/s (mtplab's Primary plan replays vs og.Generator) and MTP tokens/s at k = 1..4 with
 the real head (mtplab's `select` commit on both schedules vs og.MtpGenerator), every output checked
-against greedy. Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
+against greedy. Beside greedy, its captured plan replayed n - 1 times in a bare loop (no token, length or
+bookkeeping work, one position): the ceiling of any host loop on this forward. Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
 drift cancels out. Both engines run on the same intra-op threads (genai through genai_config
 session_options), both generators are warmed up, and every run counts the n - 1 tokens after the
 prefill's token, timed from after the prefill (mtplab.measure.rounds's rates).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from mtplab.base.threads import thread_pool, use_global_pool
 from mtplab.engine.engine import Engine, model_for, prompt_tokens
@@ -26,6 +28,9 @@ from mtplab.experiment.genai_point import exported
 from mtplab.experiment.genai_runner import GenaiPeer
 from mtplab.measure import rounds as measure
 from mtplab.measure.stats import summarize
+from mtplab.runtime.executor import Slot
+
+BARE = "greedy bare plan replay"
 
 
 def main() -> None:
@@ -64,9 +69,14 @@ def main() -> None:
         rates.setdefault(name, []).append(measure.tokens_per_s(tokens, n, seconds))
         identical[name] = identical.get(name, True) and tokens[: len(reference)] == reference[: len(tokens)]
 
+    plan = greedy_engine.target.state[Slot.PRIMARY].plan  # greedy's captured M=1 plan
     for _ in range(args.rounds):
         g = greedy_engine.greedy(prompt, n, margins=False)
         record("greedy mtplab", g.tokens, g.seconds)
+        t0 = time.perf_counter()
+        for _ in range(n - 1):  # the same plan replayed n - 1 times, nothing else: no host loop can be faster
+            plan.run()
+        rates.setdefault(BARE, []).append((n - 1) / (time.perf_counter() - t0))
         tokens, seconds = peer.greedy(prompt, n)
         record("greedy genai", tokens, seconds)
         for k in args.ks:
@@ -80,7 +90,7 @@ def main() -> None:
     print(f"{'run':34} {'tok/s':>8} {'95% CI':>16} {'identical':>10}")
     for name, s in med.items():
         lo, hi = s["ci"]
-        print(f"{name:34} {s['median']:8.1f} [{lo:6.1f}, {hi:6.1f}] {str(identical[name]):>10}")
+        print(f"{name:34} {s['median']:8.1f} [{lo:6.1f}, {hi:6.1f}] {str(identical.get(name, '-')):>10}")
 
     ratios = {}
 
@@ -89,6 +99,7 @@ def main() -> None:
         return f"{r['median']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
 
     print(f"\ngreedy mtplab / genai: {ratio('greedy', 'greedy mtplab', 'greedy genai')}")
+    print(f"greedy's bare plan replay / genai (the most a host loop could reach): {ratio('bare', BARE, 'greedy genai')}")
     for k in args.ks:
         for sched in ("decode-verify", "fused"):
             text = ratio(f"mtp k={k} {sched}", f"mtp k={k} mtplab {sched}", f"mtp k={k} genai")

@@ -90,7 +90,7 @@ def test_a_dropped_last_token_in_the_batched_readvance_is_caught_where_it_first_
     real = Engine.forward
 
     def forward(self, slot, tokens, in_place=True, eager=False, label=None):
-        if slot is Slot.PRIMARY and label is None and len(tokens) > 1:
+        if slot is Slot.PRIMARY and label is None and np.size(tokens) > 1:
             tokens = tokens[:-1]
         return real(self, slot, tokens, in_place, eager, label)
 
@@ -196,18 +196,34 @@ def test_a_zeroed_gdn_state_before_each_forward_shows_in_the_tokens(tiny, clean,
 
 @pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
 def test_a_nan_in_one_verify_logit_is_reported_where_it_was_first_seen(tiny, schedule, monkeypatch):
-    real = Executor.run
+    real_run, real_replayer = Executor.run, Executor.replayer
     verifies = []
 
-    def run(self, slot, feeds, outputs, bound):
-        out = real(self, slot, feeds, outputs, bound)
+    def poison(slot, out):  # the third verify's last logits row gets an inf
         if slot is Slot.VERIFY:
             verifies.append(1)
             if len(verifies) == 3:
                 out["logits"][0, -1, 5] = np.inf
+
+    def run(self, slot, feeds, outputs, bound):
+        out = real_run(self, slot, feeds, outputs, bound)
+        poison(slot, out)
         return out
 
+    def replayer(self, slot, feeds, outputs, bound):  # the forwards a hot loop replays
+        replay = real_replayer(self, slot, feeds, outputs, bound)
+
+        def go():
+            seen = len(verifies)
+            out = replay()
+            if len(verifies) == seen:  # not poisoned by run() already (the replayer's full path)
+                poison(slot, out)
+            return out
+
+        return go
+
     monkeypatch.setattr(Executor, "run", run)
+    monkeypatch.setattr(Executor, "replayer", replayer)
     r = _run(tiny, "select", schedule)
     bad = r.identity["non_finite"]
     assert bad is not None and (bad["run"], bad["tensor"], bad["forward"]) == ("speculative", "logits", 4 if schedule == "fused" else 7)
@@ -238,23 +254,22 @@ def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_ind
 
 @pytest.mark.parametrize("commit", ["select", "readvance-batched"])
 def test_a_verify_writing_its_kv_one_row_late_in_a_few_steps_is_caught_in_the_kv(tiny, commit, monkeypatch):
-    from mtplab.runtime import sessions as runtime
+    real_verify, real_lengths, verifies, late = Engine.verify, engine_mod.length_feeds, [], []
 
-    real, verifies = runtime.target_io, []
+    def verify(self, first, drafts):
+        verifies.append(1)
+        if len(verifies) in (1, 2):
+            late.append(1)
+        try:
+            return real_verify(self, first, drafts)
+        finally:
+            late.clear()
 
-    def late(desc, st, tokens, in_place=True):
-        if tokens.size > 1 and not in_place or (commit != "select" and tokens.size == 4):
-            verifies.append(1)
-            if len(verifies) in (3, 5):
-                st.length += 1
-                try:
-                    return real(desc, st, tokens, in_place)
-                finally:
-                    st.length -= 1
-        return real(desc, st, tokens, in_place)
+    def lengths(io, length, M, total, into=None):  # the engine's forwards' lengths: the verify's one too far
+        return real_lengths(io, length + 1 if late else length, M, total, into)
 
-    monkeypatch.setattr(runtime, "target_io", late)
-    monkeypatch.setattr(engine_mod, "target_io", late)
+    monkeypatch.setattr(Engine, "verify", verify)
+    monkeypatch.setattr(engine_mod, "length_feeds", lengths)
     r = _run(tiny, commit)
     _failed(r)
     first = r.identity["state_first_divergence"]

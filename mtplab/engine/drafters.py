@@ -19,7 +19,7 @@ from mtplab.base.names import canonical
 from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.mixture import MixtureDrafter
 from mtplab.engine.strategies import DRAFTERS
-from mtplab.model.description import ModelDescription
+from mtplab.model.description import ModelDescription, length_feeds
 from mtplab.runtime.arena import array_module
 from mtplab.runtime.executor import Executor, Slot
 from mtplab.runtime.sessions import MtpState, mtp_io, refused_run
@@ -37,6 +37,7 @@ class MtpDrafter:
                  choose=GREEDY_MATCH.draft_token):
         self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
         self.choose = choose  # the acceptance rule's draft_token(xp, row)
+        self._hot = None  # (mtp_io's M=1 feeds, the head's replayer on them, their token ids): _draft_on_host
 
     def prefill(self, tokens: list[int], hidden) -> None:
         """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j."""
@@ -59,6 +60,9 @@ class MtpDrafter:
         pick = self.choose
         drafts = xp.empty(k, dtype=np.int64)
         token = first
+        if xp is np and self.state.batch == 1:  # host tokens: the step's feeds rewritten in place, replayed
+            self._draft_on_host(token, hidden, position, drafts)
+            return drafts
         for i in range(k):
             feeds, outputs, bound = mtp_io(self.desc, self.state, token, hidden, position + i)
             out = self.executor.run(Slot.PRIMARY, feeds, outputs, bound)
@@ -67,6 +71,28 @@ class MtpDrafter:
             hidden = out[io.hidden][0, 0]
             drafts[i] = token
         return drafts
+
+    def _draft_on_host(self, token, hidden, position: int, drafts: np.ndarray) -> None:
+        """draft()'s head steps on the host: mtp_io's M=1 feeds, built once, rewritten in place before each step
+        (token, hidden state, lengths), and the head's replayer on them (it decides as Executor.run does)."""
+        desc, io, pick = self.desc, self.desc.mtp, self.choose
+        feeds, outputs, bound = mtp_io(desc, self.state, token, hidden, position)
+        hot = self._hot
+        if hot is None or hot[0] is not feeds:  # mtp_io's feeds for M=1 are one object while the KV buffers stay
+            hot = self._hot = (feeds, self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound), feeds[io.input_ids])
+        _, run, ids = hot
+        capacity, name, shape, dtype = desc.capacity, io.hidden_input, (1, 1, desc.hidden_size), desc.target.hidden_type
+        k = drafts.shape[0]
+        for i in range(k):
+            if i:
+                ids[...] = token
+                length_feeds(io, position + i, 1, capacity, feeds)
+                feeds[name] = hidden.astype(dtype, copy=False).reshape(shape)
+            out = run()
+            token = pick(np, out[io.logits][0, 0])
+            hidden = out[io.hidden][0, 0]
+            drafts[i] = token
+        self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + k
 
 
 class OracleDrafter:

@@ -13,7 +13,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -23,12 +23,12 @@ from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset_config
 from mtplab.model.config import capacity_problem, k_problem
-from mtplab.model.description import beyond_capacity, length_feeds
+from mtplab.model.description import GraphIO, beyond_capacity, length_feeds
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, backend_problem, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
 from mtplab.runtime.policy import policy, presize, slot_memory
-from mtplab.runtime.sessions import MtpState, TargetState, mtp_io, refused_run, target_io
+from mtplab.runtime.sessions import MtpState, TargetState, fixed_io, mtp_io, refused_run, target_io
 
 if TYPE_CHECKING:  # the config sits above the engine: the engine reads its fields only
     from mtplab.experiment.config import RunConfig
@@ -42,6 +42,36 @@ class Greedy:
     decodes: int
     logits: list[np.ndarray] = field(default_factory=list)
     started: float = float("nan")  # perf_counter when the timed window opened
+
+
+class HotForward(NamedTuple):
+    """A target forward of M host tokens on one slot and mode, prepared while the state's buffers stay (`layout`):
+    the feeds target_io keeps (the token ids and the length feeds rewritten per run), the slot's replayer on them
+    (it decides as Executor.run does), the carries an in-place run makes, and the counter's name."""
+
+    layout: int
+    io: GraphIO
+    feeds: dict
+    ids: np.ndarray
+    run: Callable[[], dict]
+    carries: tuple
+    key: str
+
+
+def host_count(tokens, batch: int) -> int:
+    """M for host tokens a forward writes straight into its token ids (an int, a list or tuple of ints at batch 1,
+    a numpy array [M] at batch 1 or [batch, M]); 0 for anything else (a device array, a wrong count), which
+    target_io takes or refuses."""
+    kind = type(tokens)
+    if kind is np.ndarray:
+        if tokens.ndim == 2 and tokens.shape[0] == batch or tokens.ndim == 1 and batch == 1:
+            return tokens.shape[-1]
+        return 0
+    if batch != 1:
+        return 0
+    if kind is list or kind is tuple:
+        return len(tokens)
+    return 1 if kind is int or isinstance(tokens, np.integer) else 0
 
 
 def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
@@ -133,6 +163,7 @@ class Engine:
         self.prompt: list[int] = []  # the speculative generation in progress: its prompt and emitted tokens so far
         self.emitted: list[int] = []
         self._keys: dict[tuple, str] = {}  # forward counter names by (slot, label, M)
+        self._hot: dict[tuple, HotForward] = {}  # forward()'s prepared runs by (slot, M, in_place, label)
         io = desc.target
         self._roles = (io.logits, io.hidden) if (io.logits, io.hidden) != ("logits", "hidden") else ()
         self.watch = None  # the checked pass looks at every forward's outputs (lossless.Watch)
@@ -186,32 +217,59 @@ class Engine:
 
     # -- forwards ------------------------------------------------------------------------------
     def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:
-        """One target forward of `tokens` (ints, or a host or device array) at the current length.
+        """One target forward of `tokens` (an int, ints, or a host or device array) at the current length.
 
-        Returns the outputs by role: "logits", "hidden", and the graph's own names for the rest.
-        The caller advances the length.
+        Returns the outputs by role: "logits", "hidden", and the graph's own names for the rest: read them, never
+        change them (a replay returns the slot's own). The caller advances the length. Host tokens outside an
+        eager run take a path prepared once per slot, M and mode (HotForward); each run decides as Executor.run.
         """
         if self.first_forward is None:  # one clock read per forward on the common path (the end stamp below)
             self.first_forward = time.perf_counter()
-        if isinstance(tokens, list):
-            tokens = np.asarray(tokens, dtype=np.int64)
-        feeds, outputs, bound = target_io(self.primary_desc if slot is Slot.PRIMARY else self.desc, self.state, tokens,
-                                          in_place)
-        run = self.target.run_eager if eager else self.target.run
-        out = run(slot, feeds, outputs, bound)
-        if in_place:
-            self.state.carry()
+        state = self.state
+        M = 0 if eager else host_count(tokens, self.batch)
+        if M:  # host tokens, run from the slot's plan: the feeds and the replay prepared once
+            hot = self._hot.get((slot, M, in_place, label))
+            if hot is None or hot.layout != state.layout():
+                hot = self._hot[(slot, M, in_place, label)] = self._prepare_forward(slot, M, in_place, label)
+            length = state.length if state.lengths is None else state.lengths
+            longest = length if state.lengths is None else int(length.max())
+            if longest + M > self.desc.capacity:
+                raise beyond_capacity(longest + M, self.desc.capacity)
+            hot.ids[...] = tokens
+            length_feeds(hot.io, length, M, self.desc.capacity, hot.feeds)
+            out = hot.run()
+            for committed, present in hot.carries:
+                committed[...] = present
+            key = hot.key
+        else:
+            if isinstance(tokens, (list, tuple, int, np.integer)):
+                tokens = np.asarray(tokens, dtype=np.int64)
+            if tokens.ndim == 0:  # one token
+                tokens = tokens.reshape(1)
+            feeds, outputs, bound = target_io(self.primary_desc if slot is Slot.PRIMARY else self.desc, state, tokens,
+                                              in_place)
+            run = self.target.run_eager if eager else self.target.run
+            out = run(slot, feeds, outputs, bound)
+            if in_place:
+                state.carry()
+            key = self._key(slot, tokens.shape[-1], label)
         if self._roles:  # the graph names its outputs otherwise
             out = self._by_role(out)
-        M = tokens.shape[-1]
-        key = self._keys.get((slot, label, M))  # the per-forward path: the cached name, looked up inline
-        if key is None:
-            key = self._key(slot, M, label)
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:  # the position: a batch's longest row
             self.watch(key, self.state.length if self.batch == 1 else int(self.state.lengths.max()), out)
         self.last_forward = time.perf_counter()
         return out
+
+    def _prepare_forward(self, slot: Slot, M: int, in_place: bool, label: str | None) -> HotForward:
+        """forward()'s run of M host tokens on a slot and mode: target_io's feeds and the slot's replayer on them,
+        valid while the state's buffers stay."""
+        desc = self.primary_desc if slot is Slot.PRIMARY else self.desc
+        feeds, outputs, bound = fixed_io(desc, self.state, M, in_place)
+        io = desc.target
+        return HotForward(self.state.layout(), io, feeds, feeds[io.input_ids],
+                          self.target.replayer(slot, feeds, outputs, bound),
+                          tuple(self.state.carries()) if in_place else (), self._key(slot, M, label))
 
     def start(self, prompt: list[int]) -> dict:
         """A new generation: state and plans reset, the prompt prefilled (eager, untimed); the prefill's outputs."""
@@ -395,7 +453,7 @@ class Engine:
 
     def decode(self, token, hidden):
         """One M=1 decode of `token` on Slot.PRIMARY; its hidden state into `hidden`; its token (on the device)."""
-        out = self.forward(Slot.PRIMARY, [token])
+        out = self.forward(Slot.PRIMARY, token)
         self.state.length += 1
         hidden[...] = out["hidden"][0, 0]
         return self.acceptance.token(self.xp, out["logits"][0, 0])

@@ -308,11 +308,18 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     longest = length if type(length) is int else int(np.max(length))
     if longest + M > desc.capacity:
         raise beyond_capacity(longest + M, desc.capacity)
-    # Outputs, bindings and the feeds' arrays depend only on M, the mode and the state's buffers: the token ids and
-    # the length feeds are rewritten in place (host tokens; a device array is fed as it is).
-    outputs, bound, feeds = st.fixed((io.path, M, recurrent_in_place), _fixed_io, desc, st, M, recurrent_in_place)
+    feeds, outputs, bound = fixed_io(desc, st, M, recurrent_in_place)
     length_feeds(io, length, M, desc.capacity, feeds)
     return with_token_ids(feeds, io.input_ids, tokens, M, st.batch), outputs, bound
+
+
+def fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool = True) -> tuple[dict, Mapping, tuple]:
+    """target_io's (feeds, outputs, bound) for M tokens in a mode, made once while the state's buffers stay: outputs,
+    bindings and the feeds' arrays depend only on these. Whoever runs them rewrites the token ids and the length
+    feeds in place first (target_io does)."""
+    outputs, bound, feeds = st.fixed((desc.target.path, M, recurrent_in_place), _fixed_io, desc, st, M,
+                                     recurrent_in_place)
+    return feeds, outputs, bound
 
 
 def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool) -> tuple[Mapping, tuple, dict]:
