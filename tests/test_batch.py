@@ -37,7 +37,7 @@ def test_each_rows_greedy_is_its_own_batch_of_one(tiny, B):
 @pytest.mark.parametrize("commit", ["select", "readvance-m1", "readvance-batched"])
 @pytest.mark.parametrize("B", [2, 4])
 def test_every_commit_is_lossless_per_row(tiny, B, commit, schedule):
-    run = batch_run(B, commit, schedule)
+    run = batch_run(B, commit, schedule).replace(seed=1)  # a seed whose rows finish on different steps (asserted below)
     engine = Engine(run, tiny)
     checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)

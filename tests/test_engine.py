@@ -232,26 +232,3 @@ def test_a_forward_of_host_tokens_replays_and_a_replaced_state_buffer_is_caught_
     with pytest.raises(ValueError, match="beyond the KV capacity"):
         eng.forward(Slot.PRIMARY, 1)
 
-
-def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(tiny):
-    from mtplab.runtime.sessions import mtp_io
-
-    eng = Engine(RunConfig(model="tiny", k=4), tiny)
-    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
-    out = eng.start(prompt)
-    eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
-    kv = [a.copy() for a in eng.mtp_state.kv]
-    hidden = np.array(out["hidden"][0, -1])
-    drafts = eng.head.draft(3, hidden, 7, 4)  # prepared feeds and the head's replayer, on the host
-    drafts_again = eng.head.draft(3, hidden, 7, 4)  # from its plan now
-    after = [a.copy() for a in eng.mtp_state.kv]
-    for live, saved in zip(eng.mtp_state.kv, kv):
-        live[...] = saved
-    token, h, steps = 3, hidden, []
-    for i in range(4):  # each step through mtp_io and the executor's full path
-        out = eng.mtp.run(Slot.PRIMARY, *mtp_io(eng.desc, eng.mtp_state, token, h, 7 + i))
-        token, h = int(out["logits"][0, 0].argmax()), out["mtp_hidden"][0, 0]
-        steps.append(token)
-    assert drafts.tolist() == drafts_again.tolist() == steps
-    assert all(np.array_equal(a, b) for a, b in zip(after, eng.mtp_state.kv))
-    assert eng.forwards["mtp/M=1"] == 8 and eng.mtp.state[Slot.PRIMARY].replays >= 4

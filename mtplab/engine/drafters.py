@@ -100,33 +100,47 @@ class OracleDrafter:
 
     Performance-only, like SGLang's simulated acceptance: never judge accuracy with it. By default
     it still runs the MTP head so the draft cost is real; without a head (free drafts) it skips it.
+    Its random numbers are drawn in blocks of DRAWS drafts (the first at the prefill, untimed): draft j of a
+    generation is right when the j-th uniform is below alpha, else the reference token shifted by 1 + the j-th
+    of the offsets, uniform over 0..vocab-2 (every wrong token equally likely).
     """
+
+    DRAWS = 4096
 
     def __init__(self, reference: list[int], alpha: float, seed: int, vocab: int, head: MtpDrafter | None, xp=np):
         self.reference, self.alpha, self.vocab, self.head, self.xp = reference, alpha, vocab, head, xp
         digest = hashlib.sha256(f"oracle:{seed}:{alpha}".encode()).digest()
         self.rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         self.offset = 0
+        self.uniforms: list[float] = []
+        self.shifts: list[int] = []
+        self.used = 0
 
     def prefill(self, tokens: list[int], hidden) -> None:
         # tokens = prompt[1:] + [the prefill's token]: position p's next token is reference[p - offset + 1].
         self.offset = len(tokens)
+        self._draw()
         if self.head is not None:
             self.head.prefill(tokens, hidden)
+
+    def _draw(self) -> None:
+        """The next block of random numbers (the previous block's unused ones are dropped)."""
+        self.uniforms = self.rng.random(self.DRAWS).tolist()
+        self.shifts = (1 + self.rng.integers(self.vocab - 1, size=self.DRAWS)).tolist()
+        self.used = 0
 
     def draft(self, first, hidden, position: int, k: int):
         """Drafts for the reference tokens after `first` (at position + 1): right with probability alpha."""
         if self.head is not None:
             self.head.draft(first, hidden, position, k)
-        index = position - self.offset + 1  # where `first` sits in the reference
-        out = []
-        for i in range(1, k + 1):
-            ref = self.reference[index + i]
-            if self.rng.random() < self.alpha:
-                out.append(ref)
-            else:
-                out.append(int((ref + 1 + self.rng.integers(self.vocab - 1)) % self.vocab))
-        return self.xp.asarray(np.asarray(out, dtype=np.int64))
+        if self.used + k > len(self.uniforms):
+            self._draw()
+        j, self.used = self.used, self.used + k
+        index = position - self.offset + 2  # where the first draft's reference token sits
+        alpha, vocab, reference, uniforms, shifts = self.alpha, self.vocab, self.reference, self.uniforms, self.shifts
+        out = [ref if uniforms[j + i] < alpha else (ref + shifts[j + i]) % vocab
+               for i, ref in enumerate(reference[index : index + k])]
+        return self.xp.asarray(np.array(out, dtype=np.int64))
 
 
 class DrafterKind:

@@ -64,8 +64,8 @@ def model_hash(model: str, int4: bool = False) -> str:
 REPEATS = 3  # what runs and sweeps use; another count is cached apart and never replaces it
 # Bumped when what a calibration measures changes (2: a builder folder's Primary slot runs the user's own graph;
 # 3: every cost a ratio to the T(1) timed beside it; 4: greedy's decodes through the executor's replayer;
-# 5: select's host update compiled).
-MEASURES = 5
+# 5: select's host update compiled; 6: forwards of host tokens and the head's draft steps on prepared feeds).
+MEASURES = 6
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:

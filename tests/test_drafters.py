@@ -1,0 +1,64 @@
+"""Drafters: the MTP head's chained steps, and the oracle's controlled acceptance."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtplab.engine.drafters import OracleDrafter
+from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.experiment.config import RunConfig
+from mtplab.runtime.executor import Slot
+
+
+def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(tiny):
+    from mtplab.runtime.sessions import mtp_io
+
+    eng = Engine(RunConfig(model="tiny", k=4), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    out = eng.start(prompt)
+    eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
+    kv = [a.copy() for a in eng.mtp_state.kv]
+    hidden = np.array(out["hidden"][0, -1])
+    drafts = eng.head.draft(3, hidden, 7, 4)  # prepared feeds and the head's replayer, on the host
+    drafts_again = eng.head.draft(3, hidden, 7, 4)  # from its plan now
+    after = [a.copy() for a in eng.mtp_state.kv]
+    for live, saved in zip(eng.mtp_state.kv, kv):
+        live[...] = saved
+    token, h, steps = 3, hidden, []
+    for i in range(4):  # each step through mtp_io and the executor's full path
+        out = eng.mtp.run(Slot.PRIMARY, *mtp_io(eng.desc, eng.mtp_state, token, h, 7 + i))
+        token, h = int(out["logits"][0, 0].argmax()), out["mtp_hidden"][0, 0]
+        steps.append(token)
+    assert drafts.tolist() == drafts_again.tolist() == steps
+    assert all(np.array_equal(a, b) for a, b in zip(after, eng.mtp_state.kv))
+    assert eng.forwards["mtp/M=1"] == 8 and eng.mtp.state[Slot.PRIMARY].replays >= 4
+
+
+def _oracle(seed: int = 0, alpha: float = 0.7, reference=None) -> OracleDrafter:
+    reference = reference if reference is not None else [int(t) for t in np.random.default_rng(9).integers(0, 50, 3000)]
+    oracle = OracleDrafter(reference, alpha, seed, 50, None)
+    oracle.prefill([0] * 8, None)  # position p's next token is reference[p - 7]
+    return oracle
+
+
+def test_the_oracle_drafts_right_at_its_alpha_and_wrong_uniformly_over_the_other_tokens():
+    oracle, k = _oracle(), 4
+    right, wrong_offsets = 0, []
+    for step in range(700):  # 2800 drafts: the prefill's block and a second one
+        position = 7 + step * k
+        drafts = oracle.draft(0, None, position, k).tolist()
+        truth = oracle.reference[position - 6 : position - 6 + k]
+        right += sum(d == t for d, t in zip(drafts, truth))
+        wrong_offsets += [(d - t) % 50 for d, t in zip(drafts, truth) if d != t]
+    n = 700 * k
+    assert abs(right / n - 0.7) < 4 * (0.7 * 0.3 / n) ** 0.5  # within 4 standard errors
+    assert 0 not in wrong_offsets and set(wrong_offsets) == set(range(1, 50))  # every other token, never the right one
+    counts = np.bincount(wrong_offsets, minlength=50)[1:]
+    expected = len(wrong_offsets) / 49
+    assert ((counts - expected) ** 2 / expected).sum() < 93  # chi-square, 48 dof: its 0.9999 quantile is about 93
+
+
+def test_the_oracle_draws_the_same_drafts_for_the_same_seed_and_others_for_another():
+    runs = [[_o.draft(0, None, 7 + 3 * s, 3).tolist() for s in range(1500)] for _o in (_oracle(1), _oracle(1), _oracle(2))]
+    assert runs[0] == runs[1] != runs[2]  # 4500 drafts each: past the first block of draws
+    assert OracleDrafter.DRAWS < 4500
