@@ -459,3 +459,32 @@ def test_two_folders_of_one_name_whose_weights_differ_get_caches_of_their_own(tm
     hashed = []  # the digest module's own hashing, counted
     monkeypatch.setattr(files, "hashlib", types.SimpleNamespace(sha256=lambda: hashed.append(1) or hashlib.sha256()))
     assert open_builder(b).content == second.content and not hashed  # the weights' digests are remembered
+
+
+def test_selects_bound_replay_keeps_the_state_its_fed_replay_keeps_for_every_prefix(builder):
+    """On the host select's LinearAttention replay runs on a binding made once per n and per set of arrays; the
+    same graph fed fresh copies (its path for a device or a layout it cannot bind) gives the same state, bitwise."""
+    from mtplab.engine.commits import OpReplay, select_commit
+
+    engine = Engine(_run(k=3, commit="select"), builder)
+    prompt = prompt_tokens(builder.description.vocab_size, 8, 0)
+    engine.start(prompt)
+    replay = select_commit(builder.description, engine.device)  # an OpReplay: the builder's LinearAttention form
+    ver = engine.forward(Slot.VERIFY, np.asarray([3, 1, 4, 1]), in_place=False)
+    start = {name: a.copy() for name, a in engine.state.gdn.items()}
+    for n in (1, 4, 2, 1):  # the second n=1 reuses its binding
+        for name, a in start.items():
+            engine.state.gdn[name][...] = a
+        replay._replay_bound(engine.state, ver, n)
+        bound = {name: a.copy() for name, a in engine.state.gdn.items()}
+        for name, a in start.items():
+            engine.state.gdn[name][...] = a
+        replay._replay_fed(engine.state, ver, n)
+        assert all(np.array_equal(bound[name], engine.state.gdn[name]) for name in start), n
+        assert any(not np.array_equal(bound[name], start[name]) for name in start)  # the prefix moved the state
+    assert isinstance(replay, OpReplay) and len(replay.plans) == 3
+    moved = {name: a.copy() for name, a in ver.items()}  # the verify's outputs in other buffers: bound anew
+    replay._replay_bound(engine.state, moved, 2)
+    assert len(replay.plans) == 4
+    with pytest.raises(ValueError, match="select's replay of 5 tokens: the verify's outputs hold \\[4\\]"):
+        replay._replay_bound(engine.state, ver, 5)

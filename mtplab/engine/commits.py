@@ -18,13 +18,14 @@ and registers itself (tests/toy_strategies.py has one written outside mtplab).
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 
 import numpy as np
 
 from mtplab.engine.strategies import COMMITS
 from mtplab.model.graph import rebuild_conv
 from mtplab.runtime.arena import to_numpy
-from mtplab.runtime.executor import Slot
+from mtplab.runtime.executor import Slot, direct_runner
 
 
 class CommitStrategy:
@@ -181,7 +182,14 @@ def transitions_update(desc, device) -> Callable:
 
 
 class OpReplay:
-    """select on a builder model: LinearAttention replayed on the accepted prefix (mtplab.model.surgery), conv rebuilt."""
+    """select on a builder model: LinearAttention replayed on the accepted prefix (mtplab.model.surgery), conv rebuilt.
+
+    On the host the replay graph runs on an IOBinding: each state bound by address, each role's prefix bound in
+    place (the verify's output [1, M, ...] read as [1, n, ...]: a C-contiguous prefix), the presents into buffers of
+    their own, copied into the states after the run. A binding is made once per n and the very arrays it binds, and
+    made again when one of them is another object or changed shape or dtype (a view of another block)."""
+
+    PLANS = 64  # bindings kept (per n and per set of arrays); more are dropped, not an error
 
     def __init__(self, desc, device):
         import onnxruntime as ort
@@ -192,21 +200,74 @@ class OpReplay:
         self.desc, self.xp = desc, device.xp
         graph, self.layers = replay_graph(desc)
         self.session = ort.InferenceSession(graph, session_options(1), providers=["CPUExecutionProvider"])
+        io = desc.target
+        self.roles = [(s, [(role, io.select_outputs[s.layer][role].name) for role in roles]) for s, roles in self.layers]
+        self.convs = [(s.layer, io.select_outputs[s.layer]["conv_input"].name, "channels-first" in s.layout)
+                      for s in io.states if s.kind == "conv"]
+        if self.xp is np:
+            from mtplab.runtime import host_replay
+
+            self.rebuild = host_replay.rebuild_conv
+        else:
+            self.rebuild = rebuild_conv
+        self.presents = {s.layer: np.empty((1, *s.shape[1:]), s.np_dtype) for s, _ in self.layers}
+        self.layer_ids = list(self.presents)
+        self.role_names = [name for _, roles in self.roles for _, name in roles]  # in _bind's order
+        self.plans: dict[tuple, tuple] = {}
 
     def __call__(self, st, ver: dict, n: int) -> None:
-        io, feeds = self.desc.target, {}
-        for s, roles in self.layers:
+        if self.xp is np and st.batch == 1:
+            self._replay_bound(st, ver, n)
+        else:
+            self._replay_fed(st, ver, n)
+        for layer, name, first in self.convs:
+            self.rebuild(st.conv[layer], ver[name], n, first)
+
+    def _replay_fed(self, st, ver: dict, n: int) -> None:
+        feeds = {}
+        for s, roles in self.roles:
             feeds[f"past_state.{s.layer}"] = to_numpy(st.gdn[s.layer])
-            for role in roles:
-                prefix = to_numpy(ver[io.select_outputs[s.layer][role].name])[:, :n]
-                feeds[f"{role}.{s.layer}"] = np.ascontiguousarray(prefix)
+            for role, name in roles:
+                feeds[f"{role}.{s.layer}"] = np.ascontiguousarray(to_numpy(ver[name])[:, :n])
         names = [f"present.{s.layer}" for s, _ in self.layers]
         for (s, _), present in zip(self.layers, self.session.run(names, feeds)):
             st.gdn[s.layer][...] = self.xp.asarray(present)
-        for s in io.states:
-            if s.kind == "conv":
-                conv_input = ver[io.select_outputs[s.layer]["conv_input"].name]
-                rebuild_conv(st.conv[s.layer], conv_input, n, channels_first="channels-first" in s.layout)
+
+    def _replay_bound(self, st, ver: dict, n: int) -> None:
+        gdn = st.gdn
+        arrays = [gdn[layer] for layer in self.layer_ids] + [ver[name] for name in self.role_names]
+        key = (n, *map(id, arrays))
+        plan = self.plans.get(key)
+        if plan is None or list(map(_META, arrays)) != plan[2]:
+            if not all(a.flags.c_contiguous and a.shape[0] == 1 for a in arrays):  # not bindable in place
+                return self._replay_fed(st, ver, n)
+            tokens = {a.shape[1] for a in arrays[len(self.layer_ids):]}
+            if not 0 <= n <= min(tokens):  # a binding past a buffer's end would read beyond it
+                raise ValueError(f"select's replay of {n} tokens: the verify's outputs hold {sorted(tokens)}")
+            if len(self.plans) >= self.PLANS:
+                self.plans.clear()
+            plan = self.plans[key] = (direct_runner(self.session, self._bind(st, ver, n)), arrays,
+                                      list(map(_META, arrays)))
+        plan[0]()
+        for layer, present in self.presents.items():
+            gdn[layer][...] = present
+
+    def _bind(self, st, ver: dict, n: int):
+        from mtplab.runtime.arena import address
+
+        binding = self.session.io_binding()
+        for s, roles in self.roles:
+            state = st.gdn[s.layer]
+            binding.bind_input(f"past_state.{s.layer}", "cpu", 0, state.dtype, list(state.shape), address(state))
+            for role, name in roles:
+                a = ver[name]
+                binding.bind_input(f"{role}.{s.layer}", "cpu", 0, a.dtype, [1, n, *a.shape[2:]], address(a))
+            present = self.presents[s.layer]
+            binding.bind_output(f"present.{s.layer}", "cpu", 0, present.dtype, list(present.shape), address(present))
+        return binding
+
+
+_META = attrgetter("dtype", "shape")
 
 
 READVANCE_M1 = COMMITS.register(ReadvanceM1())
