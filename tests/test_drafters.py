@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.engine import Engine, prompt_tokens
@@ -62,3 +63,22 @@ def test_the_oracle_draws_the_same_drafts_for_the_same_seed_and_others_for_anoth
     runs = [[_o.draft(0, None, 7 + 3 * s, 3).tolist() for s in range(1500)] for _o in (_oracle(1), _oracle(1), _oracle(2))]
     assert runs[0] == runs[1] != runs[2]  # 4500 drafts each: past the first block of draws
     assert OracleDrafter.DRAWS < 4500
+
+
+def test_the_heads_steps_are_counted_when_a_step_raises(tiny):
+    eng = Engine(RunConfig(model="tiny", k=4), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    out = eng.start(prompt)
+    eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
+    picks = []
+
+    def choose(xp, row):  # the acceptance rule's draft_token, failing on the third step
+        picks.append(1)
+        if len(picks) == 3:
+            raise RuntimeError("planted")
+        return row.argmax()
+
+    eng.head.choose = choose
+    with pytest.raises(RuntimeError, match="planted"):
+        eng.head.draft(3, np.array(out["hidden"][0, -1]), 7, 4)
+    assert eng.forwards["mtp/M=1"] == 3  # three head forwards ran

@@ -232,3 +232,34 @@ def test_a_forward_of_host_tokens_replays_and_a_replaced_state_buffer_is_caught_
     with pytest.raises(ValueError, match="beyond the KV capacity"):
         eng.forward(Slot.PRIMARY, 1)
 
+
+
+def test_a_speculative_run_beyond_the_kv_capacity_is_refused_before_the_prefill(tiny):
+    eng = Engine(RunConfig(model="tiny", k=3, drafter="mtp"), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    capacity = eng.desc.capacity
+    with pytest.raises(ValueError, match=f"would reach {capacity + 1} tokens, beyond the KV capacity {capacity}"):
+        eng.speculative(prompt, capacity - 8 - 3 + 1)
+    assert eng.forwards == {}
+    spec = eng.speculative(prompt, capacity - 8 - 3)  # the longest run that fits: its last verify ends at the capacity
+    assert len(spec["tokens"]) >= capacity - 8 - 3
+
+
+def test_a_forward_returns_a_dict_of_its_own_takes_nested_lists_and_follows_a_new_state(tiny):
+    from mtplab.runtime.arena import Arena
+    from mtplab.runtime.sessions import TargetState
+
+    eng = Engine(RunConfig(model="tiny"), tiny)
+    eng.start(prompt_tokens(tiny.config.vocab_size, 8, 0))
+    for token in (5, 6, 7):  # warm-up, capture, replay
+        eng.forward(Slot.PRIMARY, token).pop("hidden")  # a caller's change to its dict stays its own
+        eng.state.length += 1
+    assert "hidden" in eng.forward(Slot.PRIMARY, 8)
+    assert eng.forward(Slot.VERIFY, [[5, 6, 7, 8]], in_place=False)["logits"].shape == (1, 4, tiny.config.vocab_size)
+    old, new = eng.state, TargetState.allocate(eng.desc, Arena("another"))
+    new.length = old.length
+    eng.state = new  # another state object (whose buffer versions read as the old one's): its buffers are bound
+    eng.forward(Slot.PRIMARY, 9)
+    primary = eng.target.state[Slot.PRIMARY]
+    assert primary.invalidations == 1 and "address moved" in primary.reason
+    assert np.any(new.kv[next(iter(new.kv))][0][0, :, new.length] != 0)  # the new state's KV row was written

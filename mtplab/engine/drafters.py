@@ -37,7 +37,7 @@ class MtpDrafter:
                  choose=GREEDY_MATCH.draft_token):
         self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
         self.choose = choose  # the acceptance rule's draft_token(xp, row)
-        self._hot = None  # (mtp_io's M=1 feeds, the head's replayer on them, their token ids): _draft_on_host
+        self._hot = None  # (mtp_io's M=1 feeds, the executor, its replayer on them, their token ids): _draft_on_host
 
     def prefill(self, tokens: list[int], hidden) -> None:
         """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j."""
@@ -78,21 +78,26 @@ class MtpDrafter:
         desc, io, pick = self.desc, self.desc.mtp, self.choose
         feeds, outputs, bound = mtp_io(desc, self.state, token, hidden, position)
         hot = self._hot
-        if hot is None or hot[0] is not feeds:  # mtp_io's feeds for M=1 are one object while the KV buffers stay
-            hot = self._hot = (feeds, self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound), feeds[io.input_ids])
-        _, run, ids = hot
+        if hot is None or hot[0] is not feeds or hot[1] is not self.executor:  # mtp_io's feeds for M=1 are one
+            # object while the KV buffers stay
+            hot = self._hot = (feeds, self.executor, self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
+                               feeds[io.input_ids])
+        _, _, run, ids = hot
         capacity, name, shape, dtype = desc.capacity, io.hidden_input, (1, 1, desc.hidden_size), desc.target.hidden_type
-        k = drafts.shape[0]
-        for i in range(k):
-            if i:
-                ids[...] = token
-                length_feeds(io, position + i, 1, capacity, feeds)
-                feeds[name] = hidden.astype(dtype, copy=False).reshape(shape)
-            out = run()
-            token = pick(np, out[io.logits][0, 0])
-            hidden = out[io.hidden][0, 0]
-            drafts[i] = token
-        self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + k
+        done = 0
+        try:
+            for i in range(drafts.shape[0]):
+                if i:
+                    ids[...] = token
+                    length_feeds(io, position + i, 1, capacity, feeds)
+                    feeds[name] = hidden.astype(dtype, copy=False).reshape(shape)
+                out = run()
+                done += 1
+                token = pick(np, out[io.logits][0, 0])
+                hidden = out[io.hidden][0, 0]
+                drafts[i] = token
+        finally:  # counted once, and kept true when a step raises
+            self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + done
 
 
 class OracleDrafter:

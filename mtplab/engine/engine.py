@@ -45,10 +45,12 @@ class Greedy:
 
 
 class HotForward(NamedTuple):
-    """A target forward of M host tokens on one slot and mode, prepared while the state's buffers stay (`layout`):
-    the feeds target_io keeps (the token ids and the length feeds rewritten per run), the slot's replayer on them
-    (it decides as Executor.run does), the carries an in-place run makes, and the counter's name."""
+    """A target forward of M host tokens on one slot and mode, prepared for one state and executor while the state's
+    buffers stay (`layout`): the feeds target_io keeps (the token ids and the length feeds rewritten per run), the
+    slot's replayer on them (it decides as Executor.run does), the carries an in-place run makes, the counter's name."""
 
+    state: TargetState
+    executor: Executor
     layout: int
     io: GraphIO
     feeds: dict
@@ -69,9 +71,13 @@ def host_count(tokens, batch: int) -> int:
         return 0
     if batch != 1:
         return 0
-    if kind is list or kind is tuple:
-        return len(tokens)
+    if kind is list or kind is tuple:  # flat: a nested list is target_io's to read or refuse
+        return len(tokens) if tokens and not any(map(_nested, tokens)) else 0
     return 1 if kind is int or isinstance(tokens, np.integer) else 0
+
+
+def _nested(token) -> bool:
+    return isinstance(token, (list, tuple, np.ndarray))
 
 
 def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
@@ -219,8 +225,8 @@ class Engine:
     def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:
         """One target forward of `tokens` (an int, ints, or a host or device array) at the current length.
 
-        Returns the outputs by role: "logits", "hidden", and the graph's own names for the rest: read them, never
-        change them (a replay returns the slot's own). The caller advances the length. Host tokens outside an
+        Returns the outputs by role: "logits", "hidden", and the graph's own names for the rest (the arrays are the
+        slot's buffers: the next forward may overwrite them). The caller advances the length. Host tokens outside an
         eager run take a path prepared once per slot, M and mode (HotForward); each run decides as Executor.run.
         """
         if self.first_forward is None:  # one clock read per forward on the common path (the end stamp below)
@@ -229,7 +235,7 @@ class Engine:
         M = 0 if eager else host_count(tokens, self.batch)
         if M:  # host tokens, run from the slot's plan: the feeds and the replay prepared once
             hot = self._hot.get((slot, M, in_place, label))
-            if hot is None or hot.layout != state.layout():
+            if hot is None or hot.state is not state or hot.executor is not self.target or hot.layout != state.layout():
                 hot = self._hot[(slot, M, in_place, label)] = self._prepare_forward(slot, M, in_place, label)
             length = state.length if state.lengths is None else state.lengths
             longest = length if state.lengths is None else int(length.max())
@@ -237,7 +243,7 @@ class Engine:
                 raise beyond_capacity(longest + M, self.desc.capacity)
             hot.ids[...] = tokens
             length_feeds(hot.io, length, M, self.desc.capacity, hot.feeds)
-            out = hot.run()
+            out = dict(hot.run())  # a dict of its own, as Executor.run returns (the replay's is the slot's)
             for committed, present in hot.carries:
                 committed[...] = present
             key = hot.key
@@ -267,7 +273,7 @@ class Engine:
         desc = self.primary_desc if slot is Slot.PRIMARY else self.desc
         feeds, outputs, bound = fixed_io(desc, self.state, M, in_place)
         io = desc.target
-        return HotForward(self.state.layout(), io, feeds, feeds[io.input_ids],
+        return HotForward(self.state, self.target, self.state.layout(), io, feeds, feeds[io.input_ids],
                           self.target.replayer(slot, feeds, outputs, bound),
                           tuple(self.state.carries()) if in_place else (), self._key(slot, M, label))
 
@@ -422,6 +428,8 @@ class Engine:
         function (mtplab.engine.schedules) does one draft-verify-accept-commit round.
         """
         self._check_reference(reference, n)
+        if len(prompt) + n + self.k > self.desc.capacity:  # its last verify's reach, at most (the head's is less)
+            raise beyond_capacity(len(prompt) + n + self.k, self.desc.capacity)
         drafter = self.drafter(reference)
         out = self.start(prompt)
         emitted = [int(self.device.read(self.acceptance.token(self.xp, out["logits"][0, -1])))]
