@@ -256,6 +256,8 @@ def test_a_forward_returns_a_dict_of_its_own_takes_nested_lists_and_follows_a_ne
         eng.state.length += 1
     assert "hidden" in eng.forward(Slot.PRIMARY, 8)
     assert eng.forward(Slot.VERIFY, [[5, 6, 7, 8]], in_place=False)["logits"].shape == (1, 4, tiny.config.vocab_size)
+    with pytest.raises(ValueError, match=r"a forward takes token ids \(integers\), got True"):
+        eng.forward(Slot.PRIMARY, True)
     old, new = eng.state, TargetState.allocate(eng.desc, Arena("another"))
     new.length = old.length
     eng.state = new  # another state object (whose buffer versions read as the old one's): its buffers are bound

@@ -248,6 +248,8 @@ class Engine:
                 committed[...] = present
             key = hot.key
         else:
+            if isinstance(tokens, (bool, np.bool_)):
+                raise ValueError(f"a forward takes token ids (integers), got {tokens!r}")
             if isinstance(tokens, (list, tuple, int, np.integer)):
                 tokens = np.asarray(tokens, dtype=np.int64)
             if tokens.ndim == 0:  # one token
