@@ -462,29 +462,39 @@ def test_two_folders_of_one_name_whose_weights_differ_get_caches_of_their_own(tm
 
 
 def test_selects_bound_replay_keeps_the_state_its_fed_replay_keeps_for_every_prefix(builder):
-    """On the host select's LinearAttention replay runs on a binding made once per n and per set of arrays; the
-    same graph fed fresh copies (its path for a device or a layout it cannot bind) gives the same state, bitwise."""
+    """On the host select's LinearAttention replay runs on a binding per n once the verify's outputs are the same
+    arrays from one commit to the next; arrays new at a commit are fed as copies. Both give the same state, bitwise."""
     from mtplab.engine.commits import OpReplay, select_commit
 
     engine = Engine(_run(k=3, commit="select"), builder)
     prompt = prompt_tokens(builder.description.vocab_size, 8, 0)
     engine.start(prompt)
     replay = select_commit(builder.description, engine.device)  # an OpReplay: the builder's LinearAttention form
+    assert isinstance(replay, OpReplay)
     ver = engine.forward(Slot.VERIFY, np.asarray([3, 1, 4, 1]), in_place=False)
     start = {name: a.copy() for name, a in engine.state.gdn.items()}
-    for n in (1, 4, 2, 1):  # the second n=1 reuses its binding
+
+    def replayed(outputs, n, how):
         for name, a in start.items():
             engine.state.gdn[name][...] = a
-        replay._replay_bound(engine.state, ver, n)
-        bound = {name: a.copy() for name, a in engine.state.gdn.items()}
-        for name, a in start.items():
-            engine.state.gdn[name][...] = a
-        replay._replay_fed(engine.state, ver, n)
-        assert all(np.array_equal(bound[name], engine.state.gdn[name]) for name in start), n
+        how(engine.state, outputs, n)
+        return {name: a.copy() for name, a in engine.state.gdn.items()}
+
+    plans = []
+    for n in (1, 4, 2, 1):  # the first commit is fed (arrays not seen before); then a binding per n
+        bound = replayed(ver, n, replay._replay_bound)
+        assert all(np.array_equal(bound[name], a) for name, a in replayed(ver, n, replay._replay_fed).items()), n
         assert any(not np.array_equal(bound[name], start[name]) for name in start)  # the prefix moved the state
-    assert isinstance(replay, OpReplay) and len(replay.plans) == 3
-    moved = {name: a.copy() for name, a in ver.items()}  # the verify's outputs in other buffers: bound anew
-    replay._replay_bound(engine.state, moved, 2)
-    assert len(replay.plans) == 4
-    with pytest.raises(ValueError, match="select's replay of 5 tokens: the verify's outputs hold \\[4\\]"):
-        replay._replay_bound(engine.state, ver, 5)
+        plans.append(sorted(replay.plans))
+    assert plans == [[], [4], [2, 4], [1, 2, 4]]
+    moved = {name: a.copy() for name, a in ver.items()}  # the verify's outputs in other buffers
+    for _ in range(2):  # fed once (new arrays), then bound anew
+        bound = replayed(moved, 2, replay._replay_bound)
+        assert all(np.array_equal(bound[name], a) for name, a in replayed(ver, 2, replay._replay_fed).items())
+    assert replay.plans[2][1][-1] is moved[replay.role_names[-1]]
+    engine.state.gdn.update({name: a.copy() for name, a in start.items()})
+    with pytest.raises(ValueError, match="select's replay of 5 tokens: the verify's outputs hold 4"):
+        replay(engine.state, ver, 5)
+    with pytest.raises(TypeError):
+        replay(engine.state, ver, 2.0)
+    assert all(np.array_equal(engine.state.gdn[name], a) for name, a in start.items())  # refused before any change

@@ -72,6 +72,11 @@ def test_what_the_compiled_loop_would_read_past_is_refused_and_mixed_dtypes_take
     conv, conv_input = np.zeros((1, 3, 4), np.float32), np.ones((1, 5, 4), np.float16)
     host_replay.rebuild_conv(conv, conv_input, 2)
     np.testing.assert_array_equal(conv, [[[0] * 4, [1] * 4, [1] * 4]])
+    conv_input = np.ones((1, 5, 4), np.float32)  # the compiled rebuild: counts and shapes it would misread refused
+    for carry, inputs, n in ((conv, conv_input, 6), (conv, conv_input, -1), (conv, conv_input[:, :, :3], 2),
+                             (np.zeros((2, 3, 4), np.float32), conv_input, 2)):
+        with pytest.raises(ValueError, match=r"a conv carry rebuild takes n in 0\.\.\d+ and inputs of its rows"):
+            host_replay.rebuild_conv(carry, inputs, n)
 
 
 def test_where_numba_cannot_cache_the_update_compiles_per_process(monkeypatch):

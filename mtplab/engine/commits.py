@@ -17,8 +17,9 @@ and registers itself (tests/toy_strategies.py has one written outside mtplab).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
-from operator import attrgetter
+from operator import attrgetter, is_
 
 import numpy as np
 
@@ -186,10 +187,10 @@ class OpReplay:
 
     On the host the replay graph runs on an IOBinding: each state bound by address, each role's prefix bound in
     place (the verify's output [1, M, ...] read as [1, n, ...]: a C-contiguous prefix), the presents into buffers of
-    their own, copied into the states after the run. A binding is made once per n and the very arrays it binds, and
-    made again when one of them is another object or changed shape or dtype (a view of another block)."""
-
-    PLANS = 64  # bindings kept (per n and per set of arrays); more are dropped, not an error
+    their own, copied into the states after the run. One binding per n, for the very arrays it binds (checked by
+    identity, dtype, shape and strides at every commit); it is made once the same arrays come back from one commit
+    to the next. Arrays new at every commit (a policy whose verify runs into temporaries) are fed as copies, as
+    before: a binding made per commit would cost more than it saves."""
 
     def __init__(self, desc, device):
         import onnxruntime as ort
@@ -213,9 +214,14 @@ class OpReplay:
         self.presents = {s.layer: np.empty((1, *s.shape[1:]), s.np_dtype) for s, _ in self.layers}
         self.layer_ids = list(self.presents)
         self.role_names = [name for _, roles in self.roles for _, name in roles]  # in _bind's order
-        self.plans: dict[tuple, tuple] = {}
+        self.plans: dict[int, tuple] = {}  # n -> (its run, the arrays it binds, their dtype, shape and strides)
+        self.last: list = []  # the arrays of the last commit
 
     def __call__(self, st, ver: dict, n: int) -> None:
+        n = operator.index(n)  # a count of tokens (a float would key a binding and then fail the conv rebuild)
+        held = ver[self.role_names[0]].shape[1] if self.role_names else n
+        if not 0 <= n <= held:  # refused before any state changes
+            raise ValueError(f"select's replay of {n} tokens: the verify's outputs hold {held}")
         if self.xp is np and st.batch == 1:
             self._replay_bound(st, ver, n)
         else:
@@ -236,18 +242,16 @@ class OpReplay:
     def _replay_bound(self, st, ver: dict, n: int) -> None:
         gdn = st.gdn
         arrays = [gdn[layer] for layer in self.layer_ids] + [ver[name] for name in self.role_names]
-        key = (n, *map(id, arrays))
-        plan = self.plans.get(key)
-        if plan is None or list(map(_META, arrays)) != plan[2]:
-            if not all(a.flags.c_contiguous and a.shape[0] == 1 for a in arrays):  # not bindable in place
-                return self._replay_fed(st, ver, n)
+        again, self.last = len(arrays) == len(self.last) and all(map(is_, arrays, self.last)), arrays
+        plan = self.plans.get(n)
+        if plan is None or not all(map(is_, arrays, plan[1])) or list(map(_META, arrays)) != plan[2]:
+            if not again or not all(a.flags.c_contiguous and a.shape[0] == 1 for a in arrays):
+                return self._replay_fed(st, ver, n)  # new arrays, or not bindable in place
             tokens = {a.shape[1] for a in arrays[len(self.layer_ids):]}
             if not 0 <= n <= min(tokens):  # a binding past a buffer's end would read beyond it
                 raise ValueError(f"select's replay of {n} tokens: the verify's outputs hold {sorted(tokens)}")
-            if len(self.plans) >= self.PLANS:
-                self.plans.clear()
-            plan = self.plans[key] = (direct_runner(self.session, self._bind(st, ver, n)), arrays,
-                                      list(map(_META, arrays)))
+            plan = self.plans[n] = (direct_runner(self.session, self._bind(st, ver, n)), arrays,
+                                    list(map(_META, arrays)))
         plan[0]()
         for layer, present in self.presents.items():
             gdn[layer][...] = present
@@ -267,7 +271,7 @@ class OpReplay:
         return binding
 
 
-_META = attrgetter("dtype", "shape")
+_META = attrgetter("dtype", "shape", "strides")
 
 
 READVANCE_M1 = COMMITS.register(ReadvanceM1())

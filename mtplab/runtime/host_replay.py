@@ -87,4 +87,8 @@ def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int, channel
         return graph.rebuild_conv(conv_state, conv_input, n, channels_first)
     if channels_first:
         conv_state, conv_input = conv_state.transpose(0, 2, 1), conv_input.transpose(0, 2, 1)
+    if not 0 <= n <= conv_input.shape[1] or conv_input.shape[0] != conv_state.shape[0] or (
+            conv_input.shape[2] != conv_state.shape[2]):
+        raise ValueError(f"a conv carry rebuild takes n in 0..{conv_input.shape[1]} and inputs of its rows and channels: "
+                         f"got n={n}, a carry {list(conv_state.shape)} and inputs {list(conv_input.shape)}")
     _rebuild(conv_state, conv_input, n)
