@@ -24,7 +24,6 @@ from operator import attrgetter, is_
 import numpy as np
 
 from mtplab.engine.strategies import COMMITS
-from mtplab.model.graph import rebuild_conv
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.executor import Slot, direct_runner
 
@@ -157,13 +156,7 @@ def transitions_update(desc, device) -> Callable:
     transitions and its conv carry rebuilt from the first n conv inputs, layer by layer (on the host one compiled
     call each, mtplab.runtime.host_replay; on the device one kernel per state); row=b: batch row b only."""
     io = desc.target
-    replay = device.transition_replay(desc.transitions)
-    if device.xp is np:
-        from mtplab.runtime import host_replay
-
-        rebuild = host_replay.rebuild_conv
-    else:
-        rebuild = rebuild_conv
+    replay, rebuild = device.transition_replay(desc.transitions), device.conv_rebuild()
     layers = [(s.layer, io.select_outputs[s.layer]["transitions"].name, io.select_outputs[s.layer]["conv_input"].name,
                "channels-first" in s.layout) for s in io.states if s.kind == "conv"]
 
@@ -205,12 +198,7 @@ class OpReplay:
         self.roles = [(s, [(role, io.select_outputs[s.layer][role].name) for role in roles]) for s, roles in self.layers]
         self.convs = [(s.layer, io.select_outputs[s.layer]["conv_input"].name, "channels-first" in s.layout)
                       for s in io.states if s.kind == "conv"]
-        if self.xp is np:
-            from mtplab.runtime import host_replay
-
-            self.rebuild = host_replay.rebuild_conv
-        else:
-            self.rebuild = rebuild_conv
+        self.rebuild = device.conv_rebuild()
         self.presents = {s.layer: np.empty((1, *s.shape[1:]), s.np_dtype) for s, _ in self.layers}
         self.layer_ids = list(self.presents)
         self.role_names = [name for _, roles in self.roles for _, name in roles]  # in _bind's order

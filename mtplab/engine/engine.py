@@ -28,7 +28,7 @@ from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, backend_problem, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
 from mtplab.runtime.policy import policy, presize, slot_memory
-from mtplab.runtime.sessions import MtpState, TargetState, fixed_io, mtp_io, refused_run, target_io
+from mtplab.runtime.sessions import MtpState, TargetState, checked_length, fixed_io, mtp_io, refused_run, target_io
 
 if TYPE_CHECKING:  # the config sits above the engine: the engine reads its fields only
     from mtplab.experiment.config import RunConfig
@@ -237,10 +237,7 @@ class Engine:
             hot = self._hot.get((slot, M, in_place, label))
             if hot is None or hot.state is not state or hot.executor is not self.target or hot.layout != state.layout():
                 hot = self._hot[(slot, M, in_place, label)] = self._prepare_forward(slot, M, in_place, label)
-            length = state.length if state.lengths is None else state.lengths
-            longest = length if state.lengths is None else int(length.max())
-            if longest + M > self.desc.capacity:
-                raise beyond_capacity(longest + M, self.desc.capacity)
+            length = checked_length(self.desc, state, M)
             hot.ids[...] = tokens
             length_feeds(hot.io, length, M, self.desc.capacity, hot.feeds)
             out = dict(hot.run())  # a dict of its own, as Executor.run returns (the replay's is the slot's)

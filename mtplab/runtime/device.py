@@ -84,6 +84,17 @@ class Device:
 
         return functools.partial(replay_transitions, layout)
 
+    def conv_rebuild(self) -> Callable:
+        """select's conv carry rebuild, rebuild(carry, conv inputs, n, channels_first): compiled on the CPU
+        (mtplab.runtime.host_replay), the array module's own ops elsewhere (mtplab.model.graph)."""
+        if self.xp is np:
+            from mtplab.runtime import host_replay
+
+            return host_replay.rebuild_conv
+        from mtplab.model.graph import rebuild_conv
+
+        return rebuild_conv
+
     def graph_stats(self) -> dict:
         ids = getattr(self.backend, "ids", None)
         return ids.stats() if ids is not None else {}

@@ -304,13 +304,23 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
     """
     io = desc.target
     M = int(tokens.shape[-1])
-    length = st.length if st.lengths is None else st.lengths
-    longest = length if type(length) is int else int(np.max(length))
-    if longest + M > desc.capacity:
-        raise beyond_capacity(longest + M, desc.capacity)
+    length = checked_length(desc, st, M)
     feeds, outputs, bound = fixed_io(desc, st, M, recurrent_in_place)
     length_feeds(io, length, M, desc.capacity, feeds)
     return with_token_ids(feeds, io.input_ids, tokens, M, st.batch), outputs, bound
+
+
+def checked_length(desc: ModelDescription, st: TargetState, M: int):
+    """The state's length (each row's, an array, at batch > 1) for a forward of M more tokens; refused (ValueError)
+    when its longest row would pass the KV capacity."""
+    if st.lengths is None:
+        if st.length + M > desc.capacity:
+            raise beyond_capacity(st.length + M, desc.capacity)
+        return st.length
+    longest = int(st.lengths.max())
+    if longest + M > desc.capacity:
+        raise beyond_capacity(longest + M, desc.capacity)
+    return st.lengths
 
 
 def fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool = True) -> tuple[dict, Mapping, tuple]:
