@@ -115,6 +115,14 @@ def test_each_cost_is_its_ratio_to_the_reference_timed_beside_it():
     assert summary["greedy_token"]["median"] / summary["target/4"]["median"] == pytest.approx(0.55)
 
 
+def test_a_timed_block_waits_for_the_device_at_both_ends():
+    """On a device whose runs return once queued, a block holds its calls' device work: Device.sync before the
+    clock starts (the untimed call's work done) and before it stops (the block's own work done)."""
+    events = []
+    calibrate._block_time(lambda: events.append("call"), 3, lambda: events.append("sync"))
+    assert events == ["call", "sync", "call", "call", "call", "sync"]
+
+
 def test_the_calibration_sizes_stay_within_what_the_model_holds():
     from types import SimpleNamespace
 

@@ -53,6 +53,7 @@ class FakeCudaGraphSession:
         self.state = {address(a): a for a in state_arrays}
         self.captured: set[int] = set()
         self.calls: list[tuple[str, int]] = []
+        self.refuse_capture = False  # True: a capture raises after its two warm-ups, as onnxruntime's does
 
     def io_binding(self):
         return FakeIoBinding()
@@ -67,8 +68,10 @@ class FakeCudaGraphSession:
         if gid >= 0 and gid not in self.captured:
             self.captured.add(gid)
             self.calls.append(("capture", gid))
-            for _ in range(3):
+            for _ in range(2 if self.refuse_capture else 3):
                 self._execute(io)
+            if self.refuse_capture:  # onnxruntime's error from a capture that fails after its warm-ups
+                raise RuntimeError("Error in execution: operation not permitted when stream is capturing")
         else:
             self.calls.append(("eager" if gid < 0 else "replay", gid))
             self._execute(io)
@@ -102,6 +105,18 @@ def test_capture_advances_in_place_state_exactly_once():
         assert state[0, 0] == step  # warm-up, capture (3 executions undone, 1 replay), replays
     assert [c[0] for c in session.calls] == ["eager", "capture", "replay", "replay", "replay", "replay"]
     assert ex.state[Slot.PRIMARY].counters()["captures"] == 1 and ex.state[Slot.PRIMARY].replays == 3
+
+
+def test_a_capture_onnxruntime_refuses_leaves_the_state_as_before_and_the_slot_runs_eager():
+    ex, session, ids, state = _setup()
+    session.refuse_capture = True
+    for step in range(1, 5):
+        _run(ex, Slot.PRIMARY, state)
+        assert state[0, 0] == step  # the failed capture's warm-ups undone, its forward run eager: one advance each
+    st = ex.state[Slot.PRIMARY]
+    assert st.status is Status.UNSUPPORTED and "did not capture graph 1" in st.reason and "stream is capturing" in st.reason
+    assert [c[0] for c in session.calls] == ["eager", "capture", "eager", "eager", "eager"]
+    assert ids.by_slot["primary"] == [1] and ids.retired == {1} and st.captures == 0 and st.fallbacks == 3
 
 
 def test_graph_ids_start_at_1_because_0_is_reserved():

@@ -4,6 +4,8 @@ through the CUDA plan backend (graph ids, capture protocol) and every host trans
 
 from __future__ import annotations
 
+import time
+
 import fake_cupy
 import numpy as np
 import onnxruntime as ort
@@ -87,3 +89,24 @@ def test_on_the_cuda_device_only_total_sequence_length_is_bound_in_host_memory(t
     assert run_point(run, tiny, Engine(run, tiny, device=device)).lossless
     assert backend.host_bound == {"total_sequence_length"}
     assert {"input_ids", "seqlens_k", "capture_count", "hidden_states"} <= backend.device_bound
+
+
+def test_a_device_with_a_stream_waits_for_its_setup_before_each_timed_window(tiny):
+    """On a device whose runs return once queued, the prefills' work is done before a timed window opens
+    (Device.sync at each setup's end): greedy's and speculative's seconds hold their own forwards only."""
+    waits = []
+    device = Device("cpu", np, cuda.CudaGraphBackend(cuda.GraphIds(per_slot=4), ort.RunOptions, device_type="cpu"),
+                    synchronize=lambda: waits.append(time.perf_counter()))
+    eng = Engine(RunConfig(model="tiny", k=3, drafter="mtp"), tiny, device=device)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    greedy = eng.greedy(prompt, 16)
+    assert len(waits) == device.syncs == 1 and waits[0] <= greedy.started
+    spec = eng.speculative(prompt, 16)
+    assert len(waits) == device.syncs == 3  # after the target's prefill, and after the head's
+    assert waits[1] < waits[2] <= spec["started"] and device.reads == 1 + 1 + len(spec["accepted"])
+
+
+def test_a_cpu_device_has_nothing_to_wait_for(tiny):
+    eng = Engine(RunConfig(model="tiny", k=3), tiny)
+    eng.greedy(prompt_tokens(tiny.config.vocab_size, 8, 0), 8)
+    assert eng.device.synchronize is None and eng.device.syncs == 0

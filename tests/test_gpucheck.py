@@ -30,6 +30,8 @@ def test_gpu_check_on_the_cpu_passes_and_writes_its_json(tiny, tmp_path, capsys)
     jit = [r for r in doc["runs"] if r["policy"] == "shared-jit"]
     assert all(r["slots"]["verify"]["replays"] == 0 and r["slots"]["verify"]["fallbacks"] > 0 for r in jit)
     assert doc["capture"]["tiny"]["identical"] and doc["capture"]["tiny"]["replays"] > 0
+    cap = doc["capture"]["tiny"]  # the CPU EP returns from a replay when it is done: queued and done alike
+    assert 0 < cap["replays_queued_us"] <= cap["replays_done_us"] and "8 replays queued in" in printed
 
 
 def test_a_fallback_in_a_pinned_policy_fails_the_check():

@@ -127,3 +127,16 @@ def test_length_feeds_rewritten_in_place_equal_fresh_ones(tiny, form):
             assert list(again) == list(fresh)
             for name in fresh:
                 np.testing.assert_array_equal(again[name], fresh[name], err_msg=f"{name} at length {length}, M={M}")
+
+
+def test_a_session_onnxruntime_makes_on_another_provider_than_asked_is_refused(tiny):
+    """onnxruntime falls back to the CPU EP with a warning when the provider asked for is unavailable (its package,
+    or the CUDA libraries it loads, missing): device buffers bound into that session would not run."""
+    import onnxruntime as ort
+
+    from mtplab.runtime.sessions import make_session
+
+    wanted = next(p for p in ("CUDAExecutionProvider", "ROCMExecutionProvider", "DmlExecutionProvider")
+                  if p not in ort.get_available_providers())
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=rf"target.onnx's session on \['CPUExecutionProvider'\], not on {wanted}"):
+        make_session(tiny.target, provider=(wanted, {}))

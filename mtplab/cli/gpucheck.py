@@ -61,6 +61,7 @@ def capture_check(art, backend: str, tokens: int) -> dict:
     planned = eng.greedy(prompt, tokens)
     eager = eng.greedy(prompt, tokens, eager=True)
     st = eng.target.state[Slot.PRIMARY]
+    queued, done = replay_queue_time(eng)
     return {
         "identical": planned.tokens == eager.tokens,
         "tokens": tokens,
@@ -69,7 +70,30 @@ def capture_check(art, backend: str, tokens: int) -> dict:
         "captures": st.captures,
         "replays": st.replays,
         "graphs": eng.device.graph_stats(),
+        "replays_queued_us": queued,
+        "replays_done_us": done,
     }
+
+
+def replay_queue_time(eng, replays: int = 8, repeats: int = 9) -> tuple[float, float]:
+    """Microseconds to hand `replays` replays of the Primary plan over, back to back, and until the device has done
+    them (medians): near equal on a device means each replay waits for the device (an onnxruntime whose graph replay
+    synchronizes its stream), and the engine's host cannot run ahead of it. Run last: it advances the state."""
+    from mtplab.runtime.executor import Slot
+
+    plan, session, backend, sync = (eng.target.state[Slot.PRIMARY].plan, eng.target.sessions[Slot.PRIMARY],
+                                    eng.target.backend, eng.device.sync)
+    queued, done = [], []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(replays):
+            backend.replay(session, plan)
+        t1 = time.perf_counter()
+        sync()
+        queued.append(t1 - t0)
+        done.append(time.perf_counter() - t0)
+    return float(np.median(queued) * 1e6), float(np.median(done) * 1e6)
 
 
 def _first_line(err: BaseException) -> str:
@@ -225,7 +249,8 @@ def _prepare(name: str, backend: str, tokens: int) -> tuple:
     else:
         how = (
             f"{'OK' if capture['identical'] else 'FAIL'} (greedy with graphs == eager, {capture['replays']} replays; "
-            f"greedy {capture['replay_tok_s']:.0f} tok/s replayed vs {capture['eager_tok_s']:.0f} eager)"
+            f"greedy {capture['replay_tok_s']:.0f} tok/s replayed vs {capture['eager_tok_s']:.0f} eager; "
+            f"8 replays queued in {capture['replays_queued_us']:.0f} us, done in {capture['replays_done_us']:.0f} us)"
         )
     print(
         f"{name}: built {art.config.dtype} ({art.config.graph_form} form) in {built:.1f} s; capture check {how}; "

@@ -183,7 +183,8 @@ class OpReplay:
     their own, copied into the states after the run. One binding per n, for the very arrays it binds (checked by
     identity, dtype, shape and strides at every commit); it is made once the same arrays come back from one commit
     to the next. Arrays new at every commit (a policy whose verify runs into temporaries) are fed as copies, as
-    before: a binding made per commit would cost more than it saves."""
+    before: a binding made per commit would cost more than it saves. On a device the graph runs on the host too: each
+    state and role is copied over (Device.read: every copy a counted wait for the device) and the presents back."""
 
     def __init__(self, desc, device):
         import onnxruntime as ort
@@ -192,6 +193,7 @@ class OpReplay:
         from mtplab.model.surgery import replay_graph
 
         self.desc, self.xp = desc, device.xp
+        self.to_host = to_numpy if device.xp is np else device.read  # a device's copy to the host waits for it
         graph, self.layers = replay_graph(desc)
         self.session = ort.InferenceSession(graph, session_options(1), providers=["CPUExecutionProvider"])
         io = desc.target
@@ -219,10 +221,11 @@ class OpReplay:
 
     def _replay_fed(self, st, ver: dict, n: int) -> None:
         feeds = {}
+        to_host = self.to_host
         for s, roles in self.roles:
-            feeds[f"past_state.{s.layer}"] = to_numpy(st.gdn[s.layer])
+            feeds[f"past_state.{s.layer}"] = to_host(st.gdn[s.layer])
             for role, name in roles:
-                feeds[f"{role}.{s.layer}"] = np.ascontiguousarray(to_numpy(ver[name])[:, :n])
+                feeds[f"{role}.{s.layer}"] = np.ascontiguousarray(to_host(ver[name])[:, :n])
         names = [f"present.{s.layer}" for s, _ in self.layers]
         for (s, _), present in zip(self.layers, self.session.run(names, feeds)):
             st.gdn[s.layer][...] = self.xp.asarray(present)

@@ -306,7 +306,9 @@ class Engine:
         self.acceptance.new_generation()
 
     def setup_done(self) -> None:
-        """The untimed setup (prefills) ends here: the audit holds timed windows to it; forward stamps start over."""
+        """The untimed setup (prefills) ends here, its queued work done (Device.sync): the audit holds timed windows
+        to it; forward stamps start over."""
+        self.device.sync()
         self.opened = time.perf_counter()
         self.first_forward = self.last_forward = None
 
@@ -333,7 +335,9 @@ class Engine:
         t0 = time.perf_counter()
         if decoder is not None:
             self._decode_greedily(decoder, tokens, rows, gaps, n, keep_logits, margins)
-        if margins:
+        if xp is np:  # host scalars: one array from the list (np.stack makes an array of each first)
+            host = [self.device.read(np.array(tokens)), np.array(gaps)]
+        elif margins:
             host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(gaps)]))
         else:
             host = [self.device.read(xp.stack(tokens)), []]

@@ -22,7 +22,9 @@ PHASES = ("decode", "draft", "verify", "commit")
 
 
 class Phases:
-    """Seconds per phase of a run's steps, lap by lap."""
+    """Seconds per phase of a run's steps, lap by lap, on the host's clock. On a device whose runs return once
+    queued (CUDA) a lap ends when its phase's work is queued: the device time of the decode and the drafts lands in
+    the phase that waits for it, the verify's read (its lap then holds the step's device time)."""
 
     def __init__(self):
         self.seconds = dict.fromkeys(PHASES, 0.0)

@@ -74,28 +74,31 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
             st.lengths[...] = L0
+            engine.device.sync()
             t0 = time.perf_counter()
             if engine.commit_strategy.verify_in_place:
                 apply(ver, counts, rows, ids, L0)
             else:
                 apply(ver, counts, rows)
+            engine.device.sync()
             times.append(time.perf_counter() - t0)
         return float(np.mean(times[1:]))
 
     from mtplab.engine.engine import commits_on
 
     strategies, skipped = commits_on(engine.desc)
+    sync = engine.device.sync
     forward(1), forward(1)  # Primary's plan captured before the first reference sample
-    paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps), "target/1")
+    paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps, sync), "target/1")
     add = paired.add
     for _ in range(repeats):
         for M in range(2, top + 1):
             forward(M)
             for _ in range(FORWARD_SAMPLES):
-                add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps))
+                add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps, sync))
         for k in range(1, top):
             add(f"draft/{k}", lambda k=k: _block_time(
-                lambda: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps))
+                lambda: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_step() for _ in range(reps)])))
         batching.start(engine, prompts)

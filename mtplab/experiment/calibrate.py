@@ -95,14 +95,18 @@ def cache_path(key: dict) -> Path:
     return root / "calibration" / f"{key['preset']}-{digest}.json"
 
 
-def _block_time(fn, reps: int) -> float:
+def _block_time(fn, reps: int, sync: Callable[[], None]) -> float:
     """Seconds per call over `reps` calls in a row, after one untimed call (a slot whose plan the item before left
     at another size recaptures there): a sample pays the occasional slow call, as a run does (a median of single
-    calls would hide it, and a speculative step's wide forwards are the ones that have it)."""
+    calls would hide it, and a speculative step's wide forwards are the ones that have it). sync (Device.sync) at
+    both ends: on a device whose runs return once queued, the block holds its calls' device time, queued back to
+    back as a run queues them."""
     fn()
+    sync()
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
+    sync()
     return (time.perf_counter() - t0) / reps
 
 
@@ -243,30 +247,33 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         engine.save_state()
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
+            engine.device.sync()
             t0 = time.perf_counter()
             engine.commit(ver, [tok] * n, L0)
+            engine.device.sync()
             times.append(time.perf_counter() - t0)
         return float(np.mean(times[1:]))
 
     strategies, skipped = commits_on(engine.desc)
+    sync = engine.device.sync
     forward(1), forward(1)  # Primary's plan captured before the first reference sample
-    paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps), "target/1")
+    paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps, sync), "target/1")
     add = paired.add
     for _ in range(repeats):
         for M in range(2, top + 1):
             forward(M)  # untimed: with _block_time's own untimed call, a first size's warm-up and capture both
             for _ in range(FORWARD_SAMPLES):
-                add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps))
+                add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps, sync))
         if engine.primary_desc is not engine.desc:  # Primary runs the user's graph, Verify mtplab's copy
             copy_forward()  # the Verify plan's size changes: untimed
             for _ in range(FORWARD_SAMPLES):
-                add("copy/1", lambda: _block_time(copy_forward, reps))
+                add("copy/1", lambda: _block_time(copy_forward, reps, sync))
         for M in range(1, top + 1):
-            add(f"eager/{M}", lambda M=M: _block_time(lambda: eager(M), reps))
+            add(f"eager/{M}", lambda M=M: _block_time(lambda: eager(M), reps, sync))
         head()
-        add("head", lambda: _block_time(head, reps))
+        add("head", lambda: _block_time(head, reps, sync))
         for k in range(1, top):
-            add(f"draft/{k}", lambda k=k: _block_time(lambda: draft(k), reps))
+            add(f"draft/{k}", lambda k=k: _block_time(lambda: draft(k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_token() for _ in range(reps)])))
         engine.start(prompt)  # back to the state the other items are measured from

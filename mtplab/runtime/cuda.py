@@ -138,10 +138,16 @@ class CudaGraphBackend:
         live = in_place_arrays(binds, address)
         saved = [a.copy() for a in live]
         free_before = self.mem_free()
-        session.run_with_iobinding(io, ro)  # warm-up x2, capture, replay: in-place state advanced 3x
-        for a, s in zip(live, saved):
-            a[...] = s
-        session.run_with_iobinding(io, ro)  # one replay: this step's forward
+        try:
+            session.run_with_iobinding(io, ro)  # warm-up x2, capture, replay: in-place state advanced 3x
+            for a, s in zip(live, saved):
+                a[...] = s
+            session.run_with_iobinding(io, ro)  # one replay: this step's forward
+        except RuntimeError as err:  # onnxruntime's run error: an op it cannot capture, memory taken mid-capture
+            for a, s in zip(live, saved):  # the state as before this forward, which the slot then runs eager
+                a[...] = s
+            self.ids.retire(gid)
+            raise CaptureDeclined(f"onnxruntime did not capture graph {gid}: {' '.join(str(err).split())}") from err
         self.ids.account(gid, free_before - self.mem_free())
         self.calls["capture"] += 1
         return CudaPlan(io, gid, ro)

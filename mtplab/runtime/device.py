@@ -44,12 +44,22 @@ class Device:
     threads: int = 0  # intra-op threads of every session it makes (RunConfig.threads; 0: onnxruntime's default)
     new_pool: Callable[[], Any] | None = None  # a fresh memory pool (CuPy's MemoryPool), for private arenas
     shared_pool: Any = None
+    synchronize: Callable[[], None] | None = None  # waits for the work queued so far (cuda_device: its stream's)
     reads: int = 0
+    syncs: int = 0
 
     def read(self, a: Any) -> np.ndarray:
-        """Bring a device array to the host: the host waits for the device here, and only here."""
+        """Bring a device array to the host: inside a timed run, the host waits for the device here, and only here."""
         self.reads += 1
         return to_numpy(a)
+
+    def sync(self) -> None:
+        """Wait until the device has done the work queued so far, at the edge of a timed window (a setup's end, a
+        calibration block's ends), so the window holds its own work only; counted apart from `read`. Nothing on the
+        CPU EP, whose runs return when done."""
+        if self.synchronize is not None:
+            self.syncs += 1
+            self.synchronize()
 
     def session(self, path, shared: dict | None = None):
         return make_session(path, shared, threads=self.threads, provider=self.provider)
@@ -151,7 +161,9 @@ def cuda_device(graphs_per_slot: int, threads: int = 0) -> Device:
 
     from mtplab.runtime.cuda import CudaGraphBackend, GraphIds
 
-    options = {"enable_cuda_graph": "1", "user_compute_stream": str(_process_stream().ptr)}
+    stream = _process_stream()
+    stream.use()  # CuPy's current stream is per thread: this device's work is queued from the thread that made it
+    options = {"enable_cuda_graph": "1", "user_compute_stream": str(stream.ptr)}
     backend = CudaGraphBackend(
         GraphIds(per_slot=graphs_per_slot), ort.RunOptions, mem_free=lambda: cupy.cuda.runtime.memGetInfo()[0]
     )
@@ -165,17 +177,17 @@ def cuda_device(graphs_per_slot: int, threads: int = 0) -> Device:
         threads=threads,
         new_pool=cupy.cuda.MemoryPool,
         shared_pool=cupy.cuda.MemoryPool(),
+        synchronize=stream.synchronize,
     )
 
 
 @functools.cache
 def _process_stream():
-    """One non-blocking stream for the process, made current for CuPy: every engine's work is ordered on it."""
+    """One non-blocking stream for the process (cuda_device makes it CuPy's current one): every engine's work is
+    ordered on it."""
     import cupy
 
-    stream = cupy.cuda.Stream(non_blocking=True)
-    stream.use()
-    return stream
+    return cupy.cuda.Stream(non_blocking=True)
 
 
 def device_for(backend: str, max_recaptures: int = 3, threads: int = 0) -> Device:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -101,16 +102,22 @@ def make_session(
     so = session_options(threads)
     for name, value in (shared or {}).items():
         so.add_initializer(name, value)
+    ep = provider if isinstance(provider, str) else provider[0]
     try:
-        return ort.InferenceSession(str(path), so, providers=[provider])
+        session = ort.InferenceSession(str(path), so, providers=[provider])
     except Exception as err:
         op, text = failing_op(err), str(err)
         if op is None or not ("Kernel not found" in text or "Could not find an implementation" in text):
             raise
-        ep = provider if isinstance(provider, str) else provider[0]
         since = KERNEL_SINCE.get((op, ep))
         hint = f": its first {ep} kernel ships in onnxruntime {since}" if since else ""
         raise RuntimeError(f"onnxruntime {ort.__version__} has no {ep} kernel for {op}{hint} ({path})") from err
+    if ep not in session.get_providers():  # onnxruntime falls back to the CPU EP with a warning, e.g. when the
+        # CUDA EP's libraries (CUDA, cuDNN) do not load: device buffers bound into a CPU session would not run
+        raise ValueError(f"onnxruntime {ort.__version__} made {Path(path).name}'s session on {session.get_providers()}, "
+                         f"not on {ep}: {ep} is not available here (its onnxruntime package, or the libraries it loads, "
+                         "are missing; `mtplab doctor` says what is installed)")
+    return session
 
 
 def refused_run(what: str, err: BaseException) -> ValueError:
