@@ -68,6 +68,15 @@ def test_clean_points_pass_the_audit_without_warnings(tiny, commit, changes):
     assert not [w for w in r.warnings if w["name"] != "efficiency"], r.warnings
 
 
+def test_an_unpinned_workspace_moving_more_often_in_a_timed_round_is_told_not_failed(tiny):
+    """Under `sibling` the Verify workspace lands where the pool puts it: a short run (before max_recaptures) can
+    invalidate more plans in a timed round than in the checked run. That is what the policy measures: a warning."""
+    r = _point(tiny, policy="sibling", k=1, tokens=8, rounds=1)
+    assert r.lossless and r.identity["timed_audit"]["problems"] == [], r.verdict
+    (w,) = [w for w in r.warnings if w["name"] == "timed_invalidations"]
+    assert "the verify slot invalidated" in w["message"] and "policy 'sibling'" in w["message"]
+
+
 def test_timed_greedy_running_every_decode_eager_is_a_mismatch_not_a_speedup(tiny, monkeypatch):
     _timed_greedy(monkeypatch, lambda real, self, p, n: real(self, p, n, eager=True, margins=False))
     _mismatch(_point(tiny), "greedy: primary ran 48 eager forwards and 0 through its plan")

@@ -10,7 +10,8 @@ import pytest
 from mtplab.check.batch import checked_batch
 from mtplab.check.verdict import verdict
 from mtplab.engine import batch
-from mtplab.engine.engine import Engine, batch_problem
+from mtplab.engine.engine import Engine
+from mtplab.engine.fit import batch_problem
 from mtplab.experiment.config import ConfigError, RunConfig, point_id
 
 N = 40

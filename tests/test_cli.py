@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -23,11 +24,13 @@ from mtplab.runtime.device import cuda_available
         (["--tokens", "100000"], "exceeds the tiny model's max_seq_len 256"),
         (["--schedule", "eagle"], "unknown --schedule 'eagle'"),
         (["--seed", "-1"], "--seed -1: must be an integer >= 0"),
+        (["--seed", str(2**63)], f"--seed {2**63}: must be an integer >= 0 (at most 2**63 - 1)"),  # a results table's int64
         (["--rounds", "1000000000"], "--rounds 1000000000: must be an integer in 1..1000"),
         (["--threads", "20000"], "--threads 20000: must be an integer in 0.."),
         (["--model", "tiny"], "--preset 'tiny' and --model 'tiny': name the model once"),
         (["--tokens", "1"], "--tokens 1: must be an integer >= 2"),
         (["--out", "."], "--out .: is a folder; give a file path"),
+        (["--engine", "ort-genai", "--k", "17"], "--k 17 with --engine 'ort-genai': its MtpGenerator drafts at most 16"),
     ],
 )
 def test_bad_options_fail_before_any_work(args, message, capsys):
@@ -184,8 +187,9 @@ def test_calibrate_refuses_what_a_run_would_refuse_in_the_runs_words(capsys):
 
 
 def test_every_output_path_is_checked_before_any_work(tmp_path, capsys):
-    afile = tmp_path / "afile"
+    afile, fifo = tmp_path / "afile", tmp_path / "fifo"
     afile.write_text("")
+    os.mkfifo(fifo)
     cases = [
         (["calibrate", "--model", "tiny", "--out", str(tmp_path)], "--out " + str(tmp_path) + ": is a folder"),
         (["compare", str(tmp_path), str(tmp_path), "--out", str(tmp_path)], "is a folder; give a file path"),
@@ -194,11 +198,29 @@ def test_every_output_path_is_checked_before_any_work(tmp_path, capsys):
         (["model", "build", "--preset", "tiny", "--out", str(afile / "x")], f"{afile} is a file, not a folder"),
         (["model", "export-genai", "--preset", "tiny", "--out", str(afile)], f"--out {afile}: is a file, not a folder"),
         (["doctor", "--gpu-check", "--out", str(tmp_path)], "is a folder; give a file path"),
+        # written by renaming a new file over the path: a device or a pipe would be replaced by a plain file
+        (["run", "--preset", "tiny", "--out", "/dev/null"], "--out /dev/null: is a device, not a regular file"),
+        (["calibrate", "--model", "tiny", "--out", str(fifo)], f"--out {fifo}: is a named pipe, not a regular file"),
+        # root passes every permission check: the folder is asked to take a file (others are told it is not writable)
+        (["run", "--preset", "tiny", "--out", "/proc/mtplab.json"], "--out /proc/mtplab.json: /proc "),
     ]
     for args, message in cases:
         assert main(args) == 2, args
         assert message in capsys.readouterr().err, args
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written, no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "fifo"]  # nothing written, no temp file left
+    assert Path("/dev/null").is_char_device()
+
+
+def test_a_result_written_through_a_symbolic_link_goes_to_its_target(tmp_path):
+    from mtplab.base.files import output_file_problem, write_atomic
+
+    target, link = tmp_path / "results.json", tmp_path / "latest.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    assert output_file_problem("--out", link) is None
+    write_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "latest.json", "results.json"]
 
 
 def test_a_plugin_that_does_not_import_is_one_line_for_any_command(monkeypatch, capsys):

@@ -177,6 +177,30 @@ def test_sigint_finishes_running_points_collects_and_resume_runs_the_rest(tmp_pa
     assert_resume_runs_exactly_the_missing_points(cmd, points, 2)
 
 
+@pytest.mark.parametrize("how", ["Ctrl-C", "kill"])
+def test_a_signal_while_the_calibration_is_measured_ends_the_sweep_as_interrupted(tmp_path, tiny, how):
+    import psutil
+
+    proc = start_sweep(sweep_command(tmp_path, QUICK | {"k": [1]}, workers=1))
+    calibrating = lambda: [c for c in psutil.Process(proc.pid).children() if "calibrate" in c.cmdline()]  # noqa: E731
+    wait_for(lambda: bool(calibrating()))
+    child = calibrating()[0]
+    if how == "Ctrl-C":
+        os.killpg(proc.pid, signal.SIGINT)  # the whole process group, the calibration's process too
+    else:
+        os.kill(proc.pid, signal.SIGTERM)  # the sweep's process only: it stops the calibration's
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    said = "SIGINT" if how == "Ctrl-C" else "SIGTERM"
+    assert f"{said}: the calibration was being measured; no point ran" in err and "--resume" in err, err
+    assert "Traceback" not in err
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    sweep_dir = tmp_path / "results" / "quick"
+    s = json.loads((sweep_dir / "sweep.json").read_text())
+    assert s["interrupted"] and s["ok"] == 0 and not (sweep_dir / "calibration.json").exists()
+    assert not (sweep_dir / ".sweep.lock").exists() and not list((sweep_dir / "points").iterdir())
+
+
 def test_a_second_signal_cancels_the_running_points(tmp_path, tiny):
     import psutil
 
@@ -204,6 +228,27 @@ def test_a_second_sweep_on_the_same_folder_is_refused_naming_the_holder(tmp_path
     assert proc.returncode == 0, err
     df = pd.read_parquet(tmp_path / "results" / "quick" / "results.parquet")
     assert df.point_id.is_unique and len(df) == 1 and (df.status == "ok").all()
+
+
+@pytest.mark.parametrize("damage, words", [
+    (("sweep.json", "{}"), "sweep.json: not a sweep's summary (it lacks name, points, ok, mismatch, failed, interrupted)"),
+    (("sweep.json", "x\n{"), "sweep.json: not a sweep's summary (Expecting value"),
+    (("results.parquet", "junk"), "results.parquet: not a readable results table (Parquet"),
+])
+def test_a_damaged_summary_or_table_is_named_before_a_report_starts(smoke, tmp_path, damage, words):
+    import shutil
+
+    from mtplab.report.compare import compare_html
+
+    sweep_dir = tmp_path / "smoke"
+    shutil.copytree(smoke, sweep_dir)
+    name, text = damage
+    (sweep_dir / name).write_text(text)
+    for make in (lambda: make_report(sweep_dir), lambda: compare_html(sweep_dir, sweep_dir)):
+        with pytest.raises(ValueError, match=re.escape(words)) as err:
+            make()
+        assert "--resume" in str(err.value)
+    assert not (sweep_dir / "report.ipynb").exists() and not (sweep_dir / "report.html").exists()
 
 
 def test_a_corrupt_point_is_named_moved_aside_and_run_again(smoke, tmp_path, capsys):

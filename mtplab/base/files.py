@@ -17,7 +17,13 @@ KEPT = 4096  # digests remembered (the oldest go first)
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write via a temp file in the same folder and rename: readers never see half a file."""
+    """Write via a temp file in the same folder and rename: readers never see half a file. A symbolic link's target is
+    the file written (the link stays); anything else that is not a regular file (a device, a pipe) is refused."""
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path}: {_kind(path)}, not a regular file: mtplab writes results to files only")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     umask = os.umask(0)
@@ -77,14 +83,35 @@ def output_file_problem(option: str, path) -> str | None:
     path = Path(path)
     if path.is_dir():
         return f"{option} {path}: is a folder; give a file path"
-    return _writable_problem(option, path, path.parent)
+    if path.exists() and not path.is_file():  # written by renaming a new file over it: a device would be replaced
+        return f"{option} {path}: {_kind(path)}, not a regular file; give a file path"
+    return _writable_problem(option, path, path.resolve().parent)
+
+
+def _kind(path: Path) -> str:
+    """What a path that is neither a folder nor a regular file is, in words."""
+    if path.is_char_device() or path.is_block_device():
+        return "is a device"
+    if path.is_fifo():
+        return "is a named pipe"
+    if path.is_socket():
+        return "is a socket"
+    return "is not a regular file" if path.exists() else "does not exist"
 
 
 def _writable_problem(option: str, path: Path, folder: Path) -> str | None:
-    """Why `folder` (made where missing) cannot be written into, told as a problem with `option` `path`, or None."""
+    """Why `folder` (made where missing) cannot be written into, told as a problem with `option` `path`, or None.
+    The nearest existing folder is asked to take a new file, as the write at the end will (file permissions alone do
+    not say it: root passes them on a read-only or virtual file system)."""
     existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
     if not existing.is_dir():
         return f"{option} {path}: {existing} is a file, not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{option} {path}: {existing} is not writable"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mtplab-probe.", dir=existing)
+    except OSError as err:
+        return f"{option} {path}: {existing} does not take a new file ({err.strerror or err})"
+    os.close(fd)
+    Path(probe).unlink(missing_ok=True)
     return None

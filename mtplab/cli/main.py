@@ -195,8 +195,11 @@ def _run(args) -> int:
         dedicate_process(run)
     try:
         model = None
-        if run.model not in PRESETS:  # a folder is opened once and checked against the run before anything is measured
-            from mtplab.engine.engine import check_run_on_model, model_for
+        # a folder is opened once and checked against the run before anything is measured; a preset is checked from
+        # its config, but a batch's memory needs its build (made here, as the calibration would)
+        if run.model not in PRESETS or run.batch > 1:
+            from mtplab.engine.engine import model_for
+            from mtplab.engine.fit import check_run_on_model
 
             model = model_for(run)
             check_run_on_model(run, model.description)

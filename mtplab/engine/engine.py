@@ -19,13 +19,13 @@ import numpy as np
 
 from mtplab.engine.acceptance import top2_margin_xp
 from mtplab.engine.drafters import Drafter, MtpDrafter
+from mtplab.engine.fit import check_run_on_model
 from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset_config
-from mtplab.model.config import capacity_problem, k_problem
 from mtplab.model.description import GraphIO, beyond_capacity, length_feeds
 from mtplab.runtime.arena import to_numpy
-from mtplab.runtime.device import Device, backend_problem, device_for
+from mtplab.runtime.device import Device, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
 from mtplab.runtime.policy import policy, presize, slot_memory
 from mtplab.runtime.sessions import MtpState, TargetState, checked_length, fixed_io, mtp_io, refused_run, target_io
@@ -531,50 +531,3 @@ def own_weights(shared: dict | None, own) -> dict | None:
     from mtplab.model.surgery import ADDED
 
     return {name: value for name, value in shared.items() if not name.startswith(ADDED)}
-
-
-def commits_on(desc) -> tuple[list[str], dict[str, str]]:
-    """The registered commit strategies this model runs, and {name: why} for those it refuses."""
-    refused = {c.name: why for c in COMMITS.values() if (why := c.refusal(desc)) is not None}
-    return [name for name in COMMITS.names() if name not in refused], refused
-
-
-def reference_run(run: RunConfig, desc) -> RunConfig:
-    """The run of an engine that only decodes greedily (a reference for another engine): k=1 and a commit the
-    model supports, whatever the run asks of its own engine."""
-    supported, _ = commits_on(desc)
-    commit = run.commit if run.commit in supported else (supported or [run.commit])[0]
-    return run.replace(engine="mtplab", k=1, commit=commit)
-
-
-def batch_problem(batch: int, desc) -> str | None:
-    """Why a model cannot decode `batch` rows together, or None: every row's M > 1 forward needs per-row query
-    lengths (GroupQueryAttention's query_seqlens), and the lengths must travel per row (seqlens_k, not a mask)."""
-    if batch == 1:
-        return None
-    io = desc.target
-    if io.positions or desc.mtp.positions:
-        return f"batch={batch} on {desc.name}: its graphs take position_ids, which mtplab feeds for batch 1 only"
-    if io.lengths != "seqlens" or not io.query_seqlens or not desc.mtp.query_seqlens:
-        return (f"batch={batch} on {desc.name}: its graphs take {'an attention_mask' if io.lengths != 'seqlens' else 'no query_seqlens'}, "
-                "so an M > 1 forward after a past runs batch 1 only; batch > 1 needs the built-in model's graph form "
-                "with GroupQueryAttention's query_seqlens (onnxruntime >= 1.32)")
-    return None
-
-
-def check_run_on_model(run: RunConfig, desc) -> None:
-    """ValueError, before any session is made, if the run asks what the model cannot do."""
-    ours = run.engine == "mtplab"  # the peer engine has no commit, and no transitions to hold
-    problems = [
-        problem
-        for problem in (
-            backend_problem(run.backend, desc),
-            k_problem(run.k, desc.transition_capacity) if ours and desc.transition_capacity else None,
-            COMMITS.get(run.commit).refusal(desc) if ours else None,
-            capacity_problem(run.prompt_len, run.tokens, run.k, desc.capacity, f"{desc.name}'s KV capacity"),
-            batch_problem(run.batch, desc),
-        )
-        if problem is not None
-    ]
-    if problems:
-        raise ValueError("; ".join(problems))

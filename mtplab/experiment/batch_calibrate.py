@@ -84,7 +84,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
             times.append(time.perf_counter() - t0)
         return float(np.mean(times[1:]))
 
-    from mtplab.engine.engine import commits_on
+    from mtplab.engine.fit import commits_on
 
     strategies, skipped = commits_on(engine.desc)
     sync = engine.device.sync

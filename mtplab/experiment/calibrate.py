@@ -160,7 +160,8 @@ def _calibration_run(model: str, threads: int, int4: bool = False, **fields) -> 
     """A RunConfig for measuring `model` (int4: a preset's int4 form) with a commit it supports (the calibration
     measures every supported commit itself; which one the engine starts with does not matter), and the opened
     model."""
-    from mtplab.engine.engine import commits_on, model_for
+    from mtplab.engine.engine import model_for
+    from mtplab.engine.fit import commits_on
 
     art = model_for(RunConfig(model=model, threads=threads, int4=int4))
     supported, refused = commits_on(art.description)
@@ -198,7 +199,8 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
             int4: bool = False) -> dict:
     """Measure the calibration of one model (a preset name, int4: its int4 form, or a folder) on `threads`
     intra-op threads (RunConfig.threads: 0 is every core)."""
-    from mtplab.engine.engine import Engine, commits_on, prompt_tokens
+    from mtplab.engine.engine import Engine, prompt_tokens
+    from mtplab.engine.fit import commits_on
 
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]

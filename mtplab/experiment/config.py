@@ -28,20 +28,24 @@ from mtplab.runtime.policy import POLICIES
 
 BACKENDS = ("cpu", "cuda")
 ENGINES = ("mtplab", "ort-genai")
+GENAI_MAX_DRAFTS = 16  # onnxruntime-genai's bound on speculative.max_draft_tokens (it refuses more when the run starts)
 GROUPS = ("model", "decoding", "executor", "measurement")
 
 
+INT64_MAX = 2**63 - 1  # a results table's integer columns are 64-bit: a larger value could never be collected
+
+
 def _integer(lo: int):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= INT64_MAX
 
 
 def _boolean(v) -> bool:
     return isinstance(v, bool)
 
 
-INTEGER_1 = (_integer(1), "an integer >= 1")
-INTEGER_0 = (_integer(0), "an integer >= 0")
-INTEGER_2 = (_integer(2), "an integer >= 2")
+INTEGER_1 = (_integer(1), "an integer >= 1 (at most 2**63 - 1)")
+INTEGER_0 = (_integer(0), "an integer >= 0 (at most 2**63 - 1)")
+INTEGER_2 = (_integer(2), "an integer >= 2 (at most 2**63 - 1)")
 BOOLEAN = (_boolean, "true or false (a boolean)")
 def _number(within):
     """A rule's test: a real number (not a boolean) that `within` accepts (NaN never is)."""
@@ -340,6 +344,9 @@ def run_problems(values: dict) -> list[str]:
             f"engine='ort-genai' runs the real MTP head on the CPU: needs drafter in {peers} and backend='cpu' "
             f"(got drafter={cfg['drafter']!r}, backend={cfg['backend']!r})"
         )
+    if cfg["engine"] == "ort-genai" and cfg["k"] > GENAI_MAX_DRAFTS:
+        problems.append(f"k={cfg['k']} with engine='ort-genai': its MtpGenerator drafts at most {GENAI_MAX_DRAFTS} tokens "
+                        "a step (speculative.max_draft_tokens)")
     problems += sampling_problems(cfg)
     problems += rounds_problems(cfg)
     problems += batch_problems(cfg)
@@ -365,7 +372,7 @@ def run_problems(values: dict) -> list[str]:
     k = cfg["k"]
     if not folder and (problem := k_problem(k)):  # a folder's own limit is checked when it is opened
         problems.append(problem)
-    model = PRESETS.get(cfg["model"])  # a folder's capacity is checked when it is opened (engine.check_run_on_model)
+    model = PRESETS.get(cfg["model"])  # a folder's capacity is checked when it is opened (mtplab.engine.fit.check_run_on_model)
     if model is not None and (
         problem := capacity_problem(cfg["prompt_len"], cfg["tokens"], k, model.max_seq_len,
                                     f"the {cfg['model']} model's max_seq_len")

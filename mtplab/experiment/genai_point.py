@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mtplab.base.threads import threads_used
 from mtplab.check import verdict as oracle
-from mtplab.engine.engine import Engine, model_for, prompt_tokens, reference_run
+from mtplab.engine.engine import Engine, model_for, prompt_tokens
+from mtplab.engine.fit import reference_run
 from mtplab.engine.sampling import settings, settings_text
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_builder import builder_peer_folder

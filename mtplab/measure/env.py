@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mtplab.base.memory import meminfo_gib
+
 
 def _cpu_name() -> str:
     try:
@@ -31,13 +33,8 @@ def package_version(name: str) -> str | None:
 
 def memory_gib() -> float | None:
     """Physical memory of this machine in GiB (None where /proc/meminfo is missing)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except (OSError, ValueError):
-        pass
-    return None
+    total = meminfo_gib("MemTotal")
+    return None if total is None else round(total, 1)
 
 
 def git_revision() -> str | None:

@@ -68,8 +68,8 @@ def speedup_changed(ci_a, ci_b, ratio: float, rounds_a=None, rounds_b=None) -> t
 def _sweep(folder: Path) -> tuple[dict, pd.DataFrame]:
     if not (folder / "sweep.json").exists() or not (folder / "results.parquet").exists():
         raise ValueError(f"{folder} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first")
-    df = store.load(folder)
-    return json.loads((folder / "sweep.json").read_text()), selection.ran(df)
+    summary = store.read_summary(folder)
+    return summary, selection.ran(store.load(folder))
 
 
 def _counter_columns(df: pd.DataFrame) -> list[str]:

@@ -26,6 +26,7 @@ def make_report(sweep_dir: str | Path, notebook: str = "report") -> Path:
         raise ValueError(
             f"{sweep_dir} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first"
         )
+    store.read_summary(sweep_dir)  # a damaged summary is named here, not in a half-run notebook
     store.check_fresh(sweep_dir)
     name, sweep_parameter = PUBLISHED[notebook]
     executed = sweep_dir / f"{name}.ipynb"

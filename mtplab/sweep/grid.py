@@ -222,23 +222,25 @@ def _fail(problems: list[str]) -> None:
 
 def check_models(spec: GridSpec) -> None:
     """Open every model folder the spec names and hold each point to it: a bad folder, or a point its
-    model cannot run (k, commit, tokens), is refused before any point runs."""
-    from mtplab.engine.engine import check_run_on_model
-    from mtplab.model.folders import open_model
+    model cannot run (k, commit, tokens, a batch's memory), is refused before any point runs. A preset is checked from
+    its config, and opened (built where missing, as its calibration would) for a batch > 1's memory."""
+    from mtplab.engine.engine import model_for
+    from mtplab.engine.fit import check_run_on_model
 
     problems, opened = [], {}
     for p in spec.points:
-        if p.run.model in PRESETS:
+        if p.run.model in PRESETS and p.run.batch == 1:
             continue
-        if p.run.model not in opened:
+        key = (p.run.model, p.run.int4)
+        if key not in opened:
             try:
-                opened[p.run.model] = open_model(p.run.model).description
+                opened[key] = model_for(p.run).description
             except ValueError as err:
-                opened[p.run.model] = None
+                opened[key] = None
                 problems.append(f"model: {err}")
-        if opened[p.run.model] is not None:
+        if opened[key] is not None:
             try:
-                check_run_on_model(p.run, opened[p.run.model])
+                check_run_on_model(p.run, opened[key])
             except ValueError as err:
                 problems.append(f"point {p.id}: {err}")
     if problems:

@@ -154,9 +154,15 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
     started = datetime.now(UTC).isoformat(timespec="seconds")
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
-    interrupted = False
+    interrupted = calibrated = False
     if todo:
-        calibrate_sweep(spec, sweep_dir, threads, quiet, fresh=calibration == "fresh")
+        try:
+            calibrate_sweep(spec, sweep_dir, threads, quiet, fresh=calibration == "fresh")
+            calibrated = True
+        except CalibrationInterrupted as err:  # no point has run: what a resume starts with
+            interrupted = True
+            print(f"\n{err}: the calibration was being measured; no point ran", file=sys.stderr)
+    if calibrated:
         pool = make_pool(executor, min(workers, len(todo)), sweep_dir, spec, address)
         stopper = Stopper(pool)
         previous = stopper.install()
@@ -199,7 +205,7 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
         "threads_per_point": used[0] if len(used) == 1 else used,  # what the points ran (the spec's, else the sweep's)
         "load_start": round(load_start, 2),
         "load_end": round(os.getloadavg()[0], 2),
-        "calibration_check": recheck_calibration(sweep_dir) if todo else previous_check(sweep_dir),
+        "calibration_check": recheck_calibration(sweep_dir) if calibrated else previous_check(sweep_dir),
         "env": environment(),
     }
     write_atomic(sweep_dir / "sweep.json", json.dumps(summary, indent=1))
@@ -265,18 +271,40 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
         write_atomic(target, dumps(calibrations, indent=1))
 
 
+class CalibrationInterrupted(Exception):
+    """SIGINT or SIGTERM while the sweep's calibration was measured (its process stopped): the sweep ends as
+    interrupted, before any point."""
+
+
 def _calibrate(cmd: list[str]) -> None:
     """Run `mtplab calibrate` in a process of its own; ValueError with its own last words if it fails (before any
-    point runs: a model folder it cannot run, say)."""
+    point runs: a model folder it cannot run, say). SIGINT or SIGTERM stops that process and raises
+    CalibrationInterrupted."""
     import subprocess
 
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in (done.stderr + done.stdout).splitlines()]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    caught: list[str] = []
+
+    def stop(signum, frame) -> None:
+        caught.append(signal.Signals(signum).name)
+        child.terminate()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        out, err = child.communicate()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught:
+        raise CalibrationInterrupted(caught[0])
+    if child.returncode:
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in (err + out).splitlines()]
         lines = [line for line in lines if line]
         # onnxruntime's own log lines repeat what the error says, at length
         said = ([line for line in lines if not re.search(r"\[[EWI]:onnxruntime", line)] or lines)[-12:]
-        raise ValueError(f"the calibration failed (exit {done.returncode}) before any point ran: `{shlex.join(['mtplab', *cmd[3:]])}` "
+        raise ValueError(f"the calibration failed (exit {child.returncode}) before any point ran: `{shlex.join(['mtplab', *cmd[3:]])}` "
                          "said:\n  " + "\n  ".join(said or ["nothing"]))
 
 
@@ -298,8 +326,12 @@ def recheck_calibration(sweep_dir: Path) -> dict:
 
 
 def previous_check(sweep_dir: Path) -> dict:
-    path = sweep_dir / "sweep.json"
-    return json.loads(path.read_text()).get("calibration_check", {}) if path.exists() else {}
+    """The calibration check the sweep's last summary holds ({} when there is none, or it is damaged: this run
+    writes a new one)."""
+    try:
+        return store.read_summary(sweep_dir).get("calibration_check", {})
+    except ValueError:
+        return {}
 
 
 def progress(counts: dict) -> str:
@@ -372,7 +404,7 @@ def main(args) -> int:
     except ValueError as err:
         print(f"mtplab sweep: {err}", file=sys.stderr)
         return 2
-    s = json.loads((sweep_dir / "sweep.json").read_text())
+    s = store.read_summary(sweep_dir)
     finished = s["ok"] + s["mismatch"] + s["failed"]
     print(f"{sweep_dir}: {progress(s)} of {s['points']} points in {s['wall_seconds']}s")
     if s["interrupted"]:

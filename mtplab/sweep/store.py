@@ -171,14 +171,39 @@ def check_fresh(sweep_dir: str | Path) -> None:
     stamps = [f.stat().st_mtime_ns for folder in folders for f in (folder, *folder.iterdir())]
     how = "is older than the points in" if bool(stamps) and max(stamps) > path.stat().st_mtime_ns else None
     if how is None:  # the same points: a point folder removed since leaves the table naming it
-        has_ids = "point_id" in pq.read_schema(path).names  # a sweep of no points has no columns
-        ids = set(pd.read_parquet(path, columns=["point_id"]).point_id) if has_ids else set()
+        try:
+            has_ids = "point_id" in pq.read_schema(path).names  # a sweep of no points has no columns
+            ids = set(pd.read_parquet(path, columns=["point_id"]).point_id) if has_ids else set()
+        except Exception as err:  # noqa: BLE001 - pyarrow's errors for a damaged file: name the file instead
+            raise _unreadable(path, err) from err
         how = "names other points than those in" if ids != {f.name for f in folders} else None
     if how:
         raise ValueError(
             f"{path} {how} {sweep_dir / 'points'}: re-collect it with "
             f"`mtplab sweep <spec> --name {sweep_dir.name} --resume` (it collects without re-running finished points)"
         )
+
+
+def _unreadable(path: Path, err: BaseException) -> ValueError:
+    return ValueError(f"{path}: not a readable results table ({' '.join(str(err).split())}); it is collected from the "
+                      "point folders: `mtplab sweep <spec> --resume` writes it again")
+
+
+SUMMARY_KEYS = ("name", "points", *STATUSES, "interrupted")  # what every reader of sweep.json takes from it
+
+
+def read_summary(sweep_dir: str | Path) -> dict:
+    """sweep.json, the summary a sweep writes at its end; ValueError naming the file when it is not one."""
+    path = Path(sweep_dir) / "sweep.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a sweep's summary ({err}); `mtplab sweep <spec> --resume` writes it again") from err
+    missing = [key for key in SUMMARY_KEYS if not isinstance(summary, dict) or key not in summary]
+    if missing:
+        raise ValueError(f"{path}: not a sweep's summary (it lacks {', '.join(missing)}); `mtplab sweep <spec> --resume` "
+                         "writes it again")
+    return summary
 
 
 def load(sweep_dir: str | Path) -> pd.DataFrame:
@@ -188,7 +213,10 @@ def load(sweep_dir: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise ValueError(f"{sweep_dir}: no results.parquet (run `mtplab sweep` first)")
     check_fresh(sweep_dir)
-    df = pd.read_parquet(path)
+    try:
+        df = pd.read_parquet(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow's errors for a damaged file: name the file instead
+        raise _unreadable(path, err) from err
     # The generated token ids would collide with config.tokens (how many to generate).
     df = df.rename(columns={"tokens": "generated_tokens"})
     # The result's model record (JSON) would collide with config.model (the folder or preset it names).

@@ -1,0 +1,91 @@
+"""What a run asks of a model, refused before any session is made: the commits the model runs, batches, the KV
+capacity, the memory a batch's state takes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mtplab.base.memory import meminfo_gib
+from mtplab.engine.strategies import COMMITS
+from mtplab.model.config import capacity_problem, k_problem
+from mtplab.runtime.device import backend_problem
+
+if TYPE_CHECKING:  # the config sits above the engine: its fields are read only
+    from mtplab.experiment.config import RunConfig
+
+
+def commits_on(desc) -> tuple[list[str], dict[str, str]]:
+    """The registered commit strategies this model runs, and {name: why} for those it refuses."""
+    refused = {c.name: why for c in COMMITS.values() if (why := c.refusal(desc)) is not None}
+    return [name for name in COMMITS.names() if name not in refused], refused
+
+
+def reference_run(run: RunConfig, desc) -> RunConfig:
+    """The run of an engine that only decodes greedily (a reference for another engine): k=1 and a commit the
+    model supports, whatever the run asks of its own engine."""
+    supported, _ = commits_on(desc)
+    commit = run.commit if run.commit in supported else (supported or [run.commit])[0]
+    return run.replace(engine="mtplab", k=1, commit=commit)
+
+
+def batch_problem(batch: int, desc) -> str | None:
+    """Why a model cannot decode `batch` rows together, or None: every row's M > 1 forward needs per-row query
+    lengths (GroupQueryAttention's query_seqlens), and the lengths must travel per row (seqlens_k, not a mask)."""
+    if batch == 1:
+        return None
+    io = desc.target
+    if io.positions or desc.mtp.positions:
+        return f"batch={batch} on {desc.name}: its graphs take position_ids, which mtplab feeds for batch 1 only"
+    if io.lengths != "seqlens" or not io.query_seqlens or not desc.mtp.query_seqlens:
+        return (f"batch={batch} on {desc.name}: its graphs take {'an attention_mask' if io.lengths != 'seqlens' else 'no query_seqlens'}, "
+                "so an M > 1 forward after a past runs batch 1 only; batch > 1 needs the built-in model's graph form "
+                "with GroupQueryAttention's query_seqlens (onnxruntime >= 1.32)")
+    return None
+
+
+def state_bytes(desc, batch: int, k: int) -> int:
+    """Bytes of the buffers an engine of `batch` rows holds for its sequences: the target's KV and the head's, each
+    conv and recurrent state with its verify snapshot (and its own present where the kernel cannot write in place),
+    both slots' logits. Weights and onnxruntime's own workspace come on top."""
+    kv = sum(2 * kv.heads * desc.capacity * kv.head_dim * kv.np_dtype.itemsize for kv in (*desc.target.kv, *desc.mtp.kv))
+    states = sum(int(np.prod(s.shape[1:])) * s.np_dtype.itemsize * (2 if s.in_place else 3) for s in desc.target.states)
+    return batch * (kv + states + 2 * (k + 1) * desc.vocab_size * 4)
+
+
+MEMORY_SHARE = 0.5  # of the available memory, for the state buffers: weights, the calibration's engine, onnxruntime's
+# workspace and the checks' copies take the rest
+
+
+def memory_problem(run: RunConfig, desc) -> str | None:
+    """Why the run's state buffers would not fit in this machine's available memory (the CPU backend), or None."""
+    available = meminfo_gib("MemAvailable")
+    if run.backend != "cpu" or available is None:
+        return None
+    need = state_bytes(desc, run.batch, run.k) / 2**30
+    if need <= MEMORY_SHARE * available:
+        return None
+    fits = int(MEMORY_SHARE * available * 2**30 // state_bytes(desc, 1, run.k))
+    return (f"batch={run.batch} on {desc.name} needs about {need:.1f} GiB for its state buffers alone (KV, conv and "
+            f"recurrent states, logits), more than {MEMORY_SHARE:.0%} of the {available:.1f} GiB this machine has "
+            f"available: at most about batch={fits} here")
+
+
+def check_run_on_model(run: RunConfig, desc) -> None:
+    """ValueError, before any session is made, if the run asks what the model cannot do."""
+    ours = run.engine == "mtplab"  # the peer engine has no commit, and no transitions to hold
+    problems = [
+        problem
+        for problem in (
+            backend_problem(run.backend, desc),
+            k_problem(run.k, desc.transition_capacity) if ours and desc.transition_capacity else None,
+            COMMITS.get(run.commit).refusal(desc) if ours else None,
+            capacity_problem(run.prompt_len, run.tokens, run.k, desc.capacity, f"{desc.name}'s KV capacity"),
+            batch_problem(run.batch, desc),
+            memory_problem(run, desc),
+        )
+        if problem is not None
+    ]
+    if problems:
+        raise ValueError("; ".join(problems))
