@@ -53,6 +53,9 @@ def test_bad_check_options_fail_before_any_work(tmp_path, capsys):
     out = tmp_path / "check.json"
     assert main(["doctor", "--gpu-check", "--backend", "cpu", "--presets", "huge", "--out", str(out)]) == 2
     assert "presets ['huge'] unknown" in capsys.readouterr().err and not out.exists()
+    for budget in ("-1", "nan"):
+        assert main(["doctor", "--gpu-check", "--backend", "cpu", "--budget", budget, "--out", str(out)]) == 2
+        assert f"budget={float(budget)} s: must be a number of seconds > 0" in capsys.readouterr().err
 
 
 def test_a_capture_failure_is_reported_with_its_op_and_nothing_moves_to_host_memory(monkeypatch):

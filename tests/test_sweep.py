@@ -251,6 +251,19 @@ def test_a_damaged_summary_or_table_is_named_before_a_report_starts(smoke, tmp_p
     assert not (sweep_dir / "report.ipynb").exists() and not (sweep_dir / "report.html").exists()
 
 
+def test_a_result_whose_field_has_another_kind_of_value_is_corrupt(smoke, tmp_path):
+    import shutil
+
+    folders = store.point_folders(smoke / "points")
+    assert folders and all(store.corrupt_reason(f) is None for f in folders)  # what a sweep writes passes
+    folder = tmp_path / "point"
+    shutil.copytree(folders[0], folder)
+    data = json.loads((folder / "result.json").read_text())
+    for name, value, words in (("speedup", "fast", "a number"), ("steps", True, "an integer"), ("slots", [], "an object")):
+        (folder / "result.json").write_text(json.dumps(data | {name: value}))
+        assert store.corrupt_reason(folder) == f"invalid result.json: {name} is {value!r}: it takes {words}"
+
+
 def test_a_corrupt_point_is_named_moved_aside_and_run_again(smoke, tmp_path, capsys):
     import shutil
 

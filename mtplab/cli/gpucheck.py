@@ -291,6 +291,7 @@ def gpu_check(
     problems += [f"k={k} outside 1..{max_k}" for k in ks if not 1 <= k <= max_k] + ["no k given"] * (not ks)
     problems += [f"tokens={tokens} < 8"] * (tokens < 8)
     problems += [f"backend {backend!r} not in {list(BACKENDS)}"] * (backend not in BACKENDS)
+    problems += [f"budget={budget_s} s: must be a number of seconds > 0"] * (not budget_s > 0 or budget_s == float("inf"))
     if problems:
         raise ValueError("; ".join(problems))
     if backend == "cuda":

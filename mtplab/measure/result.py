@@ -74,6 +74,23 @@ class RunResult:
         return flatten(self.to_dict())
 
 
+# A field's kind: the JSON values it takes (a float field is null where it was not finite), in words.
+_KINDS = {"float": ((int, float, type(None)), "a number"), "int": ((int,), "an integer"), "bool": ((bool,), "true or false"),
+          "str": ((str,), "a string"), "list": ((list,), "a list"), "dict": ((dict,), "an object")}
+
+
+def type_problem(data: dict) -> str | None:
+    """The first field of a result.json whose value is not of its field's kind (a number, a list...), or None."""
+    for f in fields(RunResult):
+        kind = _KINDS.get(str(f.type).split("[", 1)[0])
+        if f.name not in data or kind is None:
+            continue
+        value, (types, words) = data[f.name], kind
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"{f.name} is {value!r}: it takes {words}"
+    return None
+
+
 JSON_COLUMNS = (
     "prompt",
     "tokens",

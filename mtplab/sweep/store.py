@@ -85,7 +85,7 @@ def corrupt_reason(folder: Path, config: dict | None = None) -> str | None:
 
     With config, a result.json for another config is invalid too.
     """
-    from mtplab.measure.result import RunResult
+    from mtplab.measure.result import RunResult, type_problem
 
     name = RESULT if (folder / RESULT).exists() else ERROR if (folder / ERROR).exists() else None
     if name is None:
@@ -102,6 +102,8 @@ def corrupt_reason(folder: Path, config: dict | None = None) -> str | None:
         RunResult(**data)
     except TypeError as err:
         return f"invalid {name}: {err}"
+    if problem := type_problem(data):
+        return f"invalid {name}: {problem}"
     if config is not None and not same_config(data["config"], config):
         return f"invalid {name}: its config is not this point's"
     return None
