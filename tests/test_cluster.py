@@ -96,6 +96,21 @@ def test_ray_executor_without_ray_says_how_to_install(tmp_path, monkeypatch):
         run_sweep(grid.load(preset="smoke"), tmp_path, executor="ray", quiet=True)
 
 
+def test_a_cluster_address_nothing_answers_is_refused_before_the_calibration(tmp_path):
+    import socket
+
+    from mtplab.sweep.cluster import address_problem
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"--address 127.0.0.1:{port}: nothing answers there"):
+            run_sweep(grid.load(preset="smoke"), tmp_path, executor="ray", address=f"127.0.0.1:{port}", quiet=True)
+    assert not list(tmp_path.iterdir())  # no sweep folder, no calibration
+    assert "host:port or ray://host:port" in address_problem("bogus")
+    assert address_problem("auto") is None and address_problem(None) is None
+
+
 def test_resources_can_be_overridden_in_the_spec():
     spec = grid.parse({"defaults": {"model": "tiny"}, "k": [1], "resources": {"num_cpus": 2}})
     assert spec.resources == {"num_cpus": 2}

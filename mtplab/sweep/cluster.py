@@ -26,6 +26,23 @@ def require_ray():
     return ray
 
 
+def address_problem(address: str | None, timeout: float = 3.0) -> str | None:
+    """Why nothing would answer a Ray cluster `address` (host:port, or ray://host:port), or None: told before the
+    sweep's calibration, where ray.init would retry for minutes. "auto", "local" and no address are Ray's own."""
+    import socket
+
+    if not address or address in ("auto", "local"):
+        return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return f"--address {address}: a Ray cluster's address is host:port or ray://host:port (or auto)"
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        return f"--address {address}: nothing answers there ({err.strerror or err}); is the cluster's head running?"
+    return None
+
+
 def run_point_task(point, timeout: int, threads: int) -> tuple[str, str, str | None, dict[str, bytes]]:
     """Body of a Ray task: execute one point in scratch space and hand back its files."""
     from mtplab.sweep.point_exec import execute_point

@@ -113,9 +113,11 @@ def run_sweep(
     sweep_dir = results_root / (name or spec.name)
     points_dir = sweep_dir / "points"
     if executor == "ray":
-        from mtplab.sweep.cluster import require_ray
+        from mtplab.sweep.cluster import address_problem, require_ray
 
         require_ray()
+        if problem := address_problem(address):
+            raise ValueError(problem)
     if executor == "local" and any(p.run.backend == "cuda" for p in spec.points):
         from mtplab.runtime.device import require_cuda
 
