@@ -77,6 +77,37 @@ def test_an_unpinned_workspace_moving_more_often_in_a_timed_round_is_told_not_fa
     assert "the verify slot invalidated" in w["message"] and "policy 'sibling'" in w["message"]
 
 
+@pytest.mark.parametrize("changes, name", [
+    ({"seed": 2}, "timed_fallbacks"),
+    ({"seed": 0, "policy": "shared-jit", "retain_decode_graph_across_spec": False}, "timed_invalidations"),
+])
+def test_a_recapture_budget_spent_at_another_step_is_told_not_failed(tiny, changes, name):
+    """readvance-batched invalidates Primary's M=1 plan at every re-advance; a timed round starts from the plan the
+    run before it left, so max_recaptures runs out at another step than in the checked run: told, not failed."""
+    r = _point(tiny, k=2, commit="readvance-batched", schedule="fused", tokens=24, **changes)
+    assert r.lossless and r.identity["timed_audit"]["problems"] == [], r.verdict
+    (w,) = [w for w in r.warnings if w["name"] == name]
+    assert "the primary slot" in w["message"] and "max_recaptures=3 reached in one of them" in w["message"]
+
+
+def test_a_replay_into_memory_another_owner_holds_with_the_check_on_fails_the_run_check(tiny, monkeypatch):
+    """Planted: the replay check forgets the workspace block its plan was bound to, so under `sibling` a plan replays
+    into a block the pool gave to another owner. The executor counts such replays as hazards; with the signature
+    check on there must be none."""
+    from mtplab.runtime.signature import ReplayCheck
+
+    real = ReplayCheck.stage
+
+    def stage_ignoring_the_block(self, memory, feeds, outputs, bound):
+        self.block = memory.block
+        return real(self, memory, feeds, outputs, bound)
+
+    monkeypatch.setattr(ReplayCheck, "stage", stage_ignoring_the_block)
+    r = _point(tiny, policy="sibling", tokens=40)
+    _run_check_failed(r, "the verify slot replayed a plan into memory another owner held",
+                      "with the signature check on")
+
+
 def test_timed_greedy_running_every_decode_eager_is_a_mismatch_not_a_speedup(tiny, monkeypatch):
     _timed_greedy(monkeypatch, lambda real, self, p, n: real(self, p, n, eager=True, margins=False))
     _mismatch(_point(tiny), "greedy: primary ran 48 eager forwards and 0 through its plan")

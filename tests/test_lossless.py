@@ -67,6 +67,33 @@ def test_a_skipped_restore_is_caught_at_the_first_commit(tiny, commit, monkeypat
     assert r.identity["state_first_divergence"]["step"] == 1  # the verify's advance is never undone
 
 
+@pytest.mark.parametrize("commit", COMMITS)
+def test_a_commit_keeping_one_token_too_many_is_caught_at_the_first_commit_not_crashed(tiny, commit, monkeypatch):
+    real = Engine.commit
+
+    def commit_one_more(self, ver, consumed, start=None):
+        real(self, ver, consumed, start)
+        self.state.length += 1  # the planted bug: the state claims a token no forward wrote
+
+    monkeypatch.setattr(Engine, "commit", commit_one_more)
+    r = _run(tiny, commit)
+    _failed(r)
+    assert r.identity["state_first_divergence"]["step"] == 1
+
+
+def test_a_committed_length_beyond_every_emitted_token_is_a_divergence_with_its_words(tiny):
+    from mtplab.check.lossless import Lockstep
+    from mtplab.check.verdict import StateRule
+
+    lock = Lockstep.start(tiny, [1, 2, 3], [4, 5], StateRule(True, 0.0, "bitwise"))
+    lock.check(1, 7, {})  # 7 tokens committed: the prompt's 3 and the 2 emitted are all there are
+    assert lock.first_divergence == {"step": 1, "length": 7, "tensor": "its length", "non_finite": False, "beyond": 5}
+    ok, msg = oracle.verdict({"token_identical": True, "state_first_divergence": lock.first_divergence})
+    assert not ok and msg == ("LOSSLESS CHECK FAILED: committed state differs from the reference's after step 1 "
+                              "(length 7), its length: 7 tokens, beyond the 5 of the prompt and every token emitted "
+                              "(rule: the lockstep reference's rule)")
+
+
 def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch):
     real = host_replay.rebuild_conv  # what select runs on the host
     monkeypatch.setattr(host_replay, "rebuild_conv", lambda state, inputs, n, *a: real(state, inputs, n - 1, *a))

@@ -158,11 +158,22 @@ def test_weights_are_deterministic_from_the_seed():
         ({"dtype": "bf16"}, "dtype"),
         ({"weight_format": "int8"}, "weight_format"),
         ({"transition_capacity": 9}, "transition_capacity"),
+        # each of these built a model that crashed in its build or could never run
+        ({"attn_head_dim": 24, "hidden_size": 96, "attn_heads": 4}, "attn_head_dim=24: must be a multiple of 16"),
+        ({"vocab_size": 1}, "vocab_size=1: must be >= 2"),
+        ({"transition_capacity": 1}, "transition_capacity=1: allowed values are 2..8"),
+        ({"max_seq_len": 31}, "max_seq_len=31: must be >= 32"),
     ],
 )
 def test_bad_config_names_the_field_and_the_allowed_values(changes, field):
     with pytest.raises(ValueError, match=field):
         ModelConfig(**changes)
+
+
+def test_the_shortest_kv_capacity_allowed_builds(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path))
+    art = build_model(preset("tiny", max_seq_len=32, head_fit_tokens=64))
+    assert art.description.capacity == 32 and art.manifest["behaviour"]["tokens"] == 24
 
 
 def test_k_above_transition_capacity_is_rejected():

@@ -71,12 +71,14 @@ class Trace:
     calls: dict = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)
     accepted: list[int] | None = None
+    validated: bool = True  # the executors check every replay's signature (a hazard is then a bug)
 
     @classmethod
     def begin(cls, engine) -> Trace:
         ready = {label: st.status is Status.READY for label, st in _slot_states(engine)}
         return cls(dict(engine.forwards), _activity(engine), dict(engine.device.backend.calls), ready,
-                   _plan_tokens(engine.target.state[Slot.PRIMARY], engine.primary_desc.target.input_ids))
+                   _plan_tokens(engine.target.state[Slot.PRIMARY], engine.primary_desc.target.input_ids),
+                   validated=engine.target.validate and engine.mtp.validate)
 
     def end(self, engine, tokens: list[int], accepted: list[int] | None = None) -> Trace:
         before = self.forwards_before
@@ -101,6 +103,9 @@ class Trace:
             if c.get("captures", 0) > allowed:
                 out.append(f"the {slot} slot captured {c['captures']} plans with {c.get('invalidations', 0)} "
                            f"invalidations{'' if self.ready_before.get(slot) else ' and no plan ready at its start'}")
+            if self.validated and c.get("hazards", 0):
+                out.append(f"the {slot} slot replayed a plan into memory another owner held {c['hazards']} times "
+                           "(hazards) with the signature check on: replays the check should have refused")
         return out
 
     def counters(self) -> dict[str, dict[str, int]]:
@@ -198,18 +203,21 @@ class Audit:
                                        f"{_runs(want)} ({nonzero(want)})")
             elif _off_plan(got) > _off_plan(want) + SETUP_RUNS:
                 if got.get("fallbacks", 0) > want.get("fallbacks", 0) + SETUP_RUNS:
-                    self._fallbacks(r, side, slot, f"{nonzero(got)}, the checked run {nonzero(want)}")
+                    self._fallbacks(r, side, slot, f"{nonzero(got)}, the checked run {nonzero(want)}",
+                                    self._budget_spent(got, want))
                 else:
                     self._problem(r, side, f"the {slot} slot ran {_off_plan(got)} forwards outside its plan "
                                            f"({nonzero(got)}), the checked run {_off_plan(want)} ({nonzero(want)})")
             elif abs(got.get("invalidations", 0) - want.get("invalidations", 0)) > 1:
                 text = f"the {slot} slot invalidated {got.get('invalidations', 0)} plans, the checked run " \
                        f"{want.get('invalidations', 0)}"
-                if self.engine.policy.pin_workspace:
-                    self._problem(r, side, text)
-                else:  # an unpinned workspace lands where the pool puts it, run to run: what the policy measures
+                if not self.engine.policy.pin_workspace:  # an unpinned workspace lands where the pool puts it
                     self._warn("timed_invalidations", r, side, f"{text} (policy {self.engine.policy.name!r}: its "
                                                                "workspace moves as the pool places it)")
+                elif budget := self._budget_spent(got, want):
+                    self._warn("timed_invalidations", r, side, f"{text} ({budget})")
+                else:
+                    self._problem(r, side, text)
         same = StateRule(True, 0.0, "the timed run repeats the checked run's computation")
         self._state(r, side, self.engine.state.snapshot(copy=False), self.spec_state, same, "the checked run's",
                     bitwise_or_problem=self.engine.device.name == "cpu")
@@ -224,11 +232,24 @@ class Audit:
             first = next(i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b)
             self._problem(r, side, f"token {first} is {tokens[first]}, the reference has {reference[first]}")
 
-    def _fallbacks(self, r: int, side: str, slot: str, text: str) -> None:
+    def _budget_spent(self, got: dict, want: dict) -> str | None:
+        """Why a slot's invalidations and fallbacks may differ between a timed run and the checked run: one of them
+        invalidated more plans than max_recaptures allows, so the rest of it ran eager. A run starts from the plan the
+        one before it left (a speculative run's last re-advance, or greedy's decode), so the budget runs out at another
+        step. None when neither did."""
+        limit = self.engine.run_cfg.max_recaptures
+        if max(got.get("invalidations", 0), want.get("invalidations", 0)) > limit:
+            return (f"max_recaptures={limit} reached in one of them, at another step: a run starts from the plan the "
+                    "run before it left")
+        return None
+
+    def _fallbacks(self, r: int, side: str, slot: str, text: str, budget: str | None = None) -> None:
         st = next((s for lbl, s in _slot_states(self.engine) if lbl == slot), None)
         reason = st.reason if st is not None else ""
         if reason.startswith("capture declined"):
             self._warn("timed_fallbacks", r, side, f"the {slot} slot: {text} ({reason})")
+        elif budget is not None:
+            self._warn("timed_fallbacks", r, side, f"the {slot} slot: {text} ({budget})")
         else:
             self._problem(r, side, f"the {slot} slot: {text}, and no declined capture explains it")
 

@@ -15,8 +15,10 @@ Each warning is {"name", "message"}; the names are stable (the report counts the
 - greedy_drift: the point's greedy cost per decode is outside GREEDY_DRIFT_BAND of the calibration's (the
   machine moved since the calibration, or the timed greedy does work the calibrated loop does not): the
   prediction and the efficiency assume the calibration's baseline;
-- the timed-round audit's own (mtplab.check.audit): timed_fallbacks, timed_invalidations (an unpinned policy's
-  workspace moved more often in a timed round than in the checked run), timed_state_not_bitwise, clock.
+- the timed-round audit's own (mtplab.check.audit): timed_fallbacks (a timed round ran eager where the checked run
+  replayed: a declined capture, or the recapture budget spent at another step), timed_invalidations (an unpinned
+  policy's workspace moved, or the budget ran out, at other steps than in the checked run), timed_state_not_bitwise,
+  clock.
 """
 
 from __future__ import annotations

@@ -117,6 +117,11 @@ class Lockstep:
     def check(self, step: int, length: int, state: dict[str, np.ndarray]) -> None:
         """Compare the committed state and KV rows at `length` with the reference's; keep the first divergence."""
         self.commits += 1
+        if length > len(self.sequence):  # a commit kept more tokens than were ever emitted: nothing to step to
+            if self.first_divergence is None:
+                self.first_divergence = {"step": step, "length": length, "tensor": "its length", "non_finite": False,
+                                         "beyond": len(self.sequence)}
+            return
         self.advance_to(length)
         diff = states_difference(state, self.stepper.snapshot(), self.rule)
         self.max_abs_diff = max(self.max_abs_diff, diff["max_abs_diff"])

@@ -161,6 +161,8 @@ def verdict(identity: dict) -> tuple[bool, str]:
     if first is not None:
         where = _state_where(first) if "step" in first else " at the end of the run"
         kind = "non-finite" if first["non_finite"] else (
+            f"{first['length']} tokens, beyond the {first['beyond']} of the prompt and every token emitted"
+            if first.get("beyond") is not None else
             f"max abs diff {_fmt(first['max_abs_diff'])}, relative {_fmt(first.get('max_rel_diff'))}")
         return False, fail + f"committed state differs from the reference's{where}: {kind} (rule: {rule})"
     diff = identity.get("state_max_abs_diff")

@@ -72,6 +72,7 @@ def state_sensitivity(step: Stepper, seeds=SEEDS, n: int = FIGURE_TOKENS, head: 
     never within n). With `head`, also the head's k=1 draft acceptance on the same greedy text.
     """
     cfg = step.cfg
+    n = min(n, cfg.max_seq_len - PROMPT_LEN)  # a short KV capacity: as far as it holds
     tf, free, margins, distinct, traces = [], [], [], [], []
     for seed in tqdm(seeds, desc="state sensitivity", leave=False, disable=None):
         ref = greedy_trace(step, prompt(cfg, seed), n)

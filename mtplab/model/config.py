@@ -14,6 +14,7 @@ WEIGHT_FORMATS = ("fp32", "int4")
 CONV_KERNEL = 4
 INT4_BLOCK = 32
 MAX_TRANSITION_CAPACITY = 8
+MIN_SEQ_LEN = 32  # the build decodes its behaviour figures (a prompt of 8 and 16 warm-up positions) and the head's text
 # Bumped whenever the ONNX graphs' form changes, so that cached builds of the old form are not reused.
 GRAPH_VERSION = 4
 
@@ -156,8 +157,18 @@ def validate(cfg: ModelConfig) -> None:
         )
     if cfg.attn_heads % cfg.attn_kv_heads:
         raise ValueError(f"ModelConfig.attn_kv_heads={cfg.attn_kv_heads}: must divide attn_heads={cfg.attn_heads}")
-    if cfg.attn_head_dim % 2:
-        raise ValueError(f"ModelConfig.attn_head_dim={cfg.attn_head_dim}: must be even (rotary)")
+    if cfg.attn_head_dim % 16:  # onnxruntime's GroupQueryAttention refuses rotary caches on other head sizes
+        raise ValueError(f"ModelConfig.attn_head_dim={cfg.attn_head_dim}: must be a multiple of 16 "
+                         "(GroupQueryAttention's rotary caches)")
+    if cfg.vocab_size < 2:
+        raise ValueError(f"ModelConfig.vocab_size={cfg.vocab_size}: must be >= 2 (a draft that can be wrong, a top-2 "
+                         "margin)")
+    if cfg.transition_capacity < 2:
+        raise ValueError(f"ModelConfig.transition_capacity={cfg.transition_capacity}: allowed values are "
+                         f"2..{MAX_TRANSITION_CAPACITY} (a verify holds k + 1 >= 2 tokens' transitions)")
+    if cfg.max_seq_len < MIN_SEQ_LEN:
+        raise ValueError(f"ModelConfig.max_seq_len={cfg.max_seq_len}: must be >= {MIN_SEQ_LEN} (the build's behaviour "
+                         "figures and the head's training text decode that far)")
     if cfg.gdn_value_heads % cfg.gdn_key_heads:
         raise ValueError(
             f"ModelConfig.gdn_value_heads={cfg.gdn_value_heads}: must be a multiple of "
