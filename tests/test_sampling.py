@@ -8,15 +8,19 @@
    (the MTP head drafting, select committing) against plain target sampling, N = N_RUNS runs each from
    seeds of their own: a two-sample chi-square test (cells with fewer than 5 expected per side pooled) at
    a false-alarm rate of FALSE_ALARM per test, beside the total-variation distance of the two histograms
-   (sampling noise alone gives TV ~0.16 over ~150 sparse cells). At N = 1000 the test detects, with 90%
-   power, a difference of TV 0.15 spread over all cells, or of TV ~0.07 moved between two likely cells
-   (simulated with multinomials of the measured distribution; 0 false alarms in 400 simulated pairs). The
-   seeds are fixed, so a given build passes or fails every time. Settings: T = 1; T = 1 with the head's
+   (sampling noise alone gives TV ~0.16 over ~150 sparse cells). At N = 1000 the test detects, with 92%
+   power, a difference of TV 0.15 spread over all cells; 0.07 moved between two likely cells it sees with
+   31-100% power by the pair (31-48% between the two likeliest, of mass 0.25 and 0.16), so a bug that only
+   trades mass between likely outcomes can pass at this N (simulated with multinomials of the exact
+   distribution; false alarms at or below the stated rate in 20,000 simulated pairs). A residual taken against
+   another draft position's q shows only weakly at k = 2, whose draft rows are alike. The
+   seeds are fixed, so a given build passes or fails every time. Settings: T = 1; T = 1 on decode-verify counting
+   tokens 3-5 (after the first step: a bug that starts at the second step shows there); T = 1 with the head's
    rows flattened (q at temperature 10: rejection sampling is exact for any q it draws from, and this one is
    rejected half the time, so the resample and bonus paths carry weight), also at k = 2 (the second
    draft judged after the first in one verify); T = 0.5 with top-k 2 on the decode-verify schedule; the
    oracle at T = 1 (its mixture of the target's distribution and a distractor, alpha 0.5, k = 2).
-3. Planted bugs, each caught by the same test at the same N.
+3. Planted bugs, each caught by the same test at the same N (among them a uniform drawn again by the next step).
 """
 
 from __future__ import annotations
@@ -120,20 +124,20 @@ def _engine(art, flat_drafts: bool = False, **changes) -> Engine:
     return engine
 
 
-def _joint(engine: Engine, speculative: bool) -> tuple[np.ndarray, float | None]:
-    """Counts of the first COUNTED tokens after a fixed prompt over N_RUNS runs, one sampling seed each (the two
-    sides draw from seeds apart: shared random numbers would make them alike beyond chance), and the share of
+def _joint(engine: Engine, speculative: bool, start: int = 0) -> tuple[np.ndarray, float | None]:
+    """Counts of COUNTED tokens from token `start` after a fixed prompt over N_RUNS runs, one sampling seed each (the
+    two sides draw from seeds apart: shared random numbers would make them alike beyond chance), and the share of
     first drafts kept (speculative)."""
-    prompt = prompt_tokens(V, 6, 0)
+    prompt, stop = prompt_tokens(V, 6, 0), start + COUNTED
     counts, kept = np.zeros(V**COUNTED, dtype=np.int64), 0
     for seed in range(N_RUNS * speculative, N_RUNS * (1 + speculative)):
         engine.acceptance.seed = seed
         if speculative:
-            run = engine.speculative(prompt, COUNTED)
+            run = engine.speculative(prompt, stop)
             tokens, kept = run["tokens"], kept + (run["accepted"][0] >= 1)
         else:
-            tokens = engine.greedy(prompt, COUNTED, margins=False).tokens
-        counts[np.ravel_multi_index(tokens[:COUNTED], (V,) * COUNTED)] += 1
+            tokens = engine.greedy(prompt, stop, margins=False).tokens
+        counts[np.ravel_multi_index(tokens[start:stop], (V,) * COUNTED)] += 1
     return counts, kept / N_RUNS if speculative else None
 
 
@@ -146,30 +150,37 @@ def _chi_square(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 SETTINGS = {  # name: (the target's sampling, the speculative run's changes)
     "T=1": ({"temperature": 1.0}, {}),
+    # tokens 3-5, after the first step's: what a bug that starts at the second step moves (decode-verify, k = 1)
+    "T=1, decode-verify, tokens 3-5": ({"temperature": 1.0}, {"schedule": "decode-verify", "start": 3}),
     "T=1, flat drafts": ({"temperature": 1.0}, {"flat_drafts": True}),
     "T=1, flat drafts, k=2": ({"temperature": 1.0}, {"flat_drafts": True, "k": 2}),  # two drafts judged in one verify
     "T=0.5, top-k 2": ({"temperature": 0.5, "top_k": 2}, {"schedule": "decode-verify"}),
     "T=1, mixture oracle": ({"temperature": 1.0}, {"drafter": "oracle", "alpha": 0.5, "k": 2}),
 }
-TRUTHS = {"T=1": {"temperature": 1.0}, "T=0.5, top-k 2": {"temperature": 0.5, "top_k": 2}}
+TRUTHS = {"T=1": ({"temperature": 1.0}, 0), "T=0.5, top-k 2": ({"temperature": 0.5, "top_k": 2}, 0),
+          "T=1, tokens 3-5": ({"temperature": 1.0}, 3)}  # name: (the target's sampling, the first token counted)
 
 
 def _truth(setting: str) -> str:
-    return next(name for name, t in TRUTHS.items() if t == SETTINGS[setting][0])
+    target, changes = SETTINGS[setting]
+    return next(name for name, t in TRUTHS.items() if t == (target, changes.get("start", 0)))
 
 
 @pytest.fixture(scope="module")
 def plain(small_vocab):
-    """Plain target sampling, the truth, at each temperature and top-k."""
-    return {name: _joint(_engine(small_vocab, **t), speculative=False)[0] for name, t in TRUTHS.items()}
+    """Plain target sampling, the truth, at each temperature and top-k, and from a later token."""
+    return {name: _joint(_engine(small_vocab, **t), speculative=False, start=start)[0]
+            for name, (t, start) in TRUTHS.items()}
 
 
 def _speculative(art, setting: str, plant=None, monkeypatch=None) -> tuple[np.ndarray, float]:
     target, changes = SETTINGS[setting]
+    changes = dict(changes)
+    start = changes.pop("start", 0)
     engine = _engine(art, **target, **changes)
     if plant is not None:
         plant(engine, monkeypatch)
-    return _joint(engine, speculative=True)
+    return _joint(engine, speculative=True, start=start)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -193,7 +204,35 @@ PLANTED = {
                                       lambda e, mp: setattr(e.acceptance, "sampling", Sampling(1.0, top_k=2))),
     "top-k on the draft only": ("T=0.5, top-k 2", lambda e, mp: setattr(e.acceptance, "sampling", Sampling(0.5))),
     "judged against another q than drawn from": ("T=1, mixture oracle", lambda e, mp: _judge_without_distractor(e)),
+    "the bonus's uniform drawn again by the next decode": ("T=1, decode-verify, tokens 3-5",
+                                                           lambda e, mp: _reuse_the_last_uniform(e)),
 }
+
+
+class _ReusingGenerator:
+    """Test double around a numpy Generator for a planted bug: the last uniform of a verify's draw (the bonus's or
+    the resample's) comes back once more at the next single draw (the next step's decode)."""
+
+    def __init__(self, rng):
+        self.rng, self.carry = rng, None
+
+    def random(self, size=None):
+        if size is None:
+            value, self.carry = (self.rng.random(), None) if self.carry is None else (self.carry, None)
+            return value
+        out = self.rng.random(size)
+        self.carry = out[-1]
+        return out
+
+
+def _reuse_the_last_uniform(engine: Engine) -> None:
+    rule, fresh = engine.acceptance, engine.acceptance.new_generation
+
+    def new_generation():
+        fresh()
+        rule.rng = _ReusingGenerator(rule.rng)
+
+    rule.new_generation = new_generation
 
 
 def _judge_without_distractor(engine: Engine) -> None:
@@ -284,3 +323,10 @@ def test_a_sampled_oracle_point_reports_expected_beside_measured_acceptance():
     assert r.theory["alpha_source"].startswith("measured in the checked run")
     assert "oracle_acceptance" not in {w["name"] for w in r.warnings}  # alpha^i is greedy's law, not the mixture's
     assert "against an expected sum(min(p, q))" in result_text(r)
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    """logits / 1e-320 overflow: the largest is put at 0 first, so the others go to -inf and it keeps all the mass."""
+    logits = np.array([[0.5, 2.0, -1.0, 2.0], [3.0, 1.0, 0.0, -2.0]], dtype=np.float32)
+    p = Sampling(1e-320).probs(np, logits)
+    assert np.isfinite(p).all() and p.tolist() == [[0.0, 0.5, 0.0, 0.5], [1.0, 0.0, 0.0, 0.0]]

@@ -47,7 +47,9 @@ class Sampling:
 
     def probs(self, xp, logits):
         """Probabilities (float64) of logits [..., V], one distribution per row."""
-        z = logits.astype(np.float64) / self.temperature
+        z = logits.astype(np.float64)
+        with np.errstate(over="ignore"):  # the largest at 0 first: a tiny temperature sends the others to -inf,
+            z = (z - z.max(axis=-1, keepdims=True)) / self.temperature  # never the largest to inf (inf - inf: NaN)
         if self.top_k and self.top_k < z.shape[-1]:
             kth = xp.sort(z, axis=-1)[..., -self.top_k, None]  # the k-th largest, per row
             z = xp.where(z >= kth, z, -xp.inf)

@@ -204,7 +204,7 @@ def run_mtplab_point(
     result.warnings = flags.point_warnings(
         result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter, checked.spec["accepted"], k,
         None if run.temperature > 0 else calibration, audit,  # the calibration's acceptance is greedy's
-        alpha=None if sampled else run.alpha, sampled=sampled,  # the oracle's alpha^i holds for greedy drafts only
+        alpha=run.alpha, sampled=sampled,  # sampled: alpha bounds the mixture's acceptance; else alpha^i is its law
         greedy_decode_seconds=measure.rate(1, result.greedy_tokens_per_s),
     )
     return result
