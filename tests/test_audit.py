@@ -19,6 +19,7 @@ from mtplab.engine.strategies import COMMITS, SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.measure import rounds as measure
+from mtplab.runtime.executor import Slot
 
 RUN = dict(model="tiny", k=3, drafter="oracle", alpha=0.7, commit="select", tokens=48, rounds=2)
 
@@ -77,17 +78,53 @@ def test_an_unpinned_workspace_moving_more_often_in_a_timed_round_is_told_not_fa
     assert "the verify slot invalidated" in w["message"] and "policy 'sibling'" in w["message"]
 
 
-@pytest.mark.parametrize("changes, name", [
-    ({"seed": 2}, "timed_fallbacks"),
-    ({"seed": 0, "policy": "shared-jit", "retain_decode_graph_across_spec": False}, "timed_invalidations"),
-])
-def test_a_recapture_budget_spent_at_another_step_is_told_not_failed(tiny, changes, name):
+def test_a_recapture_budget_the_timed_round_spends_at_another_step_is_told_not_failed(tiny):
     """readvance-batched invalidates Primary's M=1 plan at every re-advance; a timed round starts from the plan the
-    run before it left, so max_recaptures runs out at another step than in the checked run: told, not failed."""
-    r = _point(tiny, k=2, commit="readvance-batched", schedule="fused", tokens=24, **changes)
+    run before it left, so its max_recaptures runs out at another step than the checked run's: told, not failed."""
+    r = _point(tiny, k=2, commit="readvance-batched", schedule="fused", tokens=24, seed=2)
     assert r.lossless and r.identity["timed_audit"]["problems"] == [], r.verdict
-    (w,) = [w for w in r.warnings if w["name"] == name]
-    assert "the primary slot" in w["message"] and "max_recaptures=3 reached in one of them" in w["message"]
+    (w,) = [w for w in r.warnings if w["name"] == "timed_fallbacks"]
+    assert "the primary slot" in w["message"] and "max_recaptures=3 reached in the timed run" in w["message"]
+
+
+def _timed_rounds_only(monkeypatch, change):
+    """Planted: `change(engine)` (returning its undo) applies to the timed speculative rounds only, not the checked run."""
+    real = Engine.speculative
+
+    def speculative(self, prompt, n, reference=None, on_commit=None):
+        if on_commit is not None:  # the checked run
+            return real(self, prompt, n, reference, on_commit)
+        undo = change(self)
+        try:
+            return real(self, prompt, n, reference, on_commit)
+        finally:
+            undo()
+
+    monkeypatch.setattr(Engine, "speculative", speculative)
+
+
+def test_timed_rounds_held_still_under_an_unpinned_policy_fail_the_run_check(tiny, monkeypatch):
+    """Timed rounds that pin the Verify workspace publish sibling-pinned's speed as `sibling`'s: fewer invalidations
+    than the checked run is never the policy's doing."""
+    def pin(engine):
+        memory = engine.target.memory[Slot.VERIFY]
+        memory.pinned = True
+        return lambda: setattr(memory, "pinned", False)
+
+    _timed_rounds_only(monkeypatch, pin)
+    r = _point(tiny, policy="sibling", tokens=128, rounds=2)
+    _run_check_failed(r, "the verify slot")
+
+
+def test_timed_rounds_beyond_their_recapture_budget_fail_the_run_check(tiny, monkeypatch):
+    def unbounded(engine):
+        limit = engine.target.max_recaptures
+        engine.target.max_recaptures = 10**9
+        return lambda: setattr(engine.target, "max_recaptures", limit)
+
+    _timed_rounds_only(monkeypatch, unbounded)
+    r = _point(tiny, k=2, commit="readvance-batched", schedule="fused", tokens=48, seed=2)
+    _run_check_failed(r, "the primary slot invalidated")
 
 
 def test_a_replay_into_memory_another_owner_holds_with_the_check_on_fails_the_run_check(tiny, monkeypatch):

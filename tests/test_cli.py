@@ -187,9 +187,11 @@ def test_calibrate_refuses_what_a_run_would_refuse_in_the_runs_words(capsys):
 
 
 def test_every_output_path_is_checked_before_any_work(tmp_path, capsys):
-    afile, fifo = tmp_path / "afile", tmp_path / "fifo"
+    afile, fifo, loop = tmp_path / "afile", tmp_path / "fifo", tmp_path / "loop"
     afile.write_text("")
     os.mkfifo(fifo)
+    loop.symlink_to(tmp_path / "pool")
+    (tmp_path / "pool").symlink_to(loop)
     cases = [
         (["calibrate", "--model", "tiny", "--out", str(tmp_path)], "--out " + str(tmp_path) + ": is a folder"),
         (["compare", str(tmp_path), str(tmp_path), "--out", str(tmp_path)], "is a folder; give a file path"),
@@ -201,13 +203,14 @@ def test_every_output_path_is_checked_before_any_work(tmp_path, capsys):
         # written by renaming a new file over the path: a device or a pipe would be replaced by a plain file
         (["run", "--preset", "tiny", "--out", "/dev/null"], "--out /dev/null: is a device, not a regular file"),
         (["calibrate", "--model", "tiny", "--out", str(fifo)], f"--out {fifo}: is a named pipe, not a regular file"),
+        (["run", "--preset", "tiny", "--out", str(loop)], f"--out {loop}: cannot be followed ("),
         # root passes every permission check: the folder is asked to take a file (others are told it is not writable)
         (["run", "--preset", "tiny", "--out", "/proc/mtplab.json"], "--out /proc/mtplab.json: /proc "),
     ]
     for args, message in cases:
         assert main(args) == 2, args
         assert message in capsys.readouterr().err, args
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "fifo"]  # nothing written, no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "fifo", "loop", "pool"]  # nothing written, no temp file left
     assert Path("/dev/null").is_char_device()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mtplab.cli.main import main
-from mtplab.engine.fit import state_bytes
+from mtplab.engine.fit import graph_bytes, run_bytes, state_bytes
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.sessions import MtpState, TargetState
 
@@ -18,6 +18,15 @@ def test_a_batchs_state_bytes_grow_with_its_rows_and_hold_every_state_buffer(tin
     held += 2 * sum(st.array(s).nbytes for s in desc.target.states)  # each state and its verify snapshot
     held += sum(a.nbytes for a in st.present.values())
     assert held <= state_bytes(desc, 2, 3) <= held + 2 * 2 * 4 * desc.vocab_size * np.dtype(np.float32).itemsize
+
+
+def test_a_runs_memory_counts_the_lossless_checks_reference_per_row(tiny):
+    """The checked pass steps one reference session of the target per row: its weights, once per row (small at
+    batch 16 grew by 5.0 GiB, its state buffers being 0.14 GiB)."""
+    desc = tiny.description
+    weights = graph_bytes(desc.target.path)
+    assert weights >= desc.target.path.stat().st_size > 0
+    assert run_bytes(desc, 4, 3) == state_bytes(desc, 4, 3) + 4 * weights
 
 
 def test_a_batch_beyond_this_machines_memory_is_refused_before_any_work(tiny, capsys):

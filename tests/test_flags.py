@@ -50,4 +50,6 @@ def test_a_mixture_whose_drafts_are_accepted_below_alpha_is_flagged_and_one_abov
     w = flags.mixture_warning({"judged": 40, "kept": 12, "expected": 0.30}, 0.5)
     assert w["name"] == "oracle_acceptance" and "30.0%, below the alpha 0.5" in w["message"]
     assert flags.mixture_warning({"judged": 40, "kept": 21, "expected": 0.5}, 0.5) is None
+    # alpha 1: the verify's p and the mixture's own forward differ by rounding (measured 0.9999996)
+    assert flags.mixture_warning({"judged": 40, "kept": 40, "expected": 0.9999996}, 1.0) is None
     assert flags.mixture_warning({"judged": 0, "kept": 0, "expected": None}, 0.5) is None

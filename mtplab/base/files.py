@@ -21,7 +21,10 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     the file written (the link stays); anything else that is not a regular file (a device, a pipe) is refused."""
     path = Path(path)
     if path.is_symlink():
-        path = path.resolve()
+        try:
+            path = path.resolve(strict=False)
+        except RuntimeError as err:  # a loop of links (Python 3.11 raises RuntimeError)
+            raise ValueError(f"{path}: a loop of symbolic links: mtplab writes results to files only") from err
     if path.exists() and not path.is_file():
         raise ValueError(f"{path}: {_kind(path)}, not a regular file: mtplab writes results to files only")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +88,11 @@ def output_file_problem(option: str, path) -> str | None:
         return f"{option} {path}: is a folder; give a file path"
     if path.exists() and not path.is_file():  # written by renaming a new file over it: a device would be replaced
         return f"{option} {path}: {_kind(path)}, not a regular file; give a file path"
-    return _writable_problem(option, path, path.resolve().parent)
+    try:
+        folder = path.resolve().parent
+    except (RuntimeError, OSError) as err:  # a loop of symbolic links
+        return f"{option} {path}: cannot be followed ({err}); give a file path"
+    return _writable_problem(option, path, folder)
 
 
 def _kind(path: Path) -> str:
@@ -113,5 +120,8 @@ def _writable_problem(option: str, path: Path, folder: Path) -> str | None:
     except OSError as err:
         return f"{option} {path}: {existing} does not take a new file ({err.strerror or err})"
     os.close(fd)
-    Path(probe).unlink(missing_ok=True)
+    try:
+        Path(probe).unlink(missing_ok=True)
+    except OSError as err:  # an append-only folder: the result could not replace an older one either
+        return f"{option} {path}: {existing} takes new files but lets none be removed or replaced ({err.strerror or err})"
     return None

@@ -3,6 +3,8 @@ capacity, the memory a batch's state takes."""
 
 from __future__ import annotations
 
+import glob
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,6 +56,18 @@ def state_bytes(desc, batch: int, k: int) -> int:
     return batch * (kv + states + 2 * (k + 1) * desc.vocab_size * 4)
 
 
+def graph_bytes(path) -> int:
+    """Bytes of a graph's files: the .onnx and its external data beside it (model.onnx.data)."""
+    path = Path(path)
+    return sum(f.stat().st_size for f in path.parent.glob(glob.escape(path.name) + "*") if f.is_file())
+
+
+def run_bytes(desc, batch: int, k: int) -> int:
+    """Bytes a run of `batch` rows takes beyond its sessions: its state buffers (state_bytes), and the checked pass's
+    lossless check, which steps an independent reference session of the target per row (its weights each)."""
+    return state_bytes(desc, batch, k) + batch * graph_bytes(desc.target.path)
+
+
 MEMORY_SHARE = 0.5  # of the available memory, for the state buffers: weights, the calibration's engine, onnxruntime's
 # workspace and the checks' copies take the rest
 
@@ -63,12 +77,12 @@ def memory_problem(run: RunConfig, desc) -> str | None:
     available = meminfo_gib("MemAvailable")
     if run.backend != "cpu" or available is None:
         return None
-    need = state_bytes(desc, run.batch, run.k) / 2**30
+    need = run_bytes(desc, run.batch, run.k) / 2**30
     if need <= MEMORY_SHARE * available:
         return None
-    fits = int(MEMORY_SHARE * available * 2**30 // state_bytes(desc, 1, run.k))
-    return (f"batch={run.batch} on {desc.name} needs about {need:.1f} GiB for its state buffers alone (KV, conv and "
-            f"recurrent states, logits), more than {MEMORY_SHARE:.0%} of the {available:.1f} GiB this machine has "
+    fits = int(MEMORY_SHARE * available * 2**30 // run_bytes(desc, 1, run.k))
+    return (f"batch={run.batch} on {desc.name} needs about {need:.1f} GiB for its state buffers and the lossless check's "
+            f"reference per row alone, more than {MEMORY_SHARE:.0%} of the {available:.1f} GiB this machine has "
             f"available: at most about batch={fits} here")
 
 

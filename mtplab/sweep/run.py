@@ -284,17 +284,22 @@ def _calibrate(cmd: list[str]) -> None:
     CalibrationInterrupted."""
     import subprocess
 
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     caught: list[str] = []
+    running: list = []  # the calibration's process, once started
 
     def stop(signum, frame) -> None:
         caught.append(signal.Signals(signum).name)
-        child.terminate()
+        for child in running:
+            child.terminate()
 
-    previous = {}
+    previous = {}  # installed before the process starts: a signal in between must not kill this one and orphan it
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        running.append(child)
+        if caught:  # a signal before the process existed
+            child.terminate()
         out, err = child.communicate()
     finally:
         for sig, handler in previous.items():
