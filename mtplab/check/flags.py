@@ -18,9 +18,10 @@ Each warning is {"name", "message"}; the names are stable (the report counts the
   machine moved since the calibration, or the timed greedy does work the calibrated loop does not): the
   prediction and the efficiency assume the calibration's baseline;
 - the timed-round audit's own (mtplab.check.audit): timed_fallbacks (a timed round ran eager where the checked run
-  replayed: a declined capture, or the recapture budget spent at another step), timed_invalidations (an unpinned
-  policy's workspace moved, or the budget ran out, at other steps than in the checked run), timed_state_not_bitwise,
-  clock.
+  replayed: a declined capture, or its own recapture budget spent at another step), timed_invalidations (a timed
+  round invalidated more plans than the checked run: an unpinned policy's workspace moved more often, or it spent
+  its budget), timed_state_not_bitwise, clock. Each lets a timed round only do costlier work than the checked run,
+  never cheaper.
 """
 
 from __future__ import annotations
