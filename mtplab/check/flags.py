@@ -209,11 +209,10 @@ def point_warnings(efficiency: float, unaccounted: float, drafter: str, accepted
     source = DRAFTERS.get(drafter).acceptance  # where the drafter's acceptance comes from decides the test
     if source == "calibration" and calibration is not None and (w := acceptance_warning(accepted, k, calibration)):
         out.append(w)
-    if source == "setting" and alpha is not None and sampled is None and (w := oracle_warning(accepted, k, alpha)):
-        out.append(w)
     if sampled is not None and (w := sampled_warning(sampled)):
         out.append(w)
-    if sampled is not None and source == "setting" and alpha is not None and (w := mixture_warning(sampled, alpha)):
+    if source == "setting" and alpha is not None and (
+            w := oracle_warning(accepted, k, alpha) if sampled is None else mixture_warning(sampled, alpha)):
         out.append(w)
     for name, w in audit.get("warnings", {}).items():
         out.append(warning(name, w["message"] + (f" ({w['count']} runs)" if w["count"] > 1 else "")))

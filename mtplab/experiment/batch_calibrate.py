@@ -11,6 +11,7 @@ calibration's (a row drafts as a batch of one does). Cached per model, machine, 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -30,6 +31,7 @@ from mtplab.experiment.calibrate import (
     PairedSamples,
     _block_time,
     _calibration_run,
+    _call_time,
     cache_key,
     cache_path,
     calibration_sizes,
@@ -71,17 +73,12 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         ver = None if engine.commit_strategy.verify_in_place else forward(top)
         engine.save_state()
         counts, rows = np.full(B, n), np.arange(B)
+        args = (ver, counts, rows, ids, L0) if engine.commit_strategy.verify_in_place else (ver, counts, rows)
+        commit_once = functools.partial(apply, *args)
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
             st.lengths[...] = L0
-            engine.device.sync()
-            t0 = time.perf_counter()
-            if engine.commit_strategy.verify_in_place:
-                apply(ver, counts, rows, ids, L0)
-            else:
-                apply(ver, counts, rows)
-            engine.device.sync()
-            times.append(time.perf_counter() - t0)
+            times.append(_call_time(commit_once, engine.device.sync))
         return float(np.mean(times[1:]))
 
     from mtplab.engine.fit import commits_on

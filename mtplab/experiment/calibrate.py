@@ -110,6 +110,15 @@ def _block_time(fn, reps: int, sync: Callable[[], None]) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def _call_time(fn, sync: Callable[[], None]) -> float:
+    """Seconds of one call of fn, the device's queued work done at both ends (sync: Device.sync)."""
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
 class PairedSamples:
     """Samples of each cost, each timed beside a sample of a reference cost (T(1)), which goes first for every other
     sample of the same cost. summary() gives each cost as its median ratio to the reference beside it times the
@@ -249,11 +258,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         engine.save_state()
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
-            engine.device.sync()
-            t0 = time.perf_counter()
-            engine.commit(ver, [tok] * n, L0)
-            engine.device.sync()
-            times.append(time.perf_counter() - t0)
+            times.append(_call_time(lambda: engine.commit(ver, [tok] * n, L0), engine.device.sync))
         return float(np.mean(times[1:]))
 
     strategies, skipped = commits_on(engine.desc)

@@ -320,14 +320,11 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
 def checked_length(desc: ModelDescription, st: TargetState, M: int):
     """The state's length (each row's, an array, at batch > 1) for a forward of M more tokens; refused (ValueError)
     when its longest row would pass the KV capacity."""
-    if st.lengths is None:
-        if st.length + M > desc.capacity:
-            raise beyond_capacity(st.length + M, desc.capacity)
-        return st.length
-    longest = int(st.lengths.max())
+    length = st.length if st.lengths is None else st.lengths
+    longest = length if st.lengths is None else int(length.max())
     if longest + M > desc.capacity:
         raise beyond_capacity(longest + M, desc.capacity)
-    return st.lengths
+    return length
 
 
 def fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place: bool = True) -> tuple[dict, Mapping, tuple]:
