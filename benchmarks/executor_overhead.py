@@ -8,7 +8,8 @@ check + run_with_iobinding), and run_with_iobinding on the captured plan alone (
 
 Per token, on one Engine (tiny, k, default policy and commit), interleaved rounds, medians:
 - bare replay loop: the engine's captured Primary plan run n times in a plain loop, by the very call
-  the backend replays it with (no staging, no argmax, no bookkeeping): the floor a greedy loop could reach.
+  the backend replays it with (no staging, no argmax, no bookkeeping), its length buffers advanced in place through
+  greedy's lengths (a forward's attention grows with them): the floor a greedy loop could reach.
 - engine greedy: Engine.greedy(prompt, n, margins=False), its timed seconds / its timed decodes
   (the timed baseline's setting). Goal: engine greedy / bare loop <= 1.2x.
 - speculative host share: a speculative run with the oracle drafter (alpha, head running, as the
@@ -119,12 +120,31 @@ class ForwardClock:
         return run
 
 
+def bare_loop(eng: Engine, prompt: list[int], n: int) -> float:
+    """Seconds for greedy's n - 1 decodes as the Primary plan replayed at greedy's lengths and nothing else: the
+    plan's own length buffers advanced in place, one position a run, by the very call the backend replays it with
+    (no staging, no argmax, no bookkeeping). A forward's attention grows with the length, so the floor runs the
+    lengths greedy runs."""
+    eng.start(prompt)
+    slot, io = eng.target.state[Slot.PRIMARY], eng.primary_desc.target
+    feeds, outputs, bound = target_io(eng.primary_desc, eng.state, np.zeros(1, dtype=np.int64))
+    length_feeds(io, eng.state.length, 1, eng.desc.capacity, feeds)
+    assert slot.check.stage(eng.target.memory[Slot.PRIMARY], feeds, outputs, bound), "the plan's own feeds refused"
+    staged = dict(zip(slot.check.feed_names, (view for view, _ in slot.check.staging)))
+    lengths = {name: staged[name] for name in ("seqlens_k", "position_ids", "attention_mask") if name in staged}
+    replay, start = slot.plan.run, eng.state.length
+    t0 = time.perf_counter()
+    for i in range(n - 1):
+        length_feeds(io, start + i, 1, eng.desc.capacity, lengths)
+        replay()
+    return time.perf_counter() - t0
+
+
 def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, schedule: str) -> dict[str, float]:
     run = RunConfig(model="tiny", k=k, drafter="oracle", alpha=alpha, threads=threads, schedule=schedule)
     eng = Engine(run, art)
     prompt = prompt_tokens(art.config.vocab_size, run.prompt_len, 0)
     reference = eng.greedy(prompt, n + k + 1, margins=False).tokens  # also captures the Primary plan
-    plan = eng.target.state[Slot.PRIMARY].plan
     assert eng.target.backend is eng.mtp.backend  # one backend runs every forward: the clock wraps it
     clock = ForwardClock(eng.target.backend)
     # whose forwards each phase runs (the default policy's sibling Verify session; select commits without a forward)
@@ -138,11 +158,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
         order = ("bare", "greedy", "spec") if r % 2 else ("spec", "greedy", "bare")
         for what in order:
             if what == "bare":
-                replay = plan.run  # the backend's own replay call, without its counter
-                t0 = time.perf_counter()
-                for _ in range(n - 1):
-                    replay()
-                seconds = time.perf_counter() - t0
+                seconds = bare_loop(eng, prompt, n)
                 if r:
                     bare.append(seconds / (n - 1) * 1e6)
             elif what == "greedy":

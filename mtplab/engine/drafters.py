@@ -77,20 +77,24 @@ class MtpDrafter:
         (token, hidden state, lengths), and the head's replayer on them (it decides as Executor.run does)."""
         desc, io, pick = self.desc, self.desc.mtp, self.choose
         feeds, outputs, bound = mtp_io(desc, self.state, token, hidden, position)
+        name = io.hidden_input
         hot = self._hot
         if hot is None or hot[0] is not feeds or hot[1] is not self.executor:  # mtp_io's feeds for M=1 are one
             # object while the KV buffers stay
+            buffer = np.empty((1, 1, desc.hidden_size), dtype=desc.target.hidden_type)
             hot = self._hot = (feeds, self.executor, self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
-                               feeds[io.input_ids])
-        _, _, run, ids = hot
-        capacity, name, shape, dtype = desc.capacity, io.hidden_input, (1, 1, desc.hidden_size), desc.target.hidden_type
+                               feeds[io.input_ids], buffer)
+        _, _, run, ids, buffer = hot
+        # the hidden state copied into one array of its own: the feeds stay the very objects the replay check holds
+        feeds[name] = buffer
+        capacity = desc.capacity
         done = 0
         try:
             for i in range(drafts.shape[0]):
                 if i:
                     ids[...] = token
                     length_feeds(io, position + i, 1, capacity, feeds)
-                    feeds[name] = hidden.astype(dtype, copy=False).reshape(shape)
+                buffer[...] = hidden
                 out = run()
                 done += 1
                 token = pick(np, out[io.logits][0, 0])

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mtplab.runtime import held_meta
 from mtplab.runtime.arena import Arena, Block, BufferTooSmall, address, layout_bytes, put
 from mtplab.runtime.signature import AddressCache, Binding, ReplayCheck, describe_mismatch, signature
 
@@ -246,6 +247,7 @@ class Executor:
         self.retain = retain_decode_graph_across_spec
         self.state = {s: SlotCaptureState() for s in sessions}
         self.address = AddressCache()
+        held_meta.ready()  # the replay check's compiled reads loaded (or found wanting) now, not in a first replay
 
     # -- retarget and lifecycle -------------------------------------------------------------
     def new_generation(self) -> None:
@@ -395,8 +397,9 @@ class Executor:
         check = st.check
         if check is None or st.status is not Status.READY or not check.stage(mem, feeds, outputs, bound):
             return None
-        if st.plan_blocks:
-            st.hazards += sum(1 for blk, owner in st.plan_blocks if blk.owner != owner)
+        for blk, owner in st.plan_blocks:
+            if blk.owner != owner:
+                st.hazards += 1
         self.backend.replay(session, st.plan)
         st.replays += 1
         return check.result

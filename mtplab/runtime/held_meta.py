@@ -1,0 +1,156 @@
+"""The dtype and shape of many numpy arrays compared with a snapshot, and feeds staged, in one compiled call.
+
+The replay check (mtplab.runtime.signature.ReplayCheck) reads every slot buffer's dtype and shape before each
+replay: an array reshaped in place is the same object at the same address, so only reading it catches it. It then
+copies each feed into its slot buffer. On tiny that is 26 arrays read and 5 copies a run; in Python each read
+makes a tuple and each copy is a call, 4 to 5 us a run, and inside a step, after a forward has evicted the
+interpreter's working set, more: a third of greedy's host time per token. Here one compiled call reads each
+ndarray's own fields (NumPy's PyArrayObject: data, nd, dimensions, descr, flags) for every row of a table, compares
+them with the snapshot the table holds, and makes the copies, in well under a microsecond.
+
+The fields' layout is NumPy's ABI, which extensions compiled against NumPy 1.x still read on 2.x. It is checked
+once per process against the attributes of test arrays, a reshape and a dtype change made in place, a strided view
+and a read-only array; where that fails (another interpreter, a debug build of Python) `snapshot` returns None,
+and so does it for anything not a plain ndarray (a CuPy array): the caller keeps its Python reads. The table holds
+addresses, not references: whoever holds a table holds its arrays.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from numba import carray, types
+from numba.extending import intrinsic
+
+from mtplab.runtime.host_replay import _compiled
+
+# PyArrayObject after PyObject_HEAD (refcount, type), in 8-byte words: data, nd, dimensions, strides, base, descr,
+# flags. nd and flags are C ints: read as the int32 at twice their word's index.
+_DATA, _ND, _DIMS, _DESCR, _FLAGS = 2, 3, 4, 7, 8
+_C_CONTIGUOUS, _WRITEABLE = 0x0001, 0x0400  # NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE
+COLUMNS = 3  # a table's row: address, nd, descr address; then the dimensions
+CHECKED, STAGED, DIFFERENT = 0, 1, -1  # what stage() did
+
+
+def _pointer_intrinsic(kind):
+    @intrinsic
+    def pointer(typingctx, address):
+        sig = types.CPointer(kind)(address)
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(types.CPointer(kind)))
+
+        return sig, codegen
+
+    return pointer
+
+
+_words = _pointer_intrinsic(types.int64)
+_ints = _pointer_intrinsic(types.int32)
+_bytes = _pointer_intrinsic(types.uint8)
+
+
+@_compiled
+def _stage(table, copies):  # pragma: no cover - compiled
+    for r in range(table.shape[0]):
+        address = table[r, 0]
+        nd = _ints(address)[2 * _ND]
+        if nd != table[r, 1]:
+            return DIFFERENT
+        fields = _words(address)
+        if fields[_DESCR] != table[r, 2]:
+            return DIFFERENT
+        dims = _words(fields[_DIMS])
+        for d in range(nd):
+            if dims[d] != table[r, COLUMNS + d]:
+                return DIFFERENT
+    if copies.shape[0] == 0:
+        return CHECKED
+    for c in range(copies.shape[0]):  # (source row, destination row, bytes): contiguous, and a writeable target
+        if _ints(table[copies[c, 0], 0])[2 * _FLAGS] & _C_CONTIGUOUS == 0:
+            return CHECKED
+        flags = _ints(table[copies[c, 1], 0])[2 * _FLAGS]
+        if flags & _C_CONTIGUOUS == 0 or flags & _WRITEABLE == 0:
+            return CHECKED
+    for c in range(copies.shape[0]):
+        source, target = _words(table[copies[c, 0], 0])[_DATA], _words(table[copies[c, 1], 0])[_DATA]
+        if source != target:
+            carray(_bytes(target), copies[c, 2])[:] = carray(_bytes(source), copies[c, 2])
+    return STAGED
+
+
+def _rows(arrays: list) -> np.ndarray:
+    width = COLUMNS + max((a.ndim for a in arrays), default=0)
+    table = np.zeros((len(arrays), width), dtype=np.int64)
+    for r, a in enumerate(arrays):
+        table[r, :COLUMNS] = (id(a), a.ndim, id(a.dtype))
+        table[r, COLUMNS : COLUMNS + a.ndim] = a.shape
+    return table
+
+
+NONE = np.zeros((0, 3), dtype=np.int64)  # no copies: stage() checks only, and answers CHECKED
+
+
+def _works() -> bool:
+    """Whether the compiled reads agree with numpy's attributes on this interpreter (checked once)."""
+    if sys.implementation.name != "cpython" or sys.byteorder != "little":
+        return False
+    try:
+        a, b, c = np.zeros((2, 1, 3), np.float32), np.zeros(4, np.int64), np.zeros((), np.float16)
+        strided, readonly = np.zeros((5, 6), np.int32)[:, 1:], np.zeros(4, np.int64)
+        readonly.flags.writeable = False
+        source, target = np.arange(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
+        arrays = [a, b, c, strided, readonly, source, target]
+        table = _rows(arrays)
+        if _stage(table, NONE) != CHECKED:
+            return False
+        a.shape = (1, 2, 3)
+        reshaped = _stage(table, NONE) == DIFFERENT
+        a.shape = (2, 1, 3)
+        b.dtype = np.float64
+        retyped = _stage(table, NONE) == DIFFERENT
+        b.dtype = np.int64
+        copy = np.array([[5, 6, 32]], dtype=np.int64)
+        copied = _stage(table, copy) == STAGED and (target == source).all()
+        declined = (_stage(table, np.array([[3, 6, 80]], dtype=np.int64)) == CHECKED  # a strided source
+                    and _stage(table, np.array([[5, 4, 32]], dtype=np.int64)) == CHECKED)  # a read-only target
+        return reshaped and retyped and copied and declined and (readonly == 0).all()
+    except Exception:  # numba's compile or the reads failing: the Python reads stay
+        return False
+
+
+WORKS: bool | None = None
+
+
+def ready() -> bool:
+    """Whether the compiled reads work here: checked once per process (the first call loads or compiles them)."""
+    global WORKS
+    if WORKS is None:
+        WORKS = _works()
+    return WORKS
+
+
+def snapshot(arrays: list) -> np.ndarray | None:
+    """A table of these arrays' addresses, dtypes and shapes as they are now, for `stage`; None where the
+    compiled reads do not apply (an array not a plain numpy ndarray, or this interpreter)."""
+    if not all(type(a) is np.ndarray for a in arrays):
+        return None
+    return _rows(arrays) if ready() else None
+
+
+def copies(pairs: list[tuple[int, int, int]]) -> np.ndarray:
+    """The copies `stage` makes: (source row, target row, bytes) each."""
+    return np.array(pairs, dtype=np.int64).reshape(-1, 3)
+
+
+stage = _stage
+"""stage(table, copies): DIFFERENT where an array of the table (each still alive: whoever made the table holds
+it) has another dtype object or shape than the table holds; else the copies made (STAGED), or none when there are
+none to make or a source is not contiguous or a target not contiguous and writeable (CHECKED: the caller copies). The compiled function
+itself: a wrapper would cost a tenth of it."""
+
+
+def readdress(table: np.ndarray, first: int, arrays: list) -> None:
+    """Rows first.. now hold these arrays' addresses; their dtype and shape columns stay what they were."""
+    table[first : first + len(arrays), 0] = list(map(id, arrays))

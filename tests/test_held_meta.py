@@ -1,0 +1,77 @@
+"""held_meta: one compiled call reads many arrays' dtype and shape against a snapshot, and stages feeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtplab.runtime import held_meta
+from mtplab.runtime.held_meta import CHECKED, DIFFERENT, STAGED
+
+
+def test_the_compiled_reads_agree_with_numpy_on_this_interpreter():
+    assert held_meta._works()
+    assert held_meta.snapshot([np.zeros(3)]) is not None
+
+
+def test_a_snapshot_is_unchanged_until_an_array_is_reshaped_or_retyped_in_place():
+    a, b = np.zeros((2, 3, 4), np.float32), np.zeros((), np.int64)
+    table = held_meta.snapshot([a, b])
+    assert held_meta.stage(table, held_meta.NONE) == CHECKED
+    a.shape = (3, 2, 4)  # the same object, the same memory, another shape
+    assert held_meta.stage(table, held_meta.NONE) == DIFFERENT
+    a.shape = (2, 3, 4)
+    a.dtype = np.int32  # the same object, another dtype of the same size
+    assert held_meta.stage(table, held_meta.NONE) == DIFFERENT
+    a.dtype = np.float32
+    b.shape = (1,)
+    assert held_meta.stage(table, held_meta.NONE) == DIFFERENT
+    b.shape = ()
+    assert held_meta.stage(table, held_meta.NONE) == CHECKED
+
+
+def test_an_equal_dtype_of_another_object_is_a_difference_the_caller_decides():
+    """The table compares dtype objects: an equal dtype made apart is reported, and Python's == then decides."""
+    structured = np.dtype([("a", np.int32)])
+    a = np.zeros(2, dtype=structured)
+    table = held_meta.snapshot([a])
+    a.dtype = np.dtype([("a", np.int32)])  # equal, not the same object
+    assert a.dtype == structured and a.dtype is not structured
+    assert held_meta.stage(table, held_meta.NONE) == DIFFERENT
+
+
+def test_staging_copies_each_feed_into_its_buffer_and_declines_what_is_not_a_plain_copy():
+    feed, buffer = np.arange(6, dtype=np.int64), np.zeros(6, dtype=np.int64)
+    strided = np.arange(12, dtype=np.int64)[::2]
+    readonly = np.zeros(6, dtype=np.int64)
+    readonly.flags.writeable = False
+    table = held_meta.snapshot([feed, buffer, strided, readonly])
+    assert held_meta.stage(table, held_meta.copies([(0, 1, 48)])) == STAGED
+    assert (buffer == feed).all()
+    buffer[:] = 0
+    assert held_meta.stage(table, held_meta.copies([(2, 1, 48)])) == CHECKED  # a strided source
+    assert held_meta.stage(table, held_meta.copies([(0, 3, 48)])) == CHECKED  # a read-only target
+    assert (buffer == 0).all() and (readonly == 0).all()
+    feed.shape = (2, 3)
+    assert held_meta.stage(table, held_meta.copies([(0, 1, 48)])) == DIFFERENT
+    assert (buffer == 0).all()  # nothing is copied once anything differs
+
+
+def test_readdressed_rows_read_the_new_objects_against_the_old_dtype_and_shape():
+    old, new, other = np.zeros(4, np.int64), np.ones(4, np.int64), np.ones(5, np.int64)
+    table = held_meta.snapshot([old])
+    held_meta.readdress(table, 0, [new])
+    assert held_meta.stage(table, held_meta.NONE) == CHECKED
+    held_meta.readdress(table, 0, [other])
+    assert held_meta.stage(table, held_meta.NONE) == DIFFERENT
+
+
+@pytest.mark.parametrize("array", [np.zeros(3).view(np.recarray), [1, 2, 3], np.float32(1.0)])
+def test_anything_not_a_plain_ndarray_keeps_the_python_reads(array):
+    assert held_meta.snapshot([np.zeros(3), array]) is None
+
+
+def test_where_the_layout_check_fails_no_table_is_made(monkeypatch):
+    monkeypatch.setattr(held_meta, "WORKS", None)
+    monkeypatch.setattr(held_meta, "_works", lambda: False)
+    assert held_meta.snapshot([np.zeros(3)]) is None
