@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 
 import numpy as np
 import pytest
@@ -355,6 +356,28 @@ def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
                 out["hidden"].shape = (out["hidden"].size,)
     assert checked.state[Slot.PRIMARY].replays > 10 and checked.state[Slot.PRIMARY].invalidations > 3
     assert len(replayers) == 2  # both sizes ran through replayers
+
+
+def test_a_feed_of_object_references_is_staged_with_its_counts():
+    """A string tensor reaches onnxruntime as an object array: the slot's buffer holds a counted reference to what
+    it was staged from, not a byte copy of the pointer (which would dangle once the feed is gone)."""
+    ex = Executor({Slot.PRIMARY: NullSession()}, {Slot.PRIMARY: SlotMemory(Arena("slot"))})
+
+    def feeds(step):
+        return {"ids": np.array([step], np.int64), "tags": np.array([f"tag-{step}-" + "x" * 60], dtype=object)}
+
+    for step in range(3):  # a warm-up, the capture, then a replay through the check
+        ex.run(Slot.PRIMARY, feeds(step), {}, ())
+    assert ex.state[Slot.PRIMARY].replays == 1
+    fed = feeds(99)
+    tag = fed["tags"][0]
+    before = sys.getrefcount(tag)
+    ex.run(Slot.PRIMARY, fed, {}, ())
+    assert ex.state[Slot.PRIMARY].replays == 2
+    assert sys.getrefcount(tag) == before + 1  # the slot's buffer holds it too
+    del fed
+    ex.invalidate(Slot.PRIMARY, "the check, and the feeds it held, let go")
+    assert ex.memory[Slot.PRIMARY].views[("feed.tags", (1,), np.dtype(object))][0] is tag
 
 
 def test_a_replayer_runs_as_run_does_and_names_its_slot(tiny, setup):

@@ -75,3 +75,12 @@ def test_where_the_layout_check_fails_no_table_is_made(monkeypatch):
     monkeypatch.setattr(held_meta, "WORKS", None)
     monkeypatch.setattr(held_meta, "_works", lambda: False)
     assert held_meta.snapshot([np.zeros(3)]) is None
+
+
+def test_compiled_reads_that_cannot_load_are_told_and_left_off(monkeypatch):
+    def damaged(*args):
+        raise EOFError("Ran out of input")  # what numba raises on a truncated cache file
+
+    monkeypatch.setattr(held_meta, "_stage", damaged)
+    with pytest.warns(RuntimeWarning, match="compiled reads are off in this process .*EOFError.*numba cache"):
+        assert not held_meta._works()

@@ -86,6 +86,7 @@ class MtpDrafter:
                                feeds[io.input_ids], buffer)
         _, _, run, ids, buffer = hot
         # the hidden state copied into one array of its own: the feeds stay the very objects the replay check holds
+        buffer[...] = feeds[name]  # mtp_io's, of the feed's shape and dtype
         feeds[name] = buffer
         capacity = desc.capacity
         done = 0
@@ -94,7 +95,7 @@ class MtpDrafter:
                 if i:
                     ids[...] = token
                     length_feeds(io, position + i, 1, capacity, feeds)
-                buffer[...] = hidden
+                    buffer[0, 0] = hidden
                 out = run()
                 done += 1
                 token = pick(np, out[io.logits][0, 0])

@@ -18,6 +18,7 @@ addresses, not references: whoever holds a table holds its arrays.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 from numba import carray, types
@@ -116,7 +117,10 @@ def _works() -> bool:
         declined = (_stage(table, np.array([[3, 6, 80]], dtype=np.int64)) == CHECKED  # a strided source
                     and _stage(table, np.array([[5, 4, 32]], dtype=np.int64)) == CHECKED)  # a read-only target
         return reshaped and retyped and copied and declined and (readonly == 0).all()
-    except Exception:  # numba's compile or the reads failing: the Python reads stay
+    except Exception as err:  # numba's compile or cache load, or the reads, failing: the Python reads stay
+        warnings.warn(f"the replay check's compiled reads are off in this process ({type(err).__name__}: {err}); "
+                      "Python reads every binding instead (slower, the same decisions). A damaged numba cache "
+                      f"beside {__file__} or in NUMBA_CACHE_DIR is deleted safely.", RuntimeWarning, stacklevel=2)
         return False
 
 
@@ -140,7 +144,8 @@ def snapshot(arrays: list) -> np.ndarray | None:
 
 
 def copies(pairs: list[tuple[int, int, int]]) -> np.ndarray:
-    """The copies `stage` makes: (source row, target row, bytes) each."""
+    """The copies `stage` makes: (source row, target row, bytes) each. Plain bytes: never arrays of a dtype that
+    holds object references (dtype.hasobject), whose copies must count them."""
     return np.array(pairs, dtype=np.int64).reshape(-1, 3)
 
 

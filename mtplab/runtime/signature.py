@@ -167,11 +167,13 @@ class ReplayCheck:
 
     def _copies(self) -> np.ndarray:
         """The table's staging copies, feed row to slot buffer row, where each is a plain byte copy (the buffer of
-        the feed's dtype and shape); else none: Python stages."""
+        the feed's dtype and shape, holding no object references: copying those needs their counts); else none:
+        Python stages."""
         rows = {id(a): r for r, a in enumerate(self.arrays, start=len(self.seen))}
         pairs = []
         for f, ((view, plain), value) in enumerate(zip(self.staging, self.seen)):
-            if not plain or id(view) not in rows or (view.dtype, view.shape) != (value.dtype, value.shape):
+            if not plain or id(view) not in rows or (view.dtype, view.shape) != (value.dtype, value.shape) or (
+                    view.dtype.hasobject):
                 return held_meta.NONE
             pairs.append((f, rows[id(view)], view.nbytes))
         return held_meta.copies(pairs)
