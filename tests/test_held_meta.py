@@ -84,3 +84,11 @@ def test_compiled_reads_that_cannot_load_are_told_and_left_off(monkeypatch):
     monkeypatch.setattr(held_meta, "_stage", damaged)
     with pytest.warns(RuntimeWarning, match="compiled reads are off in this process .*EOFError.*numba cache"):
         assert not held_meta._works()
+
+
+def test_without_numba_the_check_reads_in_python_and_says_so(monkeypatch):
+    monkeypatch.setattr(held_meta, "WORKS", None)
+    monkeypatch.setattr(held_meta, "MISSING", ImportError("Numba needs NumPy 2.3 or less"))
+    with pytest.warns(RuntimeWarning, match="numba does not load .*NumPy 2.3"):
+        assert held_meta.snapshot([np.zeros(3)]) is None
+    assert held_meta.snapshot([np.zeros(3)]) is None  # told once

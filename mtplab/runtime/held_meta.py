@@ -21,10 +21,6 @@ import sys
 import warnings
 
 import numpy as np
-from numba import carray, types
-from numba.extending import intrinsic
-
-from mtplab.runtime.host_replay import _compiled
 
 # PyArrayObject after PyObject_HEAD (refcount, type), in 8-byte words: data, nd, dimensions, strides, base, descr,
 # flags. nd and flags are C ints: read as the int32 at twice their word's index.
@@ -33,52 +29,59 @@ _C_CONTIGUOUS, _WRITEABLE = 0x0001, 0x0400  # NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_
 COLUMNS = 3  # a table's row: address, nd, descr address; then the dimensions
 CHECKED, STAGED, DIFFERENT = 0, 1, -1  # what stage() did
 
+try:
+    from numba import carray, types
+    from numba.extending import intrinsic
 
-def _pointer_intrinsic(kind):
-    @intrinsic
-    def pointer(typingctx, address):
-        sig = types.CPointer(kind)(address)
+    from mtplab.runtime.host_replay import _compiled
+except ImportError as err:  # numba missing, or refusing this numpy: the replay check reads in Python
+    MISSING: ImportError | None = err
+else:
+    MISSING = None
 
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], context.get_value_type(types.CPointer(kind)))
+    def _pointer_intrinsic(kind):
+        @intrinsic
+        def pointer(typingctx, address):
+            sig = types.CPointer(kind)(address)
 
-        return sig, codegen
+            def codegen(context, builder, signature, args):
+                return builder.inttoptr(args[0], context.get_value_type(types.CPointer(kind)))
 
-    return pointer
+            return sig, codegen
 
+        return pointer
 
-_words = _pointer_intrinsic(types.int64)
-_ints = _pointer_intrinsic(types.int32)
-_bytes = _pointer_intrinsic(types.uint8)
+    _words = _pointer_intrinsic(types.int64)
+    _ints = _pointer_intrinsic(types.int32)
+    _bytes = _pointer_intrinsic(types.uint8)
 
-
-@_compiled
-def _stage(table, copies):  # pragma: no cover - compiled
-    for r in range(table.shape[0]):
-        address = table[r, 0]
-        nd = _ints(address)[2 * _ND]
-        if nd != table[r, 1]:
-            return DIFFERENT
-        fields = _words(address)
-        if fields[_DESCR] != table[r, 2]:
-            return DIFFERENT
-        dims = _words(fields[_DIMS])
-        for d in range(nd):
-            if dims[d] != table[r, COLUMNS + d]:
+    @_compiled
+    def _stage(table, copies):  # pragma: no cover - compiled
+        for r in range(table.shape[0]):
+            address = table[r, 0]
+            nd = _ints(address)[2 * _ND]
+            if nd != table[r, 1]:
                 return DIFFERENT
-    if copies.shape[0] == 0:
-        return CHECKED
-    for c in range(copies.shape[0]):  # (source row, destination row, bytes): contiguous, and a writeable target
-        if _ints(table[copies[c, 0], 0])[2 * _FLAGS] & _C_CONTIGUOUS == 0:
+            fields = _words(address)
+            if fields[_DESCR] != table[r, 2]:
+                return DIFFERENT
+            dims = _words(fields[_DIMS])
+            for d in range(nd):
+                if dims[d] != table[r, COLUMNS + d]:
+                    return DIFFERENT
+        if copies.shape[0] == 0:
             return CHECKED
-        flags = _ints(table[copies[c, 1], 0])[2 * _FLAGS]
-        if flags & _C_CONTIGUOUS == 0 or flags & _WRITEABLE == 0:
-            return CHECKED
-    for c in range(copies.shape[0]):
-        source, target = _words(table[copies[c, 0], 0])[_DATA], _words(table[copies[c, 1], 0])[_DATA]
-        if source != target:
-            carray(_bytes(target), copies[c, 2])[:] = carray(_bytes(source), copies[c, 2])
-    return STAGED
+        for c in range(copies.shape[0]):  # (source row, destination row, bytes): contiguous, and a writeable target
+            if _ints(table[copies[c, 0], 0])[2 * _FLAGS] & _C_CONTIGUOUS == 0:
+                return CHECKED
+            flags = _ints(table[copies[c, 1], 0])[2 * _FLAGS]
+            if flags & _C_CONTIGUOUS == 0 or flags & _WRITEABLE == 0:
+                return CHECKED
+        for c in range(copies.shape[0]):
+            source, target = _words(table[copies[c, 0], 0])[_DATA], _words(table[copies[c, 1], 0])[_DATA]
+            if source != target:
+                carray(_bytes(target), copies[c, 2])[:] = carray(_bytes(source), copies[c, 2])
+        return STAGED
 
 
 def _rows(arrays: list) -> np.ndarray:
@@ -131,7 +134,10 @@ def ready() -> bool:
     """Whether the compiled reads work here: checked once per process (the first call loads or compiles them)."""
     global WORKS
     if WORKS is None:
-        WORKS = _works()
+        if MISSING is not None:
+            warnings.warn(f"the replay check's compiled reads are off: numba does not load ({MISSING}); Python reads "
+                          "every binding instead (slower, the same decisions)", RuntimeWarning, stacklevel=2)
+        WORKS = MISSING is None and _works()
     return WORKS
 
 
@@ -149,7 +155,7 @@ def copies(pairs: list[tuple[int, int, int]]) -> np.ndarray:
     return np.array(pairs, dtype=np.int64).reshape(-1, 3)
 
 
-stage = _stage
+stage = _stage if MISSING is None else None
 """stage(table, copies): DIFFERENT where an array of the table (each still alive: whoever made the table holds
 it) has another dtype object or shape than the table holds; else the copies made (STAGED), or none when there are
 none to make or a source is not contiguous or a target not contiguous and writeable (CHECKED: the caller copies). The compiled function
