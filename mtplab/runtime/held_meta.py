@@ -158,8 +158,8 @@ def copies(pairs: list[tuple[int, int, int]]) -> np.ndarray:
 stage = _stage if MISSING is None else None
 """stage(table, copies): DIFFERENT where an array of the table (each still alive: whoever made the table holds
 it) has another dtype object or shape than the table holds; else the copies made (STAGED), or none when there are
-none to make or a source is not contiguous or a target not contiguous and writeable (CHECKED: the caller copies). The compiled function
-itself: a wrapper would cost a tenth of it."""
+none to make, or a source is not contiguous, or a target not contiguous and writeable (CHECKED: the caller
+copies). The compiled function itself: a wrapper would cost a tenth of it."""
 
 
 def readdress(table: np.ndarray, first: int, arrays: list) -> None:
