@@ -315,13 +315,15 @@ def test_the_replay_check_decides_exactly_as_the_full_signature(tiny):
     def seqlens():  # a feed target_io keeps and rewrites in place: every executor below is fed this very object
         return target_io(state.desc, state, np.zeros(1, dtype=np.int64))[0]["seqlens_k"]
 
+    def reshape(a):  # [1] <-> [1, 1]
+        set_attr(a, "shape", (1,) + a.shape if a.ndim == 1 else a.shape[-1:])
+
     def retype(a):
         set_attr(a, "dtype", np.float32 if a.dtype == np.int32 else np.int32)
 
     disturbances = [
         ("none", lambda: None),
-        ("a feed reshaped in place, or back", lambda: set_attr(seqlens(), "shape", (1,) + seqlens().shape[-1:]
-                                                                if seqlens().ndim == 1 else seqlens().shape[-1:])),
+        ("a feed reshaped in place, or back", lambda: reshape(seqlens())),
         ("a feed's dtype in place, or back", lambda: retype(seqlens())),
         ("moved gdn", lambda: state.gdn.__setitem__(i, state.gdn[i].copy())),
         ("same memory, new object", lambda: state.gdn.__setitem__(j, state.gdn[j][...])),
