@@ -93,6 +93,13 @@ def test_alpha_with_the_mtp_drafter_is_an_error(capsys):
     assert "--alpha 0.3 with --drafter 'mtp': alpha belongs to the oracle drafter" in capsys.readouterr().err
 
 
+def test_mtplab_engine_settings_with_the_genai_peer_are_an_error(capsys):
+    """The peer runs none of them: a run that names one would be labelled with a setting it never ran."""
+    assert main(["run", "--preset", "tiny", "--engine", "ort-genai", "--policy", "shared-jit", "--no-retain"]) == 2
+    assert ("--policy shared-jit, --no-retain with --engine 'ort-genai': onnxruntime-genai's MtpGenerator runs its own "
+            "decoder") in capsys.readouterr().err
+
+
 def test_bad_sweep_options_are_reported_together(tmp_path, capsys):
     args = ["sweep", "--preset", "smoke", "--workers", "0", "--timeout", "0", "--name", "../x"]
     assert main(args + ["--results", str(tmp_path)]) == 2

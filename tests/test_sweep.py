@@ -364,6 +364,8 @@ def test_a_failing_point_is_recorded_the_sweep_completes_in_a_relative_results_f
         ({"k": [0, "x", 2]}, r"k in the spec: k=0, 'x': must be an integer >= 1"),
         ({"tokens": [1, 8]}, r"tokens in the spec: tokens=1: must be an integer >= 2"),  # one token times no decode
         ({"drafter": ["mtp"], "alpha": [0.5, 0.7]}, r"alpha=0.5 with drafter='mtp': alpha belongs to the oracle drafter"),
+        ({"grids": [{"engine": ["mtplab", "ort-genai"], "drafter": ["mtp"], "schedule": ["fused"]}]},
+         r"schedule='fused' with engine='ort-genai': onnxruntime-genai's MtpGenerator runs its own decoder"),
         ({"name": "../escaped"}, r"name='../escaped': must be a folder name"),
         ({"tokens": [300]}, r"tokens=300: .*exceeds the tiny model's max_seq_len 256 .*\(in grids\[0\]\)"),
         ({"grids": [{"preset": ["small"], "model": ["tiny"]}]}, r"preset and model in grids\[0\]: name the model once"),
@@ -373,6 +375,13 @@ def test_bad_grid_spec_fails_before_any_point_naming_the_key(source, message):
     with pytest.raises(ValueError, match=message) as err:
         grid.parse({"defaults": {"model": "tiny"}} | source)
     assert "\n" not in str(err.value)
+
+
+def test_mtplab_engine_settings_from_defaults_pass_to_the_genai_points_unused():
+    """As the sampling grid does: defaults are for every point; only a grid naming them beside the peer is refused."""
+    spec = grid.parse({"defaults": {"model": "tiny", "drafter": "mtp", "schedule": "fused", "commit": "select"},
+                       "grids": [{"engine": ["mtplab", "ort-genai"], "k": [2]}]})
+    assert sorted(p.run.engine for p in spec.points) == ["mtplab", "ort-genai"]
 
 
 def test_a_model_named_at_a_more_specific_level_replaces_an_older_specs_defaults_preset():

@@ -176,6 +176,9 @@ def _run_config(args) -> tuple[RunConfig | None, list[str]]:
     # A drafter parameter given at all (its default value too) belongs to its drafter, as in a grid.
     explicit = {n: v for n, v in given.items() if n in config.drafter_params()}
     problems += [t for p in config.drafter_param_problems(values["drafter"], explicit) if (t := as_options(p)) not in problems]
+    by_name = {f.name: f for f in config.fields()}
+    problems += [as_options(p) for p in config.engine_param_problems(
+        values["engine"], given, lambda n, v: _flag(by_name[n]) if isinstance(v, bool) else f"{_flag(by_name[n])} {v}")]
     return (None if problems else run), problems
 
 

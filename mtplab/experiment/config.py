@@ -323,6 +323,21 @@ def drafter_param_problems(drafter: str, given: dict) -> list[str]:
     return out
 
 
+# mtplab's own engine's settings: onnxruntime-genai's MtpGenerator (engine='ort-genai') runs its own decoder
+ENGINE_ONLY = ("policy", "commit", "schedule", "validate", "retain_decode_graph_across_spec", "max_recaptures")
+
+
+def engine_param_problems(engine: str, given: dict, spell=lambda name, value: f"{name}={value!r}") -> list[str]:
+    """Settings of mtplab's own engine given (explicitly: on the command line, in a grid entry) with
+    engine='ort-genai', which runs none of them: its points would differ in a label only. spell(name, value): how
+    the caller writes an option."""
+    named = [spell(n, given[n]) for n in ENGINE_ONLY if given.get(n) is not None]
+    if engine != "ort-genai" or not named:
+        return []
+    return [f"{', '.join(named)} with engine='ort-genai': onnxruntime-genai's MtpGenerator runs its own decoder, none "
+            f"of mtplab's {', '.join(ENGINE_ONLY)} (drop {'it' if len(named) == 1 else 'them'}, or use engine='mtplab')"]
+
+
 def run_problems(values: dict) -> list[str]:
     """Every problem with a RunConfig's field values (defaults for the missing ones), each naming the field."""
     unknown = sorted(set(values) - {f.name for f in fields()})

@@ -145,6 +145,8 @@ def _expand(source: dict) -> tuple[dict[str, Point], list[str]]:
         for values in itertools.product(*(dims[k] for k in keys)):
             params = dict(zip(keys, values))
             bad = _drafter_params(params, explicit)
+            bad += config.engine_param_problems(params.get("engine", "mtplab"),
+                                                {n: params[n] for n in explicit if n in params})
             try:
                 run = RunConfig(**params)
             except config.ConfigError as err:
