@@ -60,9 +60,9 @@ def test_staging_copies_each_feed_into_its_buffer_and_declines_what_is_not_a_pla
 def test_readdressed_rows_read_the_new_objects_against_the_old_dtype_and_shape():
     old, new, other = np.zeros(4, np.int64), np.ones(4, np.int64), np.ones(5, np.int64)
     table = held_meta.snapshot([old])
-    held_meta.readdress(table, 0, [new])
+    held_meta.readdress(table, [new])
     assert held_meta.stage(table, held_meta.NONE) == CHECKED
-    held_meta.readdress(table, 0, [other])
+    held_meta.readdress(table, [other])
     assert held_meta.stage(table, held_meta.NONE) == DIFFERENT
 
 

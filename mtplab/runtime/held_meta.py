@@ -162,6 +162,6 @@ none to make, or a source is not contiguous, or a target not contiguous and writ
 copies). The compiled function itself: a wrapper would cost a tenth of it."""
 
 
-def readdress(table: np.ndarray, first: int, arrays: list) -> None:
-    """Rows first.. now hold these arrays' addresses; their dtype and shape columns stay what they were."""
-    table[first : first + len(arrays), 0] = list(map(id, arrays))
+def readdress(table: np.ndarray, arrays: list) -> None:
+    """The table's first rows now hold these arrays' addresses; their dtype and shape columns stay what they were."""
+    table[: len(arrays), 0] = list(map(id, arrays))

@@ -320,8 +320,10 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
 def checked_length(desc: ModelDescription, st: TargetState, M: int):
     """The state's length (each row's, an array, at batch > 1) for a forward of M more tokens; refused (ValueError)
     when its longest row would pass the KV capacity."""
-    length = st.length if st.lengths is None else st.lengths
-    longest = length if st.lengths is None else int(length.max())
+    if st.lengths is None:
+        length = longest = st.length
+    else:
+        length, longest = st.lengths, int(st.lengths.max())
     if longest + M > desc.capacity:
         raise beyond_capacity(longest + M, desc.capacity)
     return length

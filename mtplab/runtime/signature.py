@@ -216,6 +216,6 @@ class ReplayCheck:
         if not all(map(is_, values, self.seen)):
             if not set(map(type, values)) <= _NDARRAY:  # the rows keep the held dtype and shape to read against
                 return held_meta.DIFFERENT
-            held_meta.readdress(self.table, 0, values)
+            held_meta.readdress(self.table, values)
             self.seen = values
         return held_meta.stage(self.table, self.copies)

@@ -34,39 +34,43 @@ KERNEL_STARTS = 3  # a point's kernel that dies before it answers is started aga
 _DIED_AT_START = "before replying to kernel_info"  # jupyter_client's words: the kernel never ran a cell
 
 
+def _run_notebook(point: grid.Point, tmp: Path, points_dir: str, timeout: int, threads: int) -> None:
+    """papermill's run of run_point.ipynb for the point into its folder `tmp`. A kernel that dies while starting (it
+    ran nothing: a port taken between its choice and its bind, say) is started again, KERNEL_STARTS times in all;
+    after that the last such error is raised, saying how often."""
+    import papermill as pm
+
+    for start in range(1, KERNEL_STARTS + 1):
+        try:
+            pm.execute_notebook(
+                str(notebooks_dir() / "run_point.ipynb"),
+                str(tmp / "run_point.ipynb"),
+                parameters=point_parameters(point, tmp, threads, str(Path(points_dir).parent / "calibration.json")),
+                kernel_name=ensure_kernel(),
+                # a point sized by rounds 'auto' may spend its whole budget in its timed rounds' cell
+                execution_timeout=max(timeout, int(point.run.rounds_budget * 2) + 300) if point.run.rounds == "auto"
+                else timeout,
+                progress_bar=False,
+                cwd=str(tmp),
+            )
+            return
+        except RuntimeError as err:
+            if _DIED_AT_START not in str(err):
+                raise
+            if start == KERNEL_STARTS:
+                raise RuntimeError(f"{err} (the point's kernel died while starting, {start} times)") from err
+
+
 def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int) -> Outcome:
     """Run one point through papermill into points/<id>/; returns (id, ok|mismatch|failed, error or verdict).
 
     threads: the intra-op threads of the point's sessions, unless its spec fixes them (RunConfig.threads).
-    A kernel that dies while starting (it ran nothing: a port taken between its choice and its bind, say) is
-    started again, KERNEL_STARTS times in all; the point fails with the last such error after that.
     """
-    import papermill as pm
-
     error = None
     # The folder is absolute: the notebook runs with its cwd there, so a relative run_dir would nest.
     with store.point_folder(points_dir, point.id) as tmp:
         try:
-            for start in range(1, KERNEL_STARTS + 1):
-                try:
-                    pm.execute_notebook(
-                        str(notebooks_dir() / "run_point.ipynb"),
-                        str(tmp / "run_point.ipynb"),
-                        parameters=point_parameters(point, tmp, threads,
-                                                    str(Path(points_dir).parent / "calibration.json")),
-                        kernel_name=ensure_kernel(),
-                        # a point sized by rounds 'auto' may spend its whole budget in its timed rounds' cell
-                        execution_timeout=max(timeout, int(point.run.rounds_budget * 2) + 300)
-                        if point.run.rounds == "auto" else timeout,
-                        progress_bar=False,
-                        cwd=str(tmp),
-                    )
-                    break
-                except RuntimeError as err:
-                    if _DIED_AT_START not in str(err):
-                        raise
-                    if start == KERNEL_STARTS:
-                        raise RuntimeError(f"{err} (the point's kernel died while starting, {start} times)") from err
+            _run_notebook(point, tmp, points_dir, timeout, threads)
             if not (tmp / store.RESULT).exists():
                 error = "the notebook finished without writing result.json"
         except Exception as err:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
