@@ -13,6 +13,7 @@ import time
 import pytest
 from conftest import synthetic_calibration
 
+from mtplab.check import audit
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import COMMITS, SCHEDULES
@@ -85,6 +86,31 @@ def test_a_recapture_budget_the_timed_round_spends_at_another_step_is_told_not_f
     assert r.lossless and r.identity["timed_audit"]["problems"] == [], r.verdict
     (w,) = [w for w in r.warnings if w["name"] == "timed_fallbacks"]
     assert "the primary slot" in w["message"] and "max_recaptures=3 reached in the timed run" in w["message"]
+
+
+def test_fewer_invalidations_from_a_timed_round_that_began_with_no_plan_are_told_not_failed(tiny):
+    """shared-jit without retain: a timed round that follows a speculative run begins with no Primary plan ready, so it
+    warms up where the checked run (after greedy, its M=1 plan ready) invalidated: two invalidations fewer, no replay
+    more. That follows from where it began: told, not failed."""
+    r = _point(tiny, commit="readvance-batched", schedule="fused", policy="shared-jit",
+               retain_decode_graph_across_spec=False, tokens=24, seed=2)
+    assert r.lossless and r.identity["timed_audit"]["problems"] == [], r.verdict
+    (w,) = [w for w in r.warnings if w["name"] == "timed_invalidations"]
+    assert "the primary slot invalidated 2 plans, the checked run 4" in w["message"], w["message"]
+    assert "it began with no plan ready on that slot, the checked run with its plan at M=1 ready" in w["message"]
+
+
+def test_a_timed_round_that_began_elsewhere_explains_fewer_invalidations_only_without_more_replays():
+    began = {"none": audit.Trace({}, {}, {}, {"primary": False, "verify": True}),
+             "M=1": audit.Trace({}, {}, {}, {"primary": True, "verify": True}, primary_tokens_before=1)}
+    checked, fewer = {"invalidations": 4, "replays": 10}, {"invalidations": 2, "replays": 10}
+    assert "it began with no plan ready" in audit._other_start("primary", True, began["none"], began["M=1"], fewer,
+                                                               checked)
+    assert audit._other_start("primary", True, began["M=1"], began["M=1"], fewer, checked) is None  # the same start
+    assert audit._other_start("primary", True, began["none"], began["M=1"], fewer | {"replays": 11}, checked) is None
+    assert audit._other_start("primary", True, began["none"], began["M=1"], checked, fewer) is None  # more, not fewer
+    # Primary's M says nothing of another slot's start
+    assert audit._other_start("verify", False, began["none"], began["M=1"], fewer, checked) is None
 
 
 def _timed_rounds_only(monkeypatch, change):

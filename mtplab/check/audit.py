@@ -15,8 +15,9 @@ slot's activity and the backend's count are what hold its forwards.
 - speculative: tokens equal to the reference; the same forwards, the same accepted-count sequence
   and, per slot, the same number of forwards and eager runs as the checked speculative run, no more
   forwards outside a plan (warm-ups, fallbacks) than it beyond SETUP_RUNS, and invalidations within
-  one (where the previous run left a slot moves its set-up); the state it ends in bitwise equal to
-  the checked run's.
+  one (where the previous run left a slot moves its set-up), or fewer where the slot began with another
+  plan than in the checked run and replayed no more (a named warning); the state it ends in bitwise
+  equal to the checked run's.
 - both: n - 1 counted tokens and a rate of counted / seconds; a timed window that opens after the
   run's untimed setup (prefill) and before its first forward, and closes after its last forward and
   before the call returns; the slots' counters equal what the plan backend itself ran, and no slot
@@ -212,13 +213,16 @@ class Audit:
                 text = f"the {slot} slot invalidated {got.get('invalidations', 0)} plans, the checked run " \
                        f"{want.get('invalidations', 0)}"
                 # An unpinned workspace lands where the pool puts it, and a timed round starts from the plan the run
-                # before it left: it may invalidate more than the checked run, which started fresh, never fewer
-                # (fewer would be a workspace held still, another policy's timing).
+                # before it left: it may invalidate more than the checked run, which started fresh; fewer only as the
+                # plan it began with explains, replaying no more (else a workspace held still, another policy's timing).
+                primary = slot == self.engine.target.labels[Slot.PRIMARY]
                 if not self.engine.policy.pin_workspace and got.get("invalidations", 0) > want.get("invalidations", 0):
                     self._warn("timed_invalidations", r, side, f"{text} (policy {self.engine.policy.name!r}: its "
                                                                "workspace moves as the pool places it)")
                 elif budget := self._budget_spent(got):
                     self._warn("timed_invalidations", r, side, f"{text} ({budget})")
+                elif start := _other_start(slot, primary, trace, checked, got, want):
+                    self._warn("timed_invalidations", r, side, f"{text} ({start})")
                 else:
                     self._problem(r, side, text)
         same = StateRule(True, 0.0, "the timed run repeats the checked run's computation")
@@ -378,6 +382,27 @@ def _plan_tokens(st, input_ids: str) -> int | None:
     if st.status is not Status.READY or st.signature is None:
         return None
     return next((int(shape[-1]) for name, way, _, shape, _ in st.signature if name == input_ids and way == "in"), None)
+
+
+def _other_start(slot: str, primary: bool, trace: Trace, checked: Trace, got: dict, want: dict) -> str | None:
+    """Why a timed run's slot may invalidate fewer plans than the checked run's: it began with another plan (none,
+    or one of another M), and a slot's invalidations count the plans it replaces, so they follow from where it
+    starts (the same forwards then stay eager, warm-ups or captures). Only where it replayed no more plans than the
+    checked run: a timed run that did cheaper work stays a problem. None otherwise."""
+    if got.get("invalidations", 0) >= want.get("invalidations", 0) or got.get("replays", 0) > want.get("replays", 0):
+        return None
+    began, checked_began = _start_words(trace, slot, primary), _start_words(checked, slot, primary)
+    if began == checked_began:
+        return None
+    return f"it began with {began}, the checked run with {checked_began}, and replayed no more plans than it"
+
+
+def _start_words(trace: Trace, slot: str, primary: bool) -> str:
+    """The plan a run's slot held when the run began, in words."""
+    if not trace.ready_before.get(slot):
+        return "no plan ready on that slot"
+    m = trace.primary_tokens_before if primary else None
+    return "a plan ready" if m is None else f"its plan at M={m} ready"
 
 
 def _slot_states(engine):
