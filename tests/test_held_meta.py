@@ -77,6 +77,18 @@ def test_where_the_layout_check_fails_no_table_is_made(monkeypatch):
     assert held_meta.snapshot([np.zeros(3)]) is None
 
 
+@pytest.mark.parametrize("field, word", [("_DATA", 1), ("_ND", 4), ("_DIMS", 6), ("_DESCR", 6), ("_FLAGS", 7)])
+def test_a_field_found_elsewhere_than_expected_stops_the_check_before_any_pointer_is_followed(monkeypatch, field,
+                                                                                             word):
+    """A layout with one field moved (as another interpreter's might) is found by plain word reads: the compiled
+    reads, which would follow its pointers, never run."""
+    calls = []
+    monkeypatch.setattr(held_meta, field, word)
+    monkeypatch.setattr(held_meta, "_stage", lambda *args: calls.append(args) or held_meta.CHECKED)
+    assert not held_meta._works()
+    assert calls == []
+
+
 def test_compiled_reads_that_cannot_load_are_told_and_left_off(monkeypatch):
     def damaged(*args):
         raise EOFError("Ran out of input")  # what numba raises on a truncated cache file

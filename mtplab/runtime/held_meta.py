@@ -9,14 +9,15 @@ ndarray's own fields (NumPy's PyArrayObject: data, nd, dimensions, descr, flags)
 them with the snapshot the table holds, and makes the copies, in well under a microsecond.
 
 The fields' layout is NumPy's ABI, which extensions compiled against NumPy 1.x still read on 2.x. It is checked
-once per process against the attributes of test arrays, a reshape and a dtype change made in place, a strided view
-and a read-only array; where that fails (another interpreter, a debug build of Python) `snapshot` returns None,
+once per process: first each field's word read plainly (no pointer followed) against test arrays' attributes, then
+the compiled reads on them, a reshape and a dtype change made in place, a strided view and a read-only array; where that fails (another interpreter, a debug build of Python) `snapshot` returns None,
 and so does it for anything not a plain ndarray (a CuPy array): the caller keeps its Python reads. The table holds
 addresses, not references: whoever holds a table holds its arrays.
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import warnings
 
@@ -96,6 +97,24 @@ def _rows(arrays: list) -> np.ndarray:
 NONE = np.zeros((0, 3), dtype=np.int64)  # no copies: stage() checks only, and answers CHECKED
 
 
+def _fields_where_expected(arrays: list) -> bool:
+    """Whether each array's PyArrayObject holds its data address, nd, dtype and flags in the words the compiled reads
+    take, and its dimensions pointer beside a strides pointer nd words on (NumPy allocates the two as one block).
+    Plain word reads inside each object (its type's size checked first), nothing followed: on a layout that differs,
+    this answers False where the compiled reads would follow a wrong pointer."""
+    words = _FLAGS + 1
+    if np.ndarray.__basicsize__ < 8 * words:
+        return False
+    for a in arrays:
+        word, half = (ctypes.c_int64 * words).from_address(id(a)), (ctypes.c_int32 * (2 * words)).from_address(id(a))
+        if (word[_DATA], half[2 * _ND], word[_DESCR], half[2 * _FLAGS]) != (
+                a.__array_interface__["data"][0], a.ndim, id(a.dtype), a.flags.num):
+            return False
+        if a.ndim and word[_DIMS + 1] - word[_DIMS] != 8 * a.ndim:
+            return False
+    return True
+
+
 def _works() -> bool:
     """Whether the compiled reads agree with numpy's attributes on this interpreter (checked once)."""
     if sys.implementation.name != "cpython" or sys.byteorder != "little":
@@ -106,6 +125,8 @@ def _works() -> bool:
         readonly.flags.writeable = False
         source, target = np.arange(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
         arrays = [a, b, c, strided, readonly, source, target]
+        if not _fields_where_expected(arrays):
+            return False
         table = _rows(arrays)
         if _stage(table, NONE) != CHECKED:
             return False
