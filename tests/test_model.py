@@ -205,6 +205,19 @@ def test_external_manifest_is_validated_against_the_model(tiny, tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="'input_ids' is int64 in the model, manifest says int32"):
         load_artifact(tmp_path)
+    manifest["io"]["target"]["inputs"][0]["dtype"] = "int64"
+    kv = next(v for v in manifest["io"]["target"]["inputs"] if v["name"].startswith("past_key."))
+    kv["shape"][2] = 128
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"'{kv['name']}' is \['B', 2, 256, 16\] in the model, manifest says "
+                                         r"\['B', 2, 128, 16\]"):
+        load_artifact(tmp_path)
+    kv["shape"][2] = 256
+    manifest["config"]["max_seq_len"] = 512  # the KV mtplab would allocate: the first run would refuse it
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"config.max_seq_len: 512, but the target model's 'past_key.1' is "
+                                         r"\['B', 2, 256, 16\]: its KV holds 256 positions"):
+        load_artifact(tmp_path)
 
 
 def test_generation_varies_and_margins_are_clear(tiny):

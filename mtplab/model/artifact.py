@@ -318,3 +318,21 @@ def validate_manifest(art: Artifact) -> None:
                     raise ValueError(
                         f"{where}: {want['name']!r} is {have['dtype']} in the model, manifest says {want['dtype']}"
                     )
+                if any(isinstance(h, int) and isinstance(w, int) and h != w for h, w in zip(have["shape"],
+                                                                                          want["shape"])):
+                    raise ValueError(f"{where}: {want['name']!r} is {have['shape']} in the model, manifest says "
+                                     f"{want['shape']}")
+        _check_kv_capacity(art, part, real)
+
+
+def _check_kv_capacity(art: Artifact, part: str, real: dict) -> None:
+    """The KV buffers mtplab allocates hold config.max_seq_len positions: a graph whose KV inputs and outputs fix
+    another count would refuse the first run (after a calibration began); refused here, naming both."""
+    capacity = art.manifest["config"].get("max_seq_len")
+    for kind, prefixes in (("inputs", ("past_key.", "past_value.")), ("outputs", ("present_key.", "present_value."))):
+        for name, v in sorted(real[kind].items()):
+            if name.startswith(prefixes) and len(v["shape"]) == 4 and isinstance(v["shape"][2], int) and (
+                    v["shape"][2] != capacity):
+                raise ValueError(
+                    f"{art.path.name}/manifest.json config.max_seq_len: {capacity}, but the {part} model's "
+                    f"{name!r} is {v['shape']}: its KV holds {v['shape'][2]} positions (make them equal)")
