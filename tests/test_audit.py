@@ -153,6 +153,21 @@ def test_timed_rounds_beyond_their_recapture_budget_fail_the_run_check(tiny, mon
     _run_check_failed(r, "the primary slot invalidated")
 
 
+def test_timed_rounds_with_a_smaller_recapture_budget_fail_the_run_check(tiny, monkeypatch):
+    """A timed round that runs eager after fewer recaptures than max_recaptures allows is another config's timing,
+    even where its counts stay within the checked run's tolerance (here: a round that began with no plan ready)."""
+    def stingy(engine):
+        limit = engine.target.max_recaptures
+        engine.target.max_recaptures = 1
+        return lambda: setattr(engine.target, "max_recaptures", limit)
+
+    _timed_rounds_only(monkeypatch, stingy)
+    r = _point(tiny, commit="readvance-batched", schedule="fused", policy="shared-jit",
+               retain_decode_graph_across_spec=False, tokens=24, seed=0)
+    _run_check_failed(r, "the primary slot ran eager for the rest of the run after 2 invalidations (a budget of "
+                         "max_recaptures=1); the config's max_recaptures=3 allows 4")
+
+
 def test_a_replay_into_memory_another_owner_holds_with_the_check_on_fails_the_run_check(tiny, monkeypatch):
     """Planted: the replay check forgets the workspace block its plan was bound to, so under `sibling` a plan replays
     into a block the pool gave to another owner. The executor counts such replays as hazards; with the signature

@@ -213,6 +213,9 @@ def test_external_manifest_is_validated_against_the_model(tiny, tmp_path):
                                          r"\['B', 2, 128, 16\]"):
         load_artifact(tmp_path)
     kv["shape"][2] = 256
+    del manifest["config"]["max_seq_len"]  # a manifest may leave it to ModelConfig's default, the graph's here
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert load_artifact(tmp_path).config.max_seq_len == 256
     manifest["config"]["max_seq_len"] = 512  # the KV mtplab would allocate: the first run would refuse it
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"config.max_seq_len: 512, but the target model's 'past_key.1' is "

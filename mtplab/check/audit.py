@@ -16,8 +16,8 @@ slot's activity and the backend's count are what hold its forwards.
   and, per slot, the same number of forwards and eager runs as the checked speculative run, no more
   forwards outside a plan (warm-ups, fallbacks) than it beyond SETUP_RUNS, and invalidations within
   one (where the previous run left a slot moves its set-up), or fewer where the slot began with another
-  plan than in the checked run and replayed no more (a named warning); the state it ends in bitwise
-  equal to the checked run's.
+  plan than in the checked run and replayed no more (a named warning); no slot gone eager for a
+  recapture budget other than max_recaptures; the state it ends in bitwise equal to the checked run's.
 - both: n - 1 counted tokens and a rate of counted / seconds; a timed window that opens after the
   run's untimed setup (prefill) and before its first forward, and closes after its last forward and
   before the call returns; the slots' counters equal what the plan backend itself ran, and no slot
@@ -159,6 +159,8 @@ class Audit:
         for slot, c in trace.activity.items():
             if slot != primary and _runs(c):
                 self._problem(r, side, f"the {slot} slot ran {nonzero(c)}: greedy runs only the Primary slot")
+        for text in _budget_problems(self.engine):
+            self._problem(r, side, text)
         c = trace.activity.get(primary, {})
         decodes = _runs(c) - c.get("eager", 0)
         setup = c.get("warmups", 0) + c.get("captures", 0)
@@ -225,6 +227,8 @@ class Audit:
                     self._warn("timed_invalidations", r, side, f"{text} ({start})")
                 else:
                     self._problem(r, side, text)
+        for text in _budget_problems(self.engine):
+            self._problem(r, side, text)
         same = StateRule(True, 0.0, "the timed run repeats the checked run's computation")
         self._state(r, side, self.engine.state.snapshot(copy=False), self.spec_state, same, "the checked run's",
                     bitwise_or_problem=self.engine.device.name == "cpu")
@@ -382,6 +386,18 @@ def _plan_tokens(st, input_ids: str) -> int | None:
     if st.status is not Status.READY or st.signature is None:
         return None
     return next((int(shape[-1]) for name, way, _, shape, _ in st.signature if name == input_ids and way == "in"), None)
+
+
+def _budget_problems(engine) -> list[str]:
+    """Slots whose run went eager for a recapture budget other than the config's: a generation invalidates
+    max_recaptures + 1 plans before its slot runs eager."""
+    limit, out = engine.run_cfg.max_recaptures, []
+    for label, st in _slot_states(engine):
+        if st.spent_budget is not None and (st.spent_budget != limit or st.generation_invalidations <= limit):
+            out.append(f"the {label} slot ran eager for the rest of the run after {st.generation_invalidations} "
+                       f"invalidations (a budget of max_recaptures={st.spent_budget}); the config's "
+                       f"max_recaptures={limit} allows {limit + 1}")
+    return out
 
 
 def _other_start(slot: str, primary: bool, trace: Trace, checked: Trace, got: dict, want: dict) -> str | None:

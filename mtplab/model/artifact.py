@@ -328,7 +328,7 @@ def validate_manifest(art: Artifact) -> None:
 def _check_kv_capacity(art: Artifact, part: str, real: dict) -> None:
     """The KV buffers mtplab allocates hold config.max_seq_len positions: a graph whose KV inputs and outputs fix
     another count would refuse the first run (after a calibration began); refused here, naming both."""
-    capacity = art.manifest["config"].get("max_seq_len")
+    capacity = art.manifest["config"].get("max_seq_len", ModelConfig.max_seq_len)  # as Artifact.config reads it
     for kind, prefixes in (("inputs", ("past_key.", "past_value.")), ("outputs", ("present_key.", "present_value."))):
         for name, v in sorted(real[kind].items()):
             if name.startswith(prefixes) and len(v["shape"]) == 4 and isinstance(v["shape"][2], int) and (

@@ -58,6 +58,7 @@ class SlotCaptureState:
     check: ReplayCheck | None = None
     reason: str = ""
     generation_invalidations: int = 0
+    spent_budget: int | None = None  # this generation: the max_recaptures its slot ran out of (None: it did not)
     captures: int = 0
     replays: int = 0
     fallbacks: int = 0
@@ -253,7 +254,7 @@ class Executor:
     def new_generation(self) -> None:
         """Start a generation: per-generation recapture budgets reset; counters and plans stay."""
         for st in self.state.values():
-            st.generation_invalidations = 0
+            st.generation_invalidations, st.spent_budget = 0, None
             if st.status is Status.UNSUPPORTED:
                 st.status = Status.NEEDS_WARMUP
                 st.plan, st.check = None, None
@@ -274,7 +275,7 @@ class Executor:
         st.generation_invalidations += 1
         st.reason = f"invalidated: {reason}"
         if st.generation_invalidations > self.max_recaptures:
-            st.status = Status.UNSUPPORTED
+            st.status, st.spent_budget = Status.UNSUPPORTED, self.max_recaptures
             st.reason += f" (max_recaptures={self.max_recaptures} reached: eager for the rest of the generation)"
         else:
             st.status = Status.ARMED
