@@ -218,8 +218,13 @@ def test_external_manifest_is_validated_against_the_model(tiny, tmp_path):
     assert load_artifact(tmp_path).config.max_seq_len == 256
     manifest["config"]["max_seq_len"] = 512  # the KV mtplab would allocate: the first run would refuse it
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match=r"config.max_seq_len: 512, but the target model's 'past_key.1' is "
-                                         r"\['B', 2, 256, 16\]: its KV holds 256 positions"):
+    with pytest.raises(ValueError, match=r"the target model is not what it describes .*: input 'past_key.1' is "
+                                         r"\['B', 2, 256, 16\], expected \[B, 2, 512, 16\] .*; and 5 more$"):
+        load_artifact(tmp_path)
+    manifest["config"] |= {"max_seq_len": 256, "attn_kv_heads": 1}  # the head's KV too, from the same fields
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"the target model .*'past_key.1' is \['B', 2, 256, 16\], expected "
+                                         r"\[B, 1, 256, 16\]"):
         load_artifact(tmp_path)
 
 

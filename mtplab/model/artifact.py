@@ -19,6 +19,7 @@ import onnx
 from mtplab.base.paths import cache_root
 from mtplab.model.behaviour import fitted_head
 from mtplab.model.config import ModelConfig
+from mtplab.model.description import graph_problems
 from mtplab.model.forms import check_runtime, choose_form
 from mtplab.model.graph import build_mtp, build_target, mtp_signature, target_signature
 from mtplab.model.onnx_read import io_table, parameter_count
@@ -277,7 +278,9 @@ def load_artifact(path: str | Path) -> Artifact:
 
 
 def validate_manifest(art: Artifact) -> None:
-    """Check every name, rank and dtype the manifest declares against the ONNX files; ValueError on mismatch."""
+    """Check every name, rank, dtype and fixed dimension the manifest declares against the ONNX files, and the
+    graphs against what its config describes (the states and KV caches mtplab allocates from it: their fixed
+    dimensions, a KV's length config.max_seq_len); ValueError on a mismatch, before any run."""
     for key in ("config", "files", "io"):
         if key not in art.manifest:
             raise ValueError(f"{art.path}/manifest.json: missing key {key!r}")
@@ -290,16 +293,16 @@ def validate_manifest(art: Artifact) -> None:
         raise ValueError(
             f"{art.path}: the model files' content hash is {have}, the manifest says {want} (changed or truncated)"
         )
+    tables = {}
     for part in ("target", "mtp"):
         file = art.path / art.manifest["files"][part]
         try:
             model = onnx.load(str(file), load_external_data=False)
         except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: name the file instead
             raise ValueError(f"{file}: not a readable ONNX model ({type(err).__name__}: {err})") from None
-        real = {
-            "inputs": {v["name"]: v for v in _io_table(model.graph.input)},
-            "outputs": {v["name"]: v for v in _io_table(model.graph.output)},
-        }
+        tables[part] = (io_table(model.graph.input), io_table(model.graph.output))
+        real = {kind: {n: {"name": n, "dtype": dtype, "shape": list(dims)} for n, (dims, dtype) in table.items()}
+                for kind, table in zip(("inputs", "outputs"), tables[part])}
         for kind in ("inputs", "outputs"):
             for want in art.manifest["io"][part][kind]:
                 have = real[kind].get(want["name"])
@@ -322,17 +325,14 @@ def validate_manifest(art: Artifact) -> None:
                                                                                           want["shape"])):
                     raise ValueError(f"{where}: {want['name']!r} is {have['shape']} in the model, manifest says "
                                      f"{want['shape']}")
-        _check_kv_capacity(art, part, real)
-
-
-def _check_kv_capacity(art: Artifact, part: str, real: dict) -> None:
-    """The KV buffers mtplab allocates hold config.max_seq_len positions: a graph whose KV inputs and outputs fix
-    another count would refuse the first run (after a calibration began); refused here, naming both."""
-    capacity = art.manifest["config"].get("max_seq_len", ModelConfig.max_seq_len)  # as Artifact.config reads it
-    for kind, prefixes in (("inputs", ("past_key.", "past_value.")), ("outputs", ("present_key.", "present_value."))):
-        for name, v in sorted(real[kind].items()):
-            if name.startswith(prefixes) and len(v["shape"]) == 4 and isinstance(v["shape"][2], int) and (
-                    v["shape"][2] != capacity):
-                raise ValueError(
-                    f"{art.path.name}/manifest.json config.max_seq_len: {capacity}, but the {part} model's "
-                    f"{name!r} is {v['shape']}: its KV holds {v['shape'][2]} positions (make them equal)")
+    try:
+        desc = art.description
+    except (KeyError, TypeError) as err:  # ModelConfig's own refusals are ValueErrors that name the field
+        raise ValueError(f"{art.path.name}/manifest.json config: not a model config ({type(err).__name__}: {err})") \
+            from None
+    for part, io in (("target", desc.target), ("mtp", desc.mtp)):
+        if problems := graph_problems(io, *tables[part], capacity=desc.capacity):
+            more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+            raise ValueError(f"{art.path.name}/manifest.json config: the {part} model is not what it describes "
+                             "(KV caches from attn_kv_heads, max_seq_len and attn_head_dim; states from the gdn_ and "
+                             "conv_ fields): " + "; ".join(problems[:3]) + more)

@@ -275,17 +275,28 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
     )
 
 
-def check_graph(io: GraphIO, where: str, extra_inputs: tuple[str, ...] = ()) -> None:
+def check_graph(io: GraphIO, where: str, extra_inputs: tuple[str, ...] = (), capacity: int | None = None) -> None:
     """ValueError naming every input or output the description expects that the graph lacks or shapes otherwise."""
     inputs, outputs = graph_io_table(io.path)
+    problems = graph_problems(io, inputs, outputs, extra_inputs, capacity)
+    if problems:
+        raise ValueError(f"{where} ({io.path.name}): " + "; ".join(problems)
+                         + f" (the graph's inputs: {sorted(inputs)}; outputs: {sorted(outputs)})")
+
+
+def graph_problems(io: GraphIO, inputs: dict, outputs: dict, extra_inputs: tuple[str, ...] = (),
+                   capacity: int | None = None) -> list[str]:
+    """What check_graph finds, on a graph's io tables (onnx_read.io_table's): missing inputs and outputs, states and
+    KV caches whose fixed dimensions are not the ones mtplab allocates (a KV's length: `capacity`, where given),
+    inputs mtplab would not feed."""
     want_in = {io.input_ids: None, **dict.fromkeys(extra_inputs)}
     want_in.update(length_feeds(io, 0, 1, 1))
     if io.hidden_input:
         want_in[io.hidden_input] = None
     want_out = {io.logits: None, io.hidden: None}
     for kv in io.kv:
-        want_in.update(dict.fromkeys((kv.past_key, kv.past_value)))
-        want_out.update(dict.fromkeys((kv.present_key, kv.present_value)))
+        want_in.update(dict.fromkeys((kv.past_key, kv.past_value), kv))
+        want_out.update(dict.fromkeys((kv.present_key, kv.present_value), kv))
     for s in io.states:
         want_in[s.past], want_out[s.present] = s, s
     for roles in io.select_outputs.values():
@@ -302,9 +313,15 @@ def check_graph(io: GraphIO, where: str, extra_inputs: tuple[str, ...] = ()) -> 
                     problems.append(f"{kind} {name!r} is {list(dims)}, expected {list(s.shape)} ({s.layout})")
                 elif dtype != s.dtype:
                     problems.append(f"{kind} {name!r} is {dtype}, expected {s.dtype}")
+            elif isinstance(s, KvLayer):
+                dims = have[name][0]
+                want_dims = (s.heads, capacity, s.head_dim)
+                if len(dims) != 4 or any(isinstance(d, int) and d > 0 and w is not None and d != w
+                                         for d, w in zip(dims[1:], want_dims)):
+                    length = "the KV capacity" if capacity is None else capacity
+                    problems.append(f"{kind} {name!r} is {list(dims)}, expected [B, {s.heads}, {length}, {s.head_dim}] "
+                                    "(heads, positions, head dim)")
     unfed = sorted(set(inputs) - set(want_in))
     if unfed:
         problems.append(f"inputs mtplab would not feed: {unfed}")
-    if problems:
-        raise ValueError(f"{where} ({io.path.name}): " + "; ".join(problems)
-                         + f" (the graph's inputs: {sorted(inputs)}; outputs: {sorted(outputs)})")
+    return problems
