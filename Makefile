@@ -31,7 +31,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/mtplab sweep --grid default --name demo --resume --workers 1
-	$(BIN)/mtplab report results/demo
+	$(BIN)/mtplab report demo  # by name: the sweep's folder in the results root ($$MTPLAB_RESULTS, else results/)
 
 test: $(STAMP) $(OLD_STAMPS)
 	$(BIN)/ruff check mtplab tests benchmarks notebooks

@@ -78,7 +78,27 @@ def test_counters_that_changed_are_named_and_a_differing_fixed_parameter_is_left
 
 def test_compare_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path, capsys):
     assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
-    assert "not a finished sweep" in capsys.readouterr().err
+    assert "holds no sweep (no sweep.json, no points/)" in capsys.readouterr().err
+
+
+def test_a_sweep_is_found_by_its_folder_or_by_its_name_in_the_results_root_and_every_other_input_is_named(
+        tmp_path, monkeypatch):
+    from mtplab.sweep.store import finished_sweep
+
+    root = tmp_path / "elsewhere"
+    monkeypatch.setenv("MTPLAB_RESULTS", str(root))
+    monkeypatch.chdir(tmp_path)
+    sweep = root / "demo"
+    (sweep / "points").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"demo: its sweep did not finish .*--name demo --resume` finishes it"):
+        finished_sweep("demo")
+    for name in ("sweep.json", "results.parquet"):
+        (sweep / name).write_text("")
+    assert finished_sweep("demo") == finished_sweep(sweep) == sweep.resolve()
+    with pytest.raises(ValueError, match=r"demo2: no such folder, nor a sweep named demo2 in .*elsewhere"):
+        finished_sweep("demo2")
+    with pytest.raises(ValueError, match=r"sweep.json is a file: give a sweep's folder"):
+        finished_sweep(sweep / "sweep.json")
 
 
 def test_a_point_whose_speedup_cis_overlap_is_unchanged_however_its_tokens_per_s_drifted():

@@ -429,15 +429,16 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_sweep)
 
     rep = sub.add_parser("report", help="render a sweep into report.html", **fmt)
-    rep.add_argument("sweep_dir", help="a finished sweep's folder, e.g. results/demo")
+    rep.add_argument("sweep_dir", help="a finished sweep's folder (e.g. results/demo), or its name (demo) in the "
+                                       "results root ($MTPLAB_RESULTS, else results/)")
     rep.add_argument("--study", action="store_true",
                      help="render the study (notebooks/04_when_mtp_pays.ipynb: the seed's path, break-even acceptance, "
                           "your hardware's prediction) into study.html instead, from a `mtplab sweep --grid study`")
     rep.set_defaults(func=_report)
 
     c = sub.add_parser("compare", help="two sweeps side by side, points matched by their parameters", **fmt)
-    c.add_argument("a", help="the baseline sweep's folder (A)")
-    c.add_argument("b", help="the sweep compared with it (B): ratios are B/A")
+    c.add_argument("a", help="the baseline sweep's folder (A), or its name in the results root")
+    c.add_argument("b", help="the sweep compared with it (B), its folder or name: ratios are B/A")
     c.add_argument("--out", help="HTML file to write (default: <B>/compare-<A's name>.html)")
     c.set_defaults(func=_compare)
     return p

@@ -66,8 +66,7 @@ def speedup_changed(ci_a, ci_b, ratio: float, rounds_a=None, rounds_b=None) -> t
 
 
 def _sweep(folder: Path) -> tuple[dict, pd.DataFrame]:
-    if not (folder / "sweep.json").exists() or not (folder / "results.parquet").exists():
-        raise ValueError(f"{folder} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first")
+    folder = store.finished_sweep(folder)
     summary = store.read_summary(folder)
     return summary, selection.ran(store.load(folder))
 
@@ -262,7 +261,7 @@ def compare_html(a_dir: Path, b_dir: Path) -> str:
 
 def make_compare(a: str | Path, b: str | Path, out: str | Path | None = None) -> Path:
     """Write the comparison of sweep B against sweep A (default: <B>/compare-<A's name>.html); returns its path."""
-    a_dir, b_dir = Path(a).resolve(), Path(b).resolve()
+    a_dir, b_dir = store.finished_sweep(a), store.finished_sweep(b)
     page = compare_html(a_dir, b_dir)
     path = Path(out) if out else b_dir / f"compare-{a_dir.name}.html"
     write_atomic(path, page)

@@ -21,11 +21,7 @@ def make_report(sweep_dir: str | Path, notebook: str = "report") -> Path:
     import papermill as pm
     from nbconvert import HTMLExporter
 
-    sweep_dir = Path(sweep_dir).resolve()
-    if not (sweep_dir / "sweep.json").exists() or not (sweep_dir / "results.parquet").exists():
-        raise ValueError(
-            f"{sweep_dir} is not a finished sweep (no sweep.json / results.parquet): run `mtplab sweep` first"
-        )
+    sweep_dir = store.finished_sweep(sweep_dir)
     store.read_summary(sweep_dir)  # a damaged summary is named here, not in a half-run notebook
     store.check_fresh(sweep_dir)
     name, sweep_parameter = PUBLISHED[notebook]

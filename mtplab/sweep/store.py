@@ -165,6 +165,31 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
     return df
 
 
+def finished_sweep(given: str | Path) -> Path:
+    """The folder of a finished sweep: `given` as a path, or where it names none, a sweep of that name in the results
+    root ($MTPLAB_RESULTS, else results/). ValueError saying which it is not: no such folder, a file, a folder
+    that holds no sweep, or a sweep that did not finish."""
+    from mtplab.base.paths import results_root
+
+    path = Path(given)
+    if not path.exists() and len(path.parts) == 1 and (results_root() / path).exists():
+        path = results_root() / path
+    path = path.resolve()
+    if not path.exists():
+        named = f", nor a sweep named {given!s} in {results_root()}" if len(Path(given).parts) == 1 else ""
+        raise ValueError(f"{path}: no such folder{named}: give a sweep's folder, e.g. {results_root() / 'demo'}")
+    if not path.is_dir():
+        raise ValueError(f"{path} is a file: give a sweep's folder (the one `mtplab sweep --name NAME` wrote, "
+                         f"e.g. {results_root() / 'demo'})")
+    if not (path / "sweep.json").exists() and not (path / "points").is_dir():
+        raise ValueError(f"{path} holds no sweep (no sweep.json, no points/): give the folder `mtplab sweep --name "
+                         "NAME` wrote")
+    if not (path / "sweep.json").exists() or not (path / "results.parquet").exists():
+        raise ValueError(f"{path}: its sweep did not finish (no sweep.json / results.parquet): "
+                         f"`mtplab sweep <spec> --name {path.name} --resume` finishes it")
+    return path
+
+
 def check_fresh(sweep_dir: str | Path) -> None:
     """Refuse a results.parquet older than a point folder, or naming other points than the folders hold."""
     sweep_dir = Path(sweep_dir)
