@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,7 +219,12 @@ def build_model(cfg: ModelConfig, out: str | Path | None = None, force: bool = F
             if art is not None:
                 return art
             print(f"model {final}: {why}; rebuilding it", file=sys.stderr)
+        else:  # minutes for the larger presets: say so before the silence
+            print(f"model {cfg.name}: building it into {final} (once for this config and runtime; runs load it "
+                  "after)", file=sys.stderr)
+        t0 = time.perf_counter()
         _replace_dir(final, _build(cfg, key))
+        print(f"model {cfg.name}: built in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         return load_artifact(final)
 
 

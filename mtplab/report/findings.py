@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mtplab.measure import rounds as measure
 from mtplab.report import selection
 from mtplab.report.provenance import plural
 from mtplab.report.selection import alpha_grid, counters_long, own_head, peer_rows
@@ -72,17 +73,40 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
     peer = peer_rows(ok)
     head = selection.measured_acceptance(selection.greedy_decoding(own))
     if len(peer) and len(head):
-        genai_greedy = peer.greedy_tokens_per_s.median()
-        mine = head.greedy_tokens_per_s.median()
-        fastest = head.loc[head.tokens_per_s.idxmax()]
-        faster = "faster" if fastest.tokens_per_s > genai_greedy else "slower"
-        out.append(
-            f"- Against onnxruntime-genai on the same model: its greedy {genai_greedy:.1f} tok/s, mtplab's "
-            f"{mine:.1f} ({mine / genai_greedy:.2f}x, medians over the sweep); mtplab's fastest real-head point "
-            f"({fastest.tokens_per_s:.1f} tok/s, k={fastest.k}, {fastest.schedule}) is {faster} than genai's plain "
-            "greedy (absolute tokens/s from different moments of the sweep: read with its spread above)."
-        )
+        fastest = head.loc[head.speedup.idxmax()]
+        g = peer_greedy_ratio(peer)
+        if g is None:  # a sweep from before the peer points timed mtplab's greedy beside genai's
+            genai_greedy, mine = peer.greedy_tokens_per_s.median(), head.greedy_tokens_per_s.median()
+            out.append(f"- Against onnxruntime-genai on the same model: its greedy {genai_greedy:.1f} tok/s, mtplab's "
+                       f"{mine:.1f} ({mine / genai_greedy:.2f}x, medians over the sweep: absolute tokens/s from "
+                       "different moments, read with the spread above).")
+        else:
+            versus = fastest.speedup * g["median"]
+            out.append(
+                f"- Against onnxruntime-genai on the same model: mtplab's greedy runs {_ratio_text(g)} genai's "
+                f"({g['rounds']} paired rounds of its peer points). The best real-head speedup over mtplab's own "
+                f"greedy is {_point_text(fastest)}: that point runs about **{versus:.2f}x genai's plain greedy** "
+                f"({'faster' if versus > 1 else 'slower'}; the product of the two paired ratios)."
+            )
     return out
+
+
+def peer_greedy_ratio(peer: pd.DataFrame) -> dict | None:
+    """mtplab's greedy over onnxruntime-genai's from the peer points' own rounds, where each round times genai's greedy
+    and MTP and then mtplab's greedy: the median and CI of the per-round ratios and their count (None: no round has
+    both). Absolute rates from the sweep's other points are taken at other moments, under other load."""
+    mine, genai = [], []
+    for samples in selection.parse_json(peer.round_samples) if "round_samples" in peer else []:
+        for s in samples if isinstance(samples, list) else []:
+            if isinstance(s, dict) and s.get("mtplab_greedy_tokens_per_s") and s.get("greedy_tokens_per_s"):
+                mine.append(s["mtplab_greedy_tokens_per_s"])
+                genai.append(s["greedy_tokens_per_s"])
+    return measure.paired_ratio(mine, genai) | {"rounds": len(mine)} if mine else None
+
+
+def _ratio_text(r: dict) -> str:
+    lo, hi = r["ci"]
+    return f"**{r['median']:.2f}x** [{lo:.2f}, {hi:.2f}]"
 
 
 def sweep_findings(df: pd.DataFrame) -> str:
@@ -202,16 +226,23 @@ def peer(df: pd.DataFrame) -> str:
     if peer.empty:
         return "_This sweep has no onnxruntime-genai rows (add `engine: [ort-genai]` to a grid)._"
     own = own_head(selection.greedy_decoding(ok))
-    out = [
-        f"- Greedy: mtplab {own.greedy_tokens_per_s.median():.1f} tok/s (median over its {plural(len(own), 'real-head point')}) "
-        f"vs onnxruntime-genai {peer.greedy_tokens_per_s.median():.1f} tok/s (median over its {plural(len(peer), 'row')}; "
-        f"{own.greedy_tokens_per_s.median() / peer.greedy_tokens_per_s.median():.2f}x)."
-    ]
+    g = peer_greedy_ratio(peer)
+    absolute = (f"mtplab {own.greedy_tokens_per_s.median():.1f} tok/s (median over its "
+                f"{plural(len(own), 'real-head point')}), onnxruntime-genai {peer.greedy_tokens_per_s.median():.1f} "
+                f"(median over its {plural(len(peer), 'row')}), taken at different moments")
+    out = [f"- Greedy: mtplab / genai {_ratio_text(g)} over {g['rounds']} paired rounds (each peer point times genai's "
+           f"greedy and MTP, then mtplab's greedy, round by round). Absolute: {absolute}." if g is not None
+           else f"- Greedy: {absolute}: their ratio, "
+                f"{own.greedy_tokens_per_s.median() / peer.greedy_tokens_per_s.median():.2f}x, moves with the load."]
     for k, p in peer.groupby("k"):
         mine = own[own.k == k]
-        best = mine.loc[mine.tokens_per_s.idxmax()] if len(mine) else None
-        text = f"- k={k}: genai MTP {p.tokens_per_s.mean():.1f} tok/s ({p.speedup.mean():.2f}x its greedy, draft acceptance {p.draft_acceptance.mean():.0%})"
+        best = mine.loc[mine.speedup.idxmax()] if len(mine) else None
+        text = (f"- k={k}: genai MTP {p.speedup.median():.2f}x its own greedy (paired; {p.tokens_per_s.median():.1f} "
+                f"tok/s, draft acceptance {p.draft_acceptance.mean():.0%})")
         if best is not None:
-            text += f"; mtplab best {best.tokens_per_s:.1f} tok/s ({best.schedule}, {best.speedup:.2f}x)"
+            text += f"; mtplab's best {best.speedup:.2f}x its own ({best.schedule}, {best.tokens_per_s:.1f} tok/s)"
+            if g is not None:
+                text += (f": mtplab's MTP about {best.speedup * g['median'] / p.speedup.median():.2f}x genai's MTP "
+                         "(the speedups and the greedy ratio, each paired, multiplied)")
         out.append(text + ("; identical to greedy." if p.lossless.all() else "; **NOT identical to greedy**."))
     return "\n".join(out)

@@ -1,0 +1,44 @@
+"""The report's findings state ratios from paired rounds: mtplab beside onnxruntime-genai."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from mtplab.report import findings
+
+
+def _rounds(pairs):
+    return json.dumps([{"round": r, "greedy_tokens_per_s": genai, "mtplab_greedy_tokens_per_s": mine, "speedup": 0.8}
+                       for r, (mine, genai) in enumerate(pairs)])
+
+
+def _sweep(peer_rounds):
+    base = {"status": "ok", "drafter": "mtp", "temperature": 0.0, "policy": "sibling-pinned", "commit": "select",
+            "lossless": True, "draft_acceptance": 0.7, "speedup_ci": "[1.4, 1.6]", "stable": True}
+    own = [base | {"engine": "mtplab", "k": 2, "schedule": s, "speedup": spd, "tokens_per_s": 30.0 * spd,
+                   "greedy_tokens_per_s": 30.0} for s, spd in (("fused", 1.5), ("decode-verify", 1.2))]
+    # the peer's greedy measured while the machine was three times faster: its absolute rate says nothing paired
+    peer = [base | {"engine": "ort-genai", "k": 2, "schedule": "decode-verify", "speedup": 0.6, "tokens_per_s": 54.0,
+                    "greedy_tokens_per_s": 90.0, "round_samples": peer_rounds}]
+    return pd.DataFrame(own + peer)
+
+
+def test_greedy_against_the_peer_is_the_ratio_of_the_peer_points_own_rounds_not_of_medians_taken_apart():
+    df = _sweep(_rounds([(72.0, 90.0), (64.0, 80.0), (70.0, 100.0)]))  # 0.8, 0.8, 0.7
+    g = findings.peer_greedy_ratio(df[df.engine == "ort-genai"])
+    assert g["median"] == pytest.approx(0.8) and g["rounds"] == 3
+    text = findings.peer(df)
+    assert "mtplab / genai **0.80x**" in text and "over 3 paired rounds" in text
+    # k=2: mtplab's best 1.5x its greedy, genai's MTP 0.6x its own: 1.5 * 0.8 / 0.6 = 2.0x genai's MTP
+    assert "mtplab's best 1.50x its own (fused" in text and "about 2.00x genai's MTP" in text
+    (line,) = [f for f in findings.headline_findings(df) if "onnxruntime-genai" in f]
+    assert "**0.80x**" in line and "about **1.20x genai's plain greedy** (faster" in line
+
+
+def test_a_sweep_whose_peer_rounds_lack_mtplabs_greedy_says_its_absolute_ratio_moves_with_the_load():
+    df = _sweep(json.dumps([{"round": 0, "greedy_tokens_per_s": 90.0}]))
+    assert findings.peer_greedy_ratio(df[df.engine == "ort-genai"]) is None
+    assert "their ratio, 0.33x, moves with the load" in findings.peer(df)
