@@ -43,6 +43,9 @@ for figure in figures.STANDARD:
 
 # %% [markdown]
 # ## All points
+# `speedup` is the median of a point's paired rounds' ratios (speculative over greedy, round by round, with its
+# CI); the two tokens/s columns are each side's own median over the rounds. Under a load that moves between
+# rounds the quotient of those two medians can differ from the speedup: the speedup is the number to read.
 
 # %%
 display(HTML(tables.points_html(df)))

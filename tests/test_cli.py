@@ -252,3 +252,16 @@ def test_options_that_belong_to_another_mode_are_refused_not_ignored(capsys):
     assert "--address 10.0.0.1:6379: a Ray cluster's address, for --executor ray only" in capsys.readouterr().err
     assert main(["sweep", "spec.yaml", "--grid", "smoke"]) == 2
     assert "give a grid spec file or --grid (one of" in (err := capsys.readouterr().err) and "), not both" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["run", "--modle", "tiny"], "mtplab run: unrecognized arguments: --modle (did you mean --model?), tiny"),
+    (["run", "--k"], "mtplab run: argument --k: expected one argument"),
+    (["model", "build", "--presett", "tiny"], "mtplab model build: unrecognized arguments: --presett (did you mean "
+                                              "--preset?), tiny"),
+])
+def test_an_option_argparse_refuses_is_one_line_from_its_own_command(capsys, argv, said):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith(said) and err.count("\n") == 1 and "usage:" not in err, err

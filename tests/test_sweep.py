@@ -350,7 +350,9 @@ def test_a_failing_point_is_recorded_the_sweep_completes_in_a_relative_results_f
 @pytest.mark.parametrize(
     "source, message",
     [
-        ({"k": [1], "alpah": [0.5]}, "unknown key 'alpah'"),
+        ({"k": [1], "alpah": [0.5]}, "unknown key 'alpah' \\(did you mean 'alpha'\\?\\)"),
+        ({"k": [1], "alpah": [0.5], "tokenz": [8]},  # every unknown key in one problem, the allowed keys once
+         r"unknown keys 'alpah' \(did you mean 'alpha'\?\), 'tokenz' \(did you mean 'tokens'\?\) \(allowed: [^;]*\]\)$"),
         ({"k": []}, "'k' in the spec is an empty list"),
         ({"k": [1], "policy": ["nope"]}, r"^grid spec: policy in the spec: unknown policy 'nope'"),
         ({"grids": [{"commit": ["rewind"]}]}, r"commit in grids\[0\]: unknown commit 'rewind'"),

@@ -198,9 +198,9 @@ def _run(args) -> int:
         dedicate_process(run)
     try:
         model = None
-        # a folder is opened once and checked against the run before anything is measured; a preset is checked from
-        # its config, but a batch's memory needs its build (made here, as the calibration would)
-        if run.model not in PRESETS or run.batch > 1:
+        # a folder is opened once and checked against the run before anything is measured; a preset's build is
+        # loaded (or made) here too, before its calibration: a runtime that cannot run it is refused first
+        if run.model not in PRESETS or run.batch > 1 or run.engine == "mtplab":
             from mtplab.engine.engine import model_for
             from mtplab.engine.fit import check_run_on_model
 
@@ -289,6 +289,28 @@ def _report(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose mistakes are one line from the command they belong to: an unrecognized option is
+    refused by that command (with the option it most likely meant), not by `mtplab` with its whole usage."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and not self._subparsers:  # a command's own parser (a group's leaves it to its command)
+            import difflib
+
+            options = [o for o in self._option_string_actions if o.startswith("--")]
+            named = []
+            for extra in extras:
+                close = difflib.get_close_matches(extra.split("=")[0], options, n=1, cutoff=0.6) if (
+                    extra.startswith("-")) else []
+                named.append(extra + (f" (did you mean {close[0]}?)" if close else ""))
+            self.error(f"unrecognized argument{'s' if len(extras) > 1 else ''}: {', '.join(named)}")
+        return namespace, extras
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists every option)\n")
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's default in its help: `off` for a flag; none added where the help says it already."""
 
@@ -334,9 +356,7 @@ def parser() -> argparse.ArgumentParser:
     from mtplab.sweep.pool import EXECUTORS
 
     fmt = {"formatter_class": _Formatter}
-    p = argparse.ArgumentParser(
-        prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models", **fmt
-    )
+    p = _Parser(prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models", **fmt)
     sub = p.add_subparsers(dest="command", required=True)
 
     model = sub.add_parser("model", help="build and inspect models", **fmt).add_subparsers(

@@ -306,7 +306,9 @@ def result_text(r: RunResult) -> str:
                   f"{p['steps']} steps, acceptance length {p['acceptance_length']:.2f}"
                   + ("" if p["lossless"] else "   NOT LOSSLESS") for p in rows]
     if r.time_split:
-        lines.append("  time split: " + " ".join(f"{k}={v:.3f}s" for k, v in r.time_split.items()))
+        per_step = 1e3 / r.steps if r.steps else 1e3
+        lines.append(f"  time split, ms per {'step' if r.steps else 'run'}: "
+                     + " ".join(f"{k}={v * per_step:.3f}" for k, v in r.time_split.items()))
     if r.slots and r.extra.get("batch"):
         lines.append("  slot counters of the checked pass (its greedy reference and speculative run, every row):")
     elif r.slots:

@@ -103,7 +103,8 @@ def _empty(ax, what: str) -> None:
 
 
 def _per_schedule(df: pd.DataFrame, metric: str, scale, ylabel: str, title: str, baseline=None):
-    """One panel per schedule: metric against alpha, a line per k; dashed: theory times scale(points)."""
+    """One panel per schedule: metric against alpha, a line per k; dashed: theory times scale(the panel's points),
+    one scale for every k of a panel (a rate's: its greedy median over the panel, not each k's own)."""
     g = alpha_grid(df)
     schedules = sorted(g.schedule.unique()) if not g.empty else [SCHEDULE]
     fig, axes = plt.subplots(1, len(schedules), figsize=(5.2 * len(schedules), 3.8), sharey=True, squeeze=False)
@@ -125,10 +126,10 @@ def _per_schedule(df: pd.DataFrame, metric: str, scale, ylabel: str, title: str,
                             color=c, capsize=2, label=f"k={k}")
             else:
                 ax.plot(m.index, m.values, "o", color=c, label=f"k={k}")
-            ax.plot(alphas, predicted_curve(sk, k, sched, alphas) * scale(sk), "--", color=c, alpha=0.8)
+            ax.plot(alphas, predicted_curve(sk, k, sched, alphas) * scale(s), "--", color=c, alpha=0.8)
         if baseline is not None:
             baseline(ax, s)
-        ax.set_title(f"{title}\nschedule={sched}, policy={s.policy.iloc[0]}, commit={s.commit.iloc[0]}")
+        ax.set_title(f"{title}, schedule={sched}\npolicy={s.policy.iloc[0]}, commit={s.commit.iloc[0]}", fontsize=10)
         ax.set_xlabel("per-position acceptance alpha (oracle drafter)")
         ax.set_ylabel(ylabel + "\nmedian of paired rounds, 95% CI")
     handles, labels = axes[0][0].get_legend_handles_labels()

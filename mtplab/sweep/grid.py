@@ -58,10 +58,10 @@ def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
     """Every problem with one mapping of dimensions: unknown keys, shapes, and each key's bad values."""
     if not isinstance(d, dict):
         return [f"{where} must be a mapping of dimension: values (got {d!r})"]
-    out, dimensions = [], config.dimensions()
+    dimensions = config.dimensions()
+    out = _unknown_keys(d, dimensions, f" in {where}")
     for key, value in d.items():
         if key not in dimensions:
-            out.append(f"unknown key {key!r} in {where} (allowed: {list(dimensions)})")
             continue
         if isinstance(value, list):
             if not value:
@@ -77,6 +77,20 @@ def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
         if problem:
             out.append(f"{key} in {where}: {problem}")
     return out
+
+
+def _unknown_keys(d: dict, allowed, where: str = "") -> list[str]:
+    """One problem naming every key of `d` not allowed, each with its likeliest meaning, and the allowed keys once."""
+    import difflib
+
+    unknown = [key for key in d if key not in allowed]
+    if not unknown:
+        return []
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), list(map(str, allowed)), n=1, cutoff=0.6)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return [f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(named)}{where} (allowed: {list(allowed)})"]
 
 
 def _hashable(value) -> bool:
@@ -105,7 +119,7 @@ def _shape_problems(source: dict) -> list[str]:
     """Every problem found without expanding the grid: keys, shapes, per-dimension values, scalars."""
     dimensions = config.dimensions()
     top_keys = (*SPEC_KEYS, *dimensions)
-    out = [f"unknown key {key!r} (allowed: {list(top_keys)})" for key in source if key not in top_keys]
+    out = _unknown_keys(source, top_keys)
     out += _dimension_problems("defaults", source.get("defaults") or {}, allow_scalars=True)
     top = {k: v for k, v in source.items() if k in dimensions}
     out += _dimension_problems("the spec", top, allow_scalars=False)
