@@ -86,6 +86,10 @@ def test_every_bad_option_is_reported_together_before_any_work(capsys):
         "--tokens 'x': must be",
     ):
         assert message in err
+    # a k beyond the model's own limit is that problem alone: the token limit it would imply is no one's mistake
+    assert main(["run", "--preset", "tiny", "--k", "99"]) == 2
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "  --k 99: k+1=100 exceeds the GatedDeltaNet transition capacity 8 (allowed: k in 1..7)"]
 
 
 def test_alpha_with_the_mtp_drafter_is_an_error(capsys):

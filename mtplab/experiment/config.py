@@ -385,10 +385,11 @@ def run_problems(values: dict) -> list[str]:
             "exported (the model builder's -p int4)"
         )
     k = cfg["k"]
-    if not folder and (problem := k_problem(k)):  # a folder's own limit is checked when it is opened
-        problems.append(problem)
+    k_refused = None if folder else k_problem(k)  # a folder's own limit is checked when it is opened
+    if k_refused:
+        problems.append(k_refused)
     model = PRESETS.get(cfg["model"])  # a folder's capacity is checked when it is opened (mtplab.engine.fit.check_run_on_model)
-    if model is not None and (
+    if model is not None and not k_refused and (  # a k the model refuses sets no limit on the tokens worth naming
         problem := capacity_problem(cfg["prompt_len"], cfg["tokens"], k, model.max_seq_len,
                                     f"the {cfg['model']} model's max_seq_len")
     ):
