@@ -35,7 +35,7 @@ display(Markdown(provenance.HOW_TO_READ))
 # ## Findings
 
 # %%
-display(Markdown(findings.per_model(findings.sweep_findings, df)))
+display(Markdown(findings.drift_findings(sweep) + "\n\n" + findings.per_model(findings.sweep_findings, df)))
 
 # %%
 for figure in figures.STANDARD:

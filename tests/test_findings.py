@@ -42,3 +42,11 @@ def test_a_sweep_whose_peer_rounds_lack_mtplabs_greedy_says_its_absolute_ratio_m
     df = _sweep(json.dumps([{"round": 0, "greedy_tokens_per_s": 90.0}]))
     assert findings.peer_greedy_ratio(df[df.engine == "ort-genai"]) is None
     assert "their ratio, 0.33x, moves with the load" in findings.peer(df)
+
+
+def test_greedy_moving_between_the_calibration_and_the_sweeps_end_is_a_finding_and_a_steady_machine_is_not():
+    check = {"greedy_token_start": 0.0422, "greedy_token_end": 0.0142, "drift": -0.66, "load_end": 2.9}
+    text = findings.drift_findings({"calibration_check": {"small": check}})
+    assert "greedy on `small` took 42.20 ms a token" in text and "14.20 ms at its end (-66%" in text
+    assert findings.drift_findings({"calibration_check": {"small": check | {"drift": 0.04}}}) == ""
+    assert findings.drift_findings({}) == ""

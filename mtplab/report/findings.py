@@ -47,6 +47,23 @@ def stability_findings(df: pd.DataFrame) -> list[str]:
     return [text + "."]
 
 
+DRIFT_TOLD = 0.10  # greedy's cost moving more than this between the calibration and the sweep's end is a finding
+
+
+def drift_findings(sweep: dict) -> str:
+    """Markdown: each model whose greedy cost per token moved more than DRIFT_TOLD between the calibration measured at
+    the sweep's start and its re-check at the end (sweep.json's calibration_check): the predictions and efficiencies
+    lean on the start's costs; the paired speedups do not. Empty where nothing moved that much."""
+    out = []
+    for name, c in (sweep.get("calibration_check") or {}).items():
+        if c and abs(c.get("drift", 0.0)) > DRIFT_TOLD:
+            out.append(f"- **The machine moved during the sweep**: greedy on `{name}` took {1e3 * c['greedy_token_start']:.2f} "
+                       f"ms a token when the calibration was measured at its start and {1e3 * c['greedy_token_end']:.2f} "
+                       f"ms at its end ({c['drift']:+.0%}; load at the end {c.get('load_end')}). Every prediction and "
+                       "efficiency uses the start's costs; the speedups, paired round by round, do not.")
+    return "\n".join(out)
+
+
 def headline_findings(ok: pd.DataFrame) -> list[str]:
     """Where MTP beats greedy, the real head first: each best point with its CI and stability; every count
     with its denominator; 'beats' means the speedup CI lies above 1, 'within noise' that it holds 1."""
