@@ -126,8 +126,9 @@ def add_run_options(p: argparse.ArgumentParser, only: tuple[str, ...] | None = N
         meta, where = f.metadata | {"help": f.metadata["help"].replace("%", "%%")}, groups.get(f.metadata["group"], p)
         if isinstance(f.default, bool):
             action = "store_false" if f.default else "store_true"
-            text = f"turns {f.name} off: {meta['help']}" if f.default else meta["help"]
-            where.add_argument(_flag(f), dest=f.name, action=action, default=None, help=text + " (default: off)")
+            text = (f"turns {f.name} off: {meta['help']} (default: not given, {f.name} on)" if f.default
+                    else meta["help"] + " (default: off)")
+            where.add_argument(_flag(f), dest=f.name, action=action, default=None, help=text)
             continue
         kind = _number if isinstance(f.default, (int, float)) else None
         text = _help(meta["help"], config.choices(f))
