@@ -213,8 +213,8 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
     run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
                                 rounds=1)
-    t_start, load_start = time.perf_counter(), os.getloadavg()[0]  # once the model is built: a first use's build is
-    # no part of the measurement
+    # from here, once the model is built: a first use's build is no part of the measurement or its load
+    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     top, greedy_n = calibration_sizes(art.description)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)

@@ -10,9 +10,10 @@ them with the snapshot the table holds, and makes the copies, in well under a mi
 
 The fields' layout is NumPy's ABI, which extensions compiled against NumPy 1.x still read on 2.x. It is checked
 once per process: first each field's word read plainly (no pointer followed) against test arrays' attributes, then
-the compiled reads on them, a reshape and a dtype change made in place, a strided view and a read-only array; where that fails (another interpreter, a debug build of Python) `snapshot` returns None,
-and so does it for anything not a plain ndarray (a CuPy array): the caller keeps its Python reads. The table holds
-addresses, not references: whoever holds a table holds its arrays.
+the compiled reads on them, a reshape and a dtype change made in place, a strided view and a read-only array. Where
+that fails (another interpreter, a debug build of Python) `snapshot` returns None, and so does it for anything not
+a plain ndarray (a CuPy array): the caller keeps its Python reads. The table holds addresses, not references:
+whoever holds a table holds its arrays.
 """
 
 from __future__ import annotations
