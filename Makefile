@@ -29,9 +29,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 setup: $(STAMP)
 
+# the report names the sweep, not its folder: it is found in the results root ($MTPLAB_RESULTS, else results/)
 demo: $(STAMP)
 	$(BIN)/mtplab sweep --grid default --name demo --resume --workers 1
-	$(BIN)/mtplab report demo  # by name: the sweep's folder in the results root ($$MTPLAB_RESULTS, else results/)
+	$(BIN)/mtplab report demo
 
 test: $(STAMP) $(OLD_STAMPS)
 	$(BIN)/ruff check mtplab tests benchmarks notebooks
