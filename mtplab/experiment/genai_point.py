@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mtplab.base.threads import threads_used
+from mtplab.base.threads import thread_pool, threads_used
 from mtplab.check import verdict as oracle
 from mtplab.engine.engine import Engine, model_for, prompt_tokens
 from mtplab.engine.fit import reference_run
@@ -124,6 +124,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
             "genai_stats": {k: v for k, v in stats.items() if isinstance(v, (int, float))},
             "draft_acceptance_denominator": "draft tokens evaluated (og.MtpGenerator.get_stats), last round",
             "mtplab_greedy_tokens_per_s": mtplab_greedy["median"],
+            "mtplab_greedy_thread_pool": thread_pool(),  # the pool mtplab's greedy beside genai's ran on
             "mtplab_greedy_tokens_per_s_ci": mtplab_greedy["ci"],
             "rounds": plan.outcome,
         },

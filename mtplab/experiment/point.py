@@ -34,10 +34,11 @@ def _counters(engine: Engine) -> dict:
 
 
 def dedicate_process(run: RunConfig) -> None:
-    """This process runs `run` only (a sweep point's kernel, `mtplab run`): on mtplab's engine, its sessions then
-    share one onnxruntime thread pool (mtplab.base.threads); the onnxruntime-genai peer keeps genai's own."""
-    if run.engine == "mtplab":
-        use_global_pool(run.threads)
+    """This process runs `run` only (a sweep point's kernel, `mtplab run`): mtplab's sessions then share one
+    onnxruntime thread pool (mtplab.base.threads). So do those of the greedy a peer point times beside
+    onnxruntime-genai's, as in mtplab's own points (on per-session pools it ran 0.78-0.85x genai's on small at 2
+    threads instead of 0.96-0.97x); genai's sessions keep their own pools."""
+    use_global_pool(run.threads)
 
 
 def run_point(
