@@ -92,7 +92,8 @@ def peer_comparison(df: pd.DataFrame):
     ax.set_xticks(np.arange(len(ks)), [f"k={k}" for k in ks])
     ax.set_xlabel("drafts per step (real MTP head)")
     ax.set_ylabel("tokens/s")
-    ax.set_title("Side by side with onnxruntime-genai (same model, same prompt; 95% CIs)")
+    ax.set_title("Side by side with onnxruntime-genai (same model, same prompt; 95% CIs)\nabsolute tokens/s, each point "
+                 "at its own moment: the paired ratios are in the text above", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig
