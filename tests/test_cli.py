@@ -269,3 +269,10 @@ def test_an_option_argparse_refuses_is_one_line_from_its_own_command(capsys, arg
         main(argv)
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.startswith(said) and err.count("\n") == 1 and "usage:" not in err, err
+
+
+def test_the_folder_an_out_path_would_make_is_named_so_that_a_command_can_say_it_made_it(tmp_path):
+    from mtplab.base.files import missing_folder
+
+    assert missing_folder(tmp_path / "a" / "b" / "r.json") == tmp_path / "a"  # the outermost one made
+    assert missing_folder(tmp_path / "r.json") is None and missing_folder(None) is None

@@ -95,6 +95,15 @@ def output_file_problem(option: str, path) -> str | None:
     return _writable_problem(option, path, folder)
 
 
+def missing_folder(path) -> Path | None:
+    """The outermost folder on the way to the file `path` that does not exist yet (a write there makes it), or None:
+    a command says it made it, so that a mistyped path does not leave folders behind unremarked."""
+    if path is None:
+        return None
+    missing = [p for p in Path(path).absolute().parents if not p.exists()]
+    return missing[-1] if missing else None
+
+
 def _kind(path: Path) -> str:
     """What a path that is neither a folder nor a regular file is, in words."""
     if path.is_char_device() or path.is_block_device():
