@@ -95,10 +95,16 @@ def test_a_sweep_is_found_by_its_folder_or_by_its_name_in_the_results_root_and_e
     for name in ("sweep.json", "results.parquet"):
         (sweep / name).write_text("")
     assert finished_sweep("demo") == finished_sweep(sweep) == sweep.resolve()
-    with pytest.raises(ValueError, match=r"demo2: no such folder, nor a sweep named demo2 in .*elsewhere"):
+    with pytest.raises(ValueError, match=r"demo2: no such folder, nor is there a sweep named demo2 in .*elsewhere"):
         finished_sweep("demo2")
     with pytest.raises(ValueError, match=r"sweep.json is a file: give a sweep's folder"):
         finished_sweep(sweep / "sweep.json")
+    (tmp_path / "demo").mkdir()  # a folder of that name here that holds no sweep does not hide the results root's
+    assert finished_sweep("demo") == sweep.resolve()
+    outside = tmp_path / "work" / "trial"
+    (outside / "points").mkdir(parents=True)  # unfinished, outside the results root: its resume names its root
+    with pytest.raises(ValueError, match=rf"--name trial --results {tmp_path / 'work'} --resume` finishes it"):
+        finished_sweep(outside)
 
 
 def test_a_point_whose_speedup_cis_overlap_is_unchanged_however_its_tokens_per_s_drifted():

@@ -50,3 +50,9 @@ def test_greedy_moving_between_the_calibration_and_the_sweeps_end_is_a_finding_a
     assert "greedy on `small` took 42.20 ms a token" in text and "14.20 ms at its end (-66%" in text
     assert findings.drift_findings({"calibration_check": {"small": check | {"drift": 0.04}}}) == ""
     assert findings.drift_findings({}) == ""
+
+
+def test_rounds_without_a_usable_pair_are_left_out_and_one_round_says_it_has_no_ci():
+    df = _sweep(_rounds([(72.0, 90.0), (float("nan"), 80.0), (70.0, 0.0)]))  # only the first is a pair
+    g = findings.peer_greedy_ratio(df[df.engine == "ort-genai"])
+    assert g["rounds"] == 1 and "**0.80x** (no CI from one round) over 1 paired round" in findings.peer(df)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from mtplab.measure import rounds as measure
@@ -101,7 +103,7 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
             versus = fastest.speedup * g["median"]
             out.append(
                 f"- Against onnxruntime-genai on the same model: mtplab's greedy runs {_ratio_text(g)} genai's "
-                f"({g['rounds']} paired rounds of its peer points). The best real-head speedup over mtplab's own "
+                f"({plural(g['rounds'], 'paired round')} of its peer points). The best real-head speedup over mtplab's own "
                 f"greedy is {_point_text(fastest)}: that point runs about **{versus:.2f}x genai's plain greedy** "
                 f"({'faster' if versus > 1 else 'slower'}; the product of the two paired ratios)."
             )
@@ -115,15 +117,17 @@ def peer_greedy_ratio(peer: pd.DataFrame) -> dict | None:
     mine, genai = [], []
     for samples in selection.parse_json(peer.round_samples) if "round_samples" in peer else []:
         for s in samples if isinstance(samples, list) else []:
-            if isinstance(s, dict) and s.get("mtplab_greedy_tokens_per_s") and s.get("greedy_tokens_per_s"):
-                mine.append(s["mtplab_greedy_tokens_per_s"])
-                genai.append(s["greedy_tokens_per_s"])
+            pair = (s.get("mtplab_greedy_tokens_per_s"), s.get("greedy_tokens_per_s")) if isinstance(s, dict) else ()
+            if len(pair) == 2 and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in pair):
+                mine.append(pair[0])
+                genai.append(pair[1])
     return measure.paired_ratio(mine, genai) | {"rounds": len(mine)} if mine else None
 
 
 def _ratio_text(r: dict) -> str:
     lo, hi = r["ci"]
-    return f"**{r['median']:.2f}x** [{lo:.2f}, {hi:.2f}]"
+    interval = f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "(no CI from one round)"
+    return f"**{r['median']:.2f}x** {interval}"
 
 
 def sweep_findings(df: pd.DataFrame) -> str:
@@ -247,7 +251,7 @@ def peer(df: pd.DataFrame) -> str:
     absolute = (f"mtplab {own.greedy_tokens_per_s.median():.1f} tok/s (median over its "
                 f"{plural(len(own), 'real-head point')}), onnxruntime-genai {peer.greedy_tokens_per_s.median():.1f} "
                 f"(median over its {plural(len(peer), 'row')}), taken at different moments")
-    out = [f"- Greedy: mtplab / genai {_ratio_text(g)} over {g['rounds']} paired rounds (each peer point times genai's "
+    out = [f"- Greedy: mtplab / genai {_ratio_text(g)} over {plural(g['rounds'], 'paired round')} (each peer point times genai's "
            f"greedy and MTP, then mtplab's greedy, round by round). Absolute: {absolute}." if g is not None
            else f"- Greedy: {absolute}: their ratio, "
                 f"{own.greedy_tokens_per_s.median() / peer.greedy_tokens_per_s.median():.2f}x, moves with the load."]
@@ -258,7 +262,7 @@ def peer(df: pd.DataFrame) -> str:
                 f"tok/s, draft acceptance {p.draft_acceptance.mean():.0%})")
         if best is not None:
             text += f"; mtplab's best {best.speedup:.2f}x its own ({best.schedule}, {best.tokens_per_s:.1f} tok/s)"
-            if g is not None:
+            if g is not None and p.speedup.median() > 0:
                 text += (f": mtplab's MTP about {best.speedup * g['median'] / p.speedup.median():.2f}x genai's MTP "
                          "(the speedups and the greedy ratio, each paired, multiplied)")
         out.append(text + ("; identical to greedy." if p.lossless.all() else "; **NOT identical to greedy**."))

@@ -166,28 +166,34 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
 
 
 def finished_sweep(given: str | Path) -> Path:
-    """The folder of a finished sweep: `given` as a path, or where it names none, a sweep of that name in the results
-    root ($MTPLAB_RESULTS, else results/). ValueError saying which it is not: no such folder, a file, a folder
-    that holds no sweep, or a sweep that did not finish."""
+    """The folder of a finished sweep: `given` as a path, or where that holds no sweep and `given` is a bare name, the
+    sweep of that name in the results root ($MTPLAB_RESULTS, else results/). ValueError saying which it is not: no
+    such folder, a file, a folder that holds no sweep, or a sweep that did not finish."""
     from mtplab.base.paths import results_root
 
-    path = Path(given)
-    if not path.exists() and len(path.parts) == 1 and (results_root() / path).exists():
-        path = results_root() / path
+    path, root = Path(given), results_root()
+    bare = len(path.parts) == 1
+    if bare and not _holds_sweep(path) and _holds_sweep(root / path):
+        path = root / path
     path = path.resolve()
+    named = f", nor is there a sweep named {given!s} in {root}" if bare else ""
     if not path.exists():
-        named = f", nor a sweep named {given!s} in {results_root()}" if len(Path(given).parts) == 1 else ""
-        raise ValueError(f"{path}: no such folder{named}: give a sweep's folder, e.g. {results_root() / 'demo'}")
+        raise ValueError(f"{path}: no such folder{named}: give a sweep's folder, e.g. {root / 'demo'}")
     if not path.is_dir():
         raise ValueError(f"{path} is a file: give a sweep's folder (the one `mtplab sweep --name NAME` wrote, "
-                         f"e.g. {results_root() / 'demo'})")
-    if not (path / "sweep.json").exists() and not (path / "points").is_dir():
-        raise ValueError(f"{path} holds no sweep (no sweep.json, no points/): give the folder `mtplab sweep --name "
-                         "NAME` wrote")
+                         f"e.g. {root / 'demo'})")
+    if not _holds_sweep(path):
+        raise ValueError(f"{path} holds no sweep (no sweep.json, no points/){named}: give the folder `mtplab sweep "
+                         "--name NAME` wrote")
     if not (path / "sweep.json").exists() or not (path / "results.parquet").exists():
+        elsewhere = "" if path.parent == root.resolve() else f" --results {path.parent}"
         raise ValueError(f"{path}: its sweep did not finish (no sweep.json / results.parquet): "
-                         f"`mtplab sweep <spec> --name {path.name} --resume` finishes it")
+                         f"`mtplab sweep <spec> --name {path.name}{elsewhere} --resume` finishes it")
     return path
+
+
+def _holds_sweep(path: Path) -> bool:
+    return path.is_dir() and ((path / "sweep.json").exists() or (path / "points").is_dir())
 
 
 def check_fresh(sweep_dir: str | Path) -> None:
