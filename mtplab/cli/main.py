@@ -303,14 +303,11 @@ class _Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
         if extras and not self._subparsers:  # a command's own parser (a group's leaves it to its command)
-            import difflib
+            from mtplab.base.names import likeliest
 
             options = [o for o in self._option_string_actions if o.startswith("--")]
-            named = []
-            for extra in extras:
-                close = difflib.get_close_matches(extra.split("=")[0], options, n=1, cutoff=0.6) if (
-                    extra.startswith("-")) else []
-                named.append(extra + (f" (did you mean {close[0]}?)" if close else ""))
+            named = [extra + (f" (did you mean {close}?)" if extra.startswith("-") and (
+                close := likeliest(extra.split("=")[0], options)) else "") for extra in extras]
             self.error(f"unrecognized argument{'s' if len(extras) > 1 else ''}: {', '.join(named)}")
         return namespace, extras
 

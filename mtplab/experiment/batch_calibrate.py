@@ -35,8 +35,8 @@ from mtplab.experiment.calibrate import (
     cache_key,
     cache_path,
     calibration_sizes,
-    fallbacks,
     load_or_measure,
+    time_targets,
 )
 from mtplab.measure.result import dumps
 from mtplab.runtime.executor import Slot
@@ -87,19 +87,12 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     strategies, skipped = commits_on(engine.desc)
     sync = engine.device.sync
     forward(1), forward(1)  # Primary's plan captured before the first reference sample
-    # The Verify slot's largest forward first: a pinned workspace keeps the size of its first forward, and one sized
-    # for M=2 declines every larger M's capture, so T(M) would time eager fallbacks (on tiny 0.31 ms, not 0.09).
-    forward(top)
+    forward(top)  # the Verify slot's largest forward first (time_targets)
     target_fallbacks = 0
     paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps, sync), "target/1")
     add = paired.add
     for _ in range(repeats):
-        before = fallbacks(engine)
-        for M in range(2, top + 1):
-            forward(M)
-            for _ in range(FORWARD_SAMPLES):
-                add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps, sync))
-        target_fallbacks += fallbacks(engine) - before
+        target_fallbacks += time_targets(engine, forward, add, top, reps)
         for k in range(1, top):
             add(f"draft/{k}", lambda k=k: _block_time(
                 lambda: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps, sync))

@@ -111,10 +111,20 @@ def _block_time(fn, reps: int, sync: Callable[[], None]) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def fallbacks(engine) -> int:
-    """Forwards the engine's target slots ran eager after a declined capture or a spent budget, so far: a calibration
-    times replays, and counts these while it times them (`target_fallbacks`, 0 when T(M) holds replays only)."""
-    return sum(c["fallbacks"] for c in engine.target.counters().values())
+def time_targets(engine, forward, add, top: int, reps: int) -> int:
+    """One repeat's T(M) samples for M = 2..top (each size's first forward untimed: its warm-up and capture), into
+    PairedSamples.add; returns how many forwards the target slots ran eager meanwhile (a declined capture): a
+    calibration times replays (`target_fallbacks`, 0 when T(M) holds replays only). The caller runs forward(top)
+    once before the first repeat: a pinned Verify workspace keeps the size of its first forward, and one sized for
+    M=2 declines every larger M's capture (on tiny T(3) would read 0.31 ms, not 0.09)."""
+    sync = engine.device.sync
+    fallbacks = lambda: sum(c["fallbacks"] for c in engine.target.counters().values())  # noqa: E731
+    before = fallbacks()
+    for M in range(2, top + 1):
+        forward(M)
+        for _ in range(FORWARD_SAMPLES):
+            add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps, sync))
+    return fallbacks() - before
 
 
 def _call_time(fn, sync: Callable[[], None]) -> float:
@@ -271,19 +281,12 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     strategies, skipped = commits_on(engine.desc)
     sync = engine.device.sync
     forward(1), forward(1)  # Primary's plan captured before the first reference sample
-    # The Verify slot's largest forward first: a pinned workspace keeps the size of its first forward, and one sized
-    # for M=2 declines every larger M's capture, so T(M) would time eager fallbacks (on tiny 0.31 ms, not 0.09).
-    forward(top)
+    forward(top)  # the Verify slot's largest forward first (time_targets)
     target_fallbacks = 0
     paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps, sync), "target/1")
     add = paired.add
     for _ in range(repeats):
-        before = fallbacks(engine)
-        for M in range(2, top + 1):
-            forward(M)  # untimed: with _block_time's own untimed call, a first size's warm-up and capture both
-            for _ in range(FORWARD_SAMPLES):
-                add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps, sync))
-        target_fallbacks += fallbacks(engine) - before
+        target_fallbacks += time_targets(engine, forward, add, top, reps)
         if engine.primary_desc is not engine.desc:  # Primary runs the user's graph, Verify mtplab's copy
             copy_forward()  # the Verify plan's size changes: untimed
             for _ in range(FORWARD_SAMPLES):

@@ -66,7 +66,6 @@ def speedup_changed(ci_a, ci_b, ratio: float, rounds_a=None, rounds_b=None) -> t
 
 
 def _sweep(folder: Path) -> tuple[dict, pd.DataFrame]:
-    folder = store.finished_sweep(folder)
     summary = store.read_summary(folder)
     return summary, selection.ran(store.load(folder))
 
@@ -177,7 +176,8 @@ def _env_line(name: str, folder: Path, sweep: dict) -> str:
 
 
 def compare_html(a_dir: Path, b_dir: Path) -> str:
-    """The comparison page: provenance of both, a summary, the ratio figure, matched points, points only in one."""
+    """The comparison page: provenance of both, a summary, the ratio figure, matched points, points only in one.
+    a_dir, b_dir: finished sweeps' folders, as store.finished_sweep finds them (make_compare's)."""
     sa, a = _sweep(a_dir)
     sb, b = _sweep(b_dir)
     joined, key, differ = match(a, b)

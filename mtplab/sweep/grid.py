@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from mtplab.base.names import likeliest
 from mtplab.experiment import config
 from mtplab.experiment.config import RunConfig, field_problem
 from mtplab.model.config import PRESETS
@@ -81,15 +82,11 @@ def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
 
 def _unknown_keys(d: dict, allowed, where: str = "") -> list[str]:
     """One problem naming every key of `d` not allowed, each with its likeliest meaning, and the allowed keys once."""
-    import difflib
-
     unknown = [key for key in d if key not in allowed]
     if not unknown:
         return []
-    named = []
-    for key in unknown:
-        close = difflib.get_close_matches(str(key), list(map(str, allowed)), n=1, cutoff=0.6)
-        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    named = [f"{key!r}" + (f" (did you mean {close!r}?)" if (close := likeliest(str(key), allowed)) else "")
+             for key in unknown]
     return [f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(named)}{where} (allowed: {list(allowed)})"]
 
 
