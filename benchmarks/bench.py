@@ -5,7 +5,7 @@
   plan replayed in a bare loop against genai (the ceiling of any host loop on that forward);
 - engine greedy against a bare replay loop, greedy's host path layer by layer, and the speculative host share
   (benchmarks/executor_overhead.py, tiny, 1 thread);
-- the efficiency range of the demo's sibling-pinned/select points (results/demo, when `make demo` ran).
+- the efficiency range of the demo's sibling-pinned/select points (demo in the results root, when `make demo` ran).
 Each line names its thread pool; --pools global per-session runs the pool comparison side by side
 (processes alternating). The load average is printed before and after: numbers from a busy machine
 are not numbers.
@@ -98,8 +98,10 @@ def main() -> None:
                          GOALS["ratio"]))
             rows.append((name, "speculative host share (k=3)", _ci({"median": t["share"], "ci": t["share_ci"]}, True),
                          GOALS["share"]))
-    demo = efficiency_range(HERE.parent / "results" / "demo")
-    rows.append(("results/demo", "efficiency, sibling-pinned/select points", demo or "no demo sweep (make demo)",
+    from mtplab.base.paths import results_root
+
+    demo = efficiency_range(results_root() / "demo")  # where `make demo` wrote it ($MTPLAB_RESULTS, else results/)
+    rows.append((f"{results_root().name}/demo", "efficiency, sibling-pinned/select points", demo or "no demo sweep (make demo)",
                  GOALS["efficiency"]))
     print(f"\nload after: {os.getloadavg()}")
     print(f"{'where':42} {'measure':48} {'median [95% CI]':28} goal")

@@ -4,7 +4,7 @@ Greedy tokens/s (mtplab's Primary plan replays vs og.Generator) and MTP tokens/s
 the real head (mtplab's `select` commit on both schedules vs og.MtpGenerator), every output checked
 against greedy. Beside greedy, its captured plan replayed n - 1 times in a bare loop (no token, length or
 bookkeeping work, one position): the ceiling of any host loop on this forward. Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
-drift cancels out. Both engines run on the same intra-op threads (genai through genai_config
+drift cancels out; each starts once the run before's pool stopped spinning (mtplab.base.threads.settle). Both engines run on the same intra-op threads (genai through genai_config
 session_options), both generators are warmed up, and every run counts the n - 1 tokens after the
 prefill's token, timed from after the prefill (mtplab.measure.rounds's rates).
 
@@ -12,7 +12,7 @@ mtplab's sessions share one onnxruntime thread pool (what its runs do: mtplab.ba
 --pool per-session each has its own (how mtplab ran before); genai keeps its own settings either way.
 
     python benchmarks/mtplab_vs_genai.py [--rounds 3] [--tokens 128] [--model small|DIR] [--threads N]
-                                         [--pool global|per-session] [--json FILE]
+                                         [--pool global|per-session] [--json FILE] [--no-settle]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import json
 import time
 
-from mtplab.base.threads import thread_pool, use_global_pool
+from mtplab.base.threads import settle, thread_pool, use_global_pool
 from mtplab.engine.engine import Engine, model_for, prompt_tokens
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_point import exported
@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads of both engines (0: every core)")
     ap.add_argument("--pool", choices=("global", "per-session"), default="global", help="mtplab's thread pools")
     ap.add_argument("--json", help="also write the medians and ratios here")
+    ap.add_argument("--no-settle", action="store_true",
+                    help="start each run at once, inside the spin of the pool before it (how this ran before)")
     args = ap.parse_args()
     if args.pool == "global":
         use_global_pool(args.threads)
@@ -70,19 +72,26 @@ def main() -> None:
         identical[name] = identical.get(name, True) and tokens[: len(reference)] == reference[: len(tokens)]
 
     plan = greedy_engine.target.state[Slot.PRIMARY].plan  # greedy's captured M=1 plan
-    for _ in range(args.rounds):
+    wait = (lambda: 0.0) if args.no_settle else settle
+
+    for _ in range(args.rounds):  # each run starts once the run before's pool stopped spinning (settle)
+        wait()
         g = greedy_engine.greedy(prompt, n, margins=False)
         record("greedy mtplab", g.tokens, g.seconds)
+        wait()
         t0 = time.perf_counter()
         for _ in range(n - 1):  # the same plan replayed n - 1 times, nothing else: no host loop can be faster
             plan.run()
         rates.setdefault(BARE, []).append((n - 1) / (time.perf_counter() - t0))
+        wait()
         tokens, seconds = peer.greedy(prompt, n)
         record("greedy genai", tokens, seconds)
         for k in args.ks:
             for sched in ("decode-verify", "fused"):
+                wait()
                 out = engines[(sched, k)].speculative(prompt, n)
                 record(f"mtp k={k} mtplab {sched}", out["tokens"][:n], out["seconds"])
+            wait()
             tokens, seconds, _ = peer.mtp(prompt, n, k)
             record(f"mtp k={k} genai", tokens, seconds)
     med = {name: summarize(v) for name, v in rates.items()}

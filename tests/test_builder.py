@@ -77,6 +77,20 @@ def test_greedy_equals_onnxruntime_genai_generator_on_the_same_folder(builder):
     assert ours == theirs and len(set(ours)) > 16
 
 
+def test_the_peers_copy_of_a_builder_folder_runs_the_target_on_the_runs_threads_and_the_head_on_one(builder, tmp_path,
+                                                                                                    monkeypatch):
+    from mtplab.experiment.genai_builder import builder_peer_folder
+
+    monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path))
+    folder = builder_peer_folder(builder, 2)
+
+    def threads(part):
+        return json.loads((folder / part / "genai_config.json").read_text())["model"]["decoder"]["session_options"][
+            "intra_op_num_threads"]
+
+    assert (threads("target"), threads("mtp")) == (2, 1)
+
+
 @pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
 @pytest.mark.parametrize("commit", ["readvance-m1", "readvance-batched", "select"])
 def test_oracle_drafts_are_lossless_at_k_1_and_4_for_every_commit(builder, commit, schedule):

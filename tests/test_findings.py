@@ -56,3 +56,10 @@ def test_rounds_without_a_usable_pair_are_left_out_and_one_round_says_it_has_no_
     df = _sweep(_rounds([(72.0, 90.0), (float("nan"), 80.0), (70.0, 0.0)]))  # only the first is a pair
     g = findings.peer_greedy_ratio(df[df.engine == "ort-genai"])
     assert g["rounds"] == 1 and "**0.80x** (no CI from one round) over 1 paired round" in findings.peer(df)
+
+
+def test_peer_points_timed_without_waiting_for_the_threads_before_them_are_named_and_settled_ones_are_not():
+    df = _sweep(_rounds([(72.0, 90.0), (64.0, 80.0)]))
+    assert "**1 peer point timed each side at once after the one before**" in findings.peer(df)
+    df["extra"] = [None, None, json.dumps({"settle_max_ms": 48.1})]
+    assert "at once after the one before" not in findings.peer(df)

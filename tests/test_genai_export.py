@@ -7,7 +7,14 @@ import json
 from mtplab.experiment.genai_export import export_genai
 
 
-def test_the_export_runs_genai_on_mtplabs_threads(tmp_path, tiny):
+def _options(folder, part):
+    return json.loads((folder / part / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+
+
+def test_the_export_runs_genai_on_mtplabs_threads_and_its_head_on_one(tmp_path, tiny):
     folder = export_genai(tiny, tmp_path / "g", threads=3)
-    options = json.loads((folder / "target" / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    options = _options(folder, "target")
     assert options["intra_op_num_threads"] == 3 and options["inter_op_num_threads"] == 1
+    # the head's own pool would spin beside the target's: one thread, no workers
+    assert _options(folder, "mtp")["intra_op_num_threads"] == 1
+

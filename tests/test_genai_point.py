@@ -50,8 +50,21 @@ def test_without_the_package_the_engine_says_how_to_install(monkeypatch, tiny):
         run_point(RunConfig(model="tiny", engine="ort-genai", drafter="mtp", tokens=8), tiny)
 
 
-def test_the_peer_point_measures_paired_rounds_with_cis(tiny):
+def test_the_peer_point_measures_paired_rounds_with_cis_each_side_after_the_last_sides_threads_settled(
+        tiny, monkeypatch):
+    from mtplab.experiment import genai_point
+
+    waits = []  # a recorder around the real settle: each timed side of a round waits for the threads before it
+
+    def recorded_settle():
+        waits.append(real())
+        return waits[-1]
+
+    real = genai_point.settle
+    monkeypatch.setattr(genai_point, "settle", recorded_settle)
     r = run_point(RunConfig(model="tiny", k=2, tokens=24, engine="ort-genai", rounds=3), tiny)
+    assert len(waits) == 3 * 3  # genai greedy, genai MTP, mtplab greedy; three rounds
+    assert r.extra["settle_max_ms"] == round(1000 * max(waits), 1)
     assert [s["order"] for s in r.round_samples] == ["greedy-mtp", "mtp-greedy", "greedy-mtp"]
     assert all(s["mtplab_greedy_tokens_per_s"] > 0 for s in r.round_samples)
     assert r.speedup_ci[0] <= r.speedup <= r.speedup_ci[1]

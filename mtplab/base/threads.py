@@ -7,11 +7,17 @@ run`, a calibration, a benchmark) calls `use_global_pool` first: then every sess
 global pool with onnxruntime's default spinning, so a forward never waits for another pool's threads
 to wake. onnxruntime allows one global pool per process, made before its first session, and then
 refuses sessions with pools of their own: every session mtplab makes takes its options here.
+
+A spinning pool's workers keep spinning for about 50 ms after a run ends. Where a process holds two pools (mtplab's
+and onnxruntime-genai's, in a peer point) and their threads fill the cores, a run of one pool started inside the
+other's spin shares its cores with it: on 2 cores and 2 threads a greedy run of the builder fixture measured 1.5 to
+2 times its time alone. `settle` waits for that spin to end before a timed run of the other pool.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 _global_pool: int | None = None  # the global pool's intra-op threads, once made
 _sessions_made = False
@@ -67,3 +73,20 @@ def session_options(threads: int = 0):
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     _sessions_made = True
     return so
+
+
+def settle(limit: float = 0.5, window: float = 0.005, busy: float = 0.1) -> float:
+    """Wait until this process's other threads are idle (a pool's workers spinning after its last run), at most
+    `limit` seconds; the seconds waited.
+
+    Idle: over one `window`, while this thread sleeps, the process used under `busy` of a core. Call it before a
+    timed run that follows another pool's run, so that the two never share the cores.
+    """
+    start = last = time.perf_counter()
+    cpu = time.process_time()
+    while True:
+        time.sleep(window)
+        now, used = time.perf_counter(), time.process_time()
+        if used - cpu < busy * (now - last) or now - start >= limit:
+            return now - start
+        last, cpu = now, used

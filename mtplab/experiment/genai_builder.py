@@ -7,7 +7,7 @@ The user's folder stays as the builder wrote it. The copy differs only where gen
   and output types are the same" on float32 logits); argmax over fp16 logits equals the fp32
   argmax unless two logits fall within fp16 rounding, and identity against greedy is checked;
 - the MTP head as an og.Model folder of its own (the builder writes it beside the main model);
-- session_options with mtplab's intra-op thread count.
+- session_options with mtplab's intra-op thread count (the head's on HEAD_THREADS, genai_export says why).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from mtplab.experiment.genai_export import session_options
+from mtplab.experiment.genai_export import HEAD_THREADS, PEER_FORM, session_options
 from mtplab.model import cache_dir
 from mtplab.model.onnx_read import copy_data_files
 
@@ -41,7 +41,7 @@ def _cast_logits(model: onnx.ModelProto, logits: str) -> onnx.ModelProto:
 
 def builder_peer_folder(model, threads: int) -> Path:
     """folder/target and folder/mtp, each an og.Model folder, made once per (model, threads) in the cache."""
-    folder = cache_dir() / "genai" / f"{model.description.name}-{model.content}-t{threads}"
+    folder = cache_dir() / "genai" / f"{model.description.name}-{model.content}-t{threads}-v{PEER_FORM}"
     if (folder / "ready").exists():
         return folder
     tmp = folder.with_name(folder.name + ".tmp")
@@ -71,6 +71,7 @@ def builder_peer_folder(model, threads: int) -> Path:
     for key in ("num_key_value_heads", "head_size"):
         if key in mtp:
             hd[key] = mtp[key]
+    hd["session_options"] = session_options(HEAD_THREADS)
     (head_dir / "genai_config.json").write_text(json.dumps(head_cfg, indent=1))
     (tmp / "ready").write_text(str(src))
     if folder.exists():

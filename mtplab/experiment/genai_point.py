@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from mtplab.base.threads import thread_pool, threads_used
+from mtplab.base.threads import settle, thread_pool, threads_used
 from mtplab.check import verdict as oracle
 from mtplab.engine.engine import Engine, model_for, prompt_tokens
 from mtplab.engine.fit import reference_run
 from mtplab.engine.sampling import settings, settings_text
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_builder import builder_peer_folder
-from mtplab.experiment.genai_export import export_genai
+from mtplab.experiment.genai_export import HEAD_THREADS, PEER_FORM, export_genai
 from mtplab.experiment.genai_runner import GenaiPeer, genai_version, require_genai
 from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
@@ -24,7 +24,7 @@ def exported(art: Artifact, threads: int = 0):
     threads = threads_used(threads)
     if art.description.kind == "builder":
         return builder_peer_folder(art, threads)
-    folder = cache_dir() / f"{art.path.name}-genai-v2-t{threads}"
+    folder = cache_dir() / f"{art.path.name}-genai-v{PEER_FORM}-t{threads}"
     if not (folder / "manifest.json").exists():
         export_genai(art, folder, threads)
     return folder
@@ -34,13 +34,16 @@ def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, plan: m
     """Paired rounds as the plan says: genai greedy and genai MTP (order alternating), then mtplab's greedy, each
     round.
 
-    Every side counts and is timed as mtplab.measure.rounds says.
+    Every side counts and is timed as mtplab.measure.rounds says, and starts once the threads of the side before
+    it are idle (mtplab.base.threads.settle: genai's pools and mtplab's spin after a run); `settled`: the seconds
+    waited before each side, in order.
     """
-    samples, last, greedy_tokens = [], None, None
+    samples, last, greedy_tokens, settled = [], None, None, []
     for r in plan.rounds(samples):
         order = ("greedy", "mtp") if r % 2 == 0 else ("mtp", "greedy")
         sample = measure.paired_round(r, order)
         for side in order:
+            settled.append(settle())
             if side == "greedy":
                 tokens, seconds = peer.greedy(prompt, n)
                 measure.record_side(sample, side, tokens, n, seconds)
@@ -49,10 +52,12 @@ def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, plan: m
                 tokens, seconds, stats = peer.mtp(prompt, n, k)
                 measure.record_side(sample, side, tokens, n, seconds)
                 last = (tokens, stats)
+        settled.append(settle())
         g = engine.greedy(prompt, n, margins=False)
         sample["mtplab_greedy_tokens_per_s"] = measure.tokens_per_s(g.tokens, n, g.seconds)
         samples.append(measure.close_round(sample))
-    return {"samples": samples, "tokens": last[0], "stats": last[1], "greedy_tokens": greedy_tokens}
+    return {"samples": samples, "tokens": last[0], "stats": last[1], "greedy_tokens": greedy_tokens,
+            "settled": settled}
 
 
 def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResult:
@@ -115,8 +120,9 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
         env=environment(run.backend, run.threads) | {
             "engine": "onnxruntime-genai " + genai_version(),
             # genai makes its own sessions: a pool each, its session_options' intra-op threads, onnxruntime's spinning
+            # (the MTP head's on HEAD_THREADS: mtplab.experiment.genai_export says why)
             "thread_pool": {"kind": "per session (onnxruntime-genai's own)", "threads": threads_used(run.threads),
-                            "spinning": "onnxruntime's default (on)"},
+                            "head_threads": HEAD_THREADS, "spinning": "onnxruntime's default (on)"},
         },
         lossless=ok,
         verdict=verdict,
@@ -126,6 +132,8 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
             "mtplab_greedy_tokens_per_s": mtplab_greedy["median"],
             "mtplab_greedy_thread_pool": thread_pool(),  # the pool mtplab's greedy beside genai's ran on
             "mtplab_greedy_tokens_per_s_ci": mtplab_greedy["ci"],
+            # each side began once the process's threads were idle: the longest wait for the previous side's spin
+            "settle_max_ms": round(1000 * max(measured["settled"], default=0.0), 1),
             "rounds": plan.outcome,
         },
     )

@@ -124,6 +124,14 @@ def peer_greedy_ratio(peer: pd.DataFrame) -> dict | None:
     return measure.paired_ratio(mine, genai) | {"rounds": len(mine)} if mine else None
 
 
+def unsettled_peer_points(peer: pd.DataFrame) -> int:
+    """Peer points measured before each timed side waited for the threads of the side before it to go idle, and
+    before genai's MTP head ran on one thread (their results lack extra.settle_max_ms): where the threads filled
+    the cores, one side ran inside another pool's spin."""
+    extras = selection.parse_json(peer.extra) if "extra" in peer else pd.Series([None] * len(peer))
+    return sum(not (isinstance(e, dict) and "settle_max_ms" in e) for e in extras)
+
+
 def _ratio_text(r: dict) -> str:
     lo, hi = r["ci"]
     interval = f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "(no CI from one round)"
@@ -252,7 +260,8 @@ def peer(df: pd.DataFrame) -> str:
                 f"{plural(len(own), 'real-head point')}), onnxruntime-genai {peer.greedy_tokens_per_s.median():.1f} "
                 f"(median over its {plural(len(peer), 'row')}), taken at different moments")
     out = [f"- Greedy: mtplab / genai {_ratio_text(g)} over {plural(g['rounds'], 'paired round')} (each peer point times genai's "
-           f"greedy and MTP, then mtplab's greedy, round by round). Absolute: {absolute}." if g is not None
+           f"greedy and MTP, then mtplab's greedy, round by round, each once the threads of the one before were "
+           f"idle). Absolute: {absolute}." if g is not None
            else f"- Greedy: {absolute}: their ratio, "
                 f"{own.greedy_tokens_per_s.median() / peer.greedy_tokens_per_s.median():.2f}x, moves with the load."]
     for k, p in peer.groupby("k"):
@@ -266,4 +275,10 @@ def peer(df: pd.DataFrame) -> str:
                 text += (f": mtplab's MTP about {best.speedup * g['median'] / p.speedup.median():.2f}x genai's MTP "
                          "(the speedups and the greedy ratio, each paired, multiplied)")
         out.append(text + ("; identical to greedy." if p.lossless.all() else "; **NOT identical to greedy**."))
+    if unsettled := unsettled_peer_points(peer):
+        out.append(f"- **{plural(unsettled, 'peer point')} timed each side at once after the one before**, inside "
+                   "its pool's spin (onnxruntime's workers spin about 50 ms after a run), and ran genai's MTP head on "
+                   "a pool the target's size, spinning beside it. Where the threads filled the cores, each moved a "
+                   "side by up to 2x (on 2 threads and 2 cores: the builder fixture's greedy; small's genai MTP, "
+                   "0.59x its greedy where its head on one thread makes 1.01x): re-run them with this mtplab.")
     return "\n".join(out)
