@@ -4,8 +4,8 @@ Greedy tokens/s (mtplab's Primary plan replays vs og.Generator) and MTP tokens/s
 the real head (mtplab's `select` commit on both schedules vs og.MtpGenerator), every output checked
 against greedy. Beside greedy, its captured plan replayed n - 1 times in a bare loop (no token, length or
 bookkeeping work, one position): the ceiling of any host loop on this forward. Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
-drift cancels out; each starts once the run before's pool stopped spinning (mtplab.base.threads.settle). Both engines run on the same intra-op threads (genai through genai_config
-session_options), both generators are warmed up, and every run counts the n - 1 tokens after the
+drift cancels out; each starts once the run before's pool stopped spinning (mtplab.base.threads.settle). Both engines' targets run on the same intra-op threads (genai through genai_config
+session_options; its MTP head on one, as the peer's export sets it: mtplab.experiment.genai_export.HEAD_THREADS), both generators are warmed up, and every run counts the n - 1 tokens after the
 prefill's token, timed from after the prefill (mtplab.measure.rounds's rates).
 
 mtplab's sessions share one onnxruntime thread pool (what its runs do: mtplab.base.threads), or with
@@ -117,6 +117,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": art.description.name, "threads": args.threads, "pool": thread_pool(),
+                       "settled": not args.no_settle,
                        "rates": med, "ratios": ratios, "identical": identical}, f, indent=1, default=float)
 
 

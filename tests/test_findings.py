@@ -60,6 +60,26 @@ def test_rounds_without_a_usable_pair_are_left_out_and_one_round_says_it_has_no_
 
 def test_peer_points_timed_without_waiting_for_the_threads_before_them_are_named_and_settled_ones_are_not():
     df = _sweep(_rounds([(72.0, 90.0), (64.0, 80.0)]))
-    assert "**1 peer point timed each side at once after the one before**" in findings.peer(df)
-    df["extra"] = [None, None, json.dumps({"settle_max_ms": 48.1})]
+    text = findings.peer(df)
+    assert "**1 peer point timed each side at once after the one before**" in text
+    assert "once the threads of the one before were idle" not in text  # the greedy line claims no settling
+    assert any("Read the side-by-side's caveat first" in f for f in findings.headline_findings(df))
+    df["extra"] = [None, None, json.dumps({"settle_max_ms": 48.1, "settle_limited": 0})]
+    text = findings.peer(df)
+    assert "at once after the one before" not in text and "once the threads of the one before were idle" in text
+    assert not any("caveat" in f for f in findings.headline_findings(df))
+
+
+def test_a_peer_point_on_one_thread_has_no_spin_to_wait_for():
+    df = _sweep(_rounds([(72.0, 90.0)]))
+    df["threads"] = 1
     assert "at once after the one before" not in findings.peer(df)
+    assert not any("caveat" in f for f in findings.headline_findings(df))
+
+
+def test_sides_that_began_at_settles_limit_are_counted_in_the_caveat():
+    df = _sweep(_rounds([(72.0, 90.0)]))
+    df["extra"] = [None, None, json.dumps({"settle_max_ms": 502.6, "settle_limited": 4})]
+    text = findings.peer(df)
+    assert "**4 timed sides of the peer points began with this process's threads still busy**" in text
+    assert "once the threads of the one before were idle" not in text

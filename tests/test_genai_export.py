@@ -18,3 +18,12 @@ def test_the_export_runs_genai_on_mtplabs_threads_and_its_head_on_one(tmp_path, 
     # the head's own pool would spin beside the target's: one thread, no workers
     assert _options(folder, "mtp")["intra_op_num_threads"] == 1
 
+
+
+def test_a_new_peer_form_deletes_the_older_forms_folders_and_nothing_else(tmp_path):
+    from mtplab.experiment.genai_export import drop_older_forms
+
+    for name in ("small-genai-v2-t2", "small-genai-v3-t2", "small-genai-v2-t1", "other-genai-v2-t2"):
+        (tmp_path / name / "target").mkdir(parents=True)
+    drop_older_forms(tmp_path / "small-genai-v3-t2", "small-genai-v*-t2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-genai-v2-t2", "small-genai-v2-t1", "small-genai-v3-t2"]

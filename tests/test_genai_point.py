@@ -52,19 +52,31 @@ def test_without_the_package_the_engine_says_how_to_install(monkeypatch, tiny):
 
 def test_the_peer_point_measures_paired_rounds_with_cis_each_side_after_the_last_sides_threads_settled(
         tiny, monkeypatch):
+    from mtplab.engine.engine import Engine
     from mtplab.experiment import genai_point
+    from mtplab.experiment.genai_runner import GenaiPeer
 
-    waits = []  # a recorder around the real settle: each timed side of a round waits for the threads before it
+    # recorders around the real calls: the order of the waits and the runs
+    events, waits = [], []
 
-    def recorded_settle():
-        waits.append(real())
-        return waits[-1]
+    def recorded(name, real):
+        def call(*args, **kwargs):
+            events.append(name)
+            out = real(*args, **kwargs)
+            if name == "settle":
+                waits.append(out)
+            return out
+        return call
 
-    real = genai_point.settle
-    monkeypatch.setattr(genai_point, "settle", recorded_settle)
+    monkeypatch.setattr(genai_point, "settle", recorded("settle", genai_point.settle))
+    monkeypatch.setattr(GenaiPeer, "greedy", recorded("genai greedy", GenaiPeer.greedy))
+    monkeypatch.setattr(GenaiPeer, "mtp", recorded("genai mtp", GenaiPeer.mtp))
+    monkeypatch.setattr(Engine, "greedy", recorded("mtplab greedy", Engine.greedy))
     r = run_point(RunConfig(model="tiny", k=2, tokens=24, engine="ort-genai", rounds=3), tiny)
-    assert len(waits) == 3 * 3  # genai greedy, genai MTP, mtplab greedy; three rounds
-    assert r.extra["settle_max_ms"] == round(1000 * max(waits), 1)
+    timed = events[events.index("settle"):]  # the untimed reference and warm-ups come first
+    # every timed side (genai greedy, genai MTP, mtplab greedy; three rounds) right after a wait
+    assert timed[0::2] == ["settle"] * 9 and "settle" not in timed[1::2] and len(timed) == 18
+    assert r.extra["settle_max_ms"] == round(1000 * max(waits), 1) and r.extra["settle_limited"] == 0
     assert [s["order"] for s in r.round_samples] == ["greedy-mtp", "mtp-greedy", "greedy-mtp"]
     assert all(s["mtplab_greedy_tokens_per_s"] > 0 for s in r.round_samples)
     assert r.speedup_ci[0] <= r.speedup <= r.speedup_ci[1]

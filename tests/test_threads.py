@@ -30,7 +30,7 @@ def test_settle_returns_before_its_limit_when_nothing_spins():
     assert settle(limit=2.0) < 1.0
 
 
-def test_settle_gives_up_at_its_limit():
+def test_settle_gives_up_at_its_limit_and_says_so_by_the_time_it_waited():
     stop = threading.Event()
     spinner = _spin(30.0, stop)
     try:

@@ -75,18 +75,23 @@ def session_options(threads: int = 0):
     return so
 
 
-def settle(limit: float = 0.5, window: float = 0.005, busy: float = 0.1) -> float:
-    """Wait until this process's other threads are idle (a pool's workers spinning after its last run), at most
-    `limit` seconds; the seconds waited.
+SETTLE_LIMIT = 0.5  # seconds settle waits at most; a wait this long means the threads never went idle
 
-    Idle: over one `window`, while this thread sleeps, the process used under `busy` of a core. Call it before a
-    timed run that follows another pool's run, so that the two never share the cores.
+
+def settle(limit: float = SETTLE_LIMIT, window: float = 0.005, quiet: int = 3, busy: float = 0.1) -> float:
+    """Wait until this process's other threads are idle (a pool's workers spinning after its last run), at most
+    `limit` seconds; the seconds waited (`limit` or more: they never went idle).
+
+    Idle: over `quiet` windows in a row, while this thread sleeps, the process used under `busy` of a core in each
+    (one quiet window alone can be a spinning thread the OS left off the cores for a moment). Call it before a timed
+    run that follows another pool's run, so that the two never share the cores.
     """
     start = last = time.perf_counter()
-    cpu = time.process_time()
+    cpu, calm = time.process_time(), 0
     while True:
         time.sleep(window)
         now, used = time.perf_counter(), time.process_time()
-        if used - cpu < busy * (now - last) or now - start >= limit:
+        calm = calm + 1 if used - cpu < busy * (now - last) else 0
+        if calm >= quiet or now - start >= limit:
             return now - start
         last, cpu = now, used

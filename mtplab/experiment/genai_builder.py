@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from mtplab.experiment.genai_export import HEAD_THREADS, PEER_FORM, session_options
+from mtplab.experiment.genai_export import HEAD_THREADS, PEER_FORM, drop_older_forms, session_options
 from mtplab.model import cache_dir
 from mtplab.model.onnx_read import copy_data_files
 
@@ -77,4 +77,6 @@ def builder_peer_folder(model, threads: int) -> Path:
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
+    drop_older_forms(folder, f"{model.description.name}-{model.content}-t{threads}")  # the form before PEER_FORM
+    drop_older_forms(folder, f"{model.description.name}-{model.content}-t{threads}-v*")
     return folder

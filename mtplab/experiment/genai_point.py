@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from mtplab.base.threads import settle, thread_pool, threads_used
+from mtplab.base.threads import SETTLE_LIMIT, settle, thread_pool, threads_used
 from mtplab.check import verdict as oracle
 from mtplab.engine.engine import Engine, model_for, prompt_tokens
 from mtplab.engine.fit import reference_run
 from mtplab.engine.sampling import settings, settings_text
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_builder import builder_peer_folder
-from mtplab.experiment.genai_export import HEAD_THREADS, PEER_FORM, export_genai
+from mtplab.experiment.genai_export import HEAD_THREADS, PEER_FORM, drop_older_forms, export_genai
 from mtplab.experiment.genai_runner import GenaiPeer, genai_version, require_genai
 from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
@@ -27,6 +27,7 @@ def exported(art: Artifact, threads: int = 0):
     folder = cache_dir() / f"{art.path.name}-genai-v{PEER_FORM}-t{threads}"
     if not (folder / "manifest.json").exists():
         export_genai(art, folder, threads)
+        drop_older_forms(folder, f"{art.path.name}-genai-v*-t{threads}")
     return folder
 
 
@@ -132,8 +133,10 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
             "mtplab_greedy_tokens_per_s": mtplab_greedy["median"],
             "mtplab_greedy_thread_pool": thread_pool(),  # the pool mtplab's greedy beside genai's ran on
             "mtplab_greedy_tokens_per_s_ci": mtplab_greedy["ci"],
-            # each side began once the process's threads were idle: the longest wait for the previous side's spin
+            # each side began once the process's threads were idle: the longest wait for the previous side's spin, and
+            # the sides that began at settle's limit with the threads still busy (the report names them)
             "settle_max_ms": round(1000 * max(measured["settled"], default=0.0), 1),
+            "settle_limited": sum(w >= SETTLE_LIMIT for w in measured["settled"]),
             "rounds": plan.outcome,
         },
     )

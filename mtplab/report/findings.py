@@ -98,7 +98,8 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
             genai_greedy, mine = peer.greedy_tokens_per_s.median(), head.greedy_tokens_per_s.median()
             out.append(f"- Against onnxruntime-genai on the same model: its greedy {genai_greedy:.1f} tok/s, mtplab's "
                        f"{mine:.1f} ({mine / genai_greedy:.2f}x, medians over the sweep: absolute tokens/s from "
-                       "different moments, read with the spread above).")
+                       "different moments, read with the spread above)."
+                       + (" **Read the side-by-side's caveat first.**" if peer_caveat(peer) else ""))
         else:
             versus = fastest.speedup * g["median"]
             out.append(
@@ -106,6 +107,7 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
                 f"({plural(g['rounds'], 'paired round')} of its peer points). The best real-head speedup over mtplab's own "
                 f"greedy is {_point_text(fastest)}: that point runs about **{versus:.2f}x genai's plain greedy** "
                 f"({'faster' if versus > 1 else 'slower'}; the product of the two paired ratios)."
+                + (" **Read the side-by-side's caveat first.**" if peer_caveat(peer) else "")
             )
     return out
 
@@ -124,12 +126,40 @@ def peer_greedy_ratio(peer: pd.DataFrame) -> dict | None:
     return measure.paired_ratio(mine, genai) | {"rounds": len(mine)} if mine else None
 
 
+def _peer_extras(peer: pd.DataFrame) -> list:
+    return list(selection.parse_json(peer.extra)) if "extra" in peer else [None] * len(peer)
+
+
 def unsettled_peer_points(peer: pd.DataFrame) -> int:
-    """Peer points measured before each timed side waited for the threads of the side before it to go idle, and
-    before genai's MTP head ran on one thread (their results lack extra.settle_max_ms): where the threads filled
-    the cores, one side ran inside another pool's spin."""
-    extras = selection.parse_json(peer.extra) if "extra" in peer else pd.Series([None] * len(peer))
-    return sum(not (isinstance(e, dict) and "settle_max_ms" in e) for e in extras)
+    """Peer points on more than one thread measured before each timed side waited for the threads of the side
+    before it to go idle, and before genai's MTP head ran on one thread (their results lack extra.settle_max_ms):
+    where the threads filled the cores, one side ran inside another pool's spin. A point on one thread has no
+    pool workers to spin."""
+    threads = peer.threads if "threads" in peer else pd.Series([0] * len(peer), index=peer.index)
+    return sum(not (isinstance(e, dict) and "settle_max_ms" in e) and t != 1 for e, t in zip(_peer_extras(peer), threads))
+
+
+def limited_peer_sides(peer: pd.DataFrame) -> int:
+    """Timed sides of the peer points that began at settle's limit, the process's threads still busy."""
+    return sum(int(e.get("settle_limited") or 0) for e in _peer_extras(peer) if isinstance(e, dict))
+
+
+def peer_caveat(peer: pd.DataFrame) -> str:
+    """Why the peer's numbers may be off ("" when nothing says so): points timed inside another pool's spin, or
+    sides that began with the threads still busy."""
+    notes = []
+    if unsettled := unsettled_peer_points(peer):
+        notes.append(f"**{plural(unsettled, 'peer point')} timed each side at once after the one before**, inside its "
+                     "pool's spin (onnxruntime's workers spin about 50 ms after a run), and ran genai's MTP head on a "
+                     "pool the target's size, spinning beside it. Where the threads filled the cores, each moved a "
+                     "side by up to 2x (on 2 threads and 2 cores: the builder fixture's greedy; small's genai MTP, "
+                     "0.59x its greedy where its head on one thread makes 1.01x): run them again with this mtplab, "
+                     "in a new sweep (a resumed sweep keeps its finished points).")
+    if limited := limited_peer_sides(peer):
+        notes.append(f"**{plural(limited, 'timed side')} of the peer points began with this process's threads still "
+                     "busy** after settle's wait of 0.5 s (another thread of the process kept running): those sides "
+                     "may have shared the cores.")
+    return " ".join(notes)
 
 
 def _ratio_text(r: dict) -> str:
@@ -259,9 +289,10 @@ def peer(df: pd.DataFrame) -> str:
     absolute = (f"mtplab {own.greedy_tokens_per_s.median():.1f} tok/s (median over its "
                 f"{plural(len(own), 'real-head point')}), onnxruntime-genai {peer.greedy_tokens_per_s.median():.1f} "
                 f"(median over its {plural(len(peer), 'row')}), taken at different moments")
+    caveat = peer_caveat(peer)
+    settled = "" if caveat else ", each once the threads of the one before were idle"
     out = [f"- Greedy: mtplab / genai {_ratio_text(g)} over {plural(g['rounds'], 'paired round')} (each peer point times genai's "
-           f"greedy and MTP, then mtplab's greedy, round by round, each once the threads of the one before were "
-           f"idle). Absolute: {absolute}." if g is not None
+           f"greedy and MTP, then mtplab's greedy, round by round{settled}). Absolute: {absolute}." if g is not None
            else f"- Greedy: {absolute}: their ratio, "
                 f"{own.greedy_tokens_per_s.median() / peer.greedy_tokens_per_s.median():.2f}x, moves with the load."]
     for k, p in peer.groupby("k"):
@@ -275,10 +306,6 @@ def peer(df: pd.DataFrame) -> str:
                 text += (f": mtplab's MTP about {best.speedup * g['median'] / p.speedup.median():.2f}x genai's MTP "
                          "(the speedups and the greedy ratio, each paired, multiplied)")
         out.append(text + ("; identical to greedy." if p.lossless.all() else "; **NOT identical to greedy**."))
-    if unsettled := unsettled_peer_points(peer):
-        out.append(f"- **{plural(unsettled, 'peer point')} timed each side at once after the one before**, inside "
-                   "its pool's spin (onnxruntime's workers spin about 50 ms after a run), and ran genai's MTP head on "
-                   "a pool the target's size, spinning beside it. Where the threads filled the cores, each moved a "
-                   "side by up to 2x (on 2 threads and 2 cores: the builder fixture's greedy; small's genai MTP, "
-                   "0.59x its greedy where its head on one thread makes 1.01x): re-run them with this mtplab.")
+    if caveat:
+        out.append(f"- {caveat}")
     return "\n".join(out)
