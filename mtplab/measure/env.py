@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from mtplab.base.memory import meminfo_gib
+from mtplab.base.paths import CHECKOUT
 
 
 def _cpu_name() -> str:
@@ -37,15 +38,21 @@ def memory_gib() -> float | None:
     return None if total is None else round(total, 1)
 
 
-def git_revision() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+def git_revision(root: Path = CHECKOUT) -> str | None:
+    """The checkout's commit, with "+modified" where the package's or the notebooks' tracked files differ from it
+    (what ran is then not that commit); None outside a git checkout."""
+
+    def git(*args: str):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=5)
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-        )
+        out = git("rev-parse", "--short", "HEAD")
+        if out.returncode != 0 or not out.stdout.strip():
+            return None
+        changed = git("diff", "--quiet", "HEAD", "--", "mtplab", "notebooks").returncode == 1
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout.strip() + ("+modified" if changed else "")
 
 
 def environment(backend: str = "cpu", threads: int = 0) -> dict:
