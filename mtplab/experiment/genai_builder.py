@@ -77,6 +77,6 @@ def builder_peer_folder(model, threads: int) -> Path:
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
-    drop_older_forms(folder, f"{model.description.name}-{model.content}-t{threads}")  # the form before PEER_FORM
-    drop_older_forms(folder, f"{model.description.name}-{model.content}-t{threads}-v*")
+    stem = f"{model.description.name}-{model.content}-t{threads}"
+    drop_older_forms(folder, stem, f"{stem}-v*")  # the form before PEER_FORM had no -v
     return folder

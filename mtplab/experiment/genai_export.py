@@ -114,12 +114,12 @@ HEAD_THREADS = 1
 PEER_FORM = 3  # the peer folders' form: a change here makes the cached ones anew
 
 
-def drop_older_forms(current: Path, older: str) -> None:
-    """Delete the cache's peer folders of other forms that `older` (a glob beside `current`) matches: a form
+def drop_older_forms(current: Path, *older: str) -> None:
+    """Delete the cache's peer folders of other forms that the `older` globs (beside `current`) match: a form
     change (PEER_FORM) makes new folders, and a built-in model's export is a copy of its weights per thread count."""
     import shutil
 
-    for stale in current.parent.glob(older):
+    for stale in {p for pattern in older for p in current.parent.glob(pattern)}:
         if stale != current and stale.is_dir() and stale.suffix != ".tmp":  # another process's folder in the making
             shutil.rmtree(stale, ignore_errors=True)
 

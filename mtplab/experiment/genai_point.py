@@ -43,19 +43,19 @@ def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, plan: m
     for r in plan.rounds(samples):
         order = ("greedy", "mtp") if r % 2 == 0 else ("mtp", "greedy")
         sample = measure.paired_round(r, order)
-        for side in order:
+        for side in (*order, "mtplab greedy"):
             settled.append(settle())
             if side == "greedy":
                 tokens, seconds = peer.greedy(prompt, n)
                 measure.record_side(sample, side, tokens, n, seconds)
                 greedy_tokens = greedy_tokens or tokens
-            else:
+            elif side == "mtp":
                 tokens, seconds, stats = peer.mtp(prompt, n, k)
                 measure.record_side(sample, side, tokens, n, seconds)
                 last = (tokens, stats)
-        settled.append(settle())
-        g = engine.greedy(prompt, n, margins=False)
-        sample["mtplab_greedy_tokens_per_s"] = measure.tokens_per_s(g.tokens, n, g.seconds)
+            else:
+                g = engine.greedy(prompt, n, margins=False)
+                sample["mtplab_greedy_tokens_per_s"] = measure.tokens_per_s(g.tokens, n, g.seconds)
         samples.append(measure.close_round(sample))
     return {"samples": samples, "tokens": last[0], "stats": last[1], "greedy_tokens": greedy_tokens,
             "settled": settled}

@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from mtplab.base.threads import SETTLE_LIMIT
 from mtplab.measure import rounds as measure
 from mtplab.report import selection
 from mtplab.report.provenance import plural
@@ -94,20 +95,19 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
     if len(peer) and len(head):
         fastest = head.loc[head.speedup.idxmax()]
         g = peer_greedy_ratio(peer)
+        read_caveat = " **Read the side-by-side's caveat first.**" if peer_caveat(peer) else ""
         if g is None:  # a sweep from before the peer points timed mtplab's greedy beside genai's
             genai_greedy, mine = peer.greedy_tokens_per_s.median(), head.greedy_tokens_per_s.median()
             out.append(f"- Against onnxruntime-genai on the same model: its greedy {genai_greedy:.1f} tok/s, mtplab's "
                        f"{mine:.1f} ({mine / genai_greedy:.2f}x, medians over the sweep: absolute tokens/s from "
-                       "different moments, read with the spread above)."
-                       + (" **Read the side-by-side's caveat first.**" if peer_caveat(peer) else ""))
+                       f"different moments, read with the spread above).{read_caveat}")
         else:
             versus = fastest.speedup * g["median"]
             out.append(
                 f"- Against onnxruntime-genai on the same model: mtplab's greedy runs {_ratio_text(g)} genai's "
                 f"({plural(g['rounds'], 'paired round')} of its peer points). The best real-head speedup over mtplab's own "
                 f"greedy is {_point_text(fastest)}: that point runs about **{versus:.2f}x genai's plain greedy** "
-                f"({'faster' if versus > 1 else 'slower'}; the product of the two paired ratios)."
-                + (" **Read the side-by-side's caveat first.**" if peer_caveat(peer) else "")
+                f"({'faster' if versus > 1 else 'slower'}; the product of the two paired ratios).{read_caveat}"
             )
     return out
 
@@ -135,7 +135,7 @@ def unsettled_peer_points(peer: pd.DataFrame) -> int:
     before it to go idle, and before genai's MTP head ran on one thread (their results lack extra.settle_max_ms):
     where the threads filled the cores, one side ran inside another pool's spin. A point on one thread has no
     pool workers to spin."""
-    threads = peer.threads if "threads" in peer else pd.Series([0] * len(peer), index=peer.index)
+    threads = peer.threads if "threads" in peer else [0] * len(peer)
     return sum(not (isinstance(e, dict) and "settle_max_ms" in e) and t != 1 for e, t in zip(_peer_extras(peer), threads))
 
 
@@ -157,7 +157,7 @@ def peer_caveat(peer: pd.DataFrame) -> str:
                      "in a new sweep (a resumed sweep keeps its finished points).")
     if limited := limited_peer_sides(peer):
         notes.append(f"**{plural(limited, 'timed side')} of the peer points began with this process's threads still "
-                     "busy** after settle's wait of 0.5 s (another thread of the process kept running): those sides "
+                     f"busy** after settle's wait of {SETTLE_LIMIT:g} s (another thread of the process kept running): those sides "
                      "may have shared the cores.")
     return " ".join(notes)
 
