@@ -152,50 +152,58 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
     phase_of = {id(eng.target.sessions[Slot.PRIMARY]): "decode", id(eng.mtp.sessions[Slot.PRIMARY]): "draft",
                 id(eng.target.sessions[Slot.VERIFY]): "verify"}
     assert len(phase_of) == 3, "the phase split needs the Verify slot on a session of its own"
-    bare, greedy, share, step_us = [], [], [], []
-    host = {phase: [] for phase in PHASES}
+    sides = ("bare", "greedy", "greedy python", "spec", "spec python")
+    seen: dict[str, list] = {side: [] for side in sides}
+
+    def speculative() -> tuple[float, float, dict[str, float]]:
+        """(host share, step wall in us, host us per step by phase) of one speculative run."""
+        commits: list[float] = []
+        clock.spans.clear()
+        clock.on = True
+        spec = eng.speculative(prompt, n, reference,
+                               on_commit=lambda step, length, emitted, c=commits: c.append(time.perf_counter()))
+        clock.on = False
+        assert spec["tokens"][:n] == reference[:n], "speculative output differs from greedy"
+        t_from, t_to = commits[2], commits[-1]
+        wall = t_to - t_from
+        inside = sum(d for t, d, _ in clock.spans if t_from <= t and t + d <= t_to)
+        forwards = dict.fromkeys(PHASES, 0.0)
+        for t, d, session in clock.spans:
+            if t >= spec["started"]:  # the steps' forwards (not the prefills before them)
+                forwards[phase_of.get(id(session), "commit")] += d
+        # every step of the run, its first three included
+        host = {phase: (spec["split"][phase] - forwards[phase]) / len(commits) * 1e6 for phase in PHASES}
+        return (wall - inside) / wall, wall / (len(commits) - 3) * 1e6, host
+
     for r in range(rounds + 1):
-        order = ("bare", "greedy", "spec") if r % 2 else ("spec", "greedy", "bare")
-        for what in order:
-            if what == "bare":
-                seconds = bare_loop(eng, prompt, n)
-                if r:
-                    bare.append(seconds / (n - 1) * 1e6)
-            elif what == "greedy":
+        for side in (sides if r % 2 else sides[::-1]):
+            eng.compiled_loops = eng.head.compiled = not side.endswith("python")
+            if side == "bare":
+                value = bare_loop(eng, prompt, n) / (n - 1) * 1e6
+            elif side.startswith("greedy"):
                 g = eng.greedy(prompt, n, margins=False)
-                if r:
-                    greedy.append(g.seconds / g.decodes * 1e6)
+                value = g.seconds / g.decodes * 1e6
             else:
-                commits: list[float] = []
-                clock.spans.clear()
-                clock.on = True
-                spec = eng.speculative(
-                    prompt, n, reference, on_commit=lambda step, length, emitted, c=commits: c.append(time.perf_counter())
-                )
-                clock.on = False
-                assert spec["tokens"][:n] == reference[:n], "speculative output differs from greedy"
-                t_from, t_to = commits[2], commits[-1]
-                wall = t_to - t_from
-                inside = sum(d for t, d, _ in clock.spans if t_from <= t and t + d <= t_to)
-                if r:
-                    share.append((wall - inside) / wall)
-                    step_us.append(wall / (len(commits) - 3) * 1e6)
-                    forwards = dict.fromkeys(PHASES, 0.0)
-                    for t, d, session in clock.spans:
-                        if t >= spec["started"]:  # the steps' forwards (not the prefills before them)
-                            forwards[phase_of.get(id(session), "commit")] += d
-                    for phase in PHASES:  # every step of the run, its first three included
-                        host[phase].append((spec["split"][phase] - forwards[phase]) / len(commits) * 1e6)
-    return {
-        "bare": float(np.median(bare)),
-        "greedy": float(np.median(greedy)),
-        "ratio": float(np.median(np.asarray(greedy) / np.asarray(bare))),
-        "ratio_ci": summarize(list(np.asarray(greedy) / np.asarray(bare)))["ci"],
-        "share": float(np.median(share)),
-        "share_ci": summarize(share)["ci"],
-        "step_us": float(np.median(step_us)),
-        "host_us": {phase: float(np.median(v)) for phase, v in host.items()},
-    }
+                value = speculative()
+            if r:
+                seen[side].append(value)
+    eng.compiled_loops = eng.head.compiled = True
+    bare = np.asarray(seen["bare"])
+
+    def greedy(side: str) -> dict:
+        ratio = np.asarray(seen[side]) / bare
+        return {"us": float(np.median(seen[side])), "ratio": float(np.median(ratio)), "ratio_ci": summarize(list(ratio))["ci"]}
+
+    def spec(side: str) -> dict:
+        share = [s for s, _, _ in seen[side]]
+        return {"share": float(np.median(share)), "share_ci": summarize(share)["ci"],
+                "step_us": float(np.median([w for _, w, _ in seen[side]])),
+                "host_us": {phase: float(np.median([h[phase] for _, _, h in seen[side]])) for phase in PHASES}}
+
+    compiled, python = greedy("greedy"), greedy("greedy python")
+    return {"bare": float(np.median(bare)), "greedy": compiled["us"], "ratio": compiled["ratio"],
+            "ratio_ci": compiled["ratio_ci"], **spec("spec"), "python": {
+                "greedy": python["us"], "ratio": python["ratio"], "ratio_ci": python["ratio_ci"], **spec("spec python")}}
 
 
 LAYERS = ("plan replay", "+ feeds, carry, argmax", "+ replay check", "Executor.replayer", "Engine.greedy",
@@ -295,6 +303,11 @@ def main() -> None:
          f"<= {HOST_SHARE_GOAL:.0%}"),
     ]
     rows += [(f"  host per step in {phase} (us)", f"{t['host_us'][phase]:.1f}", "") for phase in PHASES]
+    py = t["python"]
+    rows += [("with every decode and draft in Python:", "", ""),
+             ("  engine greedy / bare loop", f"{py['ratio']:.2f}x [{py['ratio_ci'][0]:.2f}, {py['ratio_ci'][1]:.2f}]", ""),
+             ("  speculative host share", f"{py['share']:.1%} [{py['share_ci'][0]:.1%}, {py['share_ci'][1]:.1%}]", "")]
+    rows += [(f"  host per step in {phase} (us)", f"{py['host_us'][phase]:.1f}", "") for phase in PHASES]
     print(f"{'measure':42} {'value':>22} {'goal':>8}")
     for name, value, goal in rows:
         print(f"{name:42} {value:>22} {goal:>8}")

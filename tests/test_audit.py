@@ -214,6 +214,25 @@ def test_timed_greedy_doing_two_forwards_per_token_is_a_mismatch(tiny, monkeypat
     _mismatch(_point(tiny), "greedy: primary ran 1 eager forwards and 94 through its plan")
 
 
+@pytest.mark.parametrize("label, words", [("primary", ("timed round 0", "greedy: primary ran", "through its plan")),
+                                          ("mtp", ("the checked speculative run", "'mtp/M=1': (75, 39)"))])
+def test_a_compiled_loop_replaying_twice_per_step_is_a_mismatch(tiny, monkeypatch, label, words):
+    from mtplab.runtime.executor import Executor
+
+    real = Executor.replay_held
+
+    def twice(self, slot):  # greedy's decodes (the target's Primary) or the head's drafts
+        real(self, slot)
+        if self.labels[slot] == label:
+            real(self, slot)
+
+    monkeypatch.setattr(Executor, "replay_held", twice)
+    r = _point(tiny)
+    assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: " + words[0]), r.verdict
+    text = r.verdict + " | ".join(r.identity.get("timed_audit", {}).get("problems", []))
+    assert all(word in text for word in words[1:]), text
+
+
 @pytest.mark.parametrize("bug", ["wrong token", "half the tokens"])
 def test_timed_greedy_computing_wrong_or_fewer_tokens_is_a_mismatch(tiny, monkeypatch, bug):
     def planted(real, self, p, n):

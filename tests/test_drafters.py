@@ -11,7 +11,8 @@ from mtplab.experiment.config import RunConfig
 from mtplab.runtime.executor import Slot
 
 
-def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(tiny):
+def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(tiny, monkeypatch):
+    from mtplab.runtime import hot_loop
     from mtplab.runtime.sessions import mtp_io
 
     eng = Engine(RunConfig(model="tiny", k=4), tiny)
@@ -20,8 +21,11 @@ def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(ti
     eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
     kv = [a.copy() for a in eng.mtp_state.kv]
     hidden = np.array(out["hidden"][0, -1])
+    chains, real = [], hot_loop.chain
+    monkeypatch.setattr(hot_loop, "chain", lambda *a: chains.append(real(*a)) or chains[-1])
     drafts = eng.head.draft(3, hidden, 7, 4)  # prepared feeds and the head's replayer, on the host
-    drafts_again = eng.head.draft(3, hidden, 7, 4)  # from its plan now
+    drafts_again = eng.head.draft(3, hidden, 7, 4)  # from its plan now, all four steps compiled between replays
+    assert [runs for _, _, runs, _ in chains] == [4]  # the first draft warmed up and captured the plan: no chain
     after = [a.copy() for a in eng.mtp_state.kv]
     for live, saved in zip(eng.mtp_state.kv, kv):
         live[...] = saved

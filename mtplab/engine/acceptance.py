@@ -22,6 +22,7 @@ class AcceptanceRule:
     name: str = ""
     summary: str = ""
     samples: bool = False  # draws at temperature > 0 (its verdict is the target's distribution, not greedy's tokens)
+    argmax: bool = False  # token and draft_token are a row's argmax, numpy's (compiled loops may choose them)
 
     def for_run(self, run, xp) -> AcceptanceRule:
         """The rule as one run uses it (a sampling rule binds its transform and generator; greedy-match is itself)."""
@@ -54,6 +55,7 @@ class AcceptanceRule:
 
 class GreedyMatch(AcceptanceRule):
     name = "greedy-match"
+    argmax = True
     summary = "keep the longest prefix of drafts equal to the target's argmax, then the target's argmax (lossless)"
 
     def token(self, xp, row):

@@ -10,8 +10,10 @@ draft(first, hidden, position, k) per step: k draft tokens following `first`, th
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.mixture import MixtureDrafter
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription, length_feeds
+from mtplab.runtime import hot_loop
 from mtplab.runtime.arena import array_module
 from mtplab.runtime.executor import Executor, Slot
 from mtplab.runtime.sessions import MtpState, mtp_io, refused_run
@@ -37,7 +40,12 @@ class MtpDrafter:
                  choose=GREEDY_MATCH.draft_token):
         self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
         self.choose = choose  # the acceptance rule's draft_token(xp, row)
-        self._hot = None  # (mtp_io's M=1 feeds, the executor, its replayer on them, their token ids): _draft_on_host
+        rule = getattr(choose, "__self__", None)  # an argmax rule's drafts may be chosen in a compiled loop
+        self._argmax = choose if getattr(rule, "argmax", False) and choose == rule.draft_token else None
+        self._hot: HeadSteps | None = None  # the head step _draft_on_host runs
+        self._programs: dict = {}  # the compiled loop's program, with what it was made for (hot_loop.held_program)
+        self._tokens = np.empty(0, dtype=np.int64)  # the compiled loop's [first, d1..dk]
+        self.compiled = True  # False: every step in Python (a benchmark's side)
 
     def prefill(self, tokens: list[int], hidden) -> None:
         """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j."""
@@ -73,36 +81,86 @@ class MtpDrafter:
         return drafts
 
     def _draft_on_host(self, token, hidden, position: int, drafts: np.ndarray) -> None:
-        """draft()'s head steps on the host: mtp_io's M=1 feeds, built once, rewritten in place before each step
-        (token, hidden state, lengths), and the head's replayer on them (it decides as Executor.run does)."""
-        desc, io, pick = self.desc, self.desc.mtp, self.choose
-        feeds, outputs, bound = mtp_io(desc, self.state, token, hidden, position)
-        name = io.hidden_input
-        hot = self._hot
-        if hot is None or hot[0] is not feeds or hot[1] is not self.executor:  # mtp_io's feeds for M=1 are one
-            # object while the KV buffers stay
+        """draft()'s head steps on the host: mtp_io's M=1 feeds, built once (again when the KV buffers change),
+        rewritten in place before each step (token, hidden state, lengths), and the head's replayer on them (it
+        decides as Executor.run does); with an argmax rule, the steps compiled between replays where the replay
+        check's table allows (mtplab.runtime.hot_loop)."""
+        desc, io, pick, state = self.desc, self.desc.mtp, self.choose, self.state
+        hot, fixed = self._hot, state.io_cache.get(1)
+        if hot is None or fixed is None or fixed.kv is not state.kv or hot.feeds is not fixed.feeds or (
+                hot.executor is not self.executor):
+            feeds, outputs, bound = mtp_io(desc, state, token, hidden, position)  # mtp_io's feeds for M=1 are one
+            # object while the KV buffers stay; the hidden state goes into one array of its own in them
             buffer = np.empty((1, 1, desc.hidden_size), dtype=desc.target.hidden_type)
-            hot = self._hot = (feeds, self.executor, self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
-                               feeds[io.input_ids], buffer)
-        _, _, run, ids, buffer = hot
-        # the hidden state copied into one array of its own: the feeds stay the very objects the replay check holds
-        buffer[...] = feeds[name]  # mtp_io's, of the feed's shape and dtype
-        feeds[name] = buffer
-        capacity = desc.capacity
-        done = 0
+            hot = self._hot = HeadSteps(feeds, outputs, bound, self.executor,
+                                        self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
+                                        functools.partial(self.executor.replay_held, Slot.PRIMARY),
+                                        feeds[io.input_ids], buffer)
+        feeds, ids, buffer = hot.feeds, hot.ids, hot.hidden
+        buffer[...] = np.reshape(hidden, buffer.shape)  # as mtp_io feeds it: [1, 1, H], of the target's hidden dtype
+        feeds[io.hidden_input] = buffer
+        capacity, k = desc.capacity, drafts.shape[0]
+        done = i = 0
         try:
-            for i in range(drafts.shape[0]):
+            if pick is self._argmax and self.compiled:
+                slot = self.executor.state[Slot.PRIMARY]
+                before = slot.replays
+                try:
+                    i, pending = self._chain(hot, token, drafts, position)
+                finally:  # its steps are its replays
+                    done += slot.replays - before
+                if pending:  # the last step's token and hidden state, as below
+                    out = slot.check.result
+                    token, hidden = pick(np, out[io.logits][0, 0]), out[io.hidden][0, 0]
+                    drafts[i] = token
+                    i += 1
+            while i < k:
+                ids[...] = token
+                length_feeds(io, position + i, 1, capacity, feeds)
                 if i:
-                    ids[...] = token
-                    length_feeds(io, position + i, 1, capacity, feeds)
                     buffer[0, 0] = hidden
-                out = run()
+                out = hot.run()
                 done += 1
                 token = pick(np, out[io.logits][0, 0])
                 hidden = out[io.hidden][0, 0]
                 drafts[i] = token
+                i += 1
         finally:  # counted once, and kept true when a step raises
             self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + done
+
+    def _chain(self, hot: HeadSteps, first, drafts: np.ndarray, position: int) -> tuple[int, bool]:
+        """The head's steps in a compiled loop (hot_loop.chain) from `first` and the hidden state in its feed, while
+        the replay check's table allows: (drafts made, whether the last step made still needs its token read)."""
+        io, k, feeds = self.desc.mtp, drafts.shape[0], hot.feeds
+        check = hot.executor.held_check(Slot.PRIMARY, feeds, hot.outputs, hot.bound)
+        if check is None:
+            return 0, False
+        program = hot_loop.held_program(self._programs, "draft", check, feeds, lambda: hot_loop.program(
+            check, feeds, io, self.desc.capacity, check.result[io.logits],
+            [(check.result[io.hidden], feeds[io.hidden_input])]))
+        if program is None:
+            return 0, False
+        tokens = self._tokens
+        if tokens.shape[0] != k + 1:
+            tokens = self._tokens = np.empty(k + 1, dtype=np.int64)  # [first, d1..dk]
+        tokens[0] = first
+        i, _, _, pending = hot_loop.chain(check.table, check.copies, program, tokens, 1, k + 1, position, hot.replay)
+        drafts[: i - 1] = tokens[1:i]
+        return i - 1, pending
+
+
+class HeadSteps(NamedTuple):
+    """The head's M=1 step as _draft_on_host runs it: mtp_io's feeds, outputs and bindings, the executor, its
+    replayer on them and its held replay (for the compiled loop), and the feeds' token ids and hidden state."""
+
+    feeds: dict
+    outputs: Any
+    bound: tuple
+    executor: Executor
+    run: Callable[[], dict]
+    replay: Callable[[], None]
+    ids: np.ndarray
+    hidden: np.ndarray
 
 
 class OracleDrafter:

@@ -24,6 +24,7 @@ from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset_config
 from mtplab.model.description import GraphIO, beyond_capacity, length_feeds
+from mtplab.runtime import hot_loop
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
@@ -190,6 +191,8 @@ class Engine:
         self._verify_start = 0
         self._verify_buffers: dict = {}  # by k: the verify's token ids and the step's packed read, reused
         self._prepared: dict = {}  # each commit strategy's prepared commit, by name
+        self._programs: dict = {}  # compiled loops' programs (mtplab.runtime.hot_loop), with the check they read
+        self.compiled_loops = True  # False: greedy's decodes and the head's drafts in Python only (a benchmark's side)
         self.use_commit(run.commit)
 
     # -- the run's strategies ------------------------------------------------------------------
@@ -353,9 +356,24 @@ class Engine:
         decode, ids, feeds = decoder
         io, capacity, key = self.primary_desc.target, self.desc.capacity, self._key(Slot.PRIMARY, 1)
         logits, carries, done = io.logits, state.carries(), 0
+        # the timed loop's decodes, compiled between two replays (mtplab.runtime.hot_loop) where nothing else looks:
+        # tried before the first decode, and after it (that decode may have captured the plan)
+        plain = self.compiled_loops and getattr(decode, "plain", False) and watch is None and not margins and (
+            self.acceptance.argmax and len(rows) >= keep_logits)
+        tries = 2 if plain else 0
+        slot = self.target.state[Slot.PRIMARY]
         self.first_forward = time.perf_counter()
         try:
             while len(tokens) < n:
+                if tries:
+                    before = slot.replays
+                    try:
+                        self._chain_greedily(tokens, n)
+                    finally:  # its decodes are its replays
+                        done += slot.replays - before
+                    tries = 0 if slot.replays > before else tries - 1  # where a chain ran and stopped, Python goes on
+                    if len(tokens) >= n:
+                        break
                 ids[...] = tokens[-1]
                 length_feeds(io, state.length, 1, capacity, feeds)
                 out = decode()
@@ -375,6 +393,30 @@ class Engine:
             self.last_forward = time.perf_counter()
             self.forwards[key] = self.forwards.get(key, 0) + done
 
+    def _chain_greedily(self, tokens: list, n: int) -> None:
+        """Greedy's M=1 decodes compiled between replays (mtplab.runtime.hot_loop.chain) from where the Python loop
+        stands (its last token chosen, the state carried), while the replay check's table allows, until there are n
+        tokens or the loop stops: then the last run's carry and token here, and the Python loop goes on."""
+        io, state = self.primary_desc.target, self.state
+        feeds, outputs, bound = fixed_io(self.primary_desc, state, 1, True)  # the decoder's very objects
+        check = self.target.held_check(Slot.PRIMARY, feeds, outputs, bound)
+        if check is None:
+            return
+        program = hot_loop.held_program(self._programs, "greedy", check, feeds, lambda: hot_loop.program(
+            check, feeds, io, self.desc.capacity, check.result[io.logits],
+            [(present, committed) for committed, present in state.layer_carries()]))
+        if program is None:
+            return
+        out = np.empty(n, dtype=np.int64)
+        out[: len(tokens)] = tokens
+        replay = functools.partial(self.target.replay_held, Slot.PRIMARY)
+        i, state.length, _, pending = hot_loop.chain(check.table, check.copies, program, out, len(tokens), n,
+                                                     state.length, replay)
+        tokens += out[len(tokens) : i].tolist()
+        if pending:  # the last run's after-work, as the Python loop does it
+            state.carry()
+            tokens.append(self.acceptance.token(np, check.result[io.logits][0, 0]))
+
     def _decoder(self, eager: bool) -> tuple[Callable[[], dict], object, dict]:
         """Greedy's M=1 forward on Slot.PRIMARY as a call on fixed feeds: (run, the token ids [1, 1] the next
         token is written into, the feeds whose length entries the caller rewrites before each run).
@@ -391,7 +433,9 @@ class Engine:
             feeds = {**feeds, name: ids}
         if eager:
             return functools.partial(self.target.run_eager, Slot.PRIMARY, feeds, outputs, bound), ids, feeds
-        return self.target.replayer(Slot.PRIMARY, feeds, outputs, bound), ids, feeds
+        run = self.target.replayer(Slot.PRIMARY, feeds, outputs, bound)
+        run.plain = self.xp is np and self.batch == 1  # greedy may compile its decodes (a wrapped decoder may not)
+        return run, ids, feeds
 
     def _key(self, slot: Slot, M: int, label: str | None = None) -> str:
         """The forward counter's name, "label/M=m"."""

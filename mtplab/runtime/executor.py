@@ -392,6 +392,28 @@ class Executor:
 
         return run
 
+    def held_check(self, slot: Slot, feeds: dict, outputs, bound) -> ReplayCheck | None:
+        """The slot's replay check where its next run on these very objects (the feeds the check's table rows
+        hold) replays once the table's reads pass: a compiled loop (mtplab.runtime.hot_loop) then stages each run
+        itself and replays with replay_held. None: run the replayer (it decides everything itself). CPU plans only:
+        the loop stages into host memory."""
+        st = self.state.get(slot)
+        check = st.check if st is not None else None
+        if (check is None or st.status is not Status.READY or not isinstance(self.backend, CpuPlanBackend)
+                or not check.holds(self.memory[slot], feeds, outputs, bound)):
+            return None
+        return check
+
+    def replay_held(self, slot: Slot) -> None:
+        """One replay of the slot's plan, its feeds staged by the caller after the check's table passed (held_check):
+        counted and hazard-checked as Executor.run counts and checks a replay."""
+        st = self.state[slot]
+        for blk, owner in st.plan_blocks:
+            if blk.owner != owner:
+                st.hazards += 1
+        self.backend.replay(self.sessions[slot], st.plan)
+        st.replays += 1
+
     def _checked_replay(self, st: SlotCaptureState, mem: SlotMemory, session, feeds, outputs, bound) -> dict | None:
         """The slot's plan replayed, where the run's signature is the plan's (ReplayCheck), as the full path would
         (its result dict); None: take the full path."""

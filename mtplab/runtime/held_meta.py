@@ -32,7 +32,7 @@ COLUMNS = 3  # a table's row: address, nd, descr address; then the dimensions
 CHECKED, STAGED, DIFFERENT = 0, 1, -1  # what stage() did
 
 try:
-    from numba import carray, types
+    from numba import types
     from numba.extending import intrinsic
 
     from mtplab.runtime.host_replay import _compiled
@@ -58,31 +58,65 @@ else:
     _bytes = _pointer_intrinsic(types.uint8)
 
     @_compiled
-    def _stage(table, copies):  # pragma: no cover - compiled
+    def copy_bytes(target, source, count):  # pragma: no cover - compiled
+        """count bytes from address source to address target (not overlapping): in 8-byte words where both are
+        8-aligned (bytes one by one copy a 30 KB state at a tenth of memcpy's speed; words at memcpy's)."""
+        start = 0
+        if target % 8 == 0 and source % 8 == 0:  # element loops: a slice assignment checks overlap, twice as slow
+            words = count // 8
+            into, out = _words(target), _words(source)
+            for w in range(words):
+                into[w] = out[w]
+            start = 8 * words
+        into, out = _bytes(target), _bytes(source)
+        for b in range(start, count):
+            into[b] = out[b]
+
+    @_compiled
+    def same(table):  # pragma: no cover - compiled
+        """Whether every row's array has the nd, dtype object and dimensions the row holds."""
         for r in range(table.shape[0]):
             address = table[r, 0]
             nd = _ints(address)[2 * _ND]
             if nd != table[r, 1]:
-                return DIFFERENT
+                return False
             fields = _words(address)
             if fields[_DESCR] != table[r, 2]:
-                return DIFFERENT
+                return False
             dims = _words(fields[_DIMS])
             for d in range(nd):
                 if dims[d] != table[r, COLUMNS + d]:
-                    return DIFFERENT
+                    return False
+        return True
+
+    @_compiled
+    def copyable(table, copies):  # pragma: no cover - compiled
+        """Whether there are copies, each (source row, destination row, bytes) from a contiguous source into a
+        contiguous, writeable target."""
         if copies.shape[0] == 0:
-            return CHECKED
-        for c in range(copies.shape[0]):  # (source row, destination row, bytes): contiguous, and a writeable target
+            return False
+        for c in range(copies.shape[0]):
             if _ints(table[copies[c, 0], 0])[2 * _FLAGS] & _C_CONTIGUOUS == 0:
-                return CHECKED
+                return False
             flags = _ints(table[copies[c, 1], 0])[2 * _FLAGS]
             if flags & _C_CONTIGUOUS == 0 or flags & _WRITEABLE == 0:
-                return CHECKED
+                return False
+        return True
+
+    @_compiled
+    def copy_rows(table, copies):  # pragma: no cover - compiled
         for c in range(copies.shape[0]):
             source, target = _words(table[copies[c, 0], 0])[_DATA], _words(table[copies[c, 1], 0])[_DATA]
             if source != target:
-                carray(_bytes(target), copies[c, 2])[:] = carray(_bytes(source), copies[c, 2])
+                copy_bytes(target, source, copies[c, 2])
+
+    @_compiled
+    def _stage(table, copies):  # pragma: no cover - compiled
+        if not same(table):
+            return DIFFERENT
+        if not copyable(table, copies):
+            return CHECKED
+        copy_rows(table, copies)
         return STAGED
 
 

@@ -178,8 +178,10 @@ class ReplayCheck:
             pairs.append((f, rows[id(view)], view.nbytes))
         return held_meta.copies(pairs)
 
-    def stage(self, memory: Any, feeds: dict, outputs: dict, bound: list) -> bool:
-        """Stage the feeds and return True if this run's signature is the held one; False: take the full path."""
+    def holds(self, memory: Any, feeds: dict, outputs: dict, bound: list) -> bool:
+        """Whether a run on these objects is the held one but for the arrays' dtypes and shapes (and the feeds'
+        values), which stage() reads at every run: the same memory and pool block, feed names, output spec, bound
+        (name, direction, array object) and host feed buffers."""
         if memory is not self.memory or memory.block is not self.block or tuple(feeds) != self.feed_names:
             return False
         if outputs is not self.out_obj and (tuple(outputs) != self.out_names or outputs != self.out_spec):
@@ -194,6 +196,12 @@ class ReplayCheck:
         for name, view in self.host_views:
             if memory.host.get(name) is not view:
                 return False
+        return True
+
+    def stage(self, memory: Any, feeds: dict, outputs: dict, bound: list) -> bool:
+        """Stage the feeds and return True if this run's signature is the held one; False: take the full path."""
+        if not self.holds(memory, feeds, outputs, bound):
+            return False
         values = list(feeds.values())
         done = held_meta.DIFFERENT if self.table is None else self._held(values)
         if done == held_meta.STAGED:

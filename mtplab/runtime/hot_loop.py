@@ -1,0 +1,176 @@
+"""One plan replayed many times in a row, the host's work between two runs in one compiled call.
+
+Greedy's decodes and the MTP head's chained drafts replay one captured plan, each run fed the argmax of the run
+before. Between two runs the host reads that token from the logits, copies what must follow the run (greedy's
+present states into the committed ones, the head's hidden state into its next feed), writes the token and the next
+length into the feeds, and passes the replay check (every held array's dtype and shape read, the feeds staged into
+the plan's buffers). In Python that is a dozen calls, 8 to 12 us a run: on the builder fixture's 130 us forward it
+was the whole gap to onnxruntime-genai's C++ loop. `advance` does all of it in one compiled call over the replay
+check's table (mtplab.runtime.held_meta) and a program of rows built once per loop (`program`).
+
+The program names every array by its row in the table, so each address is read from the live object at each
+call, after the table's dtype and shape reads passed. It is built only where it writes what Python would: the
+token as an int64 id, the lengths as length_feeds writes them for one token (checked on copies when built), a
+float32 logits row's argmax as numpy's (the first largest value, the first NaN). Anything else (another dtype, a
+feed it does not know), or the table finding a difference, and the caller's Python loop runs, deciding as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import is_
+
+import numpy as np
+
+from mtplab.model.description import GraphIO, length_feeds
+from mtplab.runtime import held_meta
+
+# A program row: (op, a, b, c). After a run: COPY (source row, target row, bytes), ARGMAX (logits row, count, -).
+# Before the next: TOKEN (ids row, count, -), POSITIONS (row, count, -), MASK (row, width, -), SEQLENS (row, count, -).
+COPY, ARGMAX, TOKEN, POSITIONS, MASK, SEQLENS = range(6)
+AFTER, BEFORE = 1, 2  # advance's flags: the run's after-work, the next run's feeds
+STAGED = held_meta.STAGED
+_LENGTH_OPS = {"position_ids": POSITIONS, "attention_mask": MASK, "seqlens_k": SEQLENS}
+_CONSTANTS = ("total_sequence_length", "query_seqlens", "capture_count")  # length_feeds's feeds that never change
+
+if held_meta.MISSING is None:
+    from mtplab.runtime.held_meta import _compiled, _ints, _words, copy_bytes, copy_rows, copyable, same
+
+    _DATA = held_meta._DATA
+
+    @_compiled
+    def _advance(table, copies, program, out, i, length, flags):  # pragma: no cover - compiled
+        if i < 0 or i >= out.shape[0] or not same(table) or not copyable(table, copies):
+            return held_meta.DIFFERENT
+        for p in range(program.shape[0]):
+            op, a, b, c = program[p, 0], program[p, 1], program[p, 2], program[p, 3]
+            if op <= ARGMAX and flags & AFTER:
+                if op == COPY:
+                    copy_bytes(_words(table[b, 0])[_DATA], _words(table[a, 0])[_DATA], c)
+                else:  # numpy's argmax: the first NaN, else the first largest
+                    row = _float32(_words(table[a, 0])[_DATA])
+                    best, at = row[0], 0
+                    if best == best:
+                        for j in range(1, b):
+                            value = row[j]
+                            if value != value:
+                                at = j
+                                break
+                            if value > best:
+                                best, at = value, j
+                    out[i] = at
+            elif op > ARGMAX and flags & BEFORE:
+                data = _words(table[a, 0])[_DATA]
+                if op == SEQLENS:
+                    seqlens = _ints(data)
+                    for j in range(b):
+                        seqlens[j] = length
+                else:
+                    values = _words(data)
+                    for j in range(b):
+                        values[j] = out[i] if op == TOKEN else length if op == POSITIONS else (1 if j <= length else 0)
+        if flags & BEFORE:
+            copy_rows(table, copies)
+        return STAGED
+
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def _float32(typingctx, address):
+        sig = types.CPointer(types.float32)(address)
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
+
+        return sig, codegen
+
+
+def program(check, feeds: dict, io: GraphIO, total: int, logits, copies: list[tuple]) -> np.ndarray | None:
+    """A loop's program over a replay check's table (check.seen: these feeds), or None where it cannot write what
+    Python would: after a run, each (source, target) of `copies` (arrays the check holds, of one dtype and shape:
+    a feed may be a target) and the token,
+    the argmax of `logits` (float32, [1, 1, V]); before the next, the token into io's ids and the lengths as
+    length_feeds(io, length, 1, total) writes them. A loop of one token at batch 1 only."""
+    if held_meta.MISSING is not None or check.table is None or not held_meta.ready():
+        return None
+    if len(check.seen) != len(feeds) or not all(a is b for a, b in zip(check.seen, feeds.values())):
+        return None
+    rows = {id(a): r for r, a in enumerate(list(check.seen) + list(check.arrays))}
+    if id(logits) not in rows or logits.dtype != np.float32 or logits.shape[:2] != (1, 1):
+        return None
+    ops = []
+    for source, target in copies:
+        if id(source) not in rows or id(target) not in rows or source.dtype != target.dtype or (
+                source.shape != target.shape) or not (
+                source.flags.c_contiguous and target.flags.c_contiguous):
+            return None
+        ops.append((COPY, rows[id(source)], rows[id(target)], source.nbytes))
+    ops.append((ARGMAX, rows[id(logits)], logits.size, 0))
+    written = {id(target) for _, target in copies}
+    for name, value in feeds.items():
+        op = TOKEN if name == io.input_ids else _LENGTH_OPS.get(name)
+        if op is None and (id(value) in written or name in _CONSTANTS and not value.flags.writeable):
+            continue
+        wanted = np.int32 if op == SEQLENS else np.int64
+        if op is None or value.dtype != wanted or not value.flags.c_contiguous or (op == TOKEN and value.size != 1):
+            return None
+        ops.append((op, rows[id(value)], value.size, 0))
+    ops = np.array(ops, dtype=np.int64)
+    return ops if _writes_lengths(ops, feeds, io, total) else None
+
+
+def held_program(cache: dict, name: str, check, feeds: dict, build: Callable[[], np.ndarray | None]):
+    """build()'s program for the loop `name`, made once while its replay check and the feeds' objects stay (the
+    arrays a program names are the check's, so nothing else can move under it): kept in `cache`, None included (a
+    loop that cannot be compiled is not tried again)."""
+    values = tuple(feeds.values())
+    hit = cache.get(name)
+    if hit is None or hit[0] is not check or len(hit[1]) != len(values) or not all(map(is_, hit[1], values)):
+        hit = cache[name] = (check, values, build())
+    return hit[2]
+
+
+def _writes_lengths(ops: np.ndarray, feeds: dict, io: GraphIO, total: int) -> bool:
+    """Whether the program's writes before a run equal length_feeds's and the token's, on copies of the feeds."""
+    copies = {name: np.array(value) for name, value in feeds.items()}
+    arrays = list(copies.values())
+    table = held_meta.snapshot(arrays)
+    writes = ops[ops[:, 0] > ARGMAX]
+    token = np.array([7], dtype=np.int64)
+    for length in (0, total // 2, total - 1):
+        expected = length_feeds(io, length, 1, total, {n: np.array(v) for n, v in copies.items()})
+        _advance(table, held_meta.copies([(0, 0, 0)]), writes, token, 0, length, BEFORE)
+        for name, value in copies.items():
+            want = token.reshape(value.shape) if name == io.input_ids else expected.get(name, feeds[name])
+            if not np.array_equal(value, want):
+                return False
+    return True
+
+
+def advance(table: np.ndarray, copies: np.ndarray, program: np.ndarray, out: np.ndarray, i: int, length: int,
+            flags: int) -> int:
+    """With AFTER, a run's after-work: the program's copies, and its token into out[i]; with BEFORE, the next run's
+    feeds: the token out[i] and the lengths at `length`, staged into the plan's buffers. STAGED; else nothing was
+    done (the table found a difference, or i is outside out): the caller's Python path takes over."""
+    return _advance(table, copies, program, out, i, length, flags)
+
+
+def chain(table: np.ndarray, copies: np.ndarray, program: np.ndarray, out: np.ndarray, i: int, stop: int, length: int,
+          replay: Callable[[], None]) -> tuple[int, int, int, bool]:
+    """Runs while the table allows, from a state where out[i - 1] is the token to feed at `length` (the run before
+    it finished, after-work done), until out[stop - 1] holds a token: (next i, length, runs made, pending). pending:
+    the last run made still needs its after-work (its token into out[i]) from the caller's Python path."""
+    runs = 0
+    if i >= stop or _advance(table, copies, program, out, i - 1, length, BEFORE) != STAGED:
+        return i, length, runs, False
+    while True:
+        replay()
+        runs += 1
+        length += 1
+        last = i + 1 == stop
+        if _advance(table, copies, program, out, i, length, AFTER if last else AFTER | BEFORE) != STAGED:
+            return i, length, runs, True
+        i += 1
+        if last:
+            return i, length, runs, False
