@@ -11,7 +11,8 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   the backend replays it with (no staging, no argmax, no bookkeeping), its length buffers advanced in place through
   greedy's lengths (a forward's attention grows with them): the floor a greedy loop could reach.
 - engine greedy: Engine.greedy(prompt, n, margins=False), its timed seconds / its timed decodes
-  (the timed baseline's setting). Goal: engine greedy / bare loop <= 1.2x.
+  (the timed baseline's setting: its decodes compiled between replays, mtplab.runtime.hot_loop). Goal: engine
+  greedy / bare loop <= 1.2x.
 - speculative host share: a speculative run with the oracle drafter (alpha, head running, as the
   default oracle config). The plan backend's runs (eager, capture, replay) are wrapped to sum the
   time spent inside them (the forwards); each step's wall runs from one commit callback to the next. Over the steps
@@ -19,13 +20,15 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   times inside them) / sum of step walls: the part of a step the host spends outside the forwards.
   Goal: <= 20%. Where it goes: each phase's host time per step (the schedule's phase clock less the
   forwards of the session that phase runs: Primary decode, the MTP head's drafts, the Verify).
+- both again with every decode and draft in Python (Engine.compiled_loops off),
+  interleaved with the rest: what the compiled loops save, measured side by side.
 Greedy's host path by layer, on the same Engine, interleaved rounds of n tokens, each layer adding to the one
 before, every one relative to the first (the captured plan replayed n times, nothing else): + the loop's own
 work (the token and length feeds rewritten in place, the state's carry, the argmax; nothing stages the feeds
 yet, so the plan still runs one token at one length), + the replay check (ReplayCheck.stage: the feeds staged
 into the plan's buffers, every binding checked; from here the plan runs the real tokens and lengths), the
-executor's replayer (the check, the replay and the slot's counters), Engine.greedy (the timed loop): where
-greedy's host time goes. Beside them, Engine.forward's path (target_io, Executor.run, the engine's
+executor's replayer (the check, the replay and the slot's counters), Engine.greedy (the timed loop, compiled:
+every layer above in one call between two replays): where greedy's host time goes. Beside them, Engine.forward's path (target_io, Executor.run, the engine's
 bookkeeping), which a speculative step's decode, verify and readvance forwards take.
 On a machine shared with other work, --threads 1 keeps each forward on the calling thread
 (no intra-op pool waiting for a busy core), which steadies both ratios.
@@ -177,7 +180,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
 
     for r in range(rounds + 1):
         for side in (sides if r % 2 else sides[::-1]):
-            eng.compiled_loops = eng.head.compiled = not side.endswith("python")
+            eng.compiled_loops = not side.endswith("python")
             if side == "bare":
                 value = bare_loop(eng, prompt, n) / (n - 1) * 1e6
             elif side.startswith("greedy"):
@@ -187,7 +190,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
                 value = speculative()
             if r:
                 seen[side].append(value)
-    eng.compiled_loops = eng.head.compiled = True
+    eng.compiled_loops = True
     bare = np.asarray(seen["bare"])
 
     def greedy(side: str) -> dict:

@@ -134,3 +134,88 @@ def test_timed_greedy_compiled_decodes_the_python_loops_tokens_and_leaves_its_st
     assert chains == [(40, eng.state.length, 39, False)]  # every decode compiled
     assert all(np.array_equal(a, eng.state.snapshot()[name]) for name, a in state.items())
     assert eng.forwards["primary/M=1"] - forwards["primary/M=1"] == 39
+
+
+def test_a_program_waits_while_the_checks_table_holds_another_drafters_feeds(tiny):
+    from mtplab.engine.drafters import MtpDrafter
+
+    def drafts(compiled: bool) -> list:  # two argmax drafters on one head, alternating: each feeds its own hidden
+        eng = Engine(RunConfig(model="tiny", k=3, drafter="mtp"), tiny)
+        eng.speculative(prompt_tokens(tiny.config.vocab_size, 8, 1), 12)  # the head's plan captured
+        a, b = eng.head, MtpDrafter(eng.desc, eng.mtp, eng.mtp_state, eng.forwards)
+        a.compiled = b.compiled = compiled
+        rng, out = np.random.default_rng(0), []
+        for who in (a, a, b, a, a, b):
+            hidden = rng.standard_normal(eng.desc.hidden_size).astype(np.float32)
+            out.append(who.draft(5, hidden, eng.state.length, 3).tolist())
+        return out + [eng.mtp.format_counters()]
+
+    assert drafts(True) == drafts(False)
+
+
+def test_a_replay_that_raises_in_the_compiled_loop_leaves_the_length_and_counts_true(engines):
+    eng, prompt = engines["tiny"]
+    backend, real = eng.target.backend, eng.target.backend.replay
+    seen = {}
+    for compiled in (True, False):
+        eng.compiled_loops, runs = compiled, []
+
+        def replay(session, plan):
+            runs.append(1)
+            if len(runs) == 5:
+                raise RuntimeError("the fifth replay fails")
+            real(session, plan)
+
+        forwards = eng.forwards.get("primary/M=1", 0)
+        backend.replay = replay
+        try:
+            with pytest.raises(RuntimeError, match="fifth replay"):
+                eng.greedy(prompt, 20, margins=False)
+        finally:
+            del backend.replay
+            eng.compiled_loops = True
+        seen[compiled] = (eng.state.length, eng.forwards["primary/M=1"] - forwards, eng.state.snapshot())
+    assert seen[True][:2] == seen[False][:2] == (len(prompt) + 4, 4)
+    assert all(np.array_equal(a, seen[False][2][name]) for name, a in seen[True][2].items())
+
+
+@pytest.mark.filterwarnings("ignore:Setting the strides:DeprecationWarning")  # numpy 2.4 deprecates it: still possible
+@pytest.mark.parametrize("which", ["token ids", "logits strides"])
+def test_an_array_changed_in_place_in_a_way_the_table_does_not_hold_is_left_to_python(engines, which):
+    from mtplab.runtime.sessions import fixed_io
+
+    eng, prompt = engines["tiny"]
+    results = {}
+    for compiled in (True, False):
+        eng.compiled_loops = compiled
+        eng.greedy(prompt, 6, margins=False)
+        ids = fixed_io(eng.primary_desc, eng.state, 1, True)[0][eng.primary_desc.target.input_ids]
+        logits = eng.target.state[Slot.PRIMARY].check.result[eng.primary_desc.target.logits]
+        if which == "token ids":  # Python's write raises on it
+            ids.flags.writeable = False
+        else:  # Python's argmax reads through the strides
+            logits.strides = (0, 0, 0)
+        try:
+            results[compiled] = eng.greedy(prompt, 8, margins=False).tokens
+        except ValueError as err:
+            results[compiled] = str(err)
+        finally:
+            ids.flags.writeable = True
+            if which != "token ids":
+                logits.strides = (4 * logits.shape[2],) * 2 + (4,)
+            eng.compiled_loops = True
+    assert results[True] == results[False]
+
+
+def test_only_greedy_matchs_own_argmax_is_chosen_in_a_compiled_loop():
+    from mtplab.engine.acceptance import GREEDY_MATCH, GreedyMatch, chooses_argmax
+
+    class NoZero(GreedyMatch):  # a rule that overrides the token it picks
+        def token(self, xp, row):
+            return row[1:].argmax() + 1
+
+        draft_token = token
+
+    assert chooses_argmax(GREEDY_MATCH.token) and chooses_argmax(GREEDY_MATCH.draft_token)
+    assert not chooses_argmax(NoZero().token) and not chooses_argmax(NoZero().draft_token)
+    assert not chooses_argmax(lambda xp, row: row.argmax())

@@ -22,7 +22,6 @@ class AcceptanceRule:
     name: str = ""
     summary: str = ""
     samples: bool = False  # draws at temperature > 0 (its verdict is the target's distribution, not greedy's tokens)
-    argmax: bool = False  # token and draft_token are a row's argmax, numpy's (compiled loops may choose them)
 
     def for_run(self, run, xp) -> AcceptanceRule:
         """The rule as one run uses it (a sampling rule binds its transform and generator; greedy-match is itself)."""
@@ -55,7 +54,6 @@ class AcceptanceRule:
 
 class GreedyMatch(AcceptanceRule):
     name = "greedy-match"
-    argmax = True
     summary = "keep the longest prefix of drafts equal to the target's argmax, then the target's argmax (lossless)"
 
     def token(self, xp, row):
@@ -66,6 +64,12 @@ class GreedyMatch(AcceptanceRule):
     def accept(self, xp, drafts, logits):
         targets = logits.argmax(-1) if xp is np else xp.argmax(logits, axis=-1)
         return accepted_count(xp, drafts, targets), targets
+
+
+def chooses_argmax(choose) -> bool:
+    """Whether `choose` (a rule's bound token or draft_token) is greedy-match's own argmax, not a subclass's
+    override: then a compiled loop may choose its tokens (mtplab.runtime.hot_loop, numpy's argmax)."""
+    return getattr(choose, "__func__", None) is GreedyMatch.token
 
 
 def accepted_count(xp, drafts, targets):

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from mtplab.base.names import canonical
-from mtplab.engine.acceptance import GREEDY_MATCH
+from mtplab.engine.acceptance import GREEDY_MATCH, chooses_argmax
 from mtplab.engine.mixture import MixtureDrafter
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription, length_feeds
@@ -40,8 +40,7 @@ class MtpDrafter:
                  choose=GREEDY_MATCH.draft_token):
         self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
         self.choose = choose  # the acceptance rule's draft_token(xp, row)
-        rule = getattr(choose, "__self__", None)  # an argmax rule's drafts may be chosen in a compiled loop
-        self._argmax = choose if getattr(rule, "argmax", False) and choose == rule.draft_token else None
+        self._argmax = choose if chooses_argmax(choose) else None  # drafts a compiled loop may choose
         self._hot: HeadSteps | None = None  # the head step _draft_on_host runs
         self._programs: dict = {}  # the compiled loop's program, with what it was made for (hot_loop.held_program)
         self._tokens = np.empty(0, dtype=np.int64)  # the compiled loop's [first, d1..dk]
@@ -288,6 +287,8 @@ class OracleKind(DrafterKind):
             # the head runs for its cost only, drafting argmax: the run's random numbers and q rows stay the mixture's
             head = None if run.oracle_free_drafts else MtpDrafter(
                 engine.desc, engine.mtp, engine.mtp_state, engine.forwards, GREEDY_MATCH.draft_token)
+            if head is not None:
+                head.compiled = engine.compiled_loops
             return MixtureDrafter(engine, run.alpha, run.seed, head)
         head = None if run.oracle_free_drafts else engine.head
         return OracleDrafter(reference, run.alpha, run.seed, engine.desc.vocab_size, head, engine.xp)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from mtplab.engine.acceptance import top2_margin_xp
+from mtplab.engine.acceptance import chooses_argmax, top2_margin_xp
 from mtplab.engine.drafters import Drafter, MtpDrafter
 from mtplab.engine.fit import check_run_on_model
 from mtplab.engine.schedules import Phases
@@ -27,7 +27,7 @@ from mtplab.model.description import GraphIO, beyond_capacity, length_feeds
 from mtplab.runtime import hot_loop
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, device_for
-from mtplab.runtime.executor import Executor, Slot, SlotMemory
+from mtplab.runtime.executor import Executor, Slot, SlotMemory, Status
 from mtplab.runtime.policy import policy, presize, slot_memory
 from mtplab.runtime.sessions import MtpState, TargetState, checked_length, fixed_io, mtp_io, refused_run, target_io
 
@@ -192,13 +192,23 @@ class Engine:
         self._verify_buffers: dict = {}  # by k: the verify's token ids and the step's packed read, reused
         self._prepared: dict = {}  # each commit strategy's prepared commit, by name
         self._programs: dict = {}  # compiled loops' programs (mtplab.runtime.hot_loop), with the check they read
-        self.compiled_loops = True  # False: greedy's decodes and the head's drafts in Python only (a benchmark's side)
+        self._compiled_loops = True
         self.use_commit(run.commit)
 
     # -- the run's strategies ------------------------------------------------------------------
     @property
     def k(self) -> int:
         return self.run_cfg.k
+
+    @property
+    def compiled_loops(self) -> bool:
+        """Whether greedy's timed decodes and the MTP head's drafts may run compiled between replays
+        (mtplab.runtime.hot_loop); False keeps them in Python (a benchmark's side by side), the head's included."""
+        return self._compiled_loops
+
+    @compiled_loops.setter
+    def compiled_loops(self, on: bool) -> None:
+        self._compiled_loops = self.head.compiled = on
 
     @property
     def length(self) -> int:
@@ -359,18 +369,19 @@ class Engine:
         # the timed loop's decodes, compiled between two replays (mtplab.runtime.hot_loop) where nothing else looks:
         # tried before the first decode, and after it (that decode may have captured the plan)
         plain = self.compiled_loops and getattr(decode, "plain", False) and watch is None and not margins and (
-            self.acceptance.argmax and len(rows) >= keep_logits)
-        tries = 2 if plain else 0
+            chooses_argmax(choose) and len(rows) >= keep_logits)
+        tries = 2 if plain else 0  # tried where the plan is captured (READY), twice at most
         slot = self.target.state[Slot.PRIMARY]
         self.first_forward = time.perf_counter()
         try:
             while len(tokens) < n:
-                if tries:
-                    before = slot.replays
+                if tries and slot.status is Status.READY:
+                    before, length = slot.replays, state.length
                     try:
                         self._chain_greedily(tokens, n)
-                    finally:  # its decodes are its replays
+                    finally:  # its decodes are its replays, each one token longer (kept true when a replay raises)
                         done += slot.replays - before
+                        state.length = length + slot.replays - before
                     tries = 0 if slot.replays > before else tries - 1  # where a chain ran and stopped, Python goes on
                     if len(tokens) >= n:
                         break
@@ -410,8 +421,8 @@ class Engine:
         out = np.empty(n, dtype=np.int64)
         out[: len(tokens)] = tokens
         replay = functools.partial(self.target.replay_held, Slot.PRIMARY)
-        i, state.length, _, pending = hot_loop.chain(check.table, check.copies, program, out, len(tokens), n,
-                                                     state.length, replay)
+        i, _, _, pending = hot_loop.chain(check.table, check.copies, program, out, len(tokens), n, state.length,
+                                          replay)  # the caller advances the length by the replays made
         tokens += out[len(tokens) : i].tolist()
         if pending:  # the last run's after-work, as the Python loop does it
             state.carry()

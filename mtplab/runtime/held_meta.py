@@ -30,6 +30,12 @@ _DATA, _ND, _DIMS, _DESCR, _FLAGS = 2, 3, 4, 7, 8
 _C_CONTIGUOUS, _WRITEABLE = 0x0001, 0x0400  # NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE
 COLUMNS = 3  # a table's row: address, nd, descr address; then the dimensions
 CHECKED, STAGED, DIFFERENT = 0, 1, -1  # what stage() did
+# A hot loop's program row (mtplab.runtime.hot_loop), (op, a, b, c). After a run: COPY (source row, target row,
+# bytes), ARGMAX (logits row, count, -). Before the next: TOKEN (ids row, count, -), POSITIONS (row, count, -),
+# MASK (row, width, -), SEQLENS (row, count, -). Its compiled step lives here, beside the reads it inlines: numba's
+# cache of a function is checked against its own file only, and a step cached apart would keep stale reads.
+COPY, ARGMAX, TOKEN, POSITIONS, MASK, SEQLENS = range(6)
+AFTER, BEFORE = 1, 2  # advance's flags: the run's after-work, the next run's feeds
 
 try:
     from numba import types
@@ -56,6 +62,7 @@ else:
     _words = _pointer_intrinsic(types.int64)
     _ints = _pointer_intrinsic(types.int32)
     _bytes = _pointer_intrinsic(types.uint8)
+    _floats = _pointer_intrinsic(types.float32)
 
     @_compiled
     def copy_bytes(target, source, count):  # pragma: no cover - compiled
@@ -117,6 +124,53 @@ else:
         if not copyable(table, copies):
             return CHECKED
         copy_rows(table, copies)
+        return STAGED
+
+
+    @_compiled
+    def _flags(table, row):  # pragma: no cover - compiled
+        return _ints(table[row, 0])[2 * _FLAGS]
+
+    @_compiled
+    def _advance(table, copies, program, out, i, length, flags):  # pragma: no cover - compiled
+        if i < 0 or i >= out.shape[0] or not same(table) or not copyable(table, copies):
+            return DIFFERENT
+        for p in range(program.shape[0]):  # every array it reads contiguous, every one it writes writeable too
+            op, a, b = program[p, 0], program[p, 1], program[p, 2]
+            if _flags(table, a) & _C_CONTIGUOUS == 0 or op != ARGMAX and op != COPY and (
+                    _flags(table, a) & _WRITEABLE == 0):
+                return DIFFERENT
+            if op == COPY and (_flags(table, b) & _C_CONTIGUOUS == 0 or _flags(table, b) & _WRITEABLE == 0):
+                return DIFFERENT
+        for p in range(program.shape[0]):
+            op, a, b, c = program[p, 0], program[p, 1], program[p, 2], program[p, 3]
+            if op <= ARGMAX and flags & AFTER:
+                if op == COPY:
+                    copy_bytes(_words(table[b, 0])[_DATA], _words(table[a, 0])[_DATA], c)
+                else:  # numpy's argmax: the first NaN, else the first largest
+                    row = _floats(_words(table[a, 0])[_DATA])
+                    best, at = row[0], 0
+                    if best == best:
+                        for j in range(1, b):
+                            value = row[j]
+                            if value != value:
+                                at = j
+                                break
+                            if value > best:
+                                best, at = value, j
+                    out[i] = at
+            elif op > ARGMAX and flags & BEFORE:
+                data = _words(table[a, 0])[_DATA]
+                if op == SEQLENS:
+                    seqlens = _ints(data)
+                    for j in range(b):
+                        seqlens[j] = length
+                else:
+                    values = _words(data)
+                    for j in range(b):
+                        values[j] = out[i] if op == TOKEN else length if op == POSITIONS else (1 if j <= length else 0)
+        if flags & BEFORE:
+            copy_rows(table, copies)
         return STAGED
 
 
@@ -211,6 +265,8 @@ def copies(pairs: list[tuple[int, int, int]]) -> np.ndarray:
     return np.array(pairs, dtype=np.int64).reshape(-1, 3)
 
 
+advance = _advance if MISSING is None else None
+"""advance(table, copies, program, out, i, length, flags): mtplab.runtime.hot_loop.advance, compiled."""
 stage = _stage if MISSING is None else None
 """stage(table, copies): DIFFERENT where an array of the table (each still alive: whoever made the table holds
 it) has another dtype object or shape than the table holds; else the copies made (STAGED), or none when there are

@@ -4,9 +4,10 @@ Greedy's decodes and the MTP head's chained drafts replay one captured plan, eac
 before. Between two runs the host reads that token from the logits, copies what must follow the run (greedy's
 present states into the committed ones, the head's hidden state into its next feed), writes the token and the next
 length into the feeds, and passes the replay check (every held array's dtype and shape read, the feeds staged into
-the plan's buffers). In Python that is a dozen calls, 8 to 12 us a run: on the builder fixture's 130 us forward it
-was the whole gap to onnxruntime-genai's C++ loop. `advance` does all of it in one compiled call over the replay
-check's table (mtplab.runtime.held_meta) and a program of rows built once per loop (`program`).
+the plan's buffers). In Python that is a dozen calls, 8 to 12 us a run: on the builder fixture's 130 us forward,
+greedy ran at 0.88x onnxruntime-genai's C++ loop with it, and runs at its bare plan's rate without it. `advance`
+does all of it in one compiled call over the replay check's table and a program of rows built once per loop
+(`program`); the compiled step itself lives in mtplab.runtime.held_meta, beside the reads it inlines.
 
 The program names every array by its row in the table, so each address is read from the live object at each
 call, after the table's dtype and shape reads passed. It is built only where it writes what Python would: the
@@ -24,66 +25,11 @@ import numpy as np
 
 from mtplab.model.description import GraphIO, length_feeds
 from mtplab.runtime import held_meta
+from mtplab.runtime.held_meta import AFTER, ARGMAX, BEFORE, COPY, MASK, POSITIONS, SEQLENS, TOKEN
 
-# A program row: (op, a, b, c). After a run: COPY (source row, target row, bytes), ARGMAX (logits row, count, -).
-# Before the next: TOKEN (ids row, count, -), POSITIONS (row, count, -), MASK (row, width, -), SEQLENS (row, count, -).
-COPY, ARGMAX, TOKEN, POSITIONS, MASK, SEQLENS = range(6)
-AFTER, BEFORE = 1, 2  # advance's flags: the run's after-work, the next run's feeds
 STAGED = held_meta.STAGED
 _LENGTH_OPS = {"position_ids": POSITIONS, "attention_mask": MASK, "seqlens_k": SEQLENS}
 _CONSTANTS = ("total_sequence_length", "query_seqlens", "capture_count")  # length_feeds's feeds that never change
-
-if held_meta.MISSING is None:
-    from mtplab.runtime.held_meta import _compiled, _ints, _words, copy_bytes, copy_rows, copyable, same
-
-    _DATA = held_meta._DATA
-
-    @_compiled
-    def _advance(table, copies, program, out, i, length, flags):  # pragma: no cover - compiled
-        if i < 0 or i >= out.shape[0] or not same(table) or not copyable(table, copies):
-            return held_meta.DIFFERENT
-        for p in range(program.shape[0]):
-            op, a, b, c = program[p, 0], program[p, 1], program[p, 2], program[p, 3]
-            if op <= ARGMAX and flags & AFTER:
-                if op == COPY:
-                    copy_bytes(_words(table[b, 0])[_DATA], _words(table[a, 0])[_DATA], c)
-                else:  # numpy's argmax: the first NaN, else the first largest
-                    row = _float32(_words(table[a, 0])[_DATA])
-                    best, at = row[0], 0
-                    if best == best:
-                        for j in range(1, b):
-                            value = row[j]
-                            if value != value:
-                                at = j
-                                break
-                            if value > best:
-                                best, at = value, j
-                    out[i] = at
-            elif op > ARGMAX and flags & BEFORE:
-                data = _words(table[a, 0])[_DATA]
-                if op == SEQLENS:
-                    seqlens = _ints(data)
-                    for j in range(b):
-                        seqlens[j] = length
-                else:
-                    values = _words(data)
-                    for j in range(b):
-                        values[j] = out[i] if op == TOKEN else length if op == POSITIONS else (1 if j <= length else 0)
-        if flags & BEFORE:
-            copy_rows(table, copies)
-        return STAGED
-
-    from numba import types
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def _float32(typingctx, address):
-        sig = types.CPointer(types.float32)(address)
-
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
-
-        return sig, codegen
 
 
 def program(check, feeds: dict, io: GraphIO, total: int, logits, copies: list[tuple]) -> np.ndarray | None:
@@ -121,10 +67,13 @@ def program(check, feeds: dict, io: GraphIO, total: int, logits, copies: list[tu
 
 
 def held_program(cache: dict, name: str, check, feeds: dict, build: Callable[[], np.ndarray | None]):
-    """build()'s program for the loop `name`, made once while its replay check and the feeds' objects stay (the
-    arrays a program names are the check's, so nothing else can move under it): kept in `cache`, None included (a
-    loop that cannot be compiled is not tried again)."""
+    """build()'s program for the loop `name` on these feeds, made once while its replay check and the feeds' objects
+    stay (kept in `cache`, None included: a loop that cannot be compiled is not tried again); None for now where the
+    check's table holds other feed objects (a run on other feeds since: the Python path's next run readdresses it to
+    these). The arrays a program names are the check's rows, so nothing else can move under it."""
     values = tuple(feeds.values())
+    if len(check.seen) != len(values) or not all(map(is_, check.seen, values)):
+        return None
     hit = cache.get(name)
     if hit is None or hit[0] is not check or len(hit[1]) != len(values) or not all(map(is_, hit[1], values)):
         hit = cache[name] = (check, values, build())
@@ -140,7 +89,8 @@ def _writes_lengths(ops: np.ndarray, feeds: dict, io: GraphIO, total: int) -> bo
     token = np.array([7], dtype=np.int64)
     for length in (0, total // 2, total - 1):
         expected = length_feeds(io, length, 1, total, {n: np.array(v) for n, v in copies.items()})
-        _advance(table, held_meta.copies([(0, 0, 0)]), writes, token, 0, length, BEFORE)
+        if held_meta.advance(table, held_meta.copies([(0, 0, 0)]), writes, token, 0, length, BEFORE) != STAGED:
+            return False
         for name, value in copies.items():
             want = token.reshape(value.shape) if name == io.input_ids else expected.get(name, feeds[name])
             if not np.array_equal(value, want):
@@ -153,7 +103,7 @@ def advance(table: np.ndarray, copies: np.ndarray, program: np.ndarray, out: np.
     """With AFTER, a run's after-work: the program's copies, and its token into out[i]; with BEFORE, the next run's
     feeds: the token out[i] and the lengths at `length`, staged into the plan's buffers. STAGED; else nothing was
     done (the table found a difference, or i is outside out): the caller's Python path takes over."""
-    return _advance(table, copies, program, out, i, length, flags)
+    return held_meta.advance(table, copies, program, out, i, length, flags)
 
 
 def chain(table: np.ndarray, copies: np.ndarray, program: np.ndarray, out: np.ndarray, i: int, stop: int, length: int,
@@ -162,14 +112,15 @@ def chain(table: np.ndarray, copies: np.ndarray, program: np.ndarray, out: np.nd
     it finished, after-work done), until out[stop - 1] holds a token: (next i, length, runs made, pending). pending:
     the last run made still needs its after-work (its token into out[i]) from the caller's Python path."""
     runs = 0
-    if i >= stop or _advance(table, copies, program, out, i - 1, length, BEFORE) != STAGED:
+    step = held_meta.advance
+    if i >= stop or step(table, copies, program, out, i - 1, length, BEFORE) != STAGED:
         return i, length, runs, False
     while True:
         replay()
         runs += 1
         length += 1
         last = i + 1 == stop
-        if _advance(table, copies, program, out, i, length, AFTER if last else AFTER | BEFORE) != STAGED:
+        if step(table, copies, program, out, i, length, AFTER if last else AFTER | BEFORE) != STAGED:
             return i, length, runs, True
         i += 1
         if last:
