@@ -160,7 +160,7 @@ def test_a_replay_that_raises_in_the_compiled_loop_leaves_the_length_and_counts_
     for compiled in (True, False):
         eng.compiled_loops, runs = compiled, []
 
-        def replay(session, plan):
+        def replay(session, plan, runs=runs):
             runs.append(1)
             if len(runs) == 5:
                 raise RuntimeError("the fifth replay fails")
