@@ -366,11 +366,11 @@ class Engine:
         decode, ids, feeds = decoder
         io, capacity, key = self.primary_desc.target, self.desc.capacity, self._key(Slot.PRIMARY, 1)
         logits, carries, done = io.logits, state.carries(), 0
-        # the timed loop's decodes, compiled between two replays (mtplab.runtime.hot_loop) where nothing else looks:
-        # tried before the first decode, and after it (that decode may have captured the plan)
+        # the timed loop's decodes, compiled between two replays (mtplab.runtime.hot_loop) where nothing else looks,
+        # tried once the plan is captured (READY), twice at most
         plain = self.compiled_loops and getattr(decode, "plain", False) and watch is None and not margins and (
             chooses_argmax(choose) and len(rows) >= keep_logits)
-        tries = 2 if plain else 0  # tried where the plan is captured (READY), twice at most
+        tries = 2 if plain else 0
         slot = self.target.state[Slot.PRIMARY]
         self.first_forward = time.perf_counter()
         try:

@@ -393,10 +393,10 @@ class Executor:
         return run
 
     def held_check(self, slot: Slot, feeds: dict, outputs, bound) -> ReplayCheck | None:
-        """The slot's replay check where its next run on these very objects (the feeds the check's table rows
-        hold) replays once the table's reads pass: a compiled loop (mtplab.runtime.hot_loop) then stages each run
-        itself and replays with replay_held. None: run the replayer (it decides everything itself). CPU plans only:
-        the loop stages into host memory."""
+        """The slot's replay check where a run on these objects (feed names, output spec, bindings, memory: check.holds)
+        replays once its table's reads pass: a compiled loop (mtplab.runtime.hot_loop, which also asks that the
+        table's rows hold these very feeds) then stages each run itself and replays with replay_held. None: run the
+        replayer (it decides everything itself). CPU plans only: the loop stages into host memory."""
         st = self.state.get(slot)
         check = st.check if st is not None else None
         if (check is None or st.status is not Status.READY or not isinstance(self.backend, CpuPlanBackend)
