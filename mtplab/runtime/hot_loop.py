@@ -5,7 +5,7 @@ before. Between two runs the host reads that token from the logits, copies what 
 present states into the committed ones, the head's hidden state into its next feed), writes the token and the next
 length into the feeds, and passes the replay check (every held array's dtype and shape read, the feeds staged into
 the plan's buffers). In Python that is a dozen calls, 8 to 12 us a run: on the builder fixture's 130 us forward,
-greedy ran at 0.88x onnxruntime-genai's C++ loop with it, and runs at its bare plan's rate without it. `advance`
+greedy ran at 0.88-0.92x onnxruntime-genai's C++ loop so, and runs at its bare plan's rate compiled. `advance`
 does all of it in one compiled call over the replay check's table and a program of rows built once per loop
 (`program`); the compiled step itself lives in mtplab.runtime.held_meta, beside the reads it inlines.
 
@@ -13,7 +13,8 @@ The program names every array by its row in the table, so each address is read f
 call, after the table's dtype and shape reads passed. It is built only where it writes what Python would: the
 token as an int64 id, the lengths as length_feeds writes them for one token (checked on copies when built), a
 float32 logits row's argmax as numpy's (the first largest value, the first NaN). Anything else (another dtype, a
-feed it does not know), or the table finding a difference, and the caller's Python loop runs, deciding as before.
+feed it does not know), or the table finding a difference at a call (a dtype or shape, an array it reads no longer
+contiguous, one it writes read-only), and the caller's Python loop runs, deciding as before.
 """
 
 from __future__ import annotations
@@ -34,10 +35,9 @@ _CONSTANTS = ("total_sequence_length", "query_seqlens", "capture_count")  # leng
 
 def program(check, feeds: dict, io: GraphIO, total: int, logits, copies: list[tuple]) -> np.ndarray | None:
     """A loop's program over a replay check's table (check.seen: these feeds), or None where it cannot write what
-    Python would: after a run, each (source, target) of `copies` (arrays the check holds, of one dtype and shape:
-    a feed may be a target) and the token,
-    the argmax of `logits` (float32, [1, 1, V]); before the next, the token into io's ids and the lengths as
-    length_feeds(io, length, 1, total) writes them. A loop of one token at batch 1 only."""
+    Python would: after a run, each (source, target) of `copies` (arrays the check holds, of one dtype and shape: a
+    feed may be a target) and the token, the argmax of `logits` (float32, [1, 1, V]); before the next, the token
+    into io's ids and the lengths as length_feeds(io, length, 1, total) writes them. One token a run, batch 1."""
     if held_meta.MISSING is not None or check.table is None or not held_meta.ready():
         return None
     if len(check.seen) != len(feeds) or not all(a is b for a, b in zip(check.seen, feeds.values())):
