@@ -2,15 +2,16 @@
 
 - greedy and MTP against onnxruntime-genai (benchmarks/mtplab_vs_genai.py) on `small` and on the builder
   fixture, at 1 and 2 threads: medians of the per-round paired ratios with 95% CIs; beside greedy, its captured
-  plan replayed in a bare loop against genai (the ceiling of any host loop on that forward);
+  plan replayed in a bare loop against genai (the ceiling of any host loop on that forward), and greedy with every
+  decode in Python (what the compiled loop, mtplab.runtime.hot_loop, saves);
 - engine greedy against a bare replay loop, greedy's host path layer by layer, and the speculative host share
-  (benchmarks/executor_overhead.py, tiny, 1 thread);
+  (benchmarks/executor_overhead.py, tiny, 1 thread), each beside the same with every decode and draft in Python;
 - the efficiency range of the demo's sibling-pinned/select points (demo in the results root, when `make demo` ran).
 Each line names its thread pool; --pools global per-session runs the pool comparison side by side
 (processes alternating). The load average is printed before and after: numbers from a busy machine
 are not numbers.
 
-    python benchmarks/bench.py [--rounds 5] [--tokens 128] [--pools global] [--quick]
+    python benchmarks/bench.py [--rounds 5] [--fixture-rounds 21] [--tokens 128] [--pools global] [--quick]
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def efficiency_range(sweep: Path) -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--fixture-rounds", type=int, default=21,
+                    help="rounds on the builder fixture (a 0.13 ms forward: 21 rounds take seconds; 5 gave CIs 0.4 wide)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--pools", nargs="+", default=["global"], choices=("global", "per-session"))
     ap.add_argument("--quick", action="store_true", help="tiny and the fixture only, 3 rounds of 64 tokens")
@@ -74,11 +77,13 @@ def main() -> None:
             for threads in (1, 2):
                 for pool in args.pools:
                     out = Path(tmp) / f"genai-{len(rows)}.json"
-                    r = _run("mtplab_vs_genai.py", ["--model", model, "--threads", str(threads), "--rounds", str(rounds),
+                    n = rounds if model != str(FIXTURE) or args.quick else args.fixture_rounds
+                    r = _run("mtplab_vs_genai.py", ["--model", model, "--threads", str(threads), "--rounds", str(n),
                                                     "--tokens", str(tokens), "--pool", pool], out)
                     name = f"{Path(model).name}, {threads} thread{'s' if threads > 1 else ''}, {pool} pool"
                     rows.append((name, "greedy mtplab / genai", _ci(r["ratios"]["greedy"]), GOALS["greedy"]))
                     rows.append((name, "greedy's bare plan replay / genai (ceiling)", _ci(r["ratios"]["bare"]), ""))
+                    rows.append((name, "greedy, every decode in Python / genai", _ci(r["ratios"]["python"]), ""))
                     for schedule in ("fused", "decode-verify"):  # each schedule against the same genai MtpGenerator run
                         mtp = [v for key, v in r["ratios"].items() if key.startswith("mtp") and key.endswith(schedule)]
                         low = min(mtp, key=lambda x: x["median"])
@@ -98,6 +103,10 @@ def main() -> None:
                          GOALS["ratio"]))
             rows.append((name, "speculative host share (k=3)", _ci({"median": t["share"], "ci": t["share_ci"]}, True),
                          GOALS["share"]))
+            py = t["python"]  # the same run's other side: every decode and draft in Python
+            rows.append((name, "the same two, every decode and draft in Python",
+                         f"{_ci({'median': py['ratio'], 'ci': py['ratio_ci']})}; {_ci({'median': py['share'], 'ci': py['share_ci']}, True)}",
+                         ""))
     from mtplab.base.paths import results_root
 
     demo = efficiency_range(results_root() / "demo")  # where `make demo` wrote it ($MTPLAB_RESULTS, else results/)
