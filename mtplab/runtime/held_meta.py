@@ -14,6 +14,9 @@ the compiled reads on them, a reshape and a dtype change made in place, a stride
 that fails (another interpreter, a debug build of Python) `snapshot` returns None, and so does it for anything not
 a plain ndarray (a CuPy array): the caller keeps its Python reads. The table holds addresses, not references:
 whoever holds a table holds its arrays.
+
+A hot loop's step (mtplab.runtime.hot_loop: a run's token, copies and next feeds, then these reads and copies) is
+compiled here too, beside the reads it inlines.
 """
 
 from __future__ import annotations
@@ -97,16 +100,23 @@ else:
         return True
 
     @_compiled
+    def _flags(table, row):  # pragma: no cover - compiled
+        return _ints(table[row, 0])[2 * _FLAGS]
+
+    @_compiled
+    def _writable(table, row):  # pragma: no cover - compiled
+        """Whether the row's array may be written as plain memory: C-contiguous and writeable."""
+        flags = _flags(table, row)
+        return flags & _C_CONTIGUOUS != 0 and flags & _WRITEABLE != 0
+
+    @_compiled
     def copyable(table, copies):  # pragma: no cover - compiled
         """Whether there are copies, each (source row, destination row, bytes) from a contiguous source into a
         contiguous, writeable target."""
         if copies.shape[0] == 0:
             return False
         for c in range(copies.shape[0]):
-            if _ints(table[copies[c, 0], 0])[2 * _FLAGS] & _C_CONTIGUOUS == 0:
-                return False
-            flags = _ints(table[copies[c, 1], 0])[2 * _FLAGS]
-            if flags & _C_CONTIGUOUS == 0 or flags & _WRITEABLE == 0:
+            if _flags(table, copies[c, 0]) & _C_CONTIGUOUS == 0 or not _writable(table, copies[c, 1]):
                 return False
         return True
 
@@ -126,21 +136,16 @@ else:
         copy_rows(table, copies)
         return STAGED
 
-
-    @_compiled
-    def _flags(table, row):  # pragma: no cover - compiled
-        return _ints(table[row, 0])[2 * _FLAGS]
-
     @_compiled
     def _advance(table, copies, program, out, i, length, flags):  # pragma: no cover - compiled
         if i < 0 or i >= out.shape[0] or not same(table) or not copyable(table, copies):
             return DIFFERENT
         for p in range(program.shape[0]):  # every array it reads contiguous, every one it writes writeable too
             op, a, b = program[p, 0], program[p, 1], program[p, 2]
-            if _flags(table, a) & _C_CONTIGUOUS == 0 or op != ARGMAX and op != COPY and (
-                    _flags(table, a) & _WRITEABLE == 0):
+            reads_only = op == ARGMAX or op == COPY  # a COPY writes its row b
+            if not (_flags(table, a) & _C_CONTIGUOUS != 0 if reads_only else _writable(table, a)):
                 return DIFFERENT
-            if op == COPY and (_flags(table, b) & _C_CONTIGUOUS == 0 or _flags(table, b) & _WRITEABLE == 0):
+            if op == COPY and not _writable(table, b):
                 return DIFFERENT
         for p in range(program.shape[0]):
             op, a, b, c = program[p, 0], program[p, 1], program[p, 2], program[p, 3]

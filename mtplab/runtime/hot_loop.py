@@ -34,13 +34,12 @@ _CONSTANTS = ("total_sequence_length", "query_seqlens", "capture_count")  # leng
 
 
 def program(check, feeds: dict, io: GraphIO, total: int, logits, copies: list[tuple]) -> np.ndarray | None:
-    """A loop's program over a replay check's table (check.seen: these feeds), or None where it cannot write what
-    Python would: after a run, each (source, target) of `copies` (arrays the check holds, of one dtype and shape: a
-    feed may be a target) and the token, the argmax of `logits` (float32, [1, 1, V]); before the next, the token
-    into io's ids and the lengths as length_feeds(io, length, 1, total) writes them. One token a run, batch 1."""
+    """A loop's program over a replay check's table whose first rows hold these very feeds (held_program asks
+    first), or None where it cannot write what Python would: after a run, each (source, target) of `copies` (arrays
+    the check holds, of one dtype and shape: a feed may be a target) and the token, the argmax of `logits` (float32,
+    [1, 1, V]); before the next, the token into io's ids and the lengths as length_feeds(io, length, 1, total)
+    writes them. One token a run, batch 1."""
     if held_meta.MISSING is not None or check.table is None or not held_meta.ready():
-        return None
-    if len(check.seen) != len(feeds) or not all(a is b for a, b in zip(check.seen, feeds.values())):
         return None
     rows = {id(a): r for r, a in enumerate(list(check.seen) + list(check.arrays))}
     if id(logits) not in rows or logits.dtype != np.float32 or logits.shape[:2] != (1, 1):
@@ -59,7 +58,8 @@ def program(check, feeds: dict, io: GraphIO, total: int, logits, copies: list[tu
         if op is None and (id(value) in written or name in _CONSTANTS and not value.flags.writeable):
             continue
         wanted = np.int32 if op == SEQLENS else np.int64
-        if op is None or value.dtype != wanted or not value.flags.c_contiguous or (op == TOKEN and value.size != 1):
+        if op is None or id(value) not in rows or value.dtype != wanted or not value.flags.c_contiguous or (
+                op == TOKEN and value.size != 1):
             return None
         ops.append((op, rows[id(value)], value.size, 0))
     ops = np.array(ops, dtype=np.int64)
