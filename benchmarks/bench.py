@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--pools", nargs="+", default=["global"], choices=("global", "per-session"))
     ap.add_argument("--quick", action="store_true", help="tiny and the fixture only, 3 rounds of 64 tokens")
     args = ap.parse_args()
+    for option in ("rounds", "fixture_rounds", "tokens"):
+        if getattr(args, option) < 1:
+            ap.error(f"--{option.replace('_', '-')} {getattr(args, option)}: must be at least 1")
     rounds, tokens = (3, 64) if args.quick else (args.rounds, args.tokens)
     models = ["tiny", str(FIXTURE)] if args.quick else ["small", str(FIXTURE)]
     print(f"load before: {os.getloadavg()}")
