@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import numpy as np
 import pytest
@@ -72,8 +73,14 @@ def test_the_prediction_takes_nothing_from_the_points_run(tiny, monkeypatch):
     assert second.time_split != first.time_split
     assert second.predicted == first.predicted
     no_fallbacks = {"primary": 0.0, "verify": 0.0}  # the mix the checked run had (counts, not times)
-    assert second.predicted["speedup"] == pytest.approx(theory.predict(
+    assert second.predicted["at_alpha"] == pytest.approx(theory.predict(
         0.8, 3, run.schedule, run.commit, calib, tokens=run.tokens, eager_share=no_fallbacks)["speedup"])
+    # the efficiency's prediction prices the steps the run made, at the same costs
+    assert second.predicted["speedup"] == pytest.approx(theory.predict_steps(
+        second.accepted_per_step, 3, run.schedule, run.commit, calib, run.tokens, no_fallbacks)["speedup"])
+    assert second.predicted["steps"] == len(second.accepted_per_step) > 0
+    assert second.efficiency == pytest.approx(
+        statistics.median(s["speedup"] / second.predicted["speedup"] for s in second.round_samples))
     assert second.extra["accounting"]["split_per_step"] > first.extra["accounting"]["split_per_step"]
 
 

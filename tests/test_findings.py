@@ -83,3 +83,16 @@ def test_sides_that_began_at_settles_limit_are_counted_in_the_caveat():
     text = findings.peer(df)
     assert "**4 timed sides of the peer points began with this process's threads still busy**" in text
     assert "once the threads of the one before were idle" not in text
+
+
+def test_the_acceptance_the_steps_realized_is_told_apart_from_the_efficiency():
+    df = _sweep(_rounds([(72.0, 90.0)]))
+    mine = df.engine == "mtplab"
+    df.loc[mine, "efficiency"], df.loc[mine, "efficiency_ci"] = [0.95, 1.02], ["[0.9, 1.0]", "[0.98, 1.06]"]
+    df.loc[mine, "theory.verify_cost_ratio"], df.loc[mine, "theory.draft_cost_ratio"] = 1.4, 0.04
+    df.loc[mine, "theory.alpha"] = 0.7
+    # priced for the steps made against priced at alpha: one point's steps kept fewer drafts (-8%), one more (+5%)
+    df.loc[mine, "predicted.speedup"], df.loc[mine, "predicted.at_alpha"] = [1.84, 1.26], [2.0, 1.2]
+    text = findings.sweep_findings(df)
+    assert "median 0.98, 0.95-1.02 over 2 points" in text
+    assert "moved the calibration's price by -8% to +5%" in text and "The efficiency prices the steps made" in text

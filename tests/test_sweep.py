@@ -541,6 +541,29 @@ def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_
     assert not list((tmp_path / "r" / "cut" / "points").iterdir())
 
 
+def test_greedys_recheck_at_the_sweeps_end_runs_in_a_process_of_its_own(tmp_path, monkeypatch, capsys):
+    """As the calibration at the start: on one thread pool, never on the sweep process's own sessions (pools of
+    their own, spinning off: on small at 2 threads 25-30% slower, which the report read as a machine that moved)."""
+    from mtplab.cli.main import main
+    from mtplab.experiment import calibrate
+    from mtplab.sweep.run import recheck_calibration
+
+    def here(*args, **kwargs):  # test double: the sweep process must not measure
+        raise AssertionError("greedy's re-check ran in the sweep's process")
+
+    monkeypatch.setattr(calibrate, "greedy_token_now", here)
+    calib = {"tiny": {"greedy_token": 1e-4, "model_spec": "tiny", "int4": False, "key": {"threads": 1}},
+             "gone": {"greedy_token": 1e-4, "model_spec": str(tmp_path / "gone"), "key": {"threads": 1}}}
+    (tmp_path / "calibration.json").write_text(json.dumps(calib))
+    check = recheck_calibration(tmp_path)
+    assert list(check) == ["tiny"] and check["tiny"]["greedy_token_end"] > 0  # measured over there
+    assert check["tiny"]["drift"] == pytest.approx(check["tiny"]["greedy_token_end"] / 1e-4 - 1)
+    err = capsys.readouterr().err
+    assert "greedy's re-check of gone at the end did not run: the calibration failed (exit 2) at the sweep's end" in err
+    assert main(["calibrate", "--model", "tiny", "--greedy-now", "--batch", "2"]) == 2
+    assert "--greedy-now measures greedy at batch 1 and writes nothing" in capsys.readouterr().err
+
+
 def test_a_presets_points_are_named_by_their_config_failed_and_older_ones_too():
     """A failed point has no model record, and an int4 point from before int4 had a name of its own recorded "tiny":
     a preset's name comes from the config, int4 included, so each sits with its own model's points in the report.

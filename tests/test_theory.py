@@ -62,6 +62,20 @@ def test_expected_steps_count_the_last_steps_overshoot():
         (n - 1) / theory.tokens_per_step(0.7, 3), rel=1e-3)
 
 
+def test_the_steps_a_run_made_are_priced_at_the_predictions_costs():
+    # every draft kept, no overshoot: the steps are alpha=1's expected ones, and so is the price
+    k, tokens = 3, 21  # 5 tokens a decode-verify step, 20 after the prefill's token: 4 steps
+    assert theory.predict_steps([3] * 4, k, "decode-verify", "select", CALIBRATION, tokens)["speedup"] == pytest.approx(
+        theory.predict(1.0, k, "decode-verify", "select", CALIBRATION, tokens=tokens)["speedup"])
+    # a run that kept fewer drafts than its alpha says is priced for what it did: 3 steps of 2, 2 and 0 kept
+    got = theory.predict_steps([2, 2, 0], k, "fused", "select", CALIBRATION, 8)
+    step = 0.1 * 3 + 1.6 + (0.03 + 0.03 + 0.01) / 3  # k head steps + T(4) + the mean commit
+    assert got["step_seconds"] == pytest.approx(step) and got["tokens_per_step"] == pytest.approx(7 / 3)
+    assert got["speedup"] == pytest.approx(7 * 1.0 / (3 * step))
+    with pytest.raises(ValueError, match="prices a run's steps"):
+        theory.predict_steps([], k, "fused", "select", CALIBRATION, 8)
+
+
 def test_the_prediction_prices_fallbacks_greedys_loop_and_the_draft_phase():
     calib = CALIBRATION | {"eager": {str(m): 2.0 * v for m, v in CALIBRATION["target"].items()},
                            "draft": {str(k): 0.15 * k for k in range(1, 8)}, "greedy_token": 1.1}

@@ -244,6 +244,8 @@ def _calibrate(args) -> int:
     problems += [as_options(p) for p in config.run_problems({"model": model, "threads": threads, "batch": batch, "int4": int4})]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
+    if args.greedy_now and (batch > 1 or args.out):
+        problems.append("--greedy-now measures greedy at batch 1 and writes nothing: it takes neither --batch nor --out")
     if problems:
         print("mtplab calibrate: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
@@ -251,6 +253,18 @@ def _calibrate(args) -> int:
 
     if args.own_process:  # as the points it calibrates run: every session on one pool
         use_global_pool(threads)
+    if args.greedy_now:
+        import json
+
+        from mtplab.experiment.calibrate import greedy_token_now
+
+        try:
+            seconds = greedy_token_now(model, threads_used(threads), int4=int4)
+        except ValueError as err:
+            print(f"mtplab calibrate: {err}", file=sys.stderr)
+            return 2
+        print(json.dumps({"greedy_token": seconds}))
+        return 0
     from mtplab.experiment.batch_calibrate import batch_key, measure_batch
 
     try:
@@ -420,6 +434,9 @@ def parser() -> argparse.ArgumentParser:
     add_run_options(c, only=("model", "int4", "threads", "batch"))
     c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
+    c.add_argument("--greedy-now", action="store_true",
+                   help="measure greedy's seconds per token alone and print them as JSON, writing nothing (a sweep's "
+                        "re-check at its end, on the thread pool its calibration and points ran on)")
     c.set_defaults(func=_calibrate)
 
     s = sub.add_parser("sweep", help="run a grid of points through papermill", **fmt)

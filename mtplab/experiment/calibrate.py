@@ -4,7 +4,8 @@
 drift spreads over all of them): the target forward T(M) for M = 1..8 on replayed plans (M=1 on
 Primary as greedy decodes, M >= 2 on Verify as the select commit's verify runs) and the same
 forwards eager (what a fallback costs), one MTP head step and the whole draft phase of k = 1..7
-drafts (host work included), greedy's own cost per token (its loop, not just the forward), and
+drafts (host work included; each timed right after the verify forward a step runs between two draft
+phases, whose weights evict the head's: back to back, the head ran at half its cost in a step), greedy's own cost per token (its loop, not just the forward), and
 each commit strategy's cost for n committed tokens = 1..8. T(M) and greedy's token, which every
 prediction divides, get FORWARD_SAMPLES samples per repeat.
 
@@ -65,8 +66,9 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 # Bumped when what a calibration measures changes (2: a builder folder's Primary slot runs the user's own graph;
 # 3: every cost a ratio to the T(1) timed beside it; 4: greedy's decodes through the executor's replayer;
 # 5: select's host update compiled; 6: forwards of host tokens and the head's draft steps on prepared feeds;
-# 7: T(M) for M >= 3 replayed, not eager: the Verify workspace is sized by the largest M first).
-MEASURES = 7
+# 7: T(M) for M >= 3 replayed, not eager: the Verify workspace is sized by the largest M first; 8: the draft phase
+# timed after the verify forward a step runs before it, not back to back).
+MEASURES = 8
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
@@ -109,6 +111,19 @@ def _block_time(fn, reps: int, sync: Callable[[], None]) -> float:
         fn()
     sync()
     return (time.perf_counter() - t0) / reps
+
+
+def _time_after(before, fn, reps: int, sync: Callable[[], None]) -> float:
+    """Seconds per call of fn over `reps` calls, each right after an untimed call of `before` (what a run does
+    between two of fn's calls), after one untimed pair: a cost in the order a step pays it. A step's draft phase
+    follows the target's forwards, which evict the head's weights from the caches; timed back to back, the head
+    keeps them (on small at 2 threads, k=4 drafts cost 0.85 ms back to back and 1.8 ms after a verify)."""
+    before(), fn()
+    total = 0.0
+    for _ in range(reps):
+        before()
+        total += _call_time(fn, sync)
+    return total / reps
 
 
 def time_targets(engine, forward, add, top: int, reps: int) -> int:
@@ -296,7 +311,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         head()
         add("head", lambda: _block_time(head, reps, sync))
         for k in range(1, top):
-            add(f"draft/{k}", lambda k=k: _block_time(lambda: draft(k), reps, sync))
+            add(f"draft/{k}", lambda k=k: _time_after(lambda: forward(k + 1), lambda: draft(k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_token() for _ in range(reps)])))
         engine.start(prompt)  # back to the state the other items are measured from

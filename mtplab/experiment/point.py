@@ -101,6 +101,16 @@ def calibration_for(run: RunConfig, say=print) -> dict:
     return load_or_measure(run.model, say=say, threads=run.threads, int4=run.int4)
 
 
+def predicted_fields(priced: dict | None, at_alpha: dict | None, alpha: float | None) -> dict | None:
+    """A RunResult's `predicted`: "speedup", what the calibration prices for the steps the timed rounds made (the
+    efficiency divides it: how the run executed, its acceptance as it fell); "at_alpha" and "alpha", the
+    prediction at the alpha the drafter was set or calibrated to (theory.speedup). None where either is missing."""
+    if priced is None or at_alpha is None:
+        return None
+    return {"speedup": priced["speedup"], "steps": priced["steps"], "tokens_per_step": priced["tokens_per_step"],
+            "at_alpha": at_alpha["speedup"], "alpha": alpha}
+
+
 def run_mtplab_point(
     run: RunConfig, artifact: Artifact | None = None, engine: Engine | None = None, calibration: dict | None = None
 ) -> RunResult:
@@ -149,9 +159,13 @@ def run_mtplab_point(
         calibration = theory.on_the_copy(calibration)
     alpha, alpha_source = acceptance_alpha(run, calibration, checked.spec["accepted"])
     # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction
-    predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n,
-                               eager_share=eager_share(slots, engine.target.labels)) if (
+    share = eager_share(slots, engine.target.labels)
+    predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n, eager_share=share) if (
         alpha is not None and theory.covers(calibration, k, run.commit)) else None
+    # the efficiency's prediction: the same costs for the steps the timed rounds made (the audit holds every round
+    # to the checked run's accepted counts)
+    priced = theory.predict_steps(timed["accepted"], k, run.schedule, run.commit, calibration, n, share) if (
+        predicted and timed["accepted"] and n > 1) else None
     tracked = checked.spec.get("expected_acceptance")  # a sampled run's sum(min(p, q)) per judged draft
     sampled = theory.sampled_acceptance(checked.spec["accepted"], k, tracked, run.schedule) if tracked else None
     split = {key: v / len(samples) for key, v in timed["split"].items()}  # per speculative run
@@ -162,7 +176,7 @@ def run_mtplab_point(
         samples,
         n,
         acceptance,
-        predicted={"speedup": predicted["speedup"], "alpha": alpha} if predicted else None,
+        predicted=predicted_fields(priced, predicted, alpha),
         config=run.to_dict(),
         model=engine.art.identity(),
         prompt=prompt,
@@ -277,10 +291,13 @@ def result_text(r: RunResult) -> str:
         lines.append(f"  rounds auto: {rounds_outcome_text(plan)}")
     if r.predicted:
         when = r.extra.get("calibration_measured") or {}
+        at_alpha = r.predicted.get("at_alpha")  # absent: a batch point's, priced at alpha alone
+        source = r.theory.get("alpha_source", "its source unrecorded")
         lines.append(
-            f"  predicted {r.predicted['speedup']:.2f}x from the calibration at alpha {r.predicted['alpha']:.2f} "
-            f"({r.theory.get('alpha_source', 'its source unrecorded')})   efficiency {r.efficiency:.2f} "
-            f"{_ci(r.efficiency_ci, '.2f')}"
+            (f"  predicted {r.predicted['speedup']:.2f}x from the calibration for the steps it made ({at_alpha:.2f}x at "
+             f"alpha {r.predicted['alpha']:.2f}, {source})" if at_alpha is not None else
+             f"  predicted {r.predicted['speedup']:.2f}x from the calibration at alpha {r.predicted['alpha']:.2f} ({source})")
+            + f"   efficiency {r.efficiency:.2f} {_ci(r.efficiency_ci, '.2f')}"
             + (f"   (calibration: {when.get('source', 'cached on this machine')}, measured {when.get('at')}, load "
                f"{when.get('load')})" if when else "")
         )

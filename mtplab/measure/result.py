@@ -48,7 +48,8 @@ class RunResult:
     tokens_per_s_ci: list[float] = field(default_factory=list)
     greedy_tokens_per_s_ci: list[float] = field(default_factory=list)
     stable: bool = False
-    # From the calibration alone (mtplab.measure.theory.predict); efficiency = measured / predicted speedup.
+    # From the calibration and no time of the run's: "speedup", the price of the steps the timed rounds made
+    # (theory.predict_steps), which the efficiency divides (measured / it per round); "at_alpha", theory.predict's.
     predicted: dict[str, Any] = field(default_factory=dict)
     efficiency: float = float("nan")
     efficiency_ci: list[float] = field(default_factory=list)

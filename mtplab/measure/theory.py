@@ -158,26 +158,16 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
     T(M). tokens: the run's length, so the last step's overshoot is priced (else an infinitely long run).
     No time from the point's own run enters: that is what makes measured/predicted an efficiency.
     """
-    target, commits = calibration["target"], calibration["commit"][commit]
-    eager = calibration.get("eager") or {}
-    share = eager_share or {}
-
-    def forward(M: int, slot: str) -> float:
-        f = share.get(slot, 0.0) if str(M) in eager else 0.0
-        return (1 - f) * target[str(M)] + f * eager.get(str(M), target[str(M)])
-
-    t1 = target["1"]
-    greedy = greedy_seconds(calibration)
-    draft = draft_seconds(calibration, k)
+    greedy, fixed, commits = _prices(k, schedule, commit, calibration, eager_share)
     commit_cost = sum(p * commits[str(j + 1)] for j, p in enumerate(accepted_distribution(alpha, k)))
-    decodes = SCHEDULES.get(schedule).decodes
-    decode = decodes * forward(1, "primary")
-    step = decode + draft + forward(k + 1, "verify") + commit_cost
+    step = fixed + commit_cost
     per_step = tokens_per_step(alpha, k, schedule)
     if tokens is not None and tokens > 1:
         speedup = (tokens - 1) * greedy / (expected_steps(alpha, k, schedule, tokens) * step)
     else:
         speedup = per_step * greedy / step
+    target, eager, t1 = calibration["target"], calibration.get("eager") or {}, calibration["target"]["1"]
+    decodes = SCHEDULES.get(schedule).decodes
     return {
         "alpha": alpha,
         "tokens_per_step": per_step,
@@ -185,11 +175,42 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
         "greedy_seconds_per_token": greedy,
         "speedup": speedup,
         "verify_cost_ratio": target[str(k + 1)] / t1,
-        "draft_cost_ratio": calibration["head"] / t1,
+        "draft_cost_ratio": draft_seconds(calibration, k) / k / t1,  # a draft of the phase, as a step pays it
         "commit_cost_ratio": commit_cost / t1,
         "decode_cost_ratio": float(decodes),
         "fallback_cost_ratio": (eager[str(k + 1)] / target[str(k + 1)]) if str(k + 1) in eager else None,
     }
+
+
+def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: dict | None) -> tuple[float, float, dict]:
+    """(greedy's cost per token, a step's cost less its commit, the commit's cost per committed count) from a
+    calibration: predict's and predict_steps' one pricing."""
+    target, eager, share = calibration["target"], calibration.get("eager") or {}, eager_share or {}
+
+    def forward(M: int, slot: str) -> float:
+        f = share.get(slot, 0.0) if str(M) in eager else 0.0
+        return (1 - f) * target[str(M)] + f * eager.get(str(M), target[str(M)])
+
+    decode = SCHEDULES.get(schedule).decodes * forward(1, "primary")
+    fixed = decode + draft_seconds(calibration, k) + forward(k + 1, "verify")
+    return greedy_seconds(calibration), fixed, calibration["commit"][commit]
+
+
+def predict_steps(accepted: list[int], k: int, schedule: str, commit: str, calibration: dict, tokens: int,
+                  eager_share: dict | None = None) -> dict:
+    """The speedup the calibration prices for the steps a run made: len(accepted) steps, each committing its
+    accepted count + 1, against greedy's tokens - 1 tokens. predict's costs at the acceptance a run realized, not
+    the alpha it was set or calibrated to: a run of a few dozen steps lands away from its alpha by chance (the same
+    seed, the same draws, every round), which is no part of how well it executes. Like predict, it reads no time
+    from the run: measured / this is the run's efficiency."""
+    if not accepted or tokens <= 1:
+        raise ValueError(f"predict_steps prices a run's steps: got {len(accepted)} steps and tokens={tokens}")
+    greedy, fixed, commits = _prices(k, schedule, commit, calibration, eager_share)
+    steps = len(accepted)
+    step = fixed + sum(commits[str(int(j) + 1)] for j in accepted) / steps
+    made = sum(int(j) for j in accepted) + steps * SCHEDULES.get(schedule).extra_tokens
+    return {"steps": steps, "tokens_per_step": made / steps, "step_seconds": step,
+            "greedy_seconds_per_token": greedy, "speedup": (tokens - 1) * greedy / (steps * step)}
 
 
 def steps_cdf(alpha: float, k: int, schedule: str, tokens: int) -> np.ndarray:

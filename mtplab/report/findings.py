@@ -226,10 +226,19 @@ def sweep_findings(df: pd.DataFrame) -> str:
         ci = [_interval(v) for v in ok.loc[e.index, "efficiency_ci"]] if "efficiency_ci" in ok else []
         holds_one = sum(lo <= 1 <= hi for lo, hi in ci)
         out.append(
-            f"- Efficiency (measured / predicted speedup, the prediction from the sweep's calibration alone): median "
+            f"- Efficiency (measured speedup / the speedup the sweep's calibration prices for the steps each point "
+            f"made: its accepted counts, none of its times): median "
             f"{e.median():.2f}, {e.min():.2f}-{e.max():.2f} over {plural(len(e), 'point')}; {(e > 1).sum()} above 1, "
             f"{(e < 1).sum()} below; the CI holds 1 at {holds_one}. Per policy and commit under Measurement quality."
         )
+        if "predicted.at_alpha" in ok and ok["predicted.at_alpha"].notna().any():
+            luck = (ok["predicted.speedup"] / ok["predicted.at_alpha"] - 1).dropna()
+            out.append(
+                f"- The acceptance the timed steps realized, against the alpha each point was set or calibrated to, moved "
+                f"the calibration's price by {luck.min():+.0%} to {luck.max():+.0%} (median {luck.median():+.0%}): a run "
+                f"of a few dozen steps lands off its alpha by chance. The efficiency prices the steps made; the "
+                f"dashed prediction curves price alpha."
+            )
         vr = ok["theory.verify_cost_ratio"].median()
         out.append(
             f"- A verify forward costs {vr:.2f}x a greedy decode here (median over points), a draft {ok['theory.draft_cost_ratio'].median():.3f}x."

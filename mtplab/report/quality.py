@@ -67,8 +67,9 @@ def speedup_with_ci(df: pd.DataFrame, calibration: dict):
 
 
 def efficiency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Efficiency (measured / predicted speedup) per policy and commit: median, range over the points, and the
-    median of the points' own 95% CI bounds; 1 where the cost model accounts for everything the run did."""
+    """Efficiency (measured speedup / the calibration's price of the steps each point made) per policy and commit:
+    median, range over the points, and the median of the points' own 95% CI bounds; 1 where the cost model accounts
+    for everything the run did."""
     m = df[(df.engine == "mtplab") & df.efficiency.notna()]
     if m.empty:
         return pd.DataFrame()

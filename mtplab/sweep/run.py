@@ -278,9 +278,9 @@ class CalibrationInterrupted(Exception):
     interrupted, before any point."""
 
 
-def _calibrate(cmd: list[str]) -> None:
-    """Run `mtplab calibrate` in a process of its own; ValueError with its own last words if it fails (before any
-    point runs: a model folder it cannot run, say). SIGINT or SIGTERM stops that process and raises
+def _calibrate(cmd: list[str]) -> str:
+    """Run `mtplab calibrate` in a process of its own; its standard output. ValueError with its own last words if it
+    fails (before any point runs: a model folder it cannot run, say). SIGINT or SIGTERM stops that process and raises
     CalibrationInterrupted."""
     import subprocess
 
@@ -311,22 +311,32 @@ def _calibrate(cmd: list[str]) -> None:
         lines = [line for line in lines if line]
         # onnxruntime's own log lines repeat what the error says, at length
         said = ([line for line in lines if not re.search(r"\[[EWI]:onnxruntime", line)] or lines)[-12:]
-        raise ValueError(f"the calibration failed (exit {child.returncode}) before any point ran: `{shlex.join(['mtplab', *cmd[3:]])}` "
+        when = "at the sweep's end" if "--greedy-now" in cmd else "before any point ran"
+        raise ValueError(f"the calibration failed (exit {child.returncode}) {when}: `{shlex.join(['mtplab', *cmd[3:]])}` "
                          "said:\n  " + "\n  ".join(said or ["nothing"]))
+    return out
 
 
 def recheck_calibration(sweep_dir: Path) -> dict:
     """Greedy's cost per token of each calibrated model measured again at the sweep's end, beside the value
-    measured at its start: how far the machine moved while the points ran."""
-    from mtplab.experiment.calibrate import greedy_token_now
-
+    measured at its start: how far the machine moved while the points ran. Measured as the calibration was, in a
+    process of its own on one thread pool (`mtplab calibrate --greedy-now`): in this process, on pools of their
+    own with spinning off, small's greedy ran 25-30% slower at 2 threads, which read as a machine that moved. A
+    model whose re-check fails or is interrupted has none (the points are done; the summary is written)."""
     path = sweep_dir / "calibration.json"
     out = {}
     for name, calib in (json.loads(path.read_text()) if path.exists() else {}).items():
         start = calib.get("greedy_token")
         if start is None or "model_spec" not in calib:
             continue
-        end = greedy_token_now(calib["model_spec"], calib["key"]["threads"], int4=calib.get("int4", False))
+        try:
+            said = _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--greedy-now", "--model",
+                               calib["model_spec"], "--threads", str(calib["key"]["threads"]),
+                               *(["--int4"] if calib.get("int4") else [])])
+            end = json.loads(said.strip().splitlines()[-1])["greedy_token"]
+        except (ValueError, CalibrationInterrupted, IndexError, KeyError) as err:
+            print(f"sweep {sweep_dir.name}: greedy's re-check of {name} at the end did not run: {err}", file=sys.stderr)
+            continue
         out[name] = {"greedy_token_start": start, "greedy_token_end": end, "drift": end / start - 1,
                      "load_end": round(os.getloadavg()[0], 2)}
     return out
