@@ -2,7 +2,8 @@
 
 One process; each point runs its own greedy baseline right before its speculative run, and the
 points are repeated in interleaved rounds (A B C ... A B C ...) so machine drift cancels out.
-Medians of measured and predicted speedup are printed side by side (each point's rates: mtplab.measure.rounds).
+Medians of the measured speedup, the speedup predicted at alpha and the efficiency (measured over the price of the
+steps each point made) are printed side by side (each point's rates: mtplab.measure.rounds).
 
     python benchmarks/speculative.py [--rounds 3] [--tokens 128] [--alpha 0.8] [--backend cuda] [--preset small]
 """
@@ -16,7 +17,6 @@ from mtplab.engine.engine import Engine, model_for
 from mtplab.engine.strategies import COMMITS, SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
-from mtplab.measure import rounds as measure
 from mtplab.measure import stats
 
 
@@ -58,7 +58,7 @@ def main() -> None:
     )
     print(
         f"{'schedule':14} {'commit':18} {'k':>2} {'greedy tok/s':>12} {'spec tok/s':>10} {'speedup':>8} "
-        f"{'predicted':>9} {'meas/pred':>9} {'tok/step':>8} {'T(verify)/T(1)':>14}"
+        f"{'at alpha':>9} {'efficiency':>10} {'tok/step':>8} {'T(verify)/T(1)':>14}"
     )
     for (sched, commit, k), rs in rows.items():
 
@@ -68,7 +68,7 @@ def main() -> None:
         sp, pr = med(lambda r: r.speedup), med(lambda r: r.theory["speedup"])
         print(
             f"{sched:14} {commit:18} {k:2d} {med(lambda r: r.greedy_tokens_per_s):12.1f} {med(lambda r: r.tokens_per_s):10.1f} "
-            f"{sp:7.2f}x {pr:8.2f}x {measure.rate(sp, pr):9.2f} {med(lambda r: r.tokens_per_step):8.2f} "
+            f"{sp:7.2f}x {pr:8.2f}x {med(lambda r: r.efficiency):10.2f} {med(lambda r: r.tokens_per_step):8.2f} "
             f"{med(lambda r: r.theory['verify_cost_ratio']):14.2f}"
         )
 

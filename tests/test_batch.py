@@ -218,6 +218,11 @@ def test_the_report_draws_speedup_against_batch(tiny):
     assert selection.figures_for(df)["batch"] and len(selection.batch_one(df)) == 1
     table = batches.break_even_table(df)
     assert list(table.batches) == ["1, 2"] and table.setting[0] == "oracle alpha=0.6"
+    # the dashed line is the prediction at alpha at every B: batch 1's own speedup prices the steps it made
+    merged, _ = batches.series_rows(df)
+    one = df[df.batch == 1].iloc[0]
+    assert one["predicted.at_alpha"] != one["predicted.speedup"]
+    assert merged[merged.batch == 1]["predicted.speedup"].iloc[0] == one["predicted.at_alpha"]
     assert len(batches.per_row_spread(df)) == 1
     fig = batches.speedup_vs_batch(df)
     assert [ax.get_xlabel() for ax in fig.axes if ax.get_visible()] == ["batch B (rows decoded together)"]

@@ -127,6 +127,21 @@ def test_a_timed_block_waits_for_the_device_at_both_ends():
     assert events == ["call", "sync", "call", "call", "call", "sync"]
 
 
+def test_a_draft_phase_is_timed_after_the_verify_a_step_runs_before_it(monkeypatch):
+    """Each timed call follows an untimed `before` (the target's forward, which evicts the head's weights), after one
+    untimed pair; the clock holds the call alone, its device work included."""
+    events = []
+
+    def event(name: str):
+        return lambda: events.append(name)
+
+    # test double: each event takes one second, so a timed span counts the events inside it
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: float(len(events)))
+    seconds = calibrate._time_after(event("verify"), event("draft"), 2, event("sync"))
+    assert events == ["verify", "draft"] + ["verify", "sync", "draft", "sync"] * 2
+    assert seconds == 2.0  # the draft and the sync after it; the verify and the sync before it outside
+
+
 def test_the_calibration_sizes_stay_within_what_the_model_holds():
     from types import SimpleNamespace
 

@@ -6,8 +6,8 @@ import itertools
 
 import numpy as np
 import pytest
+from conftest import plant_over_accept
 
-from mtplab.engine import acceptance
 from mtplab.engine import engine as engine_mod
 from mtplab.engine.engine import Engine, prompt_tokens
 from mtplab.engine.strategies import COMMITS, DRAFTERS
@@ -172,8 +172,7 @@ def test_forward_counts_follow_each_commit_strategy(tiny):
 
 
 def test_planted_bug_accepting_one_token_too_many_is_caught(tiny, monkeypatch):
-    real = acceptance.accepted_count
-    monkeypatch.setattr(acceptance, "accepted_count", lambda xp, d, t: xp.minimum(real(xp, d, t) + 1, d.shape[0]))
+    plant_over_accept(monkeypatch)
     r = run_point(RunConfig(model="tiny", k=3, drafter="oracle", alpha=0.5, tokens=64), tiny)
     assert not r.lossless and r.identity["first_divergence"] is not None
     assert r.identity["margin_at_divergence"] > 0

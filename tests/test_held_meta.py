@@ -104,3 +104,43 @@ def test_without_numba_the_check_reads_in_python_and_says_so(monkeypatch):
     with pytest.warns(RuntimeWarning, match="numba does not load .*NumPy 2.3"):
         assert held_meta.snapshot([np.zeros(3)]) is None
     assert held_meta.snapshot([np.zeros(3)]) is None  # told once
+
+
+def _python_verdict(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """greedy-match's accept and the verify's packing, in Python: [n, first, d1..dk, t0..tk]."""
+    from mtplab.engine.acceptance import GREEDY_MATCH
+
+    n, targets = GREEDY_MATCH.accept(np, ids[1:], logits)
+    return np.concatenate([[n], ids, targets]).astype(np.int64)
+
+
+@pytest.mark.parametrize("case", ["random", "tie", "nan", "all -inf"])
+def test_the_compiled_verdict_is_greedy_matchs_at_every_count_kept(case):
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((5, 97)).astype(np.float32)
+    if case == "tie":
+        logits[:, [10, 50]] = logits.max() + 1
+    elif case == "nan":
+        logits[2, [30, 80]] = np.nan
+    elif case == "all -inf":
+        logits[1:3] = -np.inf
+    targets = logits.argmax(-1)
+    for kept in range(5):  # drafts matching the targets up to `kept`, then one that does not
+        ids = np.concatenate([[11], targets[:4]]).astype(np.int64)
+        if kept < 4:
+            ids[1 + kept] = (targets[kept] + 1) % 97
+        packed = np.full(11, -7, dtype=np.int64)
+        assert held_meta.accept_argmax(logits, ids, packed) == kept
+        assert packed.tolist() == _python_verdict(logits, ids).tolist()
+
+
+def test_the_compiled_verdict_refuses_what_it_does_not_take_and_writes_nothing():
+    logits, ids = np.zeros((3, 8), np.float32), np.arange(3, dtype=np.int64)
+    packed = np.full(7, -7, dtype=np.int64)
+    readonly = packed.copy()
+    readonly.flags.writeable = False
+    for args in [(logits.astype(np.float16), ids, packed), (np.zeros((3, 16), np.float32)[:, ::2], ids, packed),
+                 (np.zeros((3, 0), np.float32), ids, packed), (logits, ids[:2], packed), (logits, ids, packed[:6]),
+                 (logits, ids.astype(np.int32), packed), (logits, ids, readonly), (logits[0], ids, packed)]:
+        assert held_meta.accept_argmax(*args) is None
+    assert (packed == -7).all()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import plant_over_accept
 
 from mtplab.check import verdict as oracle
-from mtplab.engine import acceptance
 from mtplab.engine import engine as engine_mod
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import COMMITS
@@ -46,10 +46,7 @@ def test_clean_runs_pass_with_every_commit_checked(clean):
 
 @pytest.mark.parametrize("commit", COMMITS)
 def test_over_accepting_by_one_is_caught_at_the_first_rejected_draft(tiny, clean, commit, monkeypatch):
-    real = acceptance.accepted_count
-    monkeypatch.setattr(
-        acceptance, "accepted_count", lambda xp, d, t: np.minimum(real(xp, d, t) + 1, d.shape[0])
-    )
+    plant_over_accept(monkeypatch)
     r = _run(tiny, commit)
     _failed(r)
     # Up to the first step that rejected a draft the runs are the same; there the bad draft is emitted

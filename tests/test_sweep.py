@@ -562,6 +562,8 @@ def test_greedys_recheck_at_the_sweeps_end_runs_in_a_process_of_its_own(tmp_path
     assert "greedy's re-check of gone at the end did not run: the calibration failed (exit 2) at the sweep's end" in err
     assert main(["calibrate", "--model", "tiny", "--greedy-now", "--batch", "2"]) == 2
     assert "--greedy-now measures greedy at batch 1 and writes nothing" in capsys.readouterr().err
+    assert main(["calibrate", "--model", "tiny", "--greedy-now", "--batch", "abc"]) == 2
+    assert "--batch 'abc'" in capsys.readouterr().err
 
 
 def test_a_presets_points_are_named_by_their_config_failed_and_older_ones_too():

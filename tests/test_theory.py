@@ -74,6 +74,22 @@ def test_the_steps_a_run_made_are_priced_at_the_predictions_costs():
     assert got["speedup"] == pytest.approx(7 * 1.0 / (3 * step))
     with pytest.raises(ValueError, match="prices a run's steps"):
         theory.predict_steps([], k, "fused", "select", CALIBRATION, 8)
+    with pytest.raises(ValueError, match=r"prices commits of \[1, 2, 3, 4, 5, 6, 7, 8\] tokens, not of \[10\]"):
+        theory.predict_steps([9], k, "fused", "select", CALIBRATION, 8)
+
+
+def test_the_steps_price_counts_the_tokens_the_rates_count_and_each_slots_fallbacks():
+    calib = CALIBRATION | {"eager": {str(m): 2.0 * v for m, v in CALIBRATION["target"].items()}}
+    # the last step overshoots: 4 steps of 5 tokens make 20, the rates count 19
+    got = theory.predict_steps([3] * 4, 3, "decode-verify", "select", calib, 20)
+    step = 1.0 + 0.3 + 1.6 + 0.04
+    assert got["speedup"] == pytest.approx(19 * 1.0 / (4 * step))
+    # a run that stopped early (2 tokens made of 99 to make) is priced for what it made
+    assert theory.predict_steps([1], 3, "fused", "select", calib, 100)["speedup"] == pytest.approx(
+        2 * 1.0 / (0.3 + 1.6 + 0.02))
+    # every Verify forward a fallback: priced at the eager T(k+1), as predict prices it
+    eager = theory.predict_steps([3] * 4, 3, "decode-verify", "select", calib, 20, eager_share={"verify": 1.0})
+    assert eager["step_seconds"] == pytest.approx(1.0 + 0.3 + 3.2 + 0.04)
 
 
 def test_the_prediction_prices_fallbacks_greedys_loop_and_the_draft_phase():

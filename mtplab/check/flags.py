@@ -1,8 +1,8 @@
 """Named warnings: what a point measured that is not an error, yet a careful reader must be told.
 
 Each warning is {"name", "message"}; the names are stable (the report counts them):
-- efficiency: measured speedup / the calibration's price of the steps the run made, outside EFFICIENCY_BAND (the
-  cost model misses something, or the machine was busy);
+- efficiency: measured speedup / the calibration's price of the steps the run made (a batch point's: of its
+  alpha), outside EFFICIENCY_BAND (the cost model misses something, or the machine was busy);
 - unaccounted: the timed wall time per step and the sum of the step's measured phases disagree by
   more than UNACCOUNTED_BAND allows (time spent outside the phases, or phases timed outside the clock);
 - acceptance_below_calibration: the MTP head accepted fewer drafts than its calibration predicts, by
@@ -199,7 +199,7 @@ def point_warnings(efficiency: float, unaccounted: float, drafter: str, accepted
     lo, hi = EFFICIENCY_BAND
     if efficiency == efficiency and not lo <= efficiency <= hi:
         out.append(warning("efficiency", f"efficiency {efficiency:.2f} is outside [{lo}, {hi}]: the measured "
-                                         "speedup is not what the calibrated cost model prices for the steps the run made"))
+                                         "speedup is not what the calibrated cost model prices"))
     lo, hi = UNACCOUNTED_BAND
     if unaccounted == unaccounted and not lo <= unaccounted <= hi:
         out.append(warning("unaccounted", f"{unaccounted:.1%} of the timed wall time per step is outside the "

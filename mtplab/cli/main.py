@@ -244,7 +244,7 @@ def _calibrate(args) -> int:
     problems += [as_options(p) for p in config.run_problems({"model": model, "threads": threads, "batch": batch, "int4": int4})]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
-    if args.greedy_now and (batch > 1 or args.out):
+    if args.greedy_now and (args.out or not problems and batch > 1):
         problems.append("--greedy-now measures greedy at batch 1 and writes nothing: it takes neither --batch nor --out")
     if problems:
         print("mtplab calibrate: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
@@ -259,7 +259,7 @@ def _calibrate(args) -> int:
         from mtplab.experiment.calibrate import greedy_token_now
 
         try:
-            seconds = greedy_token_now(model, threads_used(threads), int4=int4)
+            seconds = greedy_token_now(model, threads_used(threads), samples=args.repeats, int4=int4)
         except ValueError as err:
             print(f"mtplab calibrate: {err}", file=sys.stderr)
             return 2
@@ -435,8 +435,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
     c.add_argument("--greedy-now", action="store_true",
-                   help="measure greedy's seconds per token alone and print them as JSON, writing nothing (a sweep's "
-                        "re-check at its end, on the thread pool its calibration and points ran on)")
+                   help="measure greedy's seconds per token alone (the median of --repeats runs of its loop) and print "
+                        "them as JSON, writing nothing: a sweep's re-check at its end, on the thread pool its "
+                        "calibration and points ran on")
     c.set_defaults(func=_calibrate)
 
     s = sub.add_parser("sweep", help="run a grid of points through papermill", **fmt)

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from mtplab.engine.acceptance import chooses_argmax, top2_margin_xp
+from mtplab.engine.acceptance import GreedyMatch, chooses_argmax, top2_margin_xp
 from mtplab.engine.drafters import Drafter, MtpDrafter
 from mtplab.engine.fit import check_run_on_model
 from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset_config
 from mtplab.model.description import GraphIO, beyond_capacity, length_feeds
-from mtplab.runtime import hot_loop
+from mtplab.runtime import held_meta, hot_loop
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, device_for
 from mtplab.runtime.executor import Executor, Slot, SlotMemory, Status
@@ -192,7 +192,7 @@ class Engine:
         self._verify_buffers: dict = {}  # by k: the verify's token ids and the step's packed read, reused
         self._prepared: dict = {}  # each commit strategy's prepared commit, by name
         self._programs: dict = {}  # compiled loops' programs (mtplab.runtime.hot_loop), with the check they read
-        self._compiled_loops = True
+        self.compiled_loops = True  # sets _compiled_loops and _accepts_argmax
         self.use_commit(run.commit)
 
     # -- the run's strategies ------------------------------------------------------------------
@@ -209,6 +209,9 @@ class Engine:
     @compiled_loops.setter
     def compiled_loops(self, on: bool) -> None:
         self._compiled_loops = self.head.compiled = on
+        # greedy-match's own accept on host arrays: the verify's verdict compiled too (held_meta.accept_argmax)
+        self._accepts_argmax = on and self.xp is np and (
+            getattr(self.acceptance.accept, "__func__", None) is GreedyMatch.accept)
 
     @property
     def length(self) -> int:
@@ -551,13 +554,16 @@ class Engine:
         ids[0] = first
         ids[1:] = drafts
         ver = self.forward(Slot.VERIFY, ids, in_place=in_place)
-        n_dev, targets = self.acceptance.accept(xp, drafts, ver["logits"][0])
-        packed[0] = n_dev  # packed = [n, first, d1..dk, t0..tk]: the step's one read
-        packed[1 : k + 2] = ids
-        packed[k + 2 :] = targets
-        host = self.device.read(packed)
-        n = int(host[0])
-        return n, host[1 : 2 + n].tolist(), int(host[k + 2 + n]), ver
+        logits = ver["logits"][0]
+        # packed = [n, first, d1..dk, t0..tk]: the step's one read; greedy-match on the host, in one compiled call
+        if not (self._accepts_argmax and held_meta.accept_argmax(logits, ids, packed) is not None):
+            n_dev, targets = self.acceptance.accept(xp, drafts, logits)
+            packed[0] = n_dev
+            packed[1 : k + 2] = ids
+            packed[k + 2 :] = targets
+        packed = self.device.read(packed)
+        n = int(packed[0])
+        return n, packed[1 : 2 + n].tolist(), int(packed[k + 2 + n]), ver
 
     def save_state(self) -> None:
         """Snapshot the recurrent state (before a verify that advances it in place)."""

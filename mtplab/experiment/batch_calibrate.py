@@ -32,6 +32,7 @@ from mtplab.experiment.calibrate import (
     _block_time,
     _calibration_run,
     _call_time,
+    _time_after,
     cache_key,
     cache_path,
     calibration_sizes,
@@ -94,8 +95,8 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     for _ in range(repeats):
         target_fallbacks += time_targets(engine, forward, add, top, reps)
         for k in range(1, top):
-            add(f"draft/{k}", lambda k=k: _block_time(
-                lambda: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps, sync))
+            add(f"draft/{k}", lambda k=k: _time_after(  # after the verify a step runs before it, as measure() does
+                lambda: forward(k + 1), lambda: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_step() for _ in range(reps)])))
         batching.start(engine, prompts)

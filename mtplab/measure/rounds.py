@@ -96,7 +96,8 @@ def run_result(samples: list[dict], n: int, acceptance_fields: dict, predicted: 
     """A point's RunResult from its paired rounds (see record_side, close_round) and acceptance fields.
 
     Every rate comes from here; `fields` are the rest (config, model, identity, slots, ...).
-    predicted: the calibration's prediction ({"speedup", "alpha"}); efficiency = measured / predicted per round.
+    predicted: the calibration's prediction ({"speedup", ...}: the price of the steps the run made, or a batch
+    point's at its alpha); efficiency = measured / predicted["speedup"] per round.
     """
     speedup = summary_of(samples, "speedup")
     spec_tps = summary_of(samples, "tokens_per_s")

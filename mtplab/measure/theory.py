@@ -202,15 +202,19 @@ def predict_steps(accepted: list[int], k: int, schedule: str, commit: str, calib
     accepted count + 1, against greedy's tokens - 1 tokens. predict's costs at the acceptance a run realized, not
     the alpha it was set or calibrated to: a run of a few dozen steps lands away from its alpha by chance (the same
     seed, the same draws, every round), which is no part of how well it executes. Like predict, it reads no time
-    from the run: measured / this is the run's efficiency."""
+    from the run: measured / this is the run's efficiency. Greedy's side is the tokens the run's rates count: the
+    tokens - 1 after the prefill's, or fewer where its steps made fewer (a run stopped early)."""
     if not accepted or tokens <= 1:
         raise ValueError(f"predict_steps prices a run's steps: got {len(accepted)} steps and tokens={tokens}")
     greedy, fixed, commits = _prices(k, schedule, commit, calibration, eager_share)
+    if missing := sorted({int(j) + 1 for j in accepted} - {int(n) for n in commits}):
+        raise ValueError(f"the calibration prices commits of {sorted(int(n) for n in commits)} tokens, not of {missing}")
     steps = len(accepted)
     step = fixed + sum(commits[str(int(j) + 1)] for j in accepted) / steps
     made = sum(int(j) for j in accepted) + steps * SCHEDULES.get(schedule).extra_tokens
+    counted = min(made, tokens - 1)
     return {"steps": steps, "tokens_per_step": made / steps, "step_seconds": step,
-            "greedy_seconds_per_token": greedy, "speedup": (tokens - 1) * greedy / (steps * step)}
+            "greedy_seconds_per_token": greedy, "speedup": counted * greedy / (steps * step)}
 
 
 def steps_cdf(alpha: float, k: int, schedule: str, tokens: int) -> np.ndarray:

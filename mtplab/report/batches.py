@@ -34,7 +34,9 @@ def series_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     sizes = rows.groupby(key).batch.transform("nunique")
     rows = rows[sizes >= 2]
     agg = {"speedup": "median", "speedup_ci": "first", "n": "size"}
-    if "predicted.speedup" in rows:
+    if "predicted.speedup" in rows:  # at alpha: a batch-1 point's own speedup is the price of its steps
+        rows = rows.assign(**{"predicted.speedup": rows["predicted.at_alpha"].fillna(rows["predicted.speedup"])}) if (
+            "predicted.at_alpha" in rows) else rows
         agg["predicted.speedup"] = "median"
     merged = rows.assign(n=1).groupby(key + ["batch"], as_index=False).agg(
         {c: f for c, f in agg.items() if c in rows or c == "n"})

@@ -227,7 +227,7 @@ def sweep_findings(df: pd.DataFrame) -> str:
         holds_one = sum(lo <= 1 <= hi for lo, hi in ci)
         out.append(
             f"- Efficiency (measured speedup / the speedup the sweep's calibration prices for the steps each point "
-            f"made: its accepted counts, none of its times): median "
+            f"made: its accepted counts, none of its times; a batch point's, for its alpha): median "
             f"{e.median():.2f}, {e.min():.2f}-{e.max():.2f} over {plural(len(e), 'point')}; {(e > 1).sum()} above 1, "
             f"{(e < 1).sum()} below; the CI holds 1 at {holds_one}. Per policy and commit under Measurement quality."
         )

@@ -75,8 +75,10 @@ def efficiency_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     ci = _ci(m.efficiency_ci)
     m = m.assign(ci_lo=ci[:, 0], ci_hi=ci[:, 1])
+    # a batch point's efficiency is priced at its alpha, a batch-1 point's for its steps: never one row
+    by = ["policy", "commit"] + (["batch"] if "batch" in m and m.batch.nunique() > 1 else [])
     table = (
-        m.groupby(["policy", "commit"])
+        m.groupby(by)
         .agg(points=("efficiency", "size"), median=("efficiency", "median"), lowest=("efficiency", "min"),
              highest=("efficiency", "max"), ci_low=("ci_lo", "median"), ci_high=("ci_hi", "median"))
         .round(3)

@@ -16,7 +16,8 @@ a plain ndarray (a CuPy array): the caller keeps its Python reads. The table hol
 whoever holds a table holds its arrays.
 
 A hot loop's step (mtplab.runtime.hot_loop: a run's token, copies and next feeds, then these reads and copies) is
-compiled here too, beside the reads it inlines.
+compiled here too, beside the reads it inlines, and greedy-match's verdict on a verify (accept_argmax), which
+shares its argmax.
 """
 
 from __future__ import annotations
@@ -137,6 +138,33 @@ else:
         return STAGED
 
     @_compiled
+    def _argmax(row, count):  # pragma: no cover - compiled
+        """numpy's argmax of a float32 row of count > 0 values (an array or a pointer): the first NaN, else the first
+        largest."""
+        best, at = row[0], 0
+        if best == best:
+            for j in range(1, count):
+                value = row[j]
+                if value != value:
+                    return j
+                if value > best:
+                    best, at = value, j
+        return at
+
+    @_compiled
+    def _accept_argmax(logits, ids, packed):  # pragma: no cover - compiled
+        k = logits.shape[0] - 1
+        n = k
+        for i in range(k + 1):
+            target = _argmax(logits[i], logits.shape[1])
+            packed[k + 2 + i] = target
+            if i < n and ids[i + 1] != target:
+                n = i
+            packed[1 + i] = ids[i]
+        packed[0] = n
+        return n
+
+    @_compiled
     def _advance(table, copies, program, out, i, length, flags):  # pragma: no cover - compiled
         if i < 0 or i >= out.shape[0] or not same(table) or not copyable(table, copies):
             return DIFFERENT
@@ -152,18 +180,8 @@ else:
             if op <= ARGMAX and flags & AFTER:
                 if op == COPY:
                     copy_bytes(_words(table[b, 0])[_DATA], _words(table[a, 0])[_DATA], c)
-                else:  # numpy's argmax: the first NaN, else the first largest
-                    row = _floats(_words(table[a, 0])[_DATA])
-                    best, at = row[0], 0
-                    if best == best:
-                        for j in range(1, b):
-                            value = row[j]
-                            if value != value:
-                                at = j
-                                break
-                            if value > best:
-                                best, at = value, j
-                    out[i] = at
+                else:
+                    out[i] = _argmax(_floats(_words(table[a, 0])[_DATA]), b)
             elif op > ARGMAX and flags & BEFORE:
                 data = _words(table[a, 0])[_DATA]
                 if op == SEQLENS:
@@ -177,6 +195,22 @@ else:
         if flags & BEFORE:
             copy_rows(table, copies)
         return STAGED
+
+
+def accept_argmax(logits: np.ndarray, ids: np.ndarray, packed: np.ndarray) -> int | None:
+    """greedy-match's verdict on a verify, as mtplab.engine.acceptance.GreedyMatch.accept and the packing after it
+    make it, in one compiled call: for logits [k+1, V] (float32) and ids [first, d1..dk], packed [2k+3] becomes
+    [n, first, d1..dk, t0..tk] (t_i the first largest of row i, numpy's argmax) and n returns, the drafts kept. None,
+    with nothing written, for arrays it does not take (another dtype, layout or size): the caller's Python path."""
+    if MISSING is not None or type(logits) is not np.ndarray or type(ids) is not np.ndarray or type(packed) is not np.ndarray:
+        return None
+    if logits.ndim != 2 or logits.dtype != np.float32 or not logits.shape[1] or not logits.flags.c_contiguous:
+        return None
+    M = logits.shape[0]
+    if ids.shape != (M,) or ids.dtype != np.int64 or packed.shape != (2 * M + 1,) or packed.dtype != np.int64 or (
+            not packed.flags.writeable):
+        return None
+    return _accept_argmax(logits, ids, packed)
 
 
 def _rows(arrays: list) -> np.ndarray:

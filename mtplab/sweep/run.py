@@ -334,7 +334,11 @@ def recheck_calibration(sweep_dir: Path) -> dict:
                                calib["model_spec"], "--threads", str(calib["key"]["threads"]),
                                *(["--int4"] if calib.get("int4") else [])])
             end = json.loads(said.strip().splitlines()[-1])["greedy_token"]
-        except (ValueError, CalibrationInterrupted, IndexError, KeyError) as err:
+        except CalibrationInterrupted as err:  # one signal stops every model's re-check
+            print(f"sweep {sweep_dir.name}: greedy's re-check at the end stopped ({err}): "
+                  f"{', '.join(out) or 'no model'} re-checked", file=sys.stderr)
+            break
+        except (ValueError, IndexError, KeyError) as err:
             print(f"sweep {sweep_dir.name}: greedy's re-check of {name} at the end did not run: {err}", file=sys.stderr)
             continue
         out[name] = {"greedy_token_start": start, "greedy_token_end": end, "drift": end / start - 1,
