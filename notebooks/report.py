@@ -56,7 +56,9 @@ display(HTML(tables.points_html(df)))
 # alternating); speedup = median of the rounds' ratios with a 95% bootstrap CI; a point is stable
 # when the CI half-width is at most 5% of the median. Predicted curves come from the sweep's
 # calibration (`calibration.json`: forward, head and commit times measured apart from any point),
-# never from a point's own times; efficiency = measured / predicted speedup.
+# never from a point's own times. Efficiency = measured speedup / the speedup the calibration prices
+# for the steps the point made (its accepted counts: a short run lands off its alpha by chance, which
+# is no part of how it executed); the dashed curves price alpha itself.
 
 # %%
 from mtplab.report import quality
@@ -69,6 +71,15 @@ fig = figures.per_model(quality.speedup_with_ci, ok, calibration)
 
 # %%
 figures.per_model(quality.efficiency_table, ok)
+
+# %% [markdown]
+# Where an efficiency off 1 comes from: each phase's time per step in the points' timed rounds over
+# what the calibration prices it at, and greedy's time per token over its calibrated cost (how far
+# the machine itself moved since the calibration); medians over the points. Diagnosis only: no
+# efficiency reads these times.
+
+# %%
+figures.per_model(quality.phase_table, ok, calibration)
 
 # %%
 fig = figures.per_model(quality.drift, selection.ran(df))

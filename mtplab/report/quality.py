@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from mtplab.engine.strategies import SCHEDULES
 from mtplab.experiment.config import defaults
 from mtplab.measure import theory
 from mtplab.measure.stats import STABLE_HALF_WIDTH
@@ -85,6 +86,39 @@ def efficiency_table(df: pd.DataFrame) -> pd.DataFrame:
     )
     table.columns = ["points", "efficiency (median)", "lowest point", "highest point", "95% CI low (median)",
                      "95% CI high (median)"]
+    return table
+
+
+PHASES = ("decode", "draft", "verify", "commit")
+
+
+def phase_table(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
+    """Where an efficiency off 1 comes from: each phase's time per step in a point's timed rounds over what the
+    calibration prices it at (decode: T(1) per decode; draft: the draft phase of k; verify: T(k+1); commit: the
+    commits of the counts the steps kept), and greedy's time per token over its calibrated cost, per policy, commit
+    and schedule: medians over the batch-1 points. 1 where a phase ran as calibrated; greedy's column is how far
+    the machine itself moved. Diagnosis only: the efficiency reads no time of the point's own."""
+    rows = []
+    m = df[(df.engine == "mtplab") & df.time_split.notna()] if "time_split" in df else df.iloc[:0]
+    for _, r in m.iterrows():
+        calib = calibration.get(r.get("model_name"))
+        k, steps = int(r.k), float(r.steps or 0)
+        if not calib or not steps or not theory.covers(calib, k, r.commit) or int(r.get("batch", 1) or 1) > 1:
+            continue
+        split, accepted = (json.loads(v) if isinstance(v, str) else v for v in (r.time_split, r.accepted_per_step))
+        commits = calib["commit"][r.commit]
+        priced = {"decode": SCHEDULES.get(r.schedule).decodes * calib["target"]["1"],
+                  "draft": theory.draft_seconds(calib, k), "verify": calib["target"][str(k + 1)],
+                  "commit": np.mean([commits[str(int(j) + 1)] for j in accepted]) if len(accepted) else np.nan}
+        rows.append({"policy": r.policy, "commit": r.commit, "schedule": r.schedule}
+                    | {f"{p} / calibrated": split[p] / steps / priced[p] if priced[p] else np.nan for p in PHASES}
+                    | {"greedy / calibrated": 1.0 / r.greedy_tokens_per_s / theory.greedy_seconds(calib)})
+    if not rows:
+        return pd.DataFrame()
+    t = pd.DataFrame(rows)
+    ratios = [c for c in t.columns if c.endswith(" / calibrated")]
+    table = t.groupby(["policy", "commit", "schedule"])[ratios].median().round(2)
+    table.insert(0, "points", t.groupby(["policy", "commit", "schedule"]).size())
     return table
 
 
