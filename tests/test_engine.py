@@ -171,6 +171,25 @@ def test_forward_counts_follow_each_commit_strategy(tiny):
 # -- planted bugs: the lossless oracle must catch each --------------------------------------------
 
 
+def test_greedy_matchs_verify_takes_the_compiled_verdict_and_any_other_accept_keeps_python(tiny, monkeypatch):
+    from mtplab.engine.acceptance import GreedyMatch
+    from mtplab.runtime import held_meta
+
+    calls, real = [], held_meta.accept_argmax
+    monkeypatch.setattr(held_meta, "accept_argmax", lambda *args: calls.append(1) or real(*args))  # a counting double
+    eng = Engine(RunConfig(model="tiny", k=3), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    reference = eng.greedy(prompt, 32).tokens
+    spec = eng.speculative(prompt, 24)
+    assert len(calls) == len(spec["accepted"]) and spec["tokens"] == reference[: len(spec["tokens"])]
+    eng.compiled_loops = False  # every host step in Python: the same tokens
+    assert eng.speculative(prompt, 24)["tokens"] == spec["tokens"] and len(calls) == len(spec["accepted"])
+    # an accept patched onto the class later is not greedy-match's own: it runs, in Python
+    monkeypatch.setattr(GreedyMatch, "accept", lambda self, xp, drafts, logits: (0, logits.argmax(-1)))
+    patched = Engine(RunConfig(model="tiny", k=3), tiny).speculative(prompt, 24)
+    assert set(patched["accepted"]) == {0} and len(calls) == len(spec["accepted"])
+
+
 def test_planted_bug_accepting_one_token_too_many_is_caught(tiny, monkeypatch):
     plant_over_accept(monkeypatch)
     r = run_point(RunConfig(model="tiny", k=3, drafter="oracle", alpha=0.5, tokens=64), tiny)

@@ -114,7 +114,7 @@ def _python_verdict(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.concatenate([[n], ids, targets]).astype(np.int64)
 
 
-@pytest.mark.parametrize("case", ["random", "tie", "nan", "all -inf"])
+@pytest.mark.parametrize("case", ["random", "tie", "nan", "nan first", "all -inf"])
 def test_the_compiled_verdict_is_greedy_matchs_at_every_count_kept(case):
     rng = np.random.default_rng(7)
     logits = rng.standard_normal((5, 97)).astype(np.float32)
@@ -122,16 +122,20 @@ def test_the_compiled_verdict_is_greedy_matchs_at_every_count_kept(case):
         logits[:, [10, 50]] = logits.max() + 1
     elif case == "nan":
         logits[2, [30, 80]] = np.nan
+    elif case == "nan first":
+        logits[:, 0] = np.nan
     elif case == "all -inf":
         logits[1:3] = -np.inf
     targets = logits.argmax(-1)
-    for kept in range(5):  # drafts matching the targets up to `kept`, then one that does not
+    for kept in range(5):  # drafts matching the targets up to `kept`, then every later one wrong too
         ids = np.concatenate([[11], targets[:4]]).astype(np.int64)
-        if kept < 4:
-            ids[1 + kept] = (targets[kept] + 1) % 97
+        ids[1 + kept :] = (targets[kept:4] + 1) % 97
         packed = np.full(11, -7, dtype=np.int64)
         assert held_meta.accept_argmax(logits, ids, packed) == kept
         assert packed.tolist() == _python_verdict(logits, ids).tolist()
+    one = np.full(3, -7, dtype=np.int64)  # k=0: no draft, the bonus alone
+    assert held_meta.accept_argmax(logits[:1].copy(), np.array([11]), one) == 0
+    assert one.tolist() == _python_verdict(logits[:1], np.array([11])).tolist()
 
 
 def test_the_compiled_verdict_refuses_what_it_does_not_take_and_writes_nothing():
@@ -141,6 +145,7 @@ def test_the_compiled_verdict_refuses_what_it_does_not_take_and_writes_nothing()
     readonly.flags.writeable = False
     for args in [(logits.astype(np.float16), ids, packed), (np.zeros((3, 16), np.float32)[:, ::2], ids, packed),
                  (np.zeros((3, 0), np.float32), ids, packed), (logits, ids[:2], packed), (logits, ids, packed[:6]),
-                 (logits, ids.astype(np.int32), packed), (logits, ids, readonly), (logits[0], ids, packed)]:
+                 (logits, ids.astype(np.int32), packed), (logits, ids, readonly), (logits[0], ids, packed),
+                 (np.zeros((0, 8), np.float32), ids[:0], packed[:1])]:
         assert held_meta.accept_argmax(*args) is None
     assert (packed == -7).all()

@@ -66,10 +66,21 @@ class GreedyMatch(AcceptanceRule):
         return accepted_count(xp, drafts, targets), targets
 
 
+# greedy-match's own methods as defined here: a compiled path stands in for these and nothing else (a subclass's
+# override, or one patched onto the class later, keeps Python)
+_OWN_TOKEN, _OWN_ACCEPT = GreedyMatch.token, GreedyMatch.accept
+
+
 def chooses_argmax(choose) -> bool:
     """Whether `choose` (a rule's bound token or draft_token) is greedy-match's own argmax, not a subclass's
     override: then a compiled loop may choose its tokens (mtplab.runtime.hot_loop, numpy's argmax)."""
-    return getattr(choose, "__func__", None) is GreedyMatch.token
+    return getattr(choose, "__func__", None) is _OWN_TOKEN
+
+
+def accepts_by_argmax(accept) -> bool:
+    """Whether `accept` (a rule's bound accept) is greedy-match's own: then the verify's verdict may be compiled
+    (mtplab.runtime.held_meta.accept_argmax)."""
+    return getattr(accept, "__func__", None) is _OWN_ACCEPT
 
 
 def accepted_count(xp, drafts, targets):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from mtplab.engine.acceptance import GreedyMatch, chooses_argmax, top2_margin_xp
+from mtplab.engine.acceptance import accepts_by_argmax, chooses_argmax, top2_margin_xp
 from mtplab.engine.drafters import Drafter, MtpDrafter
 from mtplab.engine.fit import check_run_on_model
 from mtplab.engine.schedules import Phases
@@ -210,8 +210,7 @@ class Engine:
     def compiled_loops(self, on: bool) -> None:
         self._compiled_loops = self.head.compiled = on
         # greedy-match's own accept on host arrays: the verify's verdict compiled too (held_meta.accept_argmax)
-        self._accepts_argmax = on and self.xp is np and (
-            getattr(self.acceptance.accept, "__func__", None) is GreedyMatch.accept)
+        self._accepts_argmax = on and self.xp is np and accepts_by_argmax(self.acceptance.accept)
 
     @property
     def length(self) -> int:

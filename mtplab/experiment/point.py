@@ -104,10 +104,12 @@ def calibration_for(run: RunConfig, say=print) -> dict:
 def predicted_fields(priced: dict | None, at_alpha: dict | None, alpha: float | None) -> dict | None:
     """A RunResult's `predicted`: "speedup", what the calibration prices for the steps the timed rounds made (the
     efficiency divides it: how the run executed, its acceptance as it fell); "at_alpha" and "alpha", the
-    prediction at the alpha the drafter was set or calibrated to (theory.speedup). None where either is missing."""
+    prediction at the alpha the drafter was set or calibrated to (theory.speedup); "phases" and
+    "greedy_seconds_per_token", the prices the report sets each timed phase against. None where either is missing."""
     if priced is None or at_alpha is None:
         return None
     return {"speedup": priced["speedup"], "steps": priced["steps"], "tokens_per_step": priced["tokens_per_step"],
+            "phases": priced["phases"], "greedy_seconds_per_token": priced["greedy_seconds_per_token"],
             "at_alpha": at_alpha["speedup"], "alpha": alpha}
 
 

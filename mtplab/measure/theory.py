@@ -158,9 +158,9 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
     T(M). tokens: the run's length, so the last step's overshoot is priced (else an infinitely long run).
     No time from the point's own run enters: that is what makes measured/predicted an efficiency.
     """
-    greedy, fixed, commits = _prices(k, schedule, commit, calibration, eager_share)
+    greedy, parts, commits = _prices(k, schedule, commit, calibration, eager_share)
     commit_cost = sum(p * commits[str(j + 1)] for j, p in enumerate(accepted_distribution(alpha, k)))
-    step = fixed + commit_cost
+    step = sum(parts.values()) + commit_cost
     per_step = tokens_per_step(alpha, k, schedule)
     if tokens is not None and tokens > 1:
         speedup = (tokens - 1) * greedy / (expected_steps(alpha, k, schedule, tokens) * step)
@@ -182,18 +182,18 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
     }
 
 
-def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: dict | None) -> tuple[float, float, dict]:
-    """(greedy's cost per token, a step's cost less its commit, the commit's cost per committed count) from a
-    calibration: predict's and predict_steps' one pricing."""
+def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: dict | None) -> tuple[float, dict, dict]:
+    """(greedy's cost per token, a step's decode, draft and verify costs, the commit's cost per committed count)
+    from a calibration: predict's and predict_steps' one pricing."""
     target, eager, share = calibration["target"], calibration.get("eager") or {}, eager_share or {}
 
     def forward(M: int, slot: str) -> float:
         f = share.get(slot, 0.0) if str(M) in eager else 0.0
         return (1 - f) * target[str(M)] + f * eager.get(str(M), target[str(M)])
 
-    decode = SCHEDULES.get(schedule).decodes * forward(1, "primary")
-    fixed = decode + draft_seconds(calibration, k) + forward(k + 1, "verify")
-    return greedy_seconds(calibration), fixed, calibration["commit"][commit]
+    parts = {"decode": SCHEDULES.get(schedule).decodes * forward(1, "primary"), "draft": draft_seconds(calibration, k),
+             "verify": forward(k + 1, "verify")}
+    return greedy_seconds(calibration), parts, calibration["commit"][commit]
 
 
 def predict_steps(accepted: list[int], k: int, schedule: str, commit: str, calibration: dict, tokens: int,
@@ -202,18 +202,20 @@ def predict_steps(accepted: list[int], k: int, schedule: str, commit: str, calib
     accepted count + 1, against greedy's tokens - 1 tokens. predict's costs at the acceptance a run realized, not
     the alpha it was set or calibrated to: a run of a few dozen steps lands away from its alpha by chance (the same
     seed, the same draws, every round), which is no part of how well it executes. Like predict, it reads no time
-    from the run: measured / this is the run's efficiency. Greedy's side is the tokens the run's rates count: the
+    from the run: measured / this is the run's efficiency. "phases": each phase's price per step (seconds; the
+    commit's, its mean over the steps). Greedy's side is the tokens the run's rates count: the
     tokens - 1 after the prefill's, or fewer where its steps made fewer (a run stopped early)."""
     if not accepted or tokens <= 1:
         raise ValueError(f"predict_steps prices a run's steps: got {len(accepted)} steps and tokens={tokens}")
-    greedy, fixed, commits = _prices(k, schedule, commit, calibration, eager_share)
+    greedy, parts, commits = _prices(k, schedule, commit, calibration, eager_share)
     if missing := sorted({int(j) + 1 for j in accepted} - {int(n) for n in commits}):
         raise ValueError(f"the calibration prices commits of {sorted(int(n) for n in commits)} tokens, not of {missing}")
     steps = len(accepted)
-    step = fixed + sum(commits[str(int(j) + 1)] for j in accepted) / steps
+    phases = parts | {"commit": sum(commits[str(int(j) + 1)] for j in accepted) / steps}
+    step = sum(phases.values())
     made = sum(int(j) for j in accepted) + steps * SCHEDULES.get(schedule).extra_tokens
     counted = min(made, tokens - 1)
-    return {"steps": steps, "tokens_per_step": made / steps, "step_seconds": step,
+    return {"steps": steps, "tokens_per_step": made / steps, "step_seconds": step, "phases": phases,
             "greedy_seconds_per_token": greedy, "speedup": counted * greedy / (steps * step)}
 
 

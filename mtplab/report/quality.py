@@ -95,31 +95,69 @@ PHASES = ("decode", "draft", "verify", "commit")
 def phase_table(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
     """Where an efficiency off 1 comes from: each phase's time per step in a point's timed rounds over what the
     calibration prices it at (decode: T(1) per decode; draft: the draft phase of k; verify: T(k+1); commit: the
-    commits of the counts the steps kept), and greedy's time per token over its calibrated cost, per policy, commit
-    and schedule: medians over the batch-1 points. 1 where a phase ran as calibrated; greedy's column is how far
-    the machine itself moved. Diagnosis only: the efficiency reads no time of the point's own."""
+    commits of the counts the steps kept; each slot's forwards at its replay/fallback mix), and greedy's time per
+    token over its calibrated cost, per policy, commit and schedule: medians over the batch-1 points. 1 where a
+    phase ran as calibrated; greedy's column is how far the machine itself moved. The prices are the ones the
+    point's efficiency used (`predicted.phases`); an older result's are made again from the calibration, at plans
+    alone. Diagnosis only: the efficiency reads no time of the point's own."""
+    if "engine" not in df or "time_split" not in df:
+        return pd.DataFrame()
     rows = []
-    m = df[(df.engine == "mtplab") & df.time_split.notna()] if "time_split" in df else df.iloc[:0]
-    for _, r in m.iterrows():
-        calib = calibration.get(r.get("model_name"))
-        k, steps = int(r.k), float(r.steps or 0)
-        if not calib or not steps or not theory.covers(calib, k, r.commit) or int(r.get("batch", 1) or 1) > 1:
+    for _, r in df[df.engine == "mtplab"].iterrows():
+        split, prices = _parsed(r.get("time_split")), _stored_prices(r)
+        steps = r.get("steps")
+        if not isinstance(split, dict) or not steps or steps != steps or int(r.get("batch", 1) or 1) > 1:
             continue
-        split, accepted = (json.loads(v) if isinstance(v, str) else v for v in (r.time_split, r.accepted_per_step))
-        commits = calib["commit"][r.commit]
-        priced = {"decode": SCHEDULES.get(r.schedule).decodes * calib["target"]["1"],
-                  "draft": theory.draft_seconds(calib, k), "verify": calib["target"][str(k + 1)],
-                  "commit": np.mean([commits[str(int(j) + 1)] for j in accepted]) if len(accepted) else np.nan}
+        if prices is None and (prices := _calibrated_prices(r, calibration.get(r.get("model_name")))) is None:
+            continue
+        greedy_tps = r.get("greedy_tokens_per_s")
         rows.append({"policy": r.policy, "commit": r.commit, "schedule": r.schedule}
-                    | {f"{p} / calibrated": split[p] / steps / priced[p] if priced[p] else np.nan for p in PHASES}
-                    | {"greedy / calibrated": 1.0 / r.greedy_tokens_per_s / theory.greedy_seconds(calib)})
+                    | {f"{p} / calibrated": _ratio(split.get(p), steps, prices.get(p)) for p in PHASES}
+                    | {"greedy / calibrated": _ratio(1.0, greedy_tps, prices.get("greedy"))})
     if not rows:
         return pd.DataFrame()
     t = pd.DataFrame(rows)
-    ratios = [c for c in t.columns if c.endswith(" / calibrated")]
-    table = t.groupby(["policy", "commit", "schedule"])[ratios].median().round(2)
-    table.insert(0, "points", t.groupby(["policy", "commit", "schedule"]).size())
+    by = ["policy", "commit", "schedule"]
+    table = t.groupby(by)[[c for c in t.columns if c.endswith(" / calibrated")]].median().round(2)
+    table.insert(0, "points", t.groupby(by).size())
     return table
+
+
+def _parsed(value):
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _ratio(seconds, per, price) -> float:
+    """(seconds / per) / price, NaN where any is missing or zero."""
+    try:
+        return float(seconds) / float(per) / float(price) if seconds is not None and per and price else np.nan
+    except (TypeError, ValueError, ZeroDivisionError):
+        return np.nan
+
+
+def _stored_prices(r) -> dict | None:
+    """The phase prices the point's efficiency used (predicted.phases.*, seconds per step), or None (an older result)."""
+    names = [f"predicted.phases.{p}" for p in PHASES]
+    if not all(n in r and r[n] == r[n] and r[n] is not None for n in names):
+        return None
+    return {p: r[f"predicted.phases.{p}"] for p in PHASES} | {"greedy": r.get("predicted.greedy_seconds_per_token")}
+
+
+def _calibrated_prices(r, calib: dict | None) -> dict | None:
+    """An older result's phase prices, made again from the calibration at plans alone; None where it cannot."""
+    accepted = _parsed(r.get("accepted_per_step"))
+    if not calib or not isinstance(accepted, (list, tuple)) or not accepted:
+        return None
+    try:
+        k = int(r.k)
+        if not theory.covers(calib, k, r.commit):
+            return None
+        commits = calib["commit"][r.commit]
+        return {"decode": SCHEDULES.get(r.schedule).decodes * calib["target"]["1"], "draft": theory.draft_seconds(calib, k),
+                "verify": calib["target"][str(k + 1)], "greedy": theory.greedy_seconds(calib),
+                "commit": float(np.mean([commits[str(int(j) + 1)] for j in accepted]))}
+    except (KeyError, ValueError, TypeError):  # a schedule not registered here, a calibration without commits
+        return None
 
 
 def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:

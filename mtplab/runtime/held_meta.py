@@ -201,10 +201,11 @@ def accept_argmax(logits: np.ndarray, ids: np.ndarray, packed: np.ndarray) -> in
     """greedy-match's verdict on a verify, as mtplab.engine.acceptance.GreedyMatch.accept and the packing after it
     make it, in one compiled call: for logits [k+1, V] (float32) and ids [first, d1..dk], packed [2k+3] becomes
     [n, first, d1..dk, t0..tk] (t_i the first largest of row i, numpy's argmax) and n returns, the drafts kept. None,
-    with nothing written, for arrays it does not take (another dtype, layout or size): the caller's Python path."""
+    with nothing written, for arrays it does not take (another dtype, layout or size): the caller's Python path.
+    ids and packed must not overlap (the verify's own two buffers)."""
     if MISSING is not None or type(logits) is not np.ndarray or type(ids) is not np.ndarray or type(packed) is not np.ndarray:
         return None
-    if logits.ndim != 2 or logits.dtype != np.float32 or not logits.shape[1] or not logits.flags.c_contiguous:
+    if logits.ndim != 2 or logits.dtype != np.float32 or not logits.size or not logits.flags.c_contiguous:
         return None
     M = logits.shape[0]
     if ids.shape != (M,) or ids.dtype != np.int64 or packed.shape != (2 * M + 1,) or packed.dtype != np.int64 or (
