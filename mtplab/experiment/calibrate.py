@@ -4,9 +4,10 @@
 drift spreads over all of them): the target forward T(M) for M = 1..8 on replayed plans (M=1 on
 Primary as greedy decodes, M >= 2 on Verify as the select commit's verify runs) and the same
 forwards eager (what a fallback costs), one MTP head step and the whole draft phase of k = 1..7
-drafts (host work included; each timed right after the verify forward a step runs between two draft
-phases, whose weights evict the head's: back to back, the head ran at half its cost in a step), greedy's own cost per token (its loop, not just the forward), and
-each commit strategy's cost for n committed tokens = 1..8. T(M) and greedy's token, which every
+drafts (host work included; each timed right after the verify forward a step runs between two
+draft phases, whose weights evict the head's: back to back, the head ran at half its cost in a
+step), greedy's own cost per token (its loop, not just the forward), and each commit strategy's
+cost for n committed tokens = 1..8. T(M) and greedy's token, which every
 prediction divides, get FORWARD_SAMPLES samples per repeat.
 
 A forward's sample is the mean of a few calls in a row after an untimed one (a run pays its
