@@ -541,28 +541,39 @@ def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_
     assert not list((tmp_path / "r" / "cut" / "points").iterdir())
 
 
-def test_greedys_recheck_at_the_sweeps_end_runs_in_a_process_of_its_own(tmp_path, monkeypatch, capsys):
+def test_the_recheck_at_the_sweeps_end_runs_in_a_process_of_its_own_and_compares_the_cost_ratios(
+        tmp_path, monkeypatch, capsys):
     """As the calibration at the start: on one thread pool, never on the sweep process's own sessions (pools of
-    their own, spinning off: on small at 2 threads 25-30% slower, which the report read as a machine that moved)."""
+    their own, spinning off: on small at 2 threads 25-30% slower, which the report read as a machine that moved).
+    Beside greedy's cost it measures each T(M)/T(1) again, against the start's."""
     from mtplab.cli.main import main
     from mtplab.experiment import calibrate
+    from mtplab.report import findings, quality
     from mtplab.sweep.run import recheck_calibration
 
     def here(*args, **kwargs):  # test double: the sweep process must not measure
-        raise AssertionError("greedy's re-check ran in the sweep's process")
+        raise AssertionError("the re-check ran in the sweep's process")
 
-    monkeypatch.setattr(calibrate, "greedy_token_now", here)
-    calib = {"tiny": {"greedy_token": 1e-4, "model_spec": "tiny", "int4": False, "key": {"threads": 1}},
+    monkeypatch.setattr(calibrate, "recheck_now", here)
+    ratios = {"target/1": 1.0, "target/2": 1.0, "target/3": 0.5}  # the start's: T(3) far below its value on tiny
+    calib = {"tiny": {"greedy_token": 1e-4, "model_spec": "tiny", "int4": False, "key": {"threads": 1},
+                      "ratio_to_t1": ratios},
              "gone": {"greedy_token": 1e-4, "model_spec": str(tmp_path / "gone"), "key": {"threads": 1}}}
     (tmp_path / "calibration.json").write_text(json.dumps(calib))
     check = recheck_calibration(tmp_path)
-    assert list(check) == ["tiny"] and check["tiny"]["greedy_token_end"] > 0  # measured over there
-    assert check["tiny"]["drift"] == pytest.approx(check["tiny"]["greedy_token_end"] / 1e-4 - 1)
+    tiny = check["tiny"]
+    assert list(check) == ["tiny"] and tiny["greedy_token_end"] > 0  # measured over there
+    assert tiny["drift"] == pytest.approx(tiny["greedy_token_end"] / 1e-4 - 1)
+    assert sorted(tiny["ratios"]) == ["2", "3"] and tiny["ratio_drift_m"] == 3  # the sizes both hold; T(3) moved most
+    assert tiny["ratio_drift"] == pytest.approx(tiny["ratios"]["3"][1] / 0.5 - 1) and tiny["ratio_drift"] > 0.05
+    assert f"T(3)/T(1) on `tiny` was 0.500 at the calibration and {tiny['ratios']['3'][1]:.3f}" in \
+        findings.drift_findings({"calibration_check": check})
+    assert "M=3 0.500 -> " in " ".join(quality.calibration_lines("tiny", calib["tiny"], tiny))
     err = capsys.readouterr().err
-    assert "greedy's re-check of gone at the end did not run: the calibration failed (exit 2) at the sweep's end" in err
-    assert main(["calibrate", "--model", "tiny", "--greedy-now", "--batch", "2"]) == 2
-    assert "--greedy-now measures greedy at batch 1 and writes nothing" in capsys.readouterr().err
-    assert main(["calibrate", "--model", "tiny", "--greedy-now", "--batch", "abc"]) == 2
+    assert "the re-check of gone at the end did not run: the calibration failed (exit 2) at the sweep's end" in err
+    assert main(["calibrate", "--model", "tiny", "--recheck", "--batch", "2"]) == 2
+    assert "--recheck measures at batch 1 and writes nothing" in capsys.readouterr().err
+    assert main(["calibrate", "--model", "tiny", "--recheck", "--batch", "abc"]) == 2
     assert "--batch 'abc'" in capsys.readouterr().err
 
 

@@ -244,8 +244,8 @@ def _calibrate(args) -> int:
     problems += [as_options(p) for p in config.run_problems({"model": model, "threads": threads, "batch": batch, "int4": int4})]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
-    if args.greedy_now and (args.out or not problems and batch > 1):
-        problems.append("--greedy-now measures greedy at batch 1 and writes nothing: it takes neither --batch nor --out")
+    if args.recheck and (args.out or not problems and batch > 1):
+        problems.append("--recheck measures at batch 1 and writes nothing: it takes neither --batch nor --out")
     if problems:
         print("mtplab calibrate: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
@@ -253,17 +253,17 @@ def _calibrate(args) -> int:
 
     if args.own_process:  # as the points it calibrates run: every session on one pool
         use_global_pool(threads)
-    if args.greedy_now:
+    if args.recheck:
         import json
 
-        from mtplab.experiment.calibrate import greedy_token_now
+        from mtplab.experiment.calibrate import recheck_now
 
         try:
-            seconds = greedy_token_now(model, threads_used(threads), samples=args.repeats, int4=int4)
+            now = recheck_now(model, threads_used(threads), repeats=args.repeats, int4=int4)
         except ValueError as err:
             print(f"mtplab calibrate: {err}", file=sys.stderr)
             return 2
-        print(json.dumps({"greedy_token": seconds}))
+        print(json.dumps(now))
         return 0
     from mtplab.experiment.batch_calibrate import batch_key, measure_batch
 
@@ -434,9 +434,9 @@ def parser() -> argparse.ArgumentParser:
     add_run_options(c, only=("model", "int4", "threads", "batch"))
     c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
-    c.add_argument("--greedy-now", action="store_true",
-                   help="measure greedy's seconds per token alone (the median of --repeats runs of its loop) and print "
-                        "them as JSON, writing nothing: a sweep's re-check at its end, on the thread pool its "
+    c.add_argument("--recheck", action="store_true",
+                   help="measure again what every prediction divides (greedy's seconds per token, each T(M) over T(1)) "
+                        "and print it as JSON, writing nothing: a sweep's re-check at its end, on the thread pool its "
                         "calibration and points ran on")
     c.set_defaults(func=_calibrate)
 

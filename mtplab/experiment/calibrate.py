@@ -347,20 +347,41 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     }
 
 
-def greedy_token_now(model: str, threads: int, samples: int = 3, int4: bool = False) -> float:
-    """Greedy's seconds per token on this model now: the median of `samples` runs of its loop (the sweep's re-check
-    at its end, against the calibration's `greedy_token` from its start)."""
+def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
+    """What every prediction divides, measured again now as measure() measures it (the sweep's re-check at its end,
+    against the calibration from its start): greedy's seconds per token ("greedy_token") and each T(M) as its ratio
+    to the T(1) timed beside it ("ratio_to_t1", M = 2..top), over `repeats` interleaved repeats."""
     from mtplab.engine.engine import Engine, prompt_tokens
 
-    run, art = _calibration_run(model, threads, int4, k=1, tokens=GREEDY_TOKENS + 1, rounds=1)
+    run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
+                                rounds=1)
+    top, greedy_n = calibration_sizes(art.description)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
-    engine.greedy(prompt, run.tokens, margins=False)  # warm-up and capture (run.tokens: within the model's capacity)
-    times = []
-    for _ in range(samples):
-        g = engine.greedy(prompt, run.tokens, margins=False)
-        times.append(g.seconds / g.decodes)
-    return float(np.median(times))
+    engine.start(prompt)
+    L0, tok, sync = engine.state.length, int(prompt[0]), engine.device.sync
+
+    def forward(M: int) -> dict:
+        engine.state.length = L0
+        if M == 1:
+            return engine.forward(Slot.PRIMARY, [tok])
+        return engine.forward(Slot.VERIFY, [tok] * M, in_place=False)
+
+    def greedy_token() -> float:
+        g = engine.greedy(prompt, greedy_n + 1, margins=False)
+        engine.start(prompt)  # back to the state the forwards are timed from
+        return g.seconds / g.decodes
+
+    forward(1), forward(1)
+    forward(top)  # the Verify slot's largest forward first, as measure()
+    paired = PairedSamples(lambda: _block_time(lambda: forward(1), 3, sync), "target/1")
+    for _ in range(repeats):
+        time_targets(engine, forward, paired.add, top, 3)
+        for _ in range(FORWARD_SAMPLES):
+            paired.add("greedy_token", lambda: float(np.mean([greedy_token() for _ in range(3)])))
+    summary = paired.summary()
+    return {"greedy_token": summary["greedy_token"]["median"],
+            "ratio_to_t1": {name: s["ratio"] for name, s in summary.items() if name.startswith("target/")}}
 
 
 def sweep_calibration(calibration_file: str, run: RunConfig) -> dict | None:

@@ -51,12 +51,15 @@ def stability_findings(df: pd.DataFrame) -> list[str]:
 
 
 DRIFT_TOLD = 0.10  # greedy's cost moving more than this between the calibration and the sweep's end is a finding
+RATIO_DRIFT_TOLD = 0.05  # a T(M)/T(1) moving more than this: every efficiency of the sweep moves about as much
 
 
 def drift_findings(sweep: dict) -> str:
     """Markdown: each model whose greedy cost per token moved more than DRIFT_TOLD between the calibration measured at
     the sweep's start and its re-check at the end (sweep.json's calibration_check): the predictions and efficiencies
-    lean on the start's costs; the paired speedups do not. Empty where nothing moved that much."""
+    lean on the start's costs; the paired speedups do not. Also each model whose forward cost ratio T(M)/T(1) moved
+    more than RATIO_DRIFT_TOLD: a verify's price relative to greedy's, so every efficiency moves with it. Empty where
+    nothing moved that much."""
     out = []
     for name, c in (sweep.get("calibration_check") or {}).items():
         if c and abs(c.get("drift", 0.0)) > DRIFT_TOLD:
@@ -64,6 +67,13 @@ def drift_findings(sweep: dict) -> str:
                        f"ms a token when the calibration was measured at its start and {1e3 * c['greedy_token_end']:.2f} "
                        f"ms at its end ({c['drift']:+.0%}; load at the end {c.get('load_end')}). Every prediction and "
                        "efficiency uses the start's costs; the speedups, paired round by round, do not.")
+        if c and abs(c.get("ratio_drift", 0.0)) > RATIO_DRIFT_TOLD:
+            m = c["ratio_drift_m"]
+            a, b = c["ratios"][str(m)]
+            out.append(f"- **The forward cost ratios moved during the sweep**: T({m})/T(1) on `{name}` was {a:.3f} at the "
+                       f"calibration and {b:.3f} at the re-check ({c['ratio_drift']:+.0%}). The predictions and "
+                       "efficiencies price a verify against greedy at the start's ratios: read the efficiencies as "
+                       f"uncertain by about that much.")
     return "\n".join(out)
 
 

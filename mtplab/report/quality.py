@@ -249,6 +249,9 @@ def calibration_lines(name: str, calib: dict, check: dict | None) -> list[str]:
             f"- Re-checked at the sweep's end: greedy {1e3 * check['greedy_token_start']:.3f} ms per token at the "
             f"start, {1e3 * check['greedy_token_end']:.3f} ms at the end ({check['drift']:+.1%}, load "
             f"{check.get('load_end')}): predictions are as good as this stability."
+            + (" T(M)/T(1) at the start and the end: "
+               + ", ".join(f"M={m} {a:.3f} -> {b:.3f}" for m, (a, b) in check["ratios"].items())
+               + f" (at most {check['ratio_drift']:+.1%}, at M={check['ratio_drift_m']})." if check.get("ratios") else "")
         )
     eager, target = calib.get("eager") or {}, calib.get("target") or {}
     ms = sorted(target, key=int)

@@ -311,18 +311,20 @@ def _calibrate(cmd: list[str]) -> str:
         lines = [line for line in lines if line]
         # onnxruntime's own log lines repeat what the error says, at length
         said = ([line for line in lines if not re.search(r"\[[EWI]:onnxruntime", line)] or lines)[-12:]
-        when = "at the sweep's end" if "--greedy-now" in cmd else "before any point ran"
+        when = "at the sweep's end" if "--recheck" in cmd else "before any point ran"
         raise ValueError(f"the calibration failed (exit {child.returncode}) {when}: `{shlex.join(['mtplab', *cmd[3:]])}` "
                          "said:\n  " + "\n  ".join(said or ["nothing"]))
     return out
 
 
 def recheck_calibration(sweep_dir: Path) -> dict:
-    """Greedy's cost per token of each calibrated model measured again at the sweep's end, beside the value
-    measured at its start: how far the machine moved while the points ran. Measured as the calibration was, in a
-    process of its own on one thread pool (`mtplab calibrate --greedy-now`): in this process, on pools of their
-    own with spinning off, small's greedy ran 25-30% slower at 2 threads, which read as a machine that moved. A
-    model whose re-check fails or is interrupted has none (the points are done; the summary is written)."""
+    """What every prediction divides, for each calibrated model, measured again at the sweep's end beside the values
+    measured at its start: greedy's cost per token (how far the machine moved while the points ran) and each T(M)
+    over T(1) (whether the cost ratios the predictions and efficiencies use held: on small, four sweeps' calibrations
+    gave T(5)/T(1) from 1.34 to 1.56). Measured as the calibration was, in a process of its own on one thread pool
+    (`mtplab calibrate --recheck`): in this process, on pools of their own with spinning off, small's greedy ran
+    25-30% slower at 2 threads, which read as a machine that moved. A model whose re-check fails or is interrupted
+    has none (the points are done; the summary is written)."""
     path = sweep_dir / "calibration.json"
     out = {}
     for name, calib in (json.loads(path.read_text()) if path.exists() else {}).items():
@@ -330,20 +332,32 @@ def recheck_calibration(sweep_dir: Path) -> dict:
         if start is None or "model_spec" not in calib:
             continue
         try:
-            said = _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--greedy-now", "--model",
+            said = _calibrate([sys.executable, "-m", "mtplab", "calibrate", "--recheck", "--model",
                                calib["model_spec"], "--threads", str(calib["key"]["threads"]),
                                *(["--int4"] if calib.get("int4") else [])])
-            end = json.loads(said.strip().splitlines()[-1])["greedy_token"]
+            now = json.loads(said.strip().splitlines()[-1])
+            end, ratios_end = now["greedy_token"], now["ratio_to_t1"]
         except CalibrationInterrupted as err:  # one signal stops every model's re-check
-            print(f"sweep {sweep_dir.name}: greedy's re-check at the end stopped ({err}): "
+            print(f"sweep {sweep_dir.name}: the re-check at the end stopped ({err}): "
                   f"{', '.join(out) or 'no model'} re-checked", file=sys.stderr)
             break
         except (ValueError, IndexError, KeyError) as err:
-            print(f"sweep {sweep_dir.name}: greedy's re-check of {name} at the end did not run: {err}", file=sys.stderr)
+            print(f"sweep {sweep_dir.name}: the re-check of {name} at the end did not run: {err}", file=sys.stderr)
             continue
         out[name] = {"greedy_token_start": start, "greedy_token_end": end, "drift": end / start - 1,
-                     "load_end": round(os.getloadavg()[0], 2)}
+                     "load_end": round(os.getloadavg()[0], 2)} | ratio_drift(calib.get("ratio_to_t1") or {}, ratios_end)
     return out
+
+
+def ratio_drift(start: dict, end: dict) -> dict:
+    """{"ratios": {M: [T(M)/T(1) at the start, at the end]}, "ratio_drift": the largest end / start - 1 by size, and
+    "ratio_drift_m": its M} over the sizes both hold ({} where none: a calibration from before ratios were kept)."""
+    both = sorted((int(name.split("/")[1]), start[name], end[name]) for name in set(start) & set(end)
+                  if name.startswith("target/") and name != "target/1" and start[name])
+    if not both:
+        return {}
+    m, a, b = max(both, key=lambda row: abs(row[2] / row[1] - 1))
+    return {"ratios": {str(M): [a_, b_] for M, a_, b_ in both}, "ratio_drift": b / a - 1, "ratio_drift_m": m}
 
 
 def previous_check(sweep_dir: Path) -> dict:
