@@ -241,7 +241,6 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
             int4: bool = False) -> dict:
     """Measure the calibration of one model (a preset name, int4: its int4 form, or a folder) on `threads`
     intra-op threads (RunConfig.threads: 0 is every core)."""
-    from mtplab.engine.engine import Engine, prompt_tokens
     from mtplab.engine.fit import commits_on
 
     run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
@@ -249,18 +248,9 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     # from here, once the model is built: a first use's build is no part of the measurement or its load
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     top, greedy_n = calibration_sizes(art.description)
-    engine = Engine(run, art)
-    prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
-    engine.start(prompt)
-    L0 = engine.state.length
-    tok = int(prompt[0])
+    engine, prompt, forward = _on_prompt(run, art)
+    L0, tok = engine.state.length, int(prompt[0])
     engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
-
-    def forward(M: int) -> dict:
-        engine.state.length = L0
-        if M == 1:
-            return engine.forward(Slot.PRIMARY, [tok])
-        return engine.forward(Slot.VERIFY, [tok] * M, in_place=False)
 
     def head() -> None:
         engine.head.draft(tok, engine.last_hidden, L0, 1)
@@ -347,25 +337,35 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     }
 
 
-def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
-    """What every prediction divides, measured again now as measure() measures it (the sweep's re-check at its end,
-    against the calibration from its start): greedy's seconds per token ("greedy_token") and each T(M) as its ratio
-    to the T(1) timed beside it ("ratio_to_t1", M = 2..top), over `repeats` interleaved repeats."""
+def _on_prompt(run: RunConfig, art) -> tuple:
+    """(the calibration's engine, started on its prompt; the prompt; forward(M): the target's forward of M copies of
+    the prompt's first token at the prompt's end, M=1 on Primary as greedy decodes, M >= 2 on Verify as select's
+    verify): what measure() and recheck_now() time."""
     from mtplab.engine.engine import Engine, prompt_tokens
 
-    run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
-                                rounds=1)
-    top, greedy_n = calibration_sizes(art.description)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine.start(prompt)
-    L0, tok, sync = engine.state.length, int(prompt[0]), engine.device.sync
+    L0, tok = engine.state.length, int(prompt[0])
 
     def forward(M: int) -> dict:
         engine.state.length = L0
         if M == 1:
             return engine.forward(Slot.PRIMARY, [tok])
         return engine.forward(Slot.VERIFY, [tok] * M, in_place=False)
+
+    return engine, prompt, forward
+
+
+def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
+    """What every prediction divides, measured again now as measure() measures it (the sweep's re-check at its end,
+    against the calibration from its start): greedy's seconds per token ("greedy_token") and each T(M) as its ratio
+    to the T(1) timed beside it ("ratio_to_t1", M = 2..top), over `repeats` interleaved repeats."""
+    run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
+                                rounds=1)
+    top, greedy_n = calibration_sizes(art.description)
+    engine, prompt, forward = _on_prompt(run, art)
+    sync = engine.device.sync
 
     def greedy_token() -> float:
         g = engine.greedy(prompt, greedy_n + 1, margins=False)
