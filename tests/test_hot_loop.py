@@ -18,7 +18,7 @@ def _argmax(row: np.ndarray) -> int:
     table = held_meta.snapshot([row])
     program = np.array([[hot_loop.ARGMAX, 0, row.size, 0]], dtype=np.int64)
     out = np.full(1, -1, dtype=np.int64)
-    assert hot_loop.advance(table, held_meta.copies([(0, 0, 0)]), program, out, 0, 0, hot_loop.AFTER) == hot_loop.STAGED
+    assert held_meta.advance(table, held_meta.copies([(0, 0, 0)]), program, out, 0, 0, hot_loop.AFTER) == hot_loop.STAGED
     return int(out[0])
 
 
@@ -71,7 +71,7 @@ def test_a_program_writes_the_token_and_lengths_as_python_writes_them(engines, m
     io = eng.primary_desc.target
     for length in (3, 40, eng.desc.capacity - 1):
         out = np.array([11], dtype=np.int64)
-        assert hot_loop.advance(check.table, check.copies, program, out, 0, length, hot_loop.BEFORE) == hot_loop.STAGED
+        assert held_meta.advance(check.table, check.copies, program, out, 0, length, hot_loop.BEFORE) == hot_loop.STAGED
         want = length_feeds(io, length, 1, eng.desc.capacity, {n: np.array(v) for n, v in feeds.items()})
         for name, value in feeds.items():
             assert np.array_equal(value, [[11]] if name == io.input_ids else want[name]), name

@@ -28,6 +28,7 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -247,8 +248,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
                                 rounds=1)
     # from here, once the model is built: a first use's build is no part of the measurement or its load
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
-    top, greedy_n = calibration_sizes(art.description)
-    engine, prompt, forward = _on_prompt(run, art)
+    engine, prompt, forward, greedy_token, top = _on_prompt(run, art)
     L0, tok = engine.state.length, int(prompt[0])
     engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
 
@@ -268,10 +268,6 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
             return engine.forward(Slot.PRIMARY, [tok], eager=True)
         return engine.forward(Slot.VERIFY, [tok] * M, in_place=False, eager=True)
 
-    def greedy_token() -> float:  # greedy's own loop: a replayed M=1 forward plus its per-token host work
-        g = engine.greedy(prompt, greedy_n + 1, margins=False)
-        return g.seconds / g.decodes
-
     def commit(strategy: str, n: int, reps: int) -> float:
         """Mean seconds of one commit of n tokens (the verify it commits from is untimed, run once)."""
         engine.use_commit(strategy)
@@ -286,8 +282,6 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
     strategies, skipped = commits_on(engine.desc)
     sync = engine.device.sync
-    forward(1), forward(1)  # Primary's plan captured before the first reference sample
-    forward(top)  # the Verify slot's largest forward first (time_targets)
     target_fallbacks = 0
     paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps, sync), "target/1")
     add = paired.add
@@ -337,12 +331,25 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     }
 
 
-def _on_prompt(run: RunConfig, art) -> tuple:
-    """(the calibration's engine, started on its prompt; the prompt; forward(M): the target's forward of M copies of
-    the prompt's first token at the prompt's end, M=1 on Primary as greedy decodes, M >= 2 on Verify as select's
-    verify): what measure() and recheck_now() time."""
+class _OnPrompt(NamedTuple):
+    """What measure() and recheck_now() time: the calibration's engine, started on its prompt; the prompt;
+    forward(M), the target's forward of M copies of the prompt's first token at the prompt's end (M=1 on Primary as
+    greedy decodes, M >= 2 on Verify as select's verify); greedy_token(), greedy's own loop in seconds per decode (a
+    replayed M=1 forward plus its per-token host work), the engine back on the prompt after it; and the largest M."""
+
+    engine: Any
+    prompt: list[int]
+    forward: Callable[[int], dict]
+    greedy_token: Callable[[], float]
+    top: int
+
+
+def _on_prompt(run: RunConfig, art) -> _OnPrompt:
+    """The calibration's engine on its prompt, both slots' plans captured (Primary first, then the Verify slot at its
+    largest M: a pinned workspace keeps the size of its first forward, see time_targets)."""
     from mtplab.engine.engine import Engine, prompt_tokens
 
+    top, greedy_n = calibration_sizes(art.description)
     engine = Engine(run, art)
     prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
     engine.start(prompt)
@@ -354,7 +361,14 @@ def _on_prompt(run: RunConfig, art) -> tuple:
             return engine.forward(Slot.PRIMARY, [tok])
         return engine.forward(Slot.VERIFY, [tok] * M, in_place=False)
 
-    return engine, prompt, forward
+    def greedy_token() -> float:
+        g = engine.greedy(prompt, greedy_n + 1, margins=False)
+        engine.start(prompt)  # back to the state the forwards are timed from
+        return g.seconds / g.decodes
+
+    forward(1), forward(1)
+    forward(top)
+    return _OnPrompt(engine, prompt, forward, greedy_token, top)
 
 
 def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
@@ -363,17 +377,8 @@ def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = F
     to the T(1) timed beside it ("ratio_to_t1", M = 2..top), over `repeats` interleaved repeats."""
     run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
                                 rounds=1)
-    top, greedy_n = calibration_sizes(art.description)
-    engine, prompt, forward = _on_prompt(run, art)
+    engine, _, forward, greedy_token, top = _on_prompt(run, art)
     sync = engine.device.sync
-
-    def greedy_token() -> float:
-        g = engine.greedy(prompt, greedy_n + 1, margins=False)
-        engine.start(prompt)  # back to the state the forwards are timed from
-        return g.seconds / g.decodes
-
-    forward(1), forward(1)
-    forward(top)  # the Verify slot's largest forward first, as measure()
     paired = PairedSamples(lambda: _block_time(lambda: forward(1), 3, sync), "target/1")
     for _ in range(repeats):
         time_targets(engine, forward, paired.add, top, 3)

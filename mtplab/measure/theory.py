@@ -207,16 +207,26 @@ def predict_steps(accepted: list[int], k: int, schedule: str, commit: str, calib
     tokens - 1 after the prefill's, or fewer where its steps made fewer (a run stopped early)."""
     if not accepted or tokens <= 1:
         raise ValueError(f"predict_steps prices a run's steps: got {len(accepted)} steps and tokens={tokens}")
-    greedy, parts, commits = _prices(k, schedule, commit, calibration, eager_share)
-    if missing := sorted({int(j) + 1 for j in accepted} - {int(n) for n in commits}):
-        raise ValueError(f"the calibration prices commits of {sorted(int(n) for n in commits)} tokens, not of {missing}")
+    prices = step_prices(accepted, k, schedule, commit, calibration, eager_share)
+    greedy, phases = prices.pop("greedy"), prices
     steps = len(accepted)
-    phases = parts | {"commit": sum(commits[str(int(j) + 1)] for j in accepted) / steps}
     step = sum(phases.values())
     made = sum(int(j) for j in accepted) + steps * SCHEDULES.get(schedule).extra_tokens
     counted = min(made, tokens - 1)
     return {"steps": steps, "tokens_per_step": made / steps, "step_seconds": step, "phases": phases,
             "greedy_seconds_per_token": greedy, "speedup": counted * greedy / (steps * step)}
+
+
+def step_prices(accepted: list[int], k: int, schedule: str, commit: str, calibration: dict,
+                eager_share: dict | None = None) -> dict:
+    """What the calibration prices the steps a run made at, in seconds: each phase per step ("decode", "draft",
+    "verify"; "commit", the mean of the commits of each step's accepted count + 1) and greedy per token ("greedy"):
+    predict_steps' costs, which the report also sets each timed phase against. ValueError for a commit count the
+    calibration did not measure."""
+    greedy, parts, commits = _prices(k, schedule, commit, calibration, eager_share)
+    if missing := sorted({int(j) + 1 for j in accepted} - {int(n) for n in commits}):
+        raise ValueError(f"the calibration prices commits of {sorted(int(n) for n in commits)} tokens, not of {missing}")
+    return parts | {"commit": sum(commits[str(int(j) + 1)] for j in accepted) / len(accepted), "greedy": greedy}
 
 
 def steps_cdf(alpha: float, k: int, schedule: str, tokens: int) -> np.ndarray:

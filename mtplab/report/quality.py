@@ -9,7 +9,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from mtplab.engine.strategies import SCHEDULES
 from mtplab.experiment.config import defaults
 from mtplab.measure import theory
 from mtplab.measure.stats import STABLE_HALF_WIDTH
@@ -150,12 +149,7 @@ def _calibrated_prices(r, calib: dict | None) -> dict | None:
         return None
     try:
         k = int(r.k)
-        if not theory.covers(calib, k, r.commit):
-            return None
-        commits = calib["commit"][r.commit]
-        return {"decode": SCHEDULES.get(r.schedule).decodes * calib["target"]["1"], "draft": theory.draft_seconds(calib, k),
-                "verify": calib["target"][str(k + 1)], "greedy": theory.greedy_seconds(calib),
-                "commit": float(np.mean([commits[str(int(j) + 1)] for j in accepted]))}
+        return theory.step_prices(accepted, k, r.schedule, r.commit, calib) if theory.covers(calib, k, r.commit) else None
     except (KeyError, ValueError, TypeError):  # a schedule not registered here, a calibration without commits
         return None
 

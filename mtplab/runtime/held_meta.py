@@ -306,7 +306,10 @@ def copies(pairs: list[tuple[int, int, int]]) -> np.ndarray:
 
 
 advance = _advance if MISSING is None else None
-"""advance(table, copies, program, out, i, length, flags): mtplab.runtime.hot_loop.advance, compiled."""
+"""advance(table, copies, program, out, i, length, flags): a hot loop's step (mtplab.runtime.hot_loop). With AFTER,
+a run's after-work: the program's copies, and its token into out[i]; with BEFORE, the next run's feeds: the token
+out[i] and the lengths at `length`, staged into the plan's buffers. STAGED; else nothing was done (the table found a
+difference, or i is outside out): the caller's Python path takes over."""
 stage = _stage if MISSING is None else None
 """stage(table, copies): DIFFERENT where an array of the table (each still alive: whoever made the table holds
 it) has another dtype object or shape than the table holds; else the copies made (STAGED), or none when there are

@@ -5,9 +5,9 @@ before. Between two runs the host reads that token from the logits, copies what 
 present states into the committed ones, the head's hidden state into its next feed), writes the token and the next
 length into the feeds, and passes the replay check (every held array's dtype and shape read, the feeds staged into
 the plan's buffers). In Python that is a dozen calls, 8 to 12 us a run: on the builder fixture's 130 us forward,
-greedy ran at 0.88-0.92x onnxruntime-genai's C++ loop so, and runs at its bare plan's rate compiled. `advance`
-does all of it in one compiled call over the replay check's table and a program of rows built once per loop
-(`program`); the compiled step itself lives in mtplab.runtime.held_meta, beside the reads it inlines.
+greedy ran at 0.88-0.92x onnxruntime-genai's C++ loop so, and runs at its bare plan's rate compiled.
+mtplab.runtime.held_meta.advance does all of it in one compiled call (it lives there, beside the reads it inlines)
+over the replay check's table and a program of rows built once per loop (`program`); `chain` runs the loop.
 
 The program names every array by its row in the table, so each address is read from the live object at each
 call, after the table's dtype and shape reads passed. It is built only where it writes what Python would: the
@@ -96,14 +96,6 @@ def _writes_lengths(ops: np.ndarray, feeds: dict, io: GraphIO, total: int) -> bo
             if not np.array_equal(value, want):
                 return False
     return True
-
-
-def advance(table: np.ndarray, copies: np.ndarray, program: np.ndarray, out: np.ndarray, i: int, length: int,
-            flags: int) -> int:
-    """With AFTER, a run's after-work: the program's copies, and its token into out[i]; with BEFORE, the next run's
-    feeds: the token out[i] and the lengths at `length`, staged into the plan's buffers. STAGED; else nothing was
-    done (the table found a difference, or i is outside out): the caller's Python path takes over."""
-    return held_meta.advance(table, copies, program, out, i, length, flags)
 
 
 def chain(table: np.ndarray, copies: np.ndarray, program: np.ndarray, out: np.ndarray, i: int, stop: int, length: int,
