@@ -69,6 +69,17 @@ def test_the_oracle_draws_the_same_drafts_for_the_same_seed_and_others_for_anoth
     assert OracleDrafter.DRAWS < 4500
 
 
+def test_each_oracle_draft_is_its_reference_token_or_that_token_shifted_by_its_draw():
+    reference = [int(t) for t in np.random.default_rng(4).integers(0, 50, 40)]
+    oracle = _oracle(5, 0.6, reference)
+    for position in (7, 20, 42, 43, 44, 50):  # the last ones draft past the reference's end: fewer drafts, then none
+        j, index = oracle.used, position - 6
+        drafts = oracle.draft(0, None, position, 4).tolist()
+        u, shift = oracle.uniforms[j : j + 4], oracle.shifts[j : j + 4]
+        assert drafts == [t if u[i] < 0.6 else (t + shift[i]) % 50 for i, t in enumerate(reference[index : index + 4])]
+        assert len(drafts) == max(0, min(4, 40 - index))
+
+
 def test_the_heads_steps_are_counted_when_a_step_raises(tiny):
     eng = Engine(RunConfig(model="tiny", k=4), tiny)
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)

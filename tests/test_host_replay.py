@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from mtplab.model.graph import TransitionLayout, rebuild_conv, replay_transitions, replay_transitions_xp
-from mtplab.runtime import host_replay
+from mtplab.runtime import host_replay, jit
 
 
 def _transitions(layout: TransitionLayout, dtype, seed: int = 3):
@@ -82,18 +84,85 @@ def test_what_the_compiled_loop_would_read_past_is_refused_and_mixed_dtypes_take
 def test_where_numba_cannot_cache_the_update_compiles_per_process(monkeypatch):
     """A read-only install with no writable cache folder: numba refuses cache=True at decoration (a test double of
     that refusal here); the update is compiled without a disk cache and still runs."""
-    real = host_replay.numba.njit
+    real = jit.numba.njit
 
     def njit_that_cannot_cache(*args, **kwargs):
         if kwargs.get("cache"):
             raise RuntimeError("cannot cache function '_replay': no locator available for file 'host_replay.py'")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(host_replay.numba, "njit", njit_that_cannot_cache)
-    compiled = host_replay._compiled(host_replay._replay.py_func)
+    monkeypatch.setattr(jit.numba, "njit", njit_that_cannot_cache)
+    compiled = jit.compiled(host_replay._replay.py_func)
     layout = TransitionLayout(8, 4, 2, 16, 8)
     flat, (decay, key, delta), start = _transitions(layout, np.float32)
     got, reference = start.reshape(-1).copy(), start.copy()
     compiled(got, flat.reshape(-1), 3, 8, 4, 2, 16, 8)
     replay_transitions_xp(np, reference[0], decay, key, delta, 3, layout.group)
     np.testing.assert_array_equal(got, reference.reshape(-1))
+
+
+def _layers(layout: TransitionLayout, dtype, channels_first: bool, M: int = 5, width: int = 3, C: int = 6):
+    """Two GatedDeltaNet layers' states and a verify's outputs for them, as a batch-1 host state holds them."""
+    rng = np.random.default_rng(11)
+    carry, inputs = ((1, C, width), (1, C, M)) if channels_first else ((1, width, C), (1, M, C))
+    st = SimpleNamespace(gdn={}, conv={})  # the two buffers dicts of a TargetState, nothing else
+    ver, layers = {}, []
+    for layer in (0, 2):
+        flat, _, start = _transitions(layout, dtype, seed=layer)
+        st.gdn[layer], st.conv[layer] = start, rng.standard_normal(carry).astype(dtype)
+        ver[f"t.{layer}"], ver[f"c.{layer}"] = flat, rng.standard_normal(inputs).astype(dtype)
+        layers.append((layer, f"t.{layer}", f"c.{layer}", channels_first))
+    return st, ver, layers
+
+
+def _layer_by_layer(layout, st, ver, layers, n):
+    for layer, t, c, first in layers:
+        host_replay.replay_state(layout, st.gdn[layer], ver[t], n)
+        host_replay.rebuild_conv(st.conv[layer], ver[c], n, first)
+
+
+def _copy(st):
+    return SimpleNamespace(gdn={i: a.copy() for i, a in st.gdn.items()}, conv={i: a.copy() for i, a in st.conv.items()})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_every_layer_in_one_call_is_bitwise_the_layer_by_layer_update(channels_first, dtype):
+    layout = TransitionLayout(8, 4, 2, 16, 8)
+    st, ver, layers = _layers(layout, dtype, channels_first)
+    at_once = host_replay.SelectLayers(layout, layers)
+    for n in range(6):  # the verify's outputs hold 5 tokens
+        one, each = _copy(st), _copy(st)
+        assert at_once(one, ver, n) is True
+        _layer_by_layer(layout, each, ver, layers, n)
+        for kind in ("gdn", "conv"):
+            for layer in (0, 2):
+                np.testing.assert_array_equal(getattr(one, kind)[layer], getattr(each, kind)[layer])
+                assert n == 0 or not np.array_equal(getattr(one, kind)[layer], getattr(st, kind)[layer])
+
+
+def test_the_all_layers_call_refuses_what_it_does_not_take_and_writes_nothing():
+    layout = TransitionLayout(8, 4, 2, 16, 8)
+    st, ver, layers = _layers(layout, np.float32, False)
+    at_once = host_replay.SelectLayers(layout, layers)
+    before = _copy(st)
+
+    def unchanged():
+        return all(np.array_equal(a.ravel(), before.gdn[i].ravel()) for i, a in st.gdn.items()) and all(
+            np.array_equal(a, before.conv[i]) for i, a in st.conv.items())
+
+    for n in (6, -1):  # beyond the verify's 5 tokens, or negative
+        assert at_once(st, ver, n) is False and unchanged()
+    st.gdn[2].shape = (1, 4, 16, 8)  # reshaped in place: the same object, its size, another shape
+    assert at_once(st, ver, 1) is False and unchanged()
+    st.gdn[2].shape = (1, 4, 8, 16)
+    readonly = ver["c.0"].copy()
+    readonly.flags.writeable = False  # every array it holds must be writeable (it writes the states)
+    for key, value in (("c.0", ver["c.0"][:, ::2]), ("c.0", readonly), ("t.2", ver["t.2"].astype(np.float64))):
+        assert at_once(st, {**ver, key: value}, 1) is False and unchanged()
+    half = SimpleNamespace(gdn={**st.gdn, 0: st.gdn[0].astype(np.float16)}, conv=st.conv)
+    assert at_once(half, ver, 1) is False and unchanged()
+    other = {**ver, "c.2": ver["c.2"].copy()}  # new arrays of the same kind: taken, and read where they are now
+    other["c.2"][:, 0] = 7
+    assert at_once(st, other, 1) is True
+    np.testing.assert_array_equal(st.conv[2][0, -1], np.full(6, 7, np.float32))

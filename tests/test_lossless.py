@@ -91,8 +91,14 @@ def test_a_committed_length_beyond_every_emitted_token_is_a_divergence_with_its_
                               "(rule: the lockstep reference's rule)")
 
 
-def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch):
-    real = host_replay.rebuild_conv  # what select runs on the host
+@pytest.fixture
+def layer_by_layer(monkeypatch):
+    """select's update taken one layer at a time (the path a state the all-layers call refuses takes)."""
+    monkeypatch.setattr(host_replay.SelectLayers, "__call__", lambda self, st, ver, n: False)
+
+
+def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, layer_by_layer, monkeypatch):
+    real = host_replay.rebuild_conv  # what select runs on the host, layer by layer
     monkeypatch.setattr(host_replay, "rebuild_conv", lambda state, inputs, n, *a: real(state, inputs, n - 1, *a))
     r = _run(tiny, "select")
     _failed(r)
@@ -101,13 +107,27 @@ def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch
 
 
 @pytest.mark.parametrize("off", [-1, +1])
-def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, monkeypatch):
+def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, layer_by_layer, monkeypatch):
     real = host_replay.replay_state  # what select runs on the host, layer by layer
     monkeypatch.setattr(host_replay, "replay_state", lambda layout, s, flat, n: real(layout, s, flat, n + off))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]
     assert first["step"] == 1 and first["tensor"].startswith("gdn_state.")
+
+
+def test_an_all_layers_update_of_one_token_too_few_is_caught(tiny, monkeypatch):
+    real, taken = host_replay._replay_layers, []  # what select runs on a batch-1 host state: every layer in one call
+
+    def one_too_few(rows, n, *args):  # every step consumes its first token: n >= 1
+        taken.append(n)
+        real(rows, n - 1, *args)
+
+    monkeypatch.setattr(host_replay, "_replay_layers", one_too_few)
+    r = _run(tiny, "select")
+    _failed(r)
+    first = r.identity["state_first_divergence"]
+    assert taken and first["step"] == 1 and first["tensor"].split(".")[0] in ("conv_state", "gdn_state")
 
 
 def test_a_dropped_last_token_in_the_batched_readvance_is_caught_where_it_first_acts(tiny, clean, monkeypatch):

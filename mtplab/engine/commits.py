@@ -153,16 +153,19 @@ def select_commit(desc, device) -> Callable:
 
 def transitions_update(desc, device) -> Callable:
     """apply(state, verify outputs, n, row=None): every GatedDeltaNet layer's state advanced by its first n
-    transitions and its conv carry rebuilt from the first n conv inputs, layer by layer (on the host one compiled
-    call each, mtplab.runtime.host_replay; on the device one kernel per state); row=b: batch row b only."""
+    transitions and its conv carry rebuilt from the first n conv inputs (on the host one compiled call for every
+    layer, else one each, mtplab.runtime.host_replay; on the device one kernel per state); row=b: batch row b only."""
     io = desc.target
     replay, rebuild = device.transition_replay(desc.transitions), device.conv_rebuild()
     layers = [(s.layer, io.select_outputs[s.layer]["transitions"].name, io.select_outputs[s.layer]["conv_input"].name,
                "channels-first" in s.layout) for s in io.states if s.kind == "conv"]
+    at_once = device.select_layers(desc.transitions, layers)
 
     def apply(st, ver: dict, n: int, row: int | None = None) -> None:
         gdn, conv = st.gdn, st.conv
         if row is None:
+            if at_once is not None and at_once(st, ver, n):
+                return
             for i, t, c, first in layers:
                 replay(gdn[i], ver[t], n)
                 rebuild(conv[i], ver[c], n, first)

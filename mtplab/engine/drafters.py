@@ -25,6 +25,7 @@ from mtplab.model.description import ModelDescription, length_feeds
 from mtplab.runtime import hot_loop
 from mtplab.runtime.arena import array_module
 from mtplab.runtime.executor import Executor, Slot
+from mtplab.runtime.jit import compiled
 from mtplab.runtime.sessions import MtpState, mtp_io, refused_run
 
 
@@ -39,6 +40,7 @@ class MtpDrafter:
     def __init__(self, desc: ModelDescription, executor: Executor, state: MtpState, forwards: dict,
                  choose=GREEDY_MATCH.draft_token):
         self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
+        self.xp = array_module(state.kv[0])  # where its drafts live
         self.choose = choose  # the acceptance rule's draft_token(xp, row)
         self._argmax = choose if chooses_argmax(choose) else None  # drafts a compiled loop may choose
         self._hot: HeadSteps | None = None  # the head step _draft_on_host runs
@@ -62,9 +64,7 @@ class MtpDrafter:
         Stays on the device: each draft (the acceptance rule's draft_token, argmax by default) feeds the next head step, and the k drafts come
         back as a device array [k] (int64); nothing here waits for the device.
         """
-        io = self.desc.mtp
-        xp = array_module(self.state.kv[0])
-        pick = self.choose
+        io, xp, pick = self.desc.mtp, self.xp, self.choose
         drafts = xp.empty(k, dtype=np.int64)
         token = first
         if xp is np and self.state.batch == 1:  # host tokens: the step's feeds rewritten in place, replayed
@@ -96,7 +96,7 @@ class MtpDrafter:
                                         functools.partial(self.executor.replay_held, Slot.PRIMARY),
                                         feeds[io.input_ids], buffer)
         feeds, ids, buffer = hot.feeds, hot.ids, hot.hidden
-        buffer[...] = np.reshape(hidden, buffer.shape)  # as mtp_io feeds it: [1, 1, H], of the target's hidden dtype
+        buffer[...] = hidden.reshape(buffer.shape)  # as mtp_io feeds it: [1, 1, H], of the target's hidden dtype
         feeds[io.hidden_input] = buffer
         capacity, k = desc.capacity, drafts.shape[0]
         done = i = 0
@@ -179,8 +179,9 @@ class OracleDrafter:
         digest = hashlib.sha256(f"oracle:{seed}:{alpha}".encode()).digest()
         self.rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         self.offset = 0
-        self.uniforms: list[float] = []
-        self.shifts: list[int] = []
+        self.tokens = np.asarray(reference, dtype=np.int64)  # the reference, as the compiled draw reads it
+        self.uniforms = np.empty(0)
+        self.shifts = np.empty(0, dtype=np.int64)
         self.used = 0
 
     def prefill(self, tokens: list[int], hidden) -> None:
@@ -192,22 +193,36 @@ class OracleDrafter:
 
     def _draw(self) -> None:
         """The next block of random numbers (the previous block's unused ones are dropped)."""
-        self.uniforms = self.rng.random(self.DRAWS).tolist()
-        self.shifts = (1 + self.rng.integers(self.vocab - 1, size=self.DRAWS)).tolist()
+        self.uniforms = self.rng.random(self.DRAWS)
+        self.shifts = (1 + self.rng.integers(self.vocab - 1, size=self.DRAWS)).astype(np.int64)
         self.used = 0
 
     def draft(self, first, hidden, position: int, k: int):
         """Drafts for the reference tokens after `first` (at position + 1): right with probability alpha."""
         if self.head is not None:
             self.head.draft(first, hidden, position, k)
-        if self.used + k > len(self.uniforms):
+        if self.used + k > self.uniforms.shape[0]:
             self._draw()
         j, self.used = self.used, self.used + k
-        index = position - self.offset + 2  # where the first draft's reference token sits
-        alpha, vocab, reference, uniforms, shifts = self.alpha, self.vocab, self.reference, self.uniforms, self.shifts
-        out = [ref if uniforms[j + i] < alpha else (ref + shifts[j + i]) % vocab
-               for i, ref in enumerate(reference[index : index + k])]
-        return self.xp.asarray(np.array(out, dtype=np.int64))
+        out = np.empty(k, dtype=np.int64)
+        # where the first draft's reference token sits: position - offset + 2
+        made = _oracle_drafts(self.tokens, position - self.offset + 2, self.uniforms, self.shifts, j, self.alpha,
+                              self.vocab, out)
+        if made < k:  # the reference ends (the run's last step drafts past it at most)
+            out = out[:made]
+        return out if self.xp is np else self.xp.asarray(out)
+
+
+@compiled
+def _oracle_drafts(reference, index, uniforms, shifts, j, alpha, vocab, out):  # pragma: no cover - compiled
+    """out[i] = reference[index + i] where uniform j + i is below alpha, else that token shifted by shift j + i
+    (mod vocab), while the reference lasts: the drafts made. One compiled call a step (in Python, a list, an array
+    and their calls cost more than a head step's host work on tiny)."""
+    made = min(out.shape[0], max(0, reference.shape[0] - index))
+    for i in range(made):
+        token = reference[index + i]
+        out[i] = token if uniforms[j + i] < alpha else (token + shifts[j + i]) % vocab
+    return made
 
 
 class DrafterKind:

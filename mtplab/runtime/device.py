@@ -94,6 +94,16 @@ class Device:
 
         return functools.partial(replay_transitions, layout)
 
+    def select_layers(self, layout, layers: list) -> Callable | None:
+        """select's update of every layer in one call where this device has one: on the CPU, a compiled call for a
+        batch-1 state (mtplab.runtime.host_replay.SelectLayers: it answers False where it does not apply); else None:
+        transition_replay and conv_rebuild layer by layer."""
+        if self.xp is not np:
+            return None
+        from mtplab.runtime import held_meta, host_replay
+
+        return host_replay.SelectLayers(layout, layers) if held_meta.ready() else None
+
     def conv_rebuild(self) -> Callable:
         """select's conv carry rebuild, rebuild(carry, conv inputs, n, channels_first): compiled on the CPU
         (mtplab.runtime.host_replay), the array module's own ops elsewhere (mtplab.model.graph)."""

@@ -45,7 +45,7 @@ try:
     from numba import types
     from numba.extending import intrinsic
 
-    from mtplab.runtime.host_replay import _compiled
+    from mtplab.runtime.jit import compiled as _compiled
 except ImportError as err:  # numba missing, or refusing this numpy: the replay check reads in Python
     MISSING: ImportError | None = err
 else:
@@ -153,7 +153,10 @@ else:
 
     @_compiled
     def _accept_argmax(logits, ids, packed):  # pragma: no cover - compiled
-        k = logits.shape[0] - 1
+        M = logits.shape[0]
+        if M == 0 or logits.shape[1] == 0 or ids.shape[0] != M or packed.shape[0] != 2 * M + 1:
+            return -1
+        k = M - 1
         n = k
         for i in range(k + 1):
             target = _argmax(logits[i], logits.shape[1])
@@ -203,15 +206,18 @@ def accept_argmax(logits: np.ndarray, ids: np.ndarray, packed: np.ndarray) -> in
     [n, first, d1..dk, t0..tk] (t_i the first largest of row i, numpy's argmax) and n returns, the drafts kept. None,
     with nothing written, for arrays it does not take (another dtype, layout or size): the caller's Python path.
     ids and packed must not overlap (the verify's own two buffers)."""
-    if MISSING is not None or type(logits) is not np.ndarray or type(ids) is not np.ndarray or type(packed) is not np.ndarray:
-        return None
-    if logits.ndim != 2 or logits.dtype != np.float32 or not logits.size or not logits.flags.c_contiguous:
-        return None
-    M = logits.shape[0]
-    if ids.shape != (M,) or ids.dtype != np.int64 or packed.shape != (2 * M + 1,) or packed.dtype != np.int64 or (
-            not packed.flags.writeable):
-        return None
-    return _accept_argmax(logits, ids, packed)
+    # checked in the fewest Python reads (a dtype that is not numpy's own float32 or int64 object takes the Python
+    # path); the sizes are checked in the compiled call, which answers -1 for sizes it does not take
+    if (MISSING is None and type(logits) is type(ids) is type(packed) is np.ndarray and logits.dtype is _FLOAT32
+            and ids.dtype is packed.dtype is _INT64 and logits.ndim == 2 and ids.ndim == packed.ndim == 1
+            and logits.flags.c_contiguous and packed.flags.writeable):
+        n = _accept_argmax(logits, ids, packed)
+        if n >= 0:
+            return n
+    return None
+
+
+_FLOAT32, _INT64 = np.dtype(np.float32), np.dtype(np.int64)
 
 
 def _rows(arrays: list) -> np.ndarray:

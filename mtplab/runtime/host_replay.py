@@ -13,27 +13,29 @@ isolated time: 50 us per commit on tiny at k=3, an eighth of the step. One compi
 a few microseconds, and on the larger presets' states it is still faster than the closed form, hot: 6x at one
 token, 2x at four, even at eight (benchmarks/select_update.py).
 
+A commit on a batch-1 host state takes every layer in one call (SelectLayers): the per-layer calls' wrappers, checks
+and argument typing cost more than the arithmetic on tiny, and inside a step each Python call is slower again.
+
 Compiled once per machine and cached beside this module (numba's cache=True), or in the user's cache folder;
 where neither can be written (a read-only install, no writable home), compiled once per process.
 """
 
 from __future__ import annotations
 
+import operator
+from operator import is_
+
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 from mtplab.model import graph
+from mtplab.runtime import held_meta
+from mtplab.runtime.jit import compiled
 
 
-def _compiled(fn):
-    """fn compiled, its machine code cached on disk where numba finds a writable place, else per process."""
-    try:
-        return numba.njit(cache=True)(fn)
-    except RuntimeError:  # "cannot cache function ...: no locator available"
-        return numba.njit(fn)
-
-
-@_compiled
+@compiled
 def _replay(state, row, n, C, Hv, Hk, Dk, Dv):  # pragma: no cover - compiled
     rep = Hv // Hk
     keys, deltas = C * Hv, C * (Hv + Hk * Dk)
@@ -50,7 +52,7 @@ def _replay(state, row, n, C, Hv, Hk, Dk, Dv):  # pragma: no cover - compiled
                     line[j] = line[j] * decay + delta * key[j]
 
 
-@_compiled
+@compiled
 def _rebuild(conv, conv_input, n):  # pragma: no cover - compiled
     width = conv.shape[1]
     for b in range(conv.shape[0]):
@@ -60,6 +62,34 @@ def _rebuild(conv, conv_input, n):  # pragma: no cover - compiled
             for r in range(width - n):  # forward: row r + n is read before it is written
                 conv[b, r, :] = conv[b, r + n, :]
             conv[b, width - n :, :] = conv_input[b, :n, :]
+
+
+@intrinsic
+def _memory(typingctx, address):
+    """An address (int64) as a void pointer, for numba.carray."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+
+    return types.voidptr(address), codegen
+
+
+@compiled
+def _replay_layers(layers, n, C, Hv, Hk, Dk, Dv, dtype):  # pragma: no cover - compiled
+    """Each row of layers: (state, transitions row, conv carry, conv inputs: their data addresses; batch rows,
+    carry rows, channels, input tokens, channels first): _replay then _rebuild on views of that memory."""
+    width = Hv + Hk * Dk + Hv * Dv
+    for r in range(layers.shape[0]):
+        state = numba.carray(_memory(layers[r, 0]), (Hv * Dv * Dk,), dtype)
+        _replay(state, numba.carray(_memory(layers[r, 1]), (C * width,), dtype), n, C, Hv, Hk, Dk, Dv)
+        B, W, channels, M = layers[r, 4], layers[r, 5], layers[r, 6], layers[r, 7]
+        if layers[r, 8]:
+            conv = numba.carray(_memory(layers[r, 2]), (B, channels, W), dtype)
+            inputs = numba.carray(_memory(layers[r, 3]), (B, channels, M), dtype)
+            _rebuild(conv.transpose(0, 2, 1), inputs.transpose(0, 2, 1), n)
+        else:
+            conv = numba.carray(_memory(layers[r, 2]), (B, W, channels), dtype)
+            inputs = numba.carray(_memory(layers[r, 3]), (B, M, channels), dtype)
+            _rebuild(conv, inputs, n)
 
 
 COMPILED = (np.dtype(np.float32), np.dtype(np.float64))  # numba has no float16 arithmetic: numpy's forms run those
@@ -92,3 +122,69 @@ def rebuild_conv(conv_state: np.ndarray, conv_input: np.ndarray, n: int, channel
         raise ValueError(f"a conv carry rebuild takes n in 0..{conv_input.shape[1]} and inputs of its rows and channels: "
                          f"got n={n}, a carry {list(conv_state.shape)} and inputs {list(conv_input.shape)}")
     _rebuild(conv_state, conv_input, n)
+
+
+class SelectLayers:
+    """select's update of every layer of a batch-1 host state in one compiled call: replay_state and rebuild_conv
+    for each layer, in order, the same arithmetic. Made for the arrays of one commit (the states and the verify's
+    outputs) and taken while the next commits bring the very same arrays with the dtype, shape, contiguity and
+    writeability they had (mtplab.runtime.held_meta's compiled reads: an array reshaped in place is caught). A call
+    answers whether it made the update; False, with nothing written: the caller updates layer by layer.
+
+    layers: (layer, transitions output name, conv input output name, channels first) of each GatedDeltaNet layer."""
+
+    def __init__(self, layout, layers: list[tuple[int, str, str, bool]]):
+        self.layout, self.layers = layout, layers
+        self.ids = [layer for layer, *_ in layers]
+        self.states = _getter(self.ids)  # a tuple from a state's buffers by layer
+        self.outputs = _getter([name for _, t, c, _ in layers for name in (t, c)])
+        self.held: tuple = ()  # the arrays it was made for: the states, the carries, then the outputs by layer
+        self.table = self.copies = self.rows = self.dtype = None
+        self.most = -1  # the largest count those arrays take
+
+    def __call__(self, st, ver: dict, n: int) -> bool:
+        arrays = self.states(st.gdn) + self.states(st.conv) + self.outputs(ver)
+        if (len(arrays) != len(self.held) or not all(map(is_, arrays, self.held))) and not self._make(arrays):
+            return False
+        if not 0 <= n <= self.most or held_meta.stage(self.table, self.copies) != held_meta.STAGED:
+            return False
+        lay = self.layout
+        _replay_layers(self.rows, n, lay.capacity, lay.value_heads, lay.key_heads, lay.key_dim, lay.value_dim,
+                       self.dtype)
+        return True
+
+    def _make(self, arrays: tuple) -> bool:
+        """Holds these arrays and their rows where the compiled call takes them (plain numpy arrays of one float
+        dtype, C-contiguous, batch 1, of the sizes the layout gives); else False, holding nothing."""
+        self.held, self.most = (), -1
+        L, lay, dtype = len(self.ids), self.layout, arrays[0].dtype
+        if dtype not in COMPILED or not all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous
+                                            for a in arrays):
+            return False
+        rows, most = [], lay.capacity
+        for r, (*_, first) in enumerate(self.layers):
+            state, carry, row, inputs = arrays[r], arrays[L + r], arrays[2 * L + 2 * r], arrays[2 * L + 2 * r + 1]
+            rows.append([a.ctypes.data for a in (state, row, carry, inputs)])
+            if first:
+                carry, inputs = carry.transpose(0, 2, 1), inputs.transpose(0, 2, 1)
+            if (state.size != lay.value_heads * lay.value_dim * lay.key_dim or row.size != lay.capacity * lay.width
+                    or carry.ndim != 3 or inputs.ndim != 3 or carry.shape[0] != 1 or inputs.shape[0] != 1
+                    or carry.shape[2] != inputs.shape[2]):
+                return False
+            most = min(most, inputs.shape[1])
+            rows[-1] += [1, carry.shape[1], carry.shape[2], inputs.shape[1], int(first)]
+        table = held_meta.snapshot(list(arrays))
+        if table is None:
+            return False
+        self.held, self.table, self.most, self.dtype = arrays, table, most, dtype
+        self.copies = held_meta.copies([(r, r, 0) for r in range(len(arrays))])  # each contiguous and writeable
+        self.rows = np.array(rows, dtype=np.int64)
+        return True
+
+
+def _getter(keys: list):
+    """get(mapping): the values at keys, always a tuple (operator.itemgetter's one C call; one key gives a tuple too)."""
+    if len(keys) == 1:
+        key = keys[0]
+        return lambda mapping: (mapping[key],)
+    return operator.itemgetter(*keys)
