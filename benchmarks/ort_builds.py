@@ -1,0 +1,142 @@
+"""One M=1 forward of a model through the onnxruntime wheel's two builds, side by side: its Python module (a build
+of its own, statically linked: what mtplab runs) and its libonnxruntime.so (the library onnxruntime-genai loads).
+
+Same graph (the user's own, as a decode runs it), same session settings (one intra-op and one inter-op thread: no
+pool whose spinning either build sets its own way; graph optimizations all on), the very same buffers (mtplab's target_io for one token at half the KV capacity, every input and output bound by address);
+the Python module runs its IOBinding through its C entry, the library runs OrtApi::Run through ctypes on OrtValues
+made once over those buffers. Interleaved rounds of --runs forwards each; the median of the per-round ratios and
+its 95% CI. The ratio is the floor under "greedy mtplab / genai" that no host loop of mtplab can move: a slower
+build of the same release is a slower forward.
+
+The OrtApi entries it calls are the first 70 of onnxruntime_c_api.h's struct OrtApi, whose order every release
+keeps (entries are only appended).
+
+    python benchmarks/ort_builds.py [--model tests/data/builder-tiny|small] [--rounds 21] [--runs 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import pathlib
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+from mtplab.engine.engine import model_for
+from mtplab.experiment.config import RunConfig
+from mtplab.measure.stats import summarize
+from mtplab.runtime.arena import Arena
+from mtplab.runtime.sessions import TargetState, make_session, target_io
+
+# OrtApi's entries by index (onnxruntime_c_api.h)
+GET_ERROR_MESSAGE, CREATE_ENV, CREATE_SESSION, RUN, CREATE_SESSION_OPTIONS = 2, 3, 7, 9, 10
+SET_GRAPH_OPTIMIZATION_LEVEL, SET_INTRA_OP_THREADS, SET_INTER_OP_THREADS = 23, 24, 25
+CREATE_TENSOR_WITH_DATA, CREATE_CPU_MEMORY_INFO = 49, 69
+ELEMENT = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.float16): 10}
+P = ctypes.c_void_p
+
+
+class CApiSession:
+    """A session of libonnxruntime.so, run on OrtValues over numpy arrays (held, not copied)."""
+
+    def __init__(self, path: str, threads: int):
+        lib = ctypes.CDLL(str(pathlib.Path(ort.__file__).parent / "capi" / f"libonnxruntime.so.{ort.__version__}"))
+        lib.OrtGetApiBase.restype = P
+        base = ctypes.cast(lib.OrtGetApiBase(), ctypes.POINTER(P))
+        api = ctypes.cast(ctypes.CFUNCTYPE(P, ctypes.c_uint32)(base[0])(1), ctypes.POINTER(P))  # API version 1's
+        self.api, self.message = api, ctypes.CFUNCTYPE(ctypes.c_char_p, P)(api[GET_ERROR_MESSAGE])
+        self.env, options, self.session, self.memory = P(), P(), P(), P()
+        self._call(CREATE_ENV, (ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(P)), 3, b"mtplab", ctypes.byref(self.env))
+        self._call(CREATE_SESSION_OPTIONS, (ctypes.POINTER(P),), ctypes.byref(options))
+        self._call(SET_INTRA_OP_THREADS, (P, ctypes.c_int), options, threads)
+        self._call(SET_INTER_OP_THREADS, (P, ctypes.c_int), options, 1)
+        self._call(SET_GRAPH_OPTIMIZATION_LEVEL, (P, ctypes.c_int), options, 99)  # ORT_ENABLE_ALL
+        self._call(CREATE_SESSION, (P, ctypes.c_char_p, P, ctypes.POINTER(P)), self.env, path.encode(), options,
+                   ctypes.byref(self.session))
+        self._call(CREATE_CPU_MEMORY_INFO, (ctypes.c_int, ctypes.c_int, ctypes.POINTER(P)), 0, 0, ctypes.byref(self.memory))
+        self.run_fn = ctypes.CFUNCTYPE(P, P, P, P, P, ctypes.c_size_t, P, ctypes.c_size_t, P)(api[RUN])
+
+    def _call(self, index: int, types: tuple, *args) -> None:
+        status = ctypes.CFUNCTYPE(P, *types)(self.api[index])(*args)
+        if status:
+            raise RuntimeError(self.message(status).decode())
+
+    def value(self, a: np.ndarray) -> P:
+        out, shape = P(), (ctypes.c_int64 * a.ndim)(*a.shape)
+        self._call(CREATE_TENSOR_WITH_DATA, (P, P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                                             ctypes.c_int, ctypes.POINTER(P)),
+                   self.memory, a.ctypes.data, a.nbytes, shape, a.ndim, ELEMENT[a.dtype], ctypes.byref(out))
+        return out
+
+    def runner(self, inputs: dict, outputs: dict):
+        """A call of no arguments running the session on these arrays."""
+        def names(named: dict):
+            return (ctypes.c_char_p * len(named))(*[n.encode() for n in named])
+
+        def values(named: dict):
+            return (P * len(named))(*[self.value(a) for a in named.values()])
+
+        # Run(session, run options, input names, inputs, their count, output names, their count, outputs)
+        keep = [self.session, None, names(inputs), values(inputs), len(inputs), names(outputs), len(outputs),
+                values(outputs)]
+        run, message = self.run_fn, self.message
+
+        def call() -> None:
+            status = run(*keep)
+            if status:
+                raise RuntimeError(message(status).decode())
+
+        return call
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tests/data/builder-tiny", help="a preset name or a builder output folder")
+    ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--runs", type=int, default=200)
+    args = ap.parse_args()
+    desc = model_for(RunConfig(model=args.model)).description
+    desc = desc.own_graph() or desc  # the graph a decode runs: the user's own, not mtplab's copy with select's outputs
+    state = TargetState.allocate(desc, Arena("bench"))
+    state.length = desc.capacity // 2
+    feeds, outputs, bound = target_io(desc, state, np.array([5], dtype=np.int64))
+    inputs = dict(feeds) | {name: a for name, a, out in bound if not out}
+    results = {name: np.zeros(shape, dtype) for name, (shape, dtype) in outputs.items()}
+    results |= {name: a for name, a, out in bound if out}
+    path = str(desc.target.path)
+    module = make_session(path, threads=1)
+    binding = module.io_binding()
+    for named, bind in ((inputs, binding.bind_input), (results, binding.bind_output)):
+        for name, a in named.items():
+            bind(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+    sides = {"python module": lambda: module._sess.run_with_iobinding(binding._iobinding, None),
+             "libonnxruntime.so": CApiSession(path, 1).runner(inputs, results)}
+    logits = results[desc.target.logits]
+    firsts = []
+    for run in sides.values():  # the same logits from both, each from the same state (the recurrent states zeroed)
+        for a in state.recurrent_arrays():
+            a[...] = 0
+        run()
+        firsts.append(logits.copy())
+    assert np.array_equal(*firsts), "the two builds computed different logits"
+    seen: dict[str, list[float]] = {side: [] for side in sides}
+    for r in range(args.rounds + 1):  # round 0 warms both up
+        for side in (list(sides) if r % 2 else list(sides)[::-1]):
+            run, t0 = sides[side], time.perf_counter()
+            for _ in range(args.runs):
+                run()
+            if r:
+                seen[side].append((time.perf_counter() - t0) / args.runs * 1e6)
+    ratio = summarize(list(np.asarray(seen["python module"]) / np.asarray(seen["libonnxruntime.so"])))
+    print(f"{desc.name} ({path}): one M=1 forward at length {state.length}, onnxruntime {ort.__version__}, one "
+          f"thread, median of {args.rounds} interleaved rounds of {args.runs}")
+    for side, us in seen.items():
+        print(f"  {side:18} {np.median(us):8.1f} us")
+    lo, hi = ratio["ci"]
+    print(f"  python module / libonnxruntime.so: {ratio['median']:.3f}x [{lo:.3f}, {hi:.3f}]")
+
+
+if __name__ == "__main__":
+    main()
