@@ -4,20 +4,21 @@ of its own, statically linked: what mtplab runs) and its libonnxruntime.so (the 
 Same graph (the user's own, as a decode runs it), same session settings (one intra-op and one inter-op thread: no
 pool whose spinning either build sets its own way; graph optimizations all on), the very same buffers (mtplab's target_io for one token at half the KV capacity, every input and output bound by address);
 the Python module runs its IOBinding through its C entry, the library runs OrtApi::Run through ctypes on OrtValues
-made once over those buffers. Interleaved rounds of --runs forwards each; the median of the per-round ratios and
-its 95% CI. The ratio is the floor under "greedy mtplab / genai" that no host loop of mtplab can move: a slower
+made once over those buffers. Interleaved rounds of --runs forwards each (by default as many as take about a
+quarter of a second); the median of the per-round ratios and its 95% CI. The ratio is the floor under "greedy mtplab / genai" that no host loop of mtplab can move: a slower
 build of the same release is a slower forward.
 
 The OrtApi entries it calls are the first 70 of onnxruntime_c_api.h's struct OrtApi, whose order every release
 keeps (entries are only appended).
 
-    python benchmarks/ort_builds.py [--model tests/data/builder-tiny|small] [--rounds 21] [--runs 200]
+    python benchmarks/ort_builds.py [--model tests/data/builder-tiny|small] [--rounds 21] [--runs N] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import pathlib
 import time
 
@@ -95,8 +96,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tests/data/builder-tiny", help="a preset name or a builder output folder")
     ap.add_argument("--rounds", type=int, default=21)
-    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=0, help="forwards per side and round (0: about 0.25 s of them)")
+    ap.add_argument("--json", help="also write the times and the ratio here")
     args = ap.parse_args()
+    if args.rounds < 1 or args.runs < 0:
+        ap.error(f"--rounds {args.rounds} --runs {args.runs}: rounds must be at least 1, runs at least 0")
     desc = model_for(RunConfig(model=args.model)).description
     desc = desc.own_graph() or desc  # the graph a decode runs: the user's own, not mtplab's copy with select's outputs
     state = TargetState.allocate(desc, Arena("bench"))
@@ -121,21 +125,29 @@ def main() -> None:
         run()
         firsts.append(logits.copy())
     assert np.array_equal(*firsts), "the two builds computed different logits"
+    t0 = time.perf_counter()
+    for _ in range(3):
+        sides["python module"]()
+    runs = args.runs or max(3, round(0.25 / ((time.perf_counter() - t0) / 3)))
     seen: dict[str, list[float]] = {side: [] for side in sides}
     for r in range(args.rounds + 1):  # round 0 warms both up
         for side in (list(sides) if r % 2 else list(sides)[::-1]):
             run, t0 = sides[side], time.perf_counter()
-            for _ in range(args.runs):
+            for _ in range(runs):
                 run()
             if r:
-                seen[side].append((time.perf_counter() - t0) / args.runs * 1e6)
+                seen[side].append((time.perf_counter() - t0) / runs * 1e6)
     ratio = summarize(list(np.asarray(seen["python module"]) / np.asarray(seen["libonnxruntime.so"])))
     print(f"{desc.name} ({path}): one M=1 forward at length {state.length}, onnxruntime {ort.__version__}, one "
-          f"thread, median of {args.rounds} interleaved rounds of {args.runs}")
+          f"thread, median of {args.rounds} interleaved rounds of {runs}")
     for side, us in seen.items():
         print(f"  {side:18} {np.median(us):8.1f} us")
     lo, hi = ratio["ci"]
     print(f"  python module / libonnxruntime.so: {ratio['median']:.3f}x [{lo:.3f}, {hi:.3f}]")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": desc.name, "us": {side: float(np.median(v)) for side, v in seen.items()},
+                       "ratio": ratio}, f, indent=1, default=float)
 
 
 if __name__ == "__main__":
