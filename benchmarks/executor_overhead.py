@@ -18,8 +18,12 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   time spent inside them (the forwards); each step's wall runs from one commit callback to the next. Over the steps
   after the first three (warm-up and captures), host share = (sum of step walls - sum of forward
   times inside them) / sum of step walls: the part of a step the host spends outside the forwards.
-  Goal: <= 20%. Where it goes: each phase's host time per step (the schedule's phase clock less the
-  forwards of the session that phase runs: Primary decode, the MTP head's drafts, the Verify).
+  The clock's wrappers are host work of the benchmark's, not the engine's (about a microsecond a forward inside a
+  step): the same speculative run without them, interleaved, gives the step wall an engine runs; host share less
+  the clock = 1 - (the clocked run's time inside the forwards) / (the unclocked run's step wall), round by round.
+  Goal: that <= 20%. Where it goes: each phase's host time per step (the schedule's phase clock less the
+  forwards of the session that phase runs: Primary decode, the MTP head's drafts, the Verify; the clock's cost
+  included).
 - both again with every decode and draft in Python (Engine.compiled_loops off),
   interleaved with the rest: what the compiled loops save, measured side by side.
 Greedy's host path by layer, on the same Engine, interleaved rounds of n tokens, each layer adding to the one
@@ -102,13 +106,20 @@ def per_run(art, k: int, runs: int, threads: int) -> dict[tuple[str, str], float
 
 class ForwardClock:
     """Wraps a plan backend's runs (eager, capture, replay): every call's duration goes into `spans` as (start,
-    seconds). The backend is where every forward of the engine's executors runs."""
+    seconds). The backend is where every forward of the engine's executors runs. attach(False) puts the backend's
+    own methods back for an unclocked run (what the wrappers themselves cost a step is its wall less that run's)."""
 
     def __init__(self, backend):
         self.spans: list[tuple[float, float, object]] = []  # (start, seconds, session)
         self.on = False
-        for name in ("eager", "capture", "replay"):
-            setattr(backend, name, self._wrap(getattr(backend, name)))
+        self.backend = backend
+        self.real = {name: getattr(backend, name) for name in ("eager", "capture", "replay")}
+        self.wrapped = {name: self._wrap(run) for name, run in self.real.items()}
+        self.attach(True)
+
+    def attach(self, on: bool) -> None:
+        for name, run in (self.wrapped if on else self.real).items():
+            setattr(self.backend, name, run)
 
     def _wrap(self, real):
         spans, clock = self.spans, time.perf_counter
@@ -155,7 +166,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
     phase_of = {id(eng.target.sessions[Slot.PRIMARY]): "decode", id(eng.mtp.sessions[Slot.PRIMARY]): "draft",
                 id(eng.target.sessions[Slot.VERIFY]): "verify"}
     assert len(phase_of) == 3, "the phase split needs the Verify slot on a session of its own"
-    sides = ("bare", "greedy", "greedy python", "spec", "spec python")
+    sides = ("bare", "greedy", "greedy python", "spec", "spec python", "spec unclocked")
     seen: dict[str, list] = {side: [] for side in sides}
 
     def speculative() -> tuple[float, float, dict[str, float]]:
@@ -178,10 +189,23 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
         host = {phase: (spec["split"][phase] - forwards[phase]) / len(commits) * 1e6 for phase in PHASES}
         return (wall - inside) / wall, wall / (len(commits) - 3) * 1e6, host
 
+    def unclocked() -> float:
+        """A speculative run's step wall in us (the same steps as speculative()'s) with the backend's own methods."""
+        commits: list[float] = []
+        clock.attach(False)
+        try:
+            eng.speculative(prompt, n, reference,
+                            on_commit=lambda step, length, emitted, c=commits: c.append(time.perf_counter()))
+        finally:
+            clock.attach(True)
+        return (commits[-1] - commits[2]) / (len(commits) - 3) * 1e6
+
     for r in range(rounds + 1):
         for side in (sides if r % 2 else sides[::-1]):
             eng.compiled_loops = not side.endswith("python")
-            if side == "bare":
+            if side == "spec unclocked":
+                value = unclocked()
+            elif side == "bare":
                 value = bare_loop(eng, prompt, n) / (n - 1) * 1e6
             elif side.startswith("greedy"):
                 g = eng.greedy(prompt, n, margins=False)
@@ -203,9 +227,17 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
                 "step_us": float(np.median([w for _, w, _ in seen[side]])),
                 "host_us": {phase: float(np.median([h[phase] for _, _, h in seen[side]])) for phase in PHASES}}
 
+    # the clock's own cost: a clocked step's wall less an unclocked one's, round by round; the host share without
+    # it, each round's time inside the forwards (clocked) over its unclocked step wall
+    walls = np.asarray([w for _, w, _ in seen["spec"]])
+    inside = walls * (1 - np.asarray([share for share, _, _ in seen["spec"]]))
+    plain = np.asarray(seen["spec unclocked"])
+    clockless = list(1 - inside / plain)
+    unclocked_share = {"clock_us": float(np.median(walls - plain)), "clock_us_ci": summarize(list(walls - plain))["ci"],
+                       "share_unclocked": float(np.median(clockless)), "share_unclocked_ci": summarize(clockless)["ci"]}
     compiled, python = greedy("greedy"), greedy("greedy python")
     return {"bare": float(np.median(bare)), "greedy": compiled["us"], "ratio": compiled["ratio"],
-            "ratio_ci": compiled["ratio_ci"], **spec("spec"), "python": {
+            "ratio_ci": compiled["ratio_ci"], **spec("spec"), **unclocked_share, "python": {
                 "greedy": python["us"], "ratio": python["ratio"], "ratio_ci": python["ratio_ci"], **spec("spec python")}}
 
 
@@ -303,7 +335,11 @@ def main() -> None:
          f"<= {GREEDY_GOAL}x"),
         ("speculative step wall (us)", f"{t['step_us']:.1f}", ""),
         ("speculative host share outside forwards", f"{t['share']:.1%} [{t['share_ci'][0]:.1%}, {t['share_ci'][1]:.1%}]",
-         f"<= {HOST_SHARE_GOAL:.0%}"),
+         ""),
+        ("  the forward clock's own cost (us/step)",
+         f"{t['clock_us']:.1f} [{t['clock_us_ci'][0]:.1f}, {t['clock_us_ci'][1]:.1f}]", ""),
+        ("  host share less the clock's cost", f"{t['share_unclocked']:.1%} [{t['share_unclocked_ci'][0]:.1%}, "
+                                                 f"{t['share_unclocked_ci'][1]:.1%}]", f"<= {HOST_SHARE_GOAL:.0%}"),
     ]
     rows += [(f"  host per step in {phase} (us)", f"{t['host_us'][phase]:.1f}", "") for phase in PHASES]
     py = t["python"]

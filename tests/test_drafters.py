@@ -78,6 +78,9 @@ def test_each_oracle_draft_is_its_reference_token_or_that_token_shifted_by_its_d
         u, shift = oracle.uniforms[j : j + 4], oracle.shifts[j : j + 4]
         assert drafts == [t if u[i] < 0.6 else (t + shift[i]) % 50 for i, t in enumerate(reference[index : index + 4])]
         assert len(drafts) == max(0, min(4, 40 - index))
+    assert oracle.draft(0, None, 2, 3).tolist() == []  # before the reference's start: nothing to draft from
+    with pytest.raises(ValueError, match="the oracle draws 4096 numbers at a time: k=4097 drafts a step do not fit"):
+        oracle.draft(0, None, 7, OracleDrafter.DRAWS + 1)
 
 
 def test_the_heads_steps_are_counted_when_a_step_raises(tiny):

@@ -149,13 +149,13 @@ def test_the_all_layers_call_refuses_what_it_does_not_take_and_writes_nothing():
 
     def unchanged():
         return all(np.array_equal(a.ravel(), before.gdn[i].ravel()) for i, a in st.gdn.items()) and all(
-            np.array_equal(a, before.conv[i]) for i, a in st.conv.items())
+            np.array_equal(a.ravel(), before.conv[i].ravel()) for i, a in st.conv.items())
 
     for n in (6, -1):  # beyond the verify's 5 tokens, or negative
         assert at_once(st, ver, n) is False and unchanged()
-    st.gdn[2].shape = (1, 4, 16, 8)  # reshaped in place: the same object, its size, another shape
+    st.conv[2].shape = (1, 18)  # reshaped in place: the same object, its size, a shape it does not take
     assert at_once(st, ver, 1) is False and unchanged()
-    st.gdn[2].shape = (1, 4, 8, 16)
+    st.conv[2].shape = (1, 3, 6)
     readonly = ver["c.0"].copy()
     readonly.flags.writeable = False  # every array it holds must be writeable (it writes the states)
     for key, value in (("c.0", ver["c.0"][:, ::2]), ("c.0", readonly), ("t.2", ver["t.2"].astype(np.float64))):
@@ -166,3 +166,20 @@ def test_the_all_layers_call_refuses_what_it_does_not_take_and_writes_nothing():
     other["c.2"][:, 0] = 7
     assert at_once(st, other, 1) is True
     np.testing.assert_array_equal(st.conv[2][0, -1], np.full(6, 7, np.float32))
+
+
+def test_the_all_layers_call_reads_again_an_array_reshaped_or_given_new_memory_in_place():
+    layout = TransitionLayout(8, 4, 2, 16, 8)
+    st, ver, layers = _layers(layout, np.float32, False)
+    at_once = host_replay.SelectLayers(layout, layers)
+    assert at_once(_copy(st), ver, 1)  # made for ver's arrays
+    rows = ver["t.2"]
+    rows.shape = (2, rows.size // 2)  # the same object and size, another shape: taken as a row of C*width again
+    moved = ver["c.0"]
+    moved.__setstate__((1, moved.shape, moved.dtype, False, (moved + 1).tobytes()))  # new memory, the same object
+    one, each = _copy(st), _copy(st)
+    assert at_once(one, ver, 3) is True
+    _layer_by_layer(layout, each, {**ver, "t.2": rows.reshape(1, -1)}, layers, 3)
+    for kind in ("gdn", "conv"):
+        for layer in (0, 2):
+            np.testing.assert_array_equal(getattr(one, kind)[layer], getattr(each, kind)[layer])

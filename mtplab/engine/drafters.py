@@ -203,6 +203,8 @@ class OracleDrafter:
             self.head.draft(first, hidden, position, k)
         if self.used + k > self.uniforms.shape[0]:
             self._draw()
+            if k > self.DRAWS:
+                raise ValueError(f"the oracle draws {self.DRAWS} numbers at a time: k={k} drafts a step do not fit")
         j, self.used = self.used, self.used + k
         out = np.empty(k, dtype=np.int64)
         # where the first draft's reference token sits: position - offset + 2
@@ -218,7 +220,7 @@ def _oracle_drafts(reference, index, uniforms, shifts, j, alpha, vocab, out):  #
     """out[i] = reference[index + i] where uniform j + i is below alpha, else that token shifted by shift j + i
     (mod vocab), while the reference lasts: the drafts made. One compiled call a step (in Python, a list, an array
     and their calls cost more than a head step's host work on tiny)."""
-    made = min(out.shape[0], max(0, reference.shape[0] - index))
+    made = min(out.shape[0], max(0, reference.shape[0] - index)) if index >= 0 else 0
     for i in range(made):
         token = reference[index + i]
         out[i] = token if uniforms[j + i] < alpha else (token + shifts[j + i]) % vocab

@@ -98,7 +98,7 @@ class Device:
         """select's update of every layer in one call where this device has one: on the CPU, a compiled call for a
         batch-1 state (mtplab.runtime.host_replay.SelectLayers: it answers False where it does not apply); else None:
         transition_replay and conv_rebuild layer by layer."""
-        if self.xp is not np:
+        if self.xp is not np or not layers:
             return None
         from mtplab.runtime import held_meta, host_replay
 

@@ -138,6 +138,15 @@ else:
         return STAGED
 
     @_compiled
+    def _in_place(table, data):  # pragma: no cover - compiled
+        if not same(table):
+            return False
+        for r in range(table.shape[0]):
+            if not _writable(table, r) or _words(table[r, 0])[_DATA] != data[r]:
+                return False
+        return True
+
+    @_compiled
     def _argmax(row, count):  # pragma: no cover - compiled
         """numpy's argmax of a float32 row of count > 0 values (an array or a pointer): the first NaN, else the first
         largest."""
@@ -218,6 +227,7 @@ def accept_argmax(logits: np.ndarray, ids: np.ndarray, packed: np.ndarray) -> in
 
 
 _FLOAT32, _INT64 = np.dtype(np.float32), np.dtype(np.int64)
+
 
 
 def _rows(arrays: list) -> np.ndarray:
@@ -321,6 +331,12 @@ stage = _stage if MISSING is None else None
 it) has another dtype object or shape than the table holds; else the copies made (STAGED), or none when there are
 none to make, or a source is not contiguous, or a target not contiguous and writeable (CHECKED: the caller
 copies). The compiled function itself: a wrapper would cost a tenth of it."""
+
+
+in_place = _in_place if MISSING is None else None
+"""in_place(table, data): whether every array of the table (each still alive: whoever made the table holds it) has
+the dtype object and shape the table holds, is C-contiguous and writeable, and holds its memory at data[row] (the
+address its caller computes on: an array given new memory in place, by resize or __setstate__, fails here)."""
 
 
 def readdress(table: np.ndarray, arrays: list) -> None:

@@ -128,8 +128,9 @@ class SelectLayers:
     """select's update of every layer of a batch-1 host state in one compiled call: replay_state and rebuild_conv
     for each layer, in order, the same arithmetic. Made for the arrays of one commit (the states and the verify's
     outputs) and taken while the next commits bring the very same arrays with the dtype, shape, contiguity and
-    writeability they had (mtplab.runtime.held_meta's compiled reads: an array reshaped in place is caught). A call
-    answers whether it made the update; False, with nothing written: the caller updates layer by layer.
+    writeability they had, and their memory where it was (mtplab.runtime.held_meta's compiled reads: an array
+    reshaped or given new memory in place is caught, and read again). A call answers whether it made the update;
+    False, with nothing written: the caller updates layer by layer.
 
     layers: (layer, transitions output name, conv input output name, channels first) of each GatedDeltaNet layer."""
 
@@ -139,28 +140,35 @@ class SelectLayers:
         self.states = _getter(self.ids)  # a tuple from a state's buffers by layer
         self.outputs = _getter([name for _, t, c, _ in layers for name in (t, c)])
         self.held: tuple = ()  # the arrays it was made for: the states, the carries, then the outputs by layer
-        self.table = self.copies = self.rows = self.dtype = None
+        self.usable = False  # whether the compiled call takes them: then their held_meta snapshot, data addresses, rows
+        self.table = self.data = self.rows = self.dtype = None
         self.most = -1  # the largest count those arrays take
 
     def __call__(self, st, ver: dict, n: int) -> bool:
         arrays = self.states(st.gdn) + self.states(st.conv) + self.outputs(ver)
-        if (len(arrays) != len(self.held) or not all(map(is_, arrays, self.held))) and not self._make(arrays):
+        if len(arrays) != len(self.held) or not all(map(is_, arrays, self.held)):
+            self._make(arrays)
+        if not self.usable:  # arrays it does not take: refused at once until others come
             return False
-        if not 0 <= n <= self.most or held_meta.stage(self.table, self.copies) != held_meta.STAGED:
+        if not held_meta.in_place(self.table, self.data):  # changed in place since they were read: read them again
+            self._make(arrays)
+            if not (self.usable and held_meta.in_place(self.table, self.data)):
+                return False
+        if not 0 <= n <= self.most:
             return False
         lay = self.layout
         _replay_layers(self.rows, n, lay.capacity, lay.value_heads, lay.key_heads, lay.key_dim, lay.value_dim,
                        self.dtype)
         return True
 
-    def _make(self, arrays: tuple) -> bool:
-        """Holds these arrays and their rows where the compiled call takes them (plain numpy arrays of one float
-        dtype, C-contiguous, batch 1, of the sizes the layout gives); else False, holding nothing."""
-        self.held, self.most = (), -1
+    def _make(self, arrays: tuple) -> None:
+        """Holds these arrays, usable where the compiled call takes them (plain numpy arrays of one float dtype,
+        C-contiguous and writeable, batch 1, of the sizes the layout gives): their snapshot, addresses and rows."""
+        self.held, self.usable, self.most = arrays, False, -1
         L, lay, dtype = len(self.ids), self.layout, arrays[0].dtype
         if dtype not in COMPILED or not all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous
-                                            for a in arrays):
-            return False
+                                            and a.flags.writeable for a in arrays):
+            return
         rows, most = [], lay.capacity
         for r, (*_, first) in enumerate(self.layers):
             state, carry, row, inputs = arrays[r], arrays[L + r], arrays[2 * L + 2 * r], arrays[2 * L + 2 * r + 1]
@@ -170,16 +178,14 @@ class SelectLayers:
             if (state.size != lay.value_heads * lay.value_dim * lay.key_dim or row.size != lay.capacity * lay.width
                     or carry.ndim != 3 or inputs.ndim != 3 or carry.shape[0] != 1 or inputs.shape[0] != 1
                     or carry.shape[2] != inputs.shape[2]):
-                return False
+                return
             most = min(most, inputs.shape[1])
             rows[-1] += [1, carry.shape[1], carry.shape[2], inputs.shape[1], int(first)]
         table = held_meta.snapshot(list(arrays))
-        if table is None:
-            return False
-        self.held, self.table, self.most, self.dtype = arrays, table, most, dtype
-        self.copies = held_meta.copies([(r, r, 0) for r in range(len(arrays))])  # each contiguous and writeable
-        self.rows = np.array(rows, dtype=np.int64)
-        return True
+        if table is not None:
+            self.usable, self.table, self.most, self.dtype = True, table, most, dtype
+            self.data = np.array([a.ctypes.data for a in arrays], dtype=np.int64)  # the addresses the rows hold
+            self.rows = np.array(rows, dtype=np.int64)
 
 
 def _getter(keys: list):
