@@ -6,9 +6,9 @@
   decode in Python (what the compiled loop, mtplab.runtime.hot_loop, saves);
 - engine greedy against a bare replay loop, greedy's host path layer by layer, and the speculative host share
   (benchmarks/executor_overhead.py, tiny, 1 thread), each beside the same with every decode and draft in Python;
-- the same forward through onnxruntime's Python module (what mtplab runs) and its libonnxruntime.so (what genai
-  loads), on each model at one thread (benchmarks/ort_builds.py): the part of "greedy mtplab / genai" that is the
-  library, not the loop;
+- below greedy's loop, on each model at one thread (benchmarks/forward_gap.py): the same forward through
+  onnxruntime's Python module (what mtplab runs) and its libonnxruntime.so (what genai loads), and with a static
+  attention span (a replayed plan's) against a growing one: parts of "greedy mtplab / genai" no loop can move;
 - the efficiency range of the demo's sibling-pinned/select points (demo in the results root, when `make demo` ran).
 Each line names its thread pool; --pools global per-session runs the pool comparison side by side
 (processes alternating). The load average is printed before and after: numbers from a busy machine
@@ -97,10 +97,12 @@ def main() -> None:
                     if not all(r["identical"].values()):
                         rows.append((name, "OUTPUT DIFFERS FROM GREEDY", str(r["identical"]), ""))
         for model in models:
-            out = Path(tmp) / f"builds-{Path(model).name}.json"
-            r = _run("ort_builds.py", ["--model", model, "--rounds", "5" if args.quick else "21"], out)
-            rows.append((f"{Path(model).name}, 1 thread", "onnxruntime's Python module / its libonnxruntime.so",
-                         _ci(r["ratio"]), ""))
+            out = Path(tmp) / f"gap-{Path(model).name}.json"
+            r = _run("forward_gap.py", ["--model", model, "--rounds", "5" if args.quick else "21"], out)
+            rows.append((f"{Path(model).name}, 1 thread", "a forward: Python module / libonnxruntime.so",
+                         _ci(r["ratios"]["build"]), ""))
+            rows.append((f"{Path(model).name}, 1 thread", "a forward: static span / growing span",
+                         _ci(r["ratios"]["span"]), ""))
         for pool in args.pools:
             out = Path(tmp) / f"overhead-{pool}.json"
             measured = _run("executor_overhead.py", ["--threads", "1", "--pool", pool]

@@ -1,17 +1,23 @@
-"""One M=1 forward of a model through the onnxruntime wheel's two builds, side by side: its Python module (a build
-of its own, statically linked: what mtplab runs) and its libonnxruntime.so (the library onnxruntime-genai loads).
+"""Below greedy's loop, where a forward of mtplab's costs more than onnxruntime-genai's: the library build, and the
+static attention span a replayed plan needs.
 
+One M=1 forward of a model, the very same buffers (mtplab's target_io for one token at half the KV capacity, every
+input and output bound by address), three ways side by side:
+- mtplab's: onnxruntime's Python module (a build of its own, statically linked), its IOBinding run through its C
+  entry, the lengths as a replayed plan feeds them (the attention span the KV capacity: static shapes);
+- the same feeds through the wheel's libonnxruntime.so (the library onnxruntime-genai loads): OrtApi::Run through
+  ctypes on OrtValues made once over those buffers;
+- the Python module again, the attention span the length + 1 (a growing cache's feeds, as genai's CPU runs feed it).
 Same graph (the user's own, as a decode runs it), same session settings (one intra-op and one inter-op thread: no
-pool whose spinning either build sets its own way; graph optimizations all on), the very same buffers (mtplab's target_io for one token at half the KV capacity, every input and output bound by address);
-the Python module runs its IOBinding through its C entry, the library runs OrtApi::Run through ctypes on OrtValues
-made once over those buffers. Interleaved rounds of --runs forwards each (by default as many as take about a
-quarter of a second); the median of the per-round ratios and its 95% CI. The ratio is the floor under "greedy mtplab / genai" that no host loop of mtplab can move: a slower
-build of the same release is a slower forward.
+pool whose spinning either build sets its own way; graph optimizations all on), outputs checked equal. Interleaved
+rounds of --runs forwards each (by default as many as take about a quarter of a second); the medians of the
+per-round ratios with 95% CIs: Python module / libonnxruntime.so (the build), static / growing span (the shapes).
+Neither is work any host loop of mtplab can remove.
 
 The OrtApi entries it calls are the first 70 of onnxruntime_c_api.h's struct OrtApi, whose order every release
 keeps (entries are only appended).
 
-    python benchmarks/ort_builds.py [--model tests/data/builder-tiny|small] [--rounds 21] [--runs N] [--json FILE]
+    python benchmarks/forward_gap.py [--model tests/data/builder-tiny|small] [--rounds 21] [--runs N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import onnxruntime as ort
 from mtplab.engine.engine import model_for
 from mtplab.experiment.config import RunConfig
 from mtplab.measure.stats import summarize
+from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.sessions import TargetState, make_session, target_io
 
@@ -37,6 +44,8 @@ SET_GRAPH_OPTIMIZATION_LEVEL, SET_INTRA_OP_THREADS, SET_INTER_OP_THREADS = 23, 2
 CREATE_TENSOR_WITH_DATA, CREATE_CPU_MEMORY_INFO = 49, 69
 ELEMENT = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.float16): 10}
 P = ctypes.c_void_p
+MODULE, LIBRARY = "Python module, static span (mtplab's)", "libonnxruntime.so, static span"
+GROWING = "Python module, growing span"
 
 
 class CApiSession:
@@ -109,25 +118,30 @@ def main() -> None:
     inputs = dict(feeds) | {name: a for name, a, out in bound if not out}
     results = {name: np.zeros(shape, dtype) for name, (shape, dtype) in outputs.items()}
     results |= {name: a for name, a, out in bound if out}
+    growing = inputs | length_feeds(desc.target, state.length, 1, state.length + 1)  # the span: the length + 1
     path = str(desc.target.path)
     module = make_session(path, threads=1)
-    binding = module.io_binding()
-    for named, bind in ((inputs, binding.bind_input), (results, binding.bind_output)):
-        for name, a in named.items():
-            bind(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
-    sides = {"python module": lambda: module._sess.run_with_iobinding(binding._iobinding, None),
-             "libonnxruntime.so": CApiSession(path, 1).runner(inputs, results)}
+
+    def bound_run(named_inputs: dict):
+        binding = module.io_binding()
+        for named, bind in ((named_inputs, binding.bind_input), (results, binding.bind_output)):
+            for name, a in named.items():
+                bind(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+        return lambda: module._sess.run_with_iobinding(binding._iobinding, None)
+
+    sides = {MODULE: bound_run(inputs), LIBRARY: CApiSession(path, 1).runner(inputs, results),
+             GROWING: bound_run(growing)}
     logits = results[desc.target.logits]
     firsts = []
-    for run in sides.values():  # the same logits from both, each from the same state (the recurrent states zeroed)
+    for run in sides.values():  # the same logits from each, each from the same state (the recurrent states zeroed)
         for a in state.recurrent_arrays():
             a[...] = 0
         run()
         firsts.append(logits.copy())
-    assert np.array_equal(*firsts), "the two builds computed different logits"
+    assert all(np.array_equal(firsts[0], f) for f in firsts[1:]), "the three forwards computed different logits"
     t0 = time.perf_counter()
     for _ in range(3):
-        sides["python module"]()
+        sides[MODULE]()
     runs = args.runs or max(3, round(0.25 / ((time.perf_counter() - t0) / 3)))
     seen: dict[str, list[float]] = {side: [] for side in sides}
     for r in range(args.rounds + 1):  # round 0 warms both up
@@ -137,17 +151,19 @@ def main() -> None:
                 run()
             if r:
                 seen[side].append((time.perf_counter() - t0) / runs * 1e6)
-    ratio = summarize(list(np.asarray(seen["python module"]) / np.asarray(seen["libonnxruntime.so"])))
-    print(f"{desc.name} ({path}): one M=1 forward at length {state.length}, onnxruntime {ort.__version__}, one "
-          f"thread, median of {args.rounds} interleaved rounds of {runs}")
-    for side, us in seen.items():
-        print(f"  {side:18} {np.median(us):8.1f} us")
-    lo, hi = ratio["ci"]
-    print(f"  python module / libonnxruntime.so: {ratio['median']:.3f}x [{lo:.3f}, {hi:.3f}]")
+    us = {side: np.asarray(v) for side, v in seen.items()}
+    ratios = {"build": summarize(list(us[MODULE] / us[LIBRARY])), "span": summarize(list(us[MODULE] / us[GROWING]))}
+    print(f"{desc.name} ({path}): one M=1 forward at length {state.length} of {desc.capacity}, onnxruntime "
+          f"{ort.__version__}, one thread, median of {args.rounds} interleaved rounds of {runs}")
+    for side, v in us.items():
+        print(f"  {side:44} {np.median(v):9.1f} us")
+    for name, what in (("build", "Python module / libonnxruntime.so"), ("span", "static span / growing span")):
+        lo, hi = ratios[name]["ci"]
+        print(f"  {what:44} {ratios[name]['median']:.3f}x [{lo:.3f}, {hi:.3f}]")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": desc.name, "us": {side: float(np.median(v)) for side, v in seen.items()},
-                       "ratio": ratio}, f, indent=1, default=float)
+            json.dump({"model": desc.name, "us": {side: float(np.median(v)) for side, v in us.items()},
+                       "ratios": ratios}, f, indent=1, default=float)
 
 
 if __name__ == "__main__":
