@@ -149,3 +149,21 @@ def test_the_compiled_verdict_refuses_what_it_does_not_take_and_writes_nothing()
                  (np.zeros((0, 8), np.float32), ids[:0], packed[:1])]:
         assert held_meta.accept_argmax(*args) is None
     assert (packed == -7).all()
+
+
+def test_in_place_holds_arrays_to_their_memory_shape_dtype_and_writeability():
+    memory = bytearray(32)  # held here, so that memory given to the array later cannot land at its address
+    arrays = [np.zeros((2, 3), np.float32), np.frombuffer(memory, dtype=np.int64)]
+    table = held_meta.snapshot(arrays)
+    data = np.array([a.ctypes.data for a in arrays], dtype=np.int64)
+    assert held_meta.in_place(table, data)
+    arrays[0].shape = (3, 2)  # the same object and memory, another shape
+    assert not held_meta.in_place(table, data)
+    arrays[0].shape = (2, 3)
+    arrays[1].flags.writeable = False
+    assert not held_meta.in_place(table, data)
+    arrays[1].flags.writeable = True
+    arrays[1].__setstate__((1, (4,), arrays[1].dtype, False, arrays[1].tobytes()))  # the same object, new memory
+    assert not held_meta.in_place(table, data)
+    data[1] = arrays[1].ctypes.data
+    assert held_meta.in_place(table, data)

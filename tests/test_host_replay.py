@@ -171,15 +171,26 @@ def test_the_all_layers_call_refuses_what_it_does_not_take_and_writes_nothing():
 def test_the_all_layers_call_reads_again_an_array_reshaped_or_given_new_memory_in_place():
     layout = TransitionLayout(8, 4, 2, 16, 8)
     st, ver, layers = _layers(layout, np.float32, False)
-    at_once = host_replay.SelectLayers(layout, layers)
-    assert at_once(_copy(st), ver, 1)  # made for ver's arrays
-    rows = ver["t.2"]
-    rows.shape = (2, rows.size // 2)  # the same object and size, another shape: taken as a row of C*width again
+    memory = bytearray(ver["c.0"].tobytes())  # held here: memory given to the array later lands elsewhere
+    ver["c.0"] = np.frombuffer(memory, np.float32).reshape(ver["c.0"].shape)
+    at_once, one = host_replay.SelectLayers(layout, layers), _copy(st)
+    assert at_once(one, ver, 1)  # made for these arrays: one's and ver's
+
+    def same_as_layer_by_layer(outputs: dict) -> None:
+        for kind in ("gdn", "conv"):  # one's arrays (the very objects it holds) back to the start, in place
+            for layer in (0, 2):
+                getattr(one, kind)[layer][...] = getattr(st, kind)[layer]
+        each = _copy(st)
+        assert at_once(one, ver, 3) is True
+        _layer_by_layer(layout, each, outputs, layers, 3)
+        for kind in ("gdn", "conv"):
+            for layer in (0, 2):
+                np.testing.assert_array_equal(getattr(one, kind)[layer], getattr(each, kind)[layer])
+
     moved = ver["c.0"]
     moved.__setstate__((1, moved.shape, moved.dtype, False, (moved + 1).tobytes()))  # new memory, the same object
-    one, each = _copy(st), _copy(st)
-    assert at_once(one, ver, 3) is True
-    _layer_by_layer(layout, each, {**ver, "t.2": rows.reshape(1, -1)}, layers, 3)
-    for kind in ("gdn", "conv"):
-        for layer in (0, 2):
-            np.testing.assert_array_equal(getattr(one, kind)[layer], getattr(each, kind)[layer])
+    assert moved.ctypes.data != np.frombuffer(memory, np.float32).ctypes.data
+    same_as_layer_by_layer(ver)
+    rows = ver["t.2"]
+    rows.shape = (2, rows.size // 2)  # the same object and size, another shape: taken as a row of C*width again
+    same_as_layer_by_layer({**ver, "t.2": rows.reshape(1, -1)})

@@ -16,8 +16,9 @@ a plain ndarray (a CuPy array): the caller keeps its Python reads. The table hol
 whoever holds a table holds its arrays.
 
 A hot loop's step (mtplab.runtime.hot_loop: a run's token, copies and next feeds, then these reads and copies) is
-compiled here too, beside the reads it inlines, and greedy-match's verdict on a verify (accept_argmax), which
-shares its argmax.
+compiled here too, beside the reads it inlines, greedy-match's verdict on a verify (accept_argmax), which
+shares its argmax, and in_place: whether arrays whose data addresses a compiled caller holds still have them, and
+their dtype and shape (select's update of every layer at once, mtplab.runtime.host_replay.SelectLayers).
 """
 
 from __future__ import annotations
@@ -227,7 +228,6 @@ def accept_argmax(logits: np.ndarray, ids: np.ndarray, packed: np.ndarray) -> in
 
 
 _FLOAT32, _INT64 = np.dtype(np.float32), np.dtype(np.int64)
-
 
 
 def _rows(arrays: list) -> np.ndarray:
