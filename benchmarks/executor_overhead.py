@@ -26,8 +26,9 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   forward time. Goal: <= 20%, the engine's share lying between the two. Where it goes: each phase's host time per step (the schedule's phase clock less the
   forwards of the session that phase runs: Primary decode, the MTP head's drafts, the Verify; the clock's cost
   included).
-- both again with every decode and draft in Python (Engine.compiled_loops off),
-  interleaved with the rest: what the compiled loops save, measured side by side.
+- both again with every decode and draft in Python (Engine.compiled_loops off: greedy's decodes, the head's steps
+  and the verify's verdict; the oracle's draws and select's update stay compiled), interleaved with the rest: what
+  the compiled loops save, measured side by side.
 Greedy's host path by layer, on the same Engine, interleaved rounds of n tokens, each layer adding to the one
 before, every one relative to the first (the captured plan replayed n times, nothing else): + the loop's own
 work (the token and length feeds rewritten in place, the state's carry, the argmax; nothing stages the feeds
