@@ -52,6 +52,7 @@ def efficiency_range(sweep: Path) -> str | None:
     if not (sweep / "results.parquet").exists():
         return None
     from mtplab.experiment.config import defaults
+    from mtplab.report.tables import ci_pair
     from mtplab.sweep import store
 
     df = store.load(sweep)
@@ -60,7 +61,7 @@ def efficiency_range(sweep: Path) -> str | None:
     e = own.efficiency.dropna()
     if e.empty:
         return None
-    highs = [json.loads(ci)[1] if isinstance(ci, str) else ci[1] for ci in own.efficiency_ci.dropna()]
+    highs = [ci_pair(ci)[1] for ci in own.loc[e.index, "efficiency_ci"]]
     below = sum(high < 0.9 for high in highs)  # a point estimate is one draw: its CI says whether it is below
     return (f"min {e.min():.2f}, median {e.median():.2f}, max {e.max():.2f} over {len(e)} points; "
             f"{below} of {len(highs)} with the whole 95% CI below 0.9")

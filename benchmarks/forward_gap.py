@@ -3,8 +3,9 @@ static attention span a replayed plan needs.
 
 One M=1 forward of a model, the very same buffers (mtplab's target_io for one token at half the KV capacity, every
 input and output bound by address), three ways side by side:
-- mtplab's: onnxruntime's Python module (a build of its own, statically linked), its IOBinding run through its C
-  entry, the lengths as a replayed plan feeds them (the attention span the KV capacity: static shapes);
+- mtplab's: onnxruntime's Python module (a build of its own, statically linked), bound and run as the CPU plan
+  backend binds and replays a plan (its IOBinding through its C entry), the lengths as a replayed plan feeds them
+  (the attention span the KV capacity: static shapes);
 - the same feeds through the wheel's libonnxruntime.so (the library onnxruntime-genai loads): OrtApi::Run through
   ctypes on OrtValues made once over those buffers;
 - the Python module again, the attention span the length + 1: the attention mask (or total_sequence_length) of the
@@ -39,7 +40,9 @@ from mtplab.experiment.config import RunConfig
 from mtplab.measure.stats import summarize
 from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import Arena
+from mtplab.runtime.executor import CpuPlanBackend, direct_runner
 from mtplab.runtime.sessions import TargetState, make_session, target_io
+from mtplab.runtime.signature import Binding
 
 # OrtApi's entries by index (onnxruntime_c_api.h)
 GET_ERROR_MESSAGE, CREATE_ENV, CREATE_SESSION, RUN, CREATE_SESSION_OPTIONS = 2, 3, 7, 9, 10
@@ -129,12 +132,9 @@ def main() -> None:
     path = str(desc.target.path)
     module = make_session(path, threads=1)
 
-    def bound_run(named_inputs: dict):
-        binding = module.io_binding()
-        for named, bind in ((named_inputs, binding.bind_input), (results, binding.bind_output)):
-            for name, a in named.items():
-                bind(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
-        return lambda: module._sess.run_with_iobinding(binding._iobinding, None)
+    def bound_run(named_inputs: dict):  # a plan as mtplab's CPU backend binds and replays it
+        binds = [Binding(n, a, False) for n, a in named_inputs.items()] + [Binding(n, a, True) for n, a in results.items()]
+        return direct_runner(module, CpuPlanBackend._binding(module, binds))
 
     sides = {MODULE: bound_run(inputs), LIBRARY: CApiSession(path, 1).runner(inputs, results),
              GROWING: bound_run(growing)}

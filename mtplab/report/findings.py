@@ -73,7 +73,7 @@ def drift_findings(sweep: dict) -> str:
             out.append(f"- **The forward cost ratios moved during the sweep**: T({m})/T(1) on `{name}` was {a:.3f} at the "
                        f"calibration and {b:.3f} at the re-check ({c['ratio_drift']:+.0%}). The predictions and "
                        "efficiencies price a verify against greedy at the start's ratios: read the efficiencies as "
-                       f"uncertain by about that much.")
+                       "uncertain by about that much.")
     return "\n".join(out)
 
 

@@ -75,20 +75,20 @@ def _memory(typingctx, address):
 
 @compiled
 def _replay_layers(layers, n, C, Hv, Hk, Dk, Dv, dtype):  # pragma: no cover - compiled
-    """Each row of layers: (state, transitions row, conv carry, conv inputs: their data addresses; batch rows,
-    carry rows, channels, input tokens, channels first): _replay then _rebuild on views of that memory."""
+    """Each row of layers: (state, transitions row, conv carry, conv inputs: their data addresses; carry rows,
+    channels, input tokens, channels first), one batch row: _replay then _rebuild on views of that memory."""
     width = Hv + Hk * Dk + Hv * Dv
     for r in range(layers.shape[0]):
         state = numba.carray(_memory(layers[r, 0]), (Hv * Dv * Dk,), dtype)
         _replay(state, numba.carray(_memory(layers[r, 1]), (C * width,), dtype), n, C, Hv, Hk, Dk, Dv)
-        B, W, channels, M = layers[r, 4], layers[r, 5], layers[r, 6], layers[r, 7]
-        if layers[r, 8]:
-            conv = numba.carray(_memory(layers[r, 2]), (B, channels, W), dtype)
-            inputs = numba.carray(_memory(layers[r, 3]), (B, channels, M), dtype)
+        W, channels, M = layers[r, 4], layers[r, 5], layers[r, 6]
+        if layers[r, 7]:
+            conv = numba.carray(_memory(layers[r, 2]), (1, channels, W), dtype)
+            inputs = numba.carray(_memory(layers[r, 3]), (1, channels, M), dtype)
             _rebuild(conv.transpose(0, 2, 1), inputs.transpose(0, 2, 1), n)
         else:
-            conv = numba.carray(_memory(layers[r, 2]), (B, W, channels), dtype)
-            inputs = numba.carray(_memory(layers[r, 3]), (B, M, channels), dtype)
+            conv = numba.carray(_memory(layers[r, 2]), (1, W, channels), dtype)
+            inputs = numba.carray(_memory(layers[r, 3]), (1, M, channels), dtype)
             _rebuild(conv, inputs, n)
 
 
@@ -140,7 +140,7 @@ class SelectLayers:
         self.states = _getter(self.ids)  # a tuple from a state's buffers by layer
         self.outputs = _getter([name for _, t, c, _ in layers for name in (t, c)])
         self.held: tuple = ()  # the arrays it was made for: the states, the carries, then the outputs by layer
-        self.usable = False  # whether the compiled call takes them: then their held_meta snapshot, data addresses, rows
+        # where the compiled call takes them: their held_meta snapshot, data addresses and rows (else table None)
         self.table = self.data = self.rows = self.dtype = None
         self.most = -1  # the largest count those arrays take
 
@@ -148,11 +148,11 @@ class SelectLayers:
         arrays = self.states(st.gdn) + self.states(st.conv) + self.outputs(ver)
         if len(arrays) != len(self.held) or not all(map(is_, arrays, self.held)):
             self._make(arrays)
-        if not self.usable:  # arrays it does not take: refused at once until others come
+        if self.table is None:  # arrays it does not take: refused at once until others come
             return False
         if not held_meta.in_place(self.table, self.data):  # changed in place since they were read: read them again
             self._make(arrays)
-            if not (self.usable and held_meta.in_place(self.table, self.data)):
+            if self.table is None or not held_meta.in_place(self.table, self.data):
                 return False
         if not 0 <= n <= self.most:
             return False
@@ -162,9 +162,9 @@ class SelectLayers:
         return True
 
     def _make(self, arrays: tuple) -> None:
-        """Holds these arrays, usable where the compiled call takes them (plain numpy arrays of one float dtype,
-        C-contiguous and writeable, batch 1, of the sizes the layout gives): their snapshot, addresses and rows."""
-        self.held, self.usable, self.most = arrays, False, -1
+        """Holds these arrays, and where the compiled call takes them (plain numpy arrays of one float dtype,
+        C-contiguous and writeable, batch 1, of the sizes the layout gives) their snapshot, addresses and rows."""
+        self.held, self.table, self.most = arrays, None, -1
         L, lay, dtype = len(self.ids), self.layout, arrays[0].dtype
         if dtype not in COMPILED or not all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous
                                             and a.flags.writeable for a in arrays):
@@ -180,10 +180,10 @@ class SelectLayers:
                     or carry.shape[2] != inputs.shape[2]):
                 return
             most = min(most, inputs.shape[1])
-            rows[-1] += [1, carry.shape[1], carry.shape[2], inputs.shape[1], int(first)]
+            rows[-1] += [carry.shape[1], carry.shape[2], inputs.shape[1], int(first)]
         table = held_meta.snapshot(list(arrays))
         if table is not None:
-            self.usable, self.table, self.most, self.dtype = True, table, most, dtype
+            self.table, self.most, self.dtype = table, most, dtype
             self.data = np.array([a.ctypes.data for a in arrays], dtype=np.int64)  # the addresses the rows hold
             self.rows = np.array(rows, dtype=np.int64)
 
