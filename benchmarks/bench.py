@@ -9,8 +9,11 @@
 - below greedy's loop, on each model at one thread (benchmarks/forward_gap.py): the same forward through
   onnxruntime's Python module (what mtplab runs) and its libonnxruntime.so (what genai loads), and with a static
   attention span (a replayed plan's) against a growing one: parts of "greedy mtplab / genai" no loop can move;
+- one demo point run again in fresh processes (benchmarks/process_spread.py, small, 2 threads): how far its greedy
+  and its speedup move between processes, beside the CI each process's own rounds give;
 - the efficiency range of the demo's sibling-pinned/select points (demo in the results root, when `make demo` ran),
-  and how many of them have their whole CI below 0.9 (each point's efficiency is one estimate from a few rounds).
+  how many of them have their whole CI below 0.9 (each point's efficiency is one estimate from a few rounds), and
+  how far it follows each point's own greedy (mtplab.report.baseline).
 Each line names its thread pool; --pools global per-session runs the pool comparison side by side
 (processes alternating). The load average is printed before and after: numbers from a busy machine
 are not numbers.
@@ -52,6 +55,7 @@ def efficiency_range(sweep: Path) -> str | None:
     if not (sweep / "results.parquet").exists():
         return None
     from mtplab.experiment.config import defaults
+    from mtplab.report import baseline
     from mtplab.report.tables import ci_pair
     from mtplab.sweep import store
 
@@ -63,8 +67,14 @@ def efficiency_range(sweep: Path) -> str | None:
         return None
     highs = [ci_pair(ci)[1] for ci in own.loc[e.index, "efficiency_ci"]]
     below = sum(high < 0.9 for high in highs)  # a point estimate is one draw: its CI says whether it is below
-    return (f"min {e.min():.2f}, median {e.median():.2f}, max {e.max():.2f} over {len(e)} points; "
+    text = (f"min {e.min():.2f}, median {e.median():.2f}, max {e.max():.2f} over {len(e)} points; "
             f"{below} of {len(highs)} with the whole 95% CI below 0.9")
+    drawn = [d for _, part in baseline.groups(own) if (d := baseline.draw(part)) and d["r"] == d["r"]]
+    if drawn:  # how much of the range is the greedy each point drew (mtplab.report.baseline)
+        d = drawn[0]
+        text += (f"; against each point's greedy r = {d['r']:.2f}, at the median greedy "
+                 f"{d['adjusted'][0]:.2f}-{d['adjusted'][2]:.2f}")
+    return text
 
 
 def main() -> None:
@@ -127,6 +137,15 @@ def main() -> None:
             rows.append((name, "the same two, every decode and draft in Python",
                          f"{_ci({'median': py['ratio'], 'ci': py['ratio_ci']})}; {_ci({'median': py['share'], 'ci': py['share_ci']}, True)}",
                          ""))
+        spread_model, spread_threads = ("tiny", 2) if args.quick else ("small", 2)  # the demo's model and threads
+        out = Path(tmp) / "spread.json"
+        r = _run("process_spread.py", ["--model", spread_model, "--threads", str(spread_threads)]
+                 + (["--processes", "3", "--rounds", "3"] if args.quick else []), out)
+        name = f"{spread_model}, {spread_threads} threads, {r['processes']} processes"
+        for q, what in (("greedy_tokens_per_s", "one point's greedy"), ("speedup", "one point's speedup")):
+            s = r["spread"][q]
+            rows.append((name, f"{what}: between processes (95%)",
+                         f"±{s['between']:.1%} (within one ±{s['within']:.1%})", ""))
     from mtplab.base.paths import results_root
 
     demo = efficiency_range(results_root() / "demo")  # where `make demo` wrote it ($MTPLAB_RESULTS, else results/)

@@ -8,7 +8,7 @@ import pandas as pd
 
 from mtplab.base.threads import SETTLE_LIMIT
 from mtplab.measure import rounds as measure
-from mtplab.report import selection
+from mtplab.report import baseline, selection
 from mtplab.report.provenance import plural
 from mtplab.report.selection import alpha_grid, counters_long, own_head, peer_rows
 from mtplab.report.tables import ci_pair as _interval
@@ -46,8 +46,9 @@ def stability_findings(df: pd.DataFrame) -> list[str]:
     text = f"- **How sure**: {stable} of {plural(len(own), 'mtplab point')} stable (speedup CI half-width at most 5%); {width}"
     if len(g):
         text += (f"; mtplab's greedy ran {g.min():.1f}-{g.max():.1f} tok/s across the sweep's points (a spread of "
-                 f"{g.max() / g.min() - 1:.0%}: why every figure is a ratio from paired rounds)")
-    return [text + "."]
+                 f"{g.max() / g.min() - 1:.0%}: why every figure is a ratio from paired rounds, which cancel the drift "
+                 "both sides of a point share)")
+    return [text + "."] + baseline.finding(df)
 
 
 DRIFT_TOLD = 0.10  # greedy's cost moving more than this between the calibration and the sweep's end is a finding

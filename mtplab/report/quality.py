@@ -12,6 +12,7 @@ import pandas as pd
 from mtplab.experiment.config import defaults
 from mtplab.measure import theory
 from mtplab.measure.stats import STABLE_HALF_WIDTH
+from mtplab.report import baseline
 from mtplab.report.plots import _k_color
 from mtplab.report.provenance import threads_text
 from mtplab.report.selection import parse_json, ran, set_acceptance
@@ -175,7 +176,7 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
         lines.append(f"- Unstable points ({len(unstable)}): {shown}{more}")
     keys = [c for c in ("model_name", "engine", "batch") if c in df and (c != "batch" or df[c].nunique() > 1)]
     groups = list(df.groupby(keys)) if keys else [((), df)]
-    for key, part in groups:  # one model on one engine: the same greedy each point, so a spread is drift
+    for key, part in groups:  # one model on one engine: the same greedy each point (its spread: drift and draws)
         g = part.greedy_tokens_per_s.dropna()
         if len(g):
             values = key if isinstance(key, tuple) else (key,)
@@ -185,6 +186,7 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
                 f"- Greedy tok/s over the sweep's points{label}: min {g.min():.1f}, median {g.median():.1f}, max "
                 f"{g.max():.1f} (a spread of {g.max() / g.min() - 1:.0%}; the figure below shows it against time)."
             )
+    lines += baseline.quality_lines(df)
     load = [sweep.get("load_start"), sweep.get("load_end")]
     if None not in load:
         lines.append(f"- 1-minute load average at the start {load[0]}, at the end {load[1]}.")

@@ -1,0 +1,100 @@
+"""One sweep point run again in fresh processes, one after another: how far its greedy, its speculative rate and
+its speedup move between processes, beside the CIs each process's own paired rounds give.
+
+A sweep runs every point in a process of its own, and its report compares points. Each process here runs the very
+point a sweep runs (mtplab.experiment.point: its thread pool, the checked pass, then paired rounds, order alternating) on
+the same config, so the points differ only by what each process draws for itself (where its sessions' memory
+lands, how its threads run) and by the machine's drift over the minute this takes. Per quantity: the median over
+processes, the 95% scatter between them (1.96 sigmas of log rate, from the processes' medians) and the median
+95% CI half-width within a process. Where the scatter exceeds the within-process width, a point's CI does not hold
+its process's draw, and a speedup compared across points carries it: see the report's "Greedy from point to point".
+
+    python benchmarks/process_spread.py [--model small] [--threads 2] [--processes 6] [--rounds 5] [--tokens 48]
+                                        [--k 2] [--alpha 0.7] [--schedule fused] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from mtplab.measure import stats
+
+QUANTITIES = {"greedy_tokens_per_s": "greedy tok/s", "tokens_per_s": "speculative tok/s", "speedup": "speedup"}
+
+
+def child(args) -> None:
+    """One process: the point, run once; its per-quantity median and CI as one JSON line."""
+    from mtplab.experiment.config import RunConfig
+    from mtplab.experiment.point import dedicate_process, run_point
+
+    run = RunConfig(model=args.model, threads=args.threads, k=args.k, drafter="oracle", alpha=args.alpha,
+                    schedule=args.schedule, tokens=args.tokens, rounds=args.rounds)
+    dedicate_process(run)  # as a sweep's point kernel: one thread pool for the process's sessions
+    r = run_point(run)
+    if not r.lossless:
+        raise SystemExit(f"the point is not lossless: {r.verdict}")
+    print(json.dumps({q: [getattr(r, q), *getattr(r, q + "_ci")] for q in QUANTITIES}))
+
+
+def spread(rows: list[dict]) -> dict:
+    """Per quantity: median over the processes, the 95% scatter between them (fraction), the median 95% CI
+    half-width within one (fraction)."""
+    out = {}
+    for q in QUANTITIES:
+        v = np.array([r[q] for r in rows], dtype=float)
+        sigma = float(np.std(np.log(v[:, 0]), ddof=1)) if len(v) > 1 else math.nan
+        out[q] = {"median": float(np.median(v[:, 0])), "between": math.expm1(1.96 * sigma),
+                  "within": float(np.median((v[:, 2] - v[:, 1]) / 2 / v[:, 0])),
+                  "values": [float(x) for x in v[:, 0]]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small", help="a preset name or a builder output folder")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--processes", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--alpha", type=float, default=0.7)
+    ap.add_argument("--schedule", default="fused")
+    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    if args.processes < 2 or args.rounds < 2:
+        ap.error(f"--processes {args.processes} --rounds {args.rounds}: a spread needs two processes, a CI two rounds")
+    cmd = [sys.executable, __file__, "--child", *[f"--{a}={getattr(args, a)}" for a in
+                                                  ("model", "threads", "rounds", "tokens", "k", "alpha", "schedule")]]
+    load = [os.getloadavg()[0]]
+    rows = []
+    for i in range(args.processes):
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(f"process {i + 1}: " + ", ".join(f"{name} {rows[-1][q][0]:.2f}" for q, name in QUANTITIES.items()),
+              file=sys.stderr, flush=True)
+    load.append(os.getloadavg()[0])
+    result = spread(rows)
+    print(f"{args.model}, {args.threads} threads, k={args.k} oracle alpha={args.alpha} {args.schedule}, {args.tokens} "
+          f"tokens: {args.processes} fresh processes of {args.rounds} paired rounds each (load {load[0]:.2f} -> {load[1]:.2f})")
+    print(f"{'':20} {'median':>9} {'between processes (95%)':>24} {'within one (CI, median)':>24}")
+    for q, name in QUANTITIES.items():
+        s = result[q]
+        print(f"{name:20} {s['median']:9.2f} {'±' + format(s['between'], '.1%'):>24} {'±' + format(s['within'], '.1%'):>24}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "threads": args.threads, "processes": args.processes, "rounds": args.rounds,
+                       "load": load, "spread": result, "median_ci": stats.CONFIDENCE}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
