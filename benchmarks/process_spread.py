@@ -3,8 +3,8 @@ its speedup move between processes, beside the CIs each process's own paired rou
 
 A sweep runs every point in a process of its own, and its report compares points. Each process here runs the very
 point a sweep runs (mtplab.experiment.point: its thread pool, the checked pass, then paired rounds, order alternating) on
-the same config, so the points differ only by what each process draws for itself (where its sessions' memory
-lands, how its threads run) and by the machine's drift over the minute this takes. Per quantity: the median over
+the same config, so the points differ only by what each process draws for itself (its sessions, the machine's
+state while it runs) and by the machine's drift over the minute this takes. Per quantity: the median over
 processes, the 95% scatter between them (1.96 sigmas of log rate, from the processes' medians) and the median
 95% CI half-width within a process. Where the scatter exceeds the within-process width, a point's CI does not hold
 its process's draw, and a speedup compared across points carries it: see the report's "Greedy from point to point".

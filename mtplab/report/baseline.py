@@ -4,10 +4,12 @@ what each point's own rounds say, and how much of the efficiency's spread follow
 Every mtplab point of one model, thread count and length runs the same greedy, each point in a process of its own.
 Its tokens/s should differ between points only by the machine's slow drift and each point's round-to-round noise,
 which the point's CI holds. `draw` measures what is left: the scatter of greedy between points measured one after
-another (a smooth drift cancels out of their second differences), set beside the points' own CI widths. Where points scatter
-more, each draws a baseline speed of its own (where its sessions' memory lands, how its threads run:
-benchmarks/process_spread.py runs one point in fresh processes to show it), which the paired rounds cancel only as
-far as the speculative side shares it. `draw` also measures how far the efficiency follows that draw.
+another (a smooth drift cancels out of their second differences), set beside the points' own CI widths. Where
+points scatter more, each point's greedy drew a speed of its own: its process's sessions (two engines of one
+process on small at 2 threads sat 6% apart, steadily) and the machine's state while it ran (the same two moved
+together by a CV of 4.4% over a minute, their speculative runs by 1.6-2.5%): benchmarks/process_spread.py runs
+one point in fresh processes to show it. Paired rounds cancel it only as far as the speculative side shares it;
+`draw` also measures how far the efficiency follows it.
 """
 
 from __future__ import annotations
@@ -110,8 +112,8 @@ def finding(df: pd.DataFrame) -> list[str]:
             continue
         text = (f"- **Points differ by more than their CIs**{_label(key, True)}: the same greedy scatters by "
                 f"±{d['scatter']:.0%} from point to point, while each point's rounds agree within ±{d['within']:.1%}. "
-                "Each point draws a baseline speed of its own (its process), which its paired rounds cancel only as far "
-                "as the speculative side shares it")
+                "Each point's greedy draws a speed of its own (its process's sessions, the machine's state while it "
+                "ran), which its paired rounds cancel only as far as the speculative side shares it")
         if math.isfinite(d["r"]) and abs(d["r"]) >= COUPLED:
             text += (f": efficiency follows the point's greedy (r = {d['r']:.2f}, slope {d['slope']:.2f}), so a point "
                      f"whose greedy drew 10% faster shows a speedup about {abs(d['slope']) * 10:.0f}% lower. Compare "
