@@ -72,8 +72,8 @@ def efficiency_range(sweep: Path) -> str | None:
     drawn = [d for _, part in baseline.groups(own) if (d := baseline.draw(part)) and d["r"] == d["r"]]
     if drawn:  # how much of the range is the greedy each point drew (mtplab.report.baseline)
         d = drawn[0]
-        text += (f"; against each point's greedy r = {d['r']:.2f}, at the median greedy "
-                 f"{d['adjusted'][0]:.2f}-{d['adjusted'][2]:.2f}")
+        text += (f"; against each point's greedy slope {d['slope']:.2f} [{d['slope_ci'][0]:.2f}, {d['slope_ci'][1]:.2f}], "
+                 f"at the median greedy {d['adjusted'][0]:.2f}-{d['adjusted'][2]:.2f}")
     return text
 
 

@@ -1,6 +1,6 @@
-"""One sweep point run again in fresh processes, one after another: how far its greedy, its speculative rate and
-its speedup move between processes, beside the CIs each process's own paired rounds give.
+"""One sweep point run again in fresh processes: its greedy, speculative rate and speedup between processes.
 
+How far they move between processes, one after another, beside the CIs each process's own paired rounds give.
 A sweep runs every point in a process of its own, and its report compares points. Each process here runs the very
 point a sweep runs (mtplab.experiment.point: its thread pool, the checked pass, then paired rounds, order alternating) on
 the same config, so the points differ only by what each process draws for itself (its sessions, the machine's
@@ -8,6 +8,8 @@ state while it runs) and by the machine's drift over the minute this takes. Per 
 processes, the 95% scatter between them (1.96 sigmas of log rate, from the processes' medians) and the median
 95% CI half-width within a process. Where the scatter exceeds the within-process width, a point's CI does not hold
 its process's draw, and a speedup compared across points carries it: see the report's "Greedy from point to point".
+A handful of processes pins the scatter only roughly (six: to within a factor of about two), and at 2-3 rounds a
+process's CI is the range of its rounds: read the two columns as orders of magnitude, not to a percent.
 
     python benchmarks/process_spread.py [--model small] [--threads 2] [--processes 6] [--rounds 5] [--tokens 48]
                                         [--k 2] [--alpha 0.7] [--schedule fused] [--json FILE]
@@ -26,16 +28,23 @@ import numpy as np
 
 from mtplab.measure import stats
 
+CHILD_LIMIT = 600  # seconds one process may take (a point of small takes about ten)
 QUANTITIES = {"greedy_tokens_per_s": "greedy tok/s", "tokens_per_s": "speculative tok/s", "speedup": "speedup"}
+
+
+def point(args):
+    """The point's RunConfig (ValueError for a value a run refuses)."""
+    from mtplab.experiment.config import RunConfig
+
+    return RunConfig(model=args.model, threads=args.threads, k=args.k, drafter="oracle", alpha=args.alpha,
+                     schedule=args.schedule, tokens=args.tokens, rounds=args.rounds)
 
 
 def child(args) -> None:
     """One process: the point, run once; its per-quantity median and CI as one JSON line."""
-    from mtplab.experiment.config import RunConfig
     from mtplab.experiment.point import dedicate_process, run_point
 
-    run = RunConfig(model=args.model, threads=args.threads, k=args.k, drafter="oracle", alpha=args.alpha,
-                    schedule=args.schedule, tokens=args.tokens, rounds=args.rounds)
+    run = point(args)
     dedicate_process(run)  # as a sweep's point kernel: one thread pool for the process's sessions
     r = run_point(run)
     if not r.lossless:
@@ -73,13 +82,25 @@ def main() -> None:
         return child(args)
     if args.processes < 2 or args.rounds < 2:
         ap.error(f"--processes {args.processes} --rounds {args.rounds}: a spread needs two processes, a CI two rounds")
+    try:  # a value a run refuses, or a model that is no preset and no folder: said before any process starts
+        from mtplab.engine.engine import model_for
+
+        model_for(point(args))
+    except (ValueError, OSError) as err:
+        ap.error(str(err))
     cmd = [sys.executable, __file__, "--child", *[f"--{a}={getattr(args, a)}" for a in
                                                   ("model", "threads", "rounds", "tokens", "k", "alpha", "schedule")]]
     load = [os.getloadavg()[0]]
     rows = []
     for i in range(args.processes):
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_LIMIT)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"process {i + 1} ran past {CHILD_LIMIT} s: stopped") from None
+        if done.returncode:
+            said = done.stderr.strip().splitlines()
+            raise SystemExit(f"process {i + 1} failed (exit {done.returncode}): {said[-1] if said else 'no message'}")
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"process {i + 1}: " + ", ".join(f"{name} {rows[-1][q][0]:.2f}" for q, name in QUANTITIES.items()),
               file=sys.stderr, flush=True)
     load.append(os.getloadavg()[0])
@@ -93,7 +114,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "threads": args.threads, "processes": args.processes, "rounds": args.rounds,
-                       "load": load, "spread": result, "median_ci": stats.CONFIDENCE}, f, indent=1)
+                       "load": load, "spread": result, "confidence": stats.CONFIDENCE}, f, indent=1)
 
 
 if __name__ == "__main__":

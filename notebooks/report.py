@@ -61,7 +61,7 @@ display(HTML(tables.points_html(df)))
 # is no part of how it executed); the dashed curves price alpha itself.
 
 # %%
-from mtplab.report import baseline, quality
+from mtplab.report import quality
 
 calibration = quality.load_calibration(sweep_dir)
 display(Markdown(quality.quality_markdown(df, sweep, calibration)))
@@ -84,11 +84,5 @@ figures.per_model(quality.phase_table, ok, calibration)
 # %%
 fig = figures.per_model(quality.drift, selection.ran(df))
 
-# %% [markdown]
-# Each point's efficiency against its own greedy tok/s. Every point of one model runs the same greedy,
-# each in a process of its own; where the cloud tilts, a point's greedy drew a speed of its own that
-# its speculative side did not share, and its speedup moved with it (Measurement quality above says
-# by how much; `benchmarks/process_spread.py` runs one point in fresh processes to show the draw).
-
 # %%
-fig = figures.per_model(baseline.efficiency_against_greedy, selection.ran(df))
+fig = figures.per_model(figures.greedy_draw, selection.ran(df))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtplab.report import batches, findings, plots, plots_sampling, provenance, selection, tables
+from mtplab.report import baseline, batches, findings, plots, plots_sampling, provenance, selection, tables
 
 
 def _markdown(text: str) -> None:
@@ -149,6 +149,20 @@ def peer(ok: pd.DataFrame):
     )
     _markdown(findings.peer(ok))
     return plots.peer_comparison(ok)
+
+
+def greedy_draw(ok: pd.DataFrame):
+    """Each point's efficiency against its own greedy (mtplab.report.baseline), under its caption; nothing where no
+    greedy has enough points with an efficiency."""
+    fig = baseline.efficiency_against_greedy(ok)
+    if fig is not None:
+        _markdown(
+            "Each point's efficiency against its own greedy tok/s. The points of one greedy run the same greedy, each "
+            "in a process of its own; where the cloud tilts, a point's greedy drew a speed of its own that its "
+            "speculative side did not share, and its speedup moved with it (Measurement quality above gives the "
+            "slope with its CI; `benchmarks/process_spread.py` runs one point in fresh processes to show the draw)."
+        )
+    return fig
 
 
 def temperature(ok: pd.DataFrame):
