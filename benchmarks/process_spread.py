@@ -11,8 +11,12 @@ its process's draw, and a speedup compared across points carries it: see the rep
 A handful of processes pins the scatter only roughly (six: to within a factor of about two), and at 2-3 rounds a
 process's CI is the range of its rounds: read the two columns as orders of magnitude, not to a percent.
 
+With --inside R, one more process holds two engines of the point and runs R rounds of greedy A, greedy B,
+speculative A, speculative B in turn: engine A over B on each side (what each engine drew, steadily) and each
+side's variation over the rounds (what moved both engines over time).
+
     python benchmarks/process_spread.py [--model small] [--threads 2] [--processes 6] [--rounds 5] [--tokens 48]
-                                        [--k 2] [--alpha 0.7] [--schedule fused] [--json FILE]
+                                        [--k 2] [--alpha 0.7] [--schedule fused] [--inside R] [--json FILE]
 """
 
 from __future__ import annotations
@@ -52,6 +56,41 @@ def child(args) -> None:
     print(json.dumps({q: [getattr(r, q), *getattr(r, q + "_ci")] for q in QUANTITIES}))
 
 
+def inside(args) -> None:
+    """One process, two engines of the point, --inside rounds of greedy A, greedy B, speculative A, speculative B in
+    turn: each run's tokens/s as one JSON line (what the process draws per engine, and what moves both over time)."""
+    from mtplab.engine.engine import Engine, model_for, prompt_tokens
+    from mtplab.experiment.point import dedicate_process
+
+    run = point(args)
+    dedicate_process(run)
+    art = model_for(run)
+    engines = [Engine(run, art), Engine(run, art)]
+    prompt = prompt_tokens(art.description.vocab_size, run.prompt_len, run.seed)
+    n = run.tokens
+    reference = engines[0].greedy(prompt, n + run.k + 1, margins=False).tokens
+    for e in engines:  # untimed: each engine's plans captured, its runs warm
+        e.greedy(prompt, n, margins=False), e.speculative(prompt, n, reference)
+    rows = []
+    for _ in range(args.inside):
+        row = [(n - 1) / e.greedy(prompt, n, margins=False).seconds for e in engines]
+        row += [(n - 1) / e.speculative(prompt, n, reference)["seconds"] for e in engines]
+        rows.append(row)
+    print(json.dumps(rows))
+
+
+def inside_summary(rows: list[list[float]]) -> dict:
+    """Two engines of one process over time: each side's median ratio A / B with its CI (what each engine drew,
+    steadily), each side's coefficient of variation over the rounds (what moved it over time), and the correlation
+    of A's and B's greedy over the rounds (moving together: the machine, not the engine)."""
+    a = np.asarray(rows, dtype=float)
+    cv = a.std(axis=0, ddof=1) / a.mean(axis=0)
+    return {"greedy_a_over_b": stats.summarize(list(a[:, 0] / a[:, 1])),
+            "speculative_a_over_b": stats.summarize(list(a[:, 2] / a[:, 3])),
+            "greedy_cv": [float(cv[0]), float(cv[1])], "speculative_cv": [float(cv[2]), float(cv[3])],
+            "greedy_correlation": float(np.corrcoef(a[:, 0], a[:, 1])[0, 1])}
+
+
 def spread(rows: list[dict]) -> dict:
     """Per quantity: median over the processes, the 95% scatter between them (fraction), the median 95% CI
     half-width within one (fraction)."""
@@ -76,31 +115,27 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.7)
     ap.add_argument("--schedule", default="fused")
     ap.add_argument("--json", help="also write the figures here")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--inside", type=int, default=0,
+                    help="also run two engines of the point in one process for this many rounds each (0: not)")
+    ap.add_argument("--child", choices=("point", "inside"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args)
-    if args.processes < 2 or args.rounds < 2:
-        ap.error(f"--processes {args.processes} --rounds {args.rounds}: a spread needs two processes, a CI two rounds")
+        return child(args) if args.child == "point" else inside(args)
+    if args.processes < 2 or args.rounds < 2 or args.inside not in (0,) and args.inside < 3:
+        ap.error(f"--processes {args.processes} --rounds {args.rounds} --inside {args.inside}: a spread needs two "
+                 "processes, a CI two rounds, the engines inside one process three rounds (or 0: not run)")
     try:  # a value a run refuses, or a model that is no preset and no folder: said before any process starts
         from mtplab.engine.engine import model_for
 
         model_for(point(args))
     except (ValueError, OSError) as err:
         ap.error(str(err))
-    cmd = [sys.executable, __file__, "--child", *[f"--{a}={getattr(args, a)}" for a in
-                                                  ("model", "threads", "rounds", "tokens", "k", "alpha", "schedule")]]
+    cmd = [sys.executable, __file__, *[f"--{a}={getattr(args, a)}" for a in
+                                       ("model", "threads", "rounds", "tokens", "k", "alpha", "schedule", "inside")]]
     load = [os.getloadavg()[0]]
     rows = []
     for i in range(args.processes):
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_LIMIT)
-        except subprocess.TimeoutExpired:
-            raise SystemExit(f"process {i + 1} ran past {CHILD_LIMIT} s: stopped") from None
-        if done.returncode:
-            said = done.stderr.strip().splitlines()
-            raise SystemExit(f"process {i + 1} failed (exit {done.returncode}): {said[-1] if said else 'no message'}")
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        rows.append(_child(cmd + ["--child=point"], f"process {i + 1}"))
         print(f"process {i + 1}: " + ", ".join(f"{name} {rows[-1][q][0]:.2f}" for q, name in QUANTITIES.items()),
               file=sys.stderr, flush=True)
     load.append(os.getloadavg()[0])
@@ -111,10 +146,32 @@ def main() -> None:
     for q, name in QUANTITIES.items():
         s = result[q]
         print(f"{name:20} {s['median']:9.2f} {'±' + format(s['between'], '.1%'):>24} {'±' + format(s['within'], '.1%'):>24}")
+    within = None
+    if args.inside:
+        within = inside_summary(_child(cmd + ["--child=inside"], "the process of two engines"))
+        g, sp = within["greedy_a_over_b"], within["speculative_a_over_b"]
+        print(f"\ninside one process, two engines, {args.inside} rounds of greedy A, B, speculative A, B in turn:")
+        print(f"  engine A / B: greedy {g['median']:.3f} [{g['ci'][0]:.3f}, {g['ci'][1]:.3f}], "
+              f"speculative {sp['median']:.3f} [{sp['ci'][0]:.3f}, {sp['ci'][1]:.3f}]")
+        print(f"  over the rounds: greedy CV {within['greedy_cv'][0]:.1%} and {within['greedy_cv'][1]:.1%} "
+              f"(A and B together: r = {within['greedy_correlation']:.2f}), speculative CV "
+              f"{within['speculative_cv'][0]:.1%} and {within['speculative_cv'][1]:.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "threads": args.threads, "processes": args.processes, "rounds": args.rounds,
-                       "load": load, "spread": result, "confidence": stats.CONFIDENCE}, f, indent=1)
+                       "load": load, "spread": result, "inside": within, "confidence": stats.CONFIDENCE}, f, indent=1)
+
+
+def _child(cmd: list[str], what: str):
+    """The last JSON line a child process printed; SystemExit naming `what` where it failed or ran too long."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_LIMIT)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{what} ran past {CHILD_LIMIT} s: stopped") from None
+    if done.returncode:
+        said = done.stderr.strip().splitlines()
+        raise SystemExit(f"{what} failed (exit {done.returncode}): {said[-1] if said else 'no message'}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
