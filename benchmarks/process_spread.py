@@ -3,11 +3,11 @@
 How far they move between processes, one after another, beside the CIs each process's own paired rounds give.
 A sweep runs every point in a process of its own, and its report compares points. Each process here runs the very
 point a sweep runs (mtplab.experiment.point: its thread pool, the checked pass, then paired rounds, order alternating) on
-the same config, so the points differ only by what each process draws for itself (its sessions, the machine's
-state while it runs) and by the machine's drift over the minute this takes. Per quantity: the median over
+the same config, so the points differ only by what each process draws for itself and by the machine's drift over
+the minute or two this takes. Per quantity: the median over
 processes, the 95% scatter between them (1.96 sigmas of log rate, from the processes' medians) and the median
 95% CI half-width within a process. Where the scatter exceeds the within-process width, a point's CI does not hold
-its process's draw, and a speedup compared across points carries it: see the report's "Greedy from point to point".
+what its process drew, and a speedup compared across points carries it: see the report's "Greedy from point to point".
 A handful of processes pins the scatter only roughly (six: to within a factor of about two), and at 2-3 rounds a
 process's CI is the range of its rounds: read the two columns as orders of magnitude, not to a percent.
 

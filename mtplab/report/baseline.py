@@ -6,11 +6,13 @@ point's greedy replayed) run the same greedy, each point in a process of its own
 differ only by the machine's slow drift and each point's round-to-round noise. `draw` measures both from the
 points themselves: the scatter between points taken in the order they were measured (from second differences,
 so a smooth drift cancels), and what the rounds' own spread puts into a point's median (the noise a point would
-show with no draw). Where the scatter is larger, each point's greedy drew a speed of its own, mostly from its
-process: on small at 2 threads, six fresh processes' greedy scattered by ±12.8% (95%) and their speculative runs by
-±4.9%, while two engines inside one process sat 2.7% apart and varied by 1.9% over 20 rounds
-(`benchmarks/process_spread.py --inside 20`). Paired rounds cancel it only as far as the speculative side shares
-it; `draw` also fits how far the efficiency follows it (a slope with its CI).
+show with no draw). Where the scatter is larger, each point's greedy drew a speed of its own, which holds for the
+life of its process far more than it moves inside one, and moves the speculative side less. On small at 2 threads
+(`benchmarks/process_spread.py --inside 20`, twice): fresh processes run one after another scattered greedy by
+±12.8-17.7% (95%) and the speculative side by ±3.9-4.9%, while inside one process two engines sat 2.6-2.7% apart
+and over a minute their greedy moved by a CV of 1.9-2.1%, their speculative runs by 1.2-2.5%. Paired rounds cancel
+the draw only as far as the speculative side shares it; `draw` also fits how far the efficiency follows it (a slope
+with its CI).
 """
 
 from __future__ import annotations
@@ -171,8 +173,8 @@ def finding(df: pd.DataFrame) -> list[str]:
             continue
         text = (f"- **Points differ by more than their rounds say**{_label(key)}: the same greedy scatters by "
                 f"±{d['scatter']:.1%} from point to point, where each point's rounds put ±{d['noise']:.1%} into its "
-                "median. Each point's greedy drew a speed of its own (its process, and the machine's state while it "
-                "ran), which its paired rounds cancel only as far as the speculative side shares it")
+                "median. Each point's greedy drew a speed of its own, which holds for its process's life and which its "
+                "paired rounds cancel only as far as the speculative side shares it")
         follows = _follows(d)
         out.append(text + (f"; {follows}. Compare speedups across points with that in mind." if follows else "."))
     return out
