@@ -11,8 +11,8 @@ what its process drew, and a speedup compared across points carries it: see the 
 A handful of processes pins the scatter only roughly (six: to within a factor of about two), and at 2-3 rounds a
 process's CI is the range of its rounds: read the two columns as orders of magnitude, not to a percent.
 
-With --inside R, one more process holds two engines of the point and runs R rounds of greedy A, greedy B,
-speculative A, speculative B in turn: engine A over B on each side (what each engine drew, steadily) and each
+With --inside R, one more process holds two engines of the point and runs R rounds of both greedies, then both
+speculative runs (A first in even rounds, B first in odd ones): engine A over B on each side (what each engine drew, steadily) and each
 side's variation over the rounds (what moved both engines over time).
 
     python benchmarks/process_spread.py [--model small] [--threads 2] [--processes 6] [--rounds 5] [--tokens 48]
@@ -57,8 +57,9 @@ def child(args) -> None:
 
 
 def inside(args) -> None:
-    """One process, two engines of the point, --inside rounds of greedy A, greedy B, speculative A, speculative B in
-    turn: each run's tokens/s as one JSON line (what the process draws per engine, and what moves both over time)."""
+    """One process, two engines of the point, --inside rounds of both greedies then both speculative runs, A first in
+    even rounds and B first in odd ones: each run's tokens/s as one JSON line, [greedy A, greedy B, speculative A,
+    speculative B] a round (what each engine draws, and what moves both over time)."""
     from mtplab.engine.engine import Engine, model_for, prompt_tokens
     from mtplab.experiment.point import dedicate_process
 
@@ -72,10 +73,11 @@ def inside(args) -> None:
     for e in engines:  # untimed: each engine's plans captured, its runs warm
         e.greedy(prompt, n, margins=False), e.speculative(prompt, n, reference)
     rows = []
-    for _ in range(args.inside):
-        row = [(n - 1) / e.greedy(prompt, n, margins=False).seconds for e in engines]
-        row += [(n - 1) / e.speculative(prompt, n, reference)["seconds"] for e in engines]
-        rows.append(row)
+    for r in range(args.inside):  # A before B in even rounds, B before A in odd ones: engine apart from position
+        order = engines if r % 2 == 0 else engines[::-1]
+        greedy = {id(e): (n - 1) / e.greedy(prompt, n, margins=False).seconds for e in order}
+        spec = {id(e): (n - 1) / e.speculative(prompt, n, reference)["seconds"] for e in order}
+        rows.append([greedy[id(e)] for e in engines] + [spec[id(e)] for e in engines])
     print(json.dumps(rows))
 
 
@@ -150,7 +152,8 @@ def main() -> None:
     if args.inside:
         within = inside_summary(_child(cmd + ["--child=inside"], "the process of two engines"))
         g, sp = within["greedy_a_over_b"], within["speculative_a_over_b"]
-        print(f"\ninside one process, two engines, {args.inside} rounds of greedy A, B, speculative A, B in turn:")
+        print(f"\ninside one process, two engines, {args.inside} rounds of both greedies then both speculative runs "
+              "(A first, then B first):")
         print(f"  engine A / B: greedy {g['median']:.3f} [{g['ci'][0]:.3f}, {g['ci'][1]:.3f}], "
               f"speculative {sp['median']:.3f} [{sp['ci'][0]:.3f}, {sp['ci'][1]:.3f}]")
         print(f"  over the rounds: greedy CV {within['greedy_cv'][0]:.1%} and {within['greedy_cv'][1]:.1%} "

@@ -17,15 +17,17 @@ Z = np.array([-2.0, -1.0, 0.0, 1.0, 2.0]) / math.sqrt(2.5)  # five rounds whose 
 
 def _points(greedy, efficiency=None, rounds_sd: float = 0.01, **fields) -> pd.DataFrame:
     """mtplab batch-1 greedy points of one greedy, measured a minute apart in this order, each with five rounds whose
-    greedy spreads by rounds_sd in log (None: no round samples)."""
+    greedy spreads by rounds_sd in log around it (None: no round samples) and whose speedup is 1.4 every round."""
     efficiency = [float("nan")] * len(greedy) if efficiency is None else efficiency
     rows = []
     for i, (g, e) in enumerate(zip(greedy, efficiency)):
-        rounds = [] if rounds_sd is None else [{"greedy_tokens_per_s": float(g * math.exp(rounds_sd * z))} for z in Z]
+        rounds = [] if rounds_sd is None else [{"greedy_tokens_per_s": float(g * math.exp(rounds_sd * z)),
+                                                "speedup": 1.4} for z in Z]
         rows.append({"engine": "mtplab", "status": "ok", "batch": 1, "temperature": 0.0, "model_name": "small",
                      "int4": False, "backend": "cpu", "threads": 2, "tokens": 48, "prompt_len": 8,
-                     "policy": "sibling-pinned", "commit": "select", "greedy_tokens_per_s": float(g), "efficiency": e,
-                     "round_samples": json.dumps(rounds), "extra": json.dumps({"greedy_baseline": "paired rounds"}),
+                     "policy": "sibling-pinned", "commit": "select", "validate": True, "greedy_tokens_per_s": float(g),
+                     "efficiency": e, "speedup": 1.4, "round_samples": json.dumps(rounds),
+                     "extra": json.dumps({"greedy_baseline": "paired rounds"}),
                      "env": json.dumps({"measured_at": 1000.0 + 60 * i})} | fields)
     return pd.DataFrame(rows)
 
@@ -50,9 +52,16 @@ def test_a_smooth_drift_is_no_scatter_and_no_draw():
 
 
 def test_the_noise_is_what_the_rounds_spread_puts_into_a_points_median():
+    # the median point's variance, over the median of chi-square(4) / 4 (Wilson-Hilferty), then pi / 2n of it
+    sigma = 0.03 / (1 - 2 / 36) ** 1.5 * math.sqrt(math.pi / 10)
     d = _draw(_points([95.0] * 12, rounds_sd=0.03))
-    assert d["noise"] == pytest.approx(math.expm1(1.96 * 0.03 * math.sqrt(math.pi / 10)))
+    assert d["noise"] == pytest.approx(math.expm1(1.96 * sigma))
     assert math.isnan(_draw(_points([95.0] * 12, rounds_sd=None))["noise"])
+    slow = _points([95.0] * 12, rounds_sd=0.03)  # one round 25% slow at two points: the median point's spread stays
+    rounds = json.loads(slow.round_samples[0])
+    rounds[2]["greedy_tokens_per_s"] *= 0.75
+    slow.loc[[0, 5], "round_samples"] = json.dumps(rounds)
+    assert _draw(slow)["noise"] == pytest.approx(d["noise"])
 
 
 @pytest.mark.parametrize("times, drawn", [(1.5, False), (3.0, True)])
@@ -102,6 +111,7 @@ def test_the_efficiency_that_follows_greedy_is_fitted_and_said_with_its_sign():
     assert d["slope"] == pytest.approx(-0.7, abs=0.05) and low < -0.7 < high < 0 and d["r"] < -0.95
     centre = np.exp(np.median(np.log(greedy)))
     assert d["adjusted"][1] == pytest.approx(0.95 * (centre / 95) ** -0.7, rel=0.01)
+    assert d["with_efficiency"] == 30
     (text,) = baseline.finding(_points(greedy, falling))
     assert "about 7% lower" in text and "Compare speedups across points" in text
     rising = 0.95 * (greedy / 95) ** 0.5
@@ -129,3 +139,32 @@ def test_the_report_carries_the_draw_in_its_findings_and_its_quality_view():
     texts = findings.stability_findings(df)
     assert len(texts) == 2 and texts[1].startswith("- **Points differ by more than their rounds say**")
     assert "- Greedy from point to point" in quality.quality_markdown(df.assign(point_id=[f"p{i}" for i in range(12)]), {}, {})
+
+
+def test_the_slope_is_fitted_on_disjoint_rounds_so_round_noise_does_not_tilt_it():
+    """A point's efficiency divides by its greedy rounds: from the same rounds, noise alone would tilt the fit."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(30):  # no draw: every point's greedy and speculative rounds only noisy, independently
+        greedy = 95 * np.exp(0.04 * rng.standard_normal(5))
+        speedup = 140 * np.exp(0.04 * rng.standard_normal(5)) / greedy
+        rows.append(_points([float(np.median(greedy))], [float(np.median(speedup)) / 1.47])
+                    .assign(speedup=float(np.median(speedup)), env=json.dumps({"measured_at": 1000.0 + 60 * i}),
+                            round_samples=json.dumps([{"greedy_tokens_per_s": float(g), "speedup": float(v)}
+                                                      for g, v in zip(greedy, speedup)])))
+    df = pd.concat(rows, ignore_index=True)
+    naive = np.polyfit(np.log(df.greedy_tokens_per_s), np.log(df.efficiency), 1)[0]
+    d = _draw(df)
+    assert naive < -0.5  # the same rounds on both axes: a slope from noise alone
+    assert d["slope_ci"][0] <= 0 <= d["slope_ci"][1] and abs(d["slope"]) < 0.4
+
+
+def test_a_point_without_a_key_or_with_tied_times_joins_no_group_and_nothing_reads_nan():
+    for odd in (_points([85, 105] * 6, env=""), _points([85, 105] * 6, threads=float("nan")),
+                _points([85, 105] * 6, env=json.dumps({"measured_at": 5.0}))):  # every time the same: no order
+        assert baseline.groups(odd) == [] and baseline.quality_lines(odd) == [] and baseline.finding(odd) == []
+    numeric_text = _points([85, 105] * 6).assign(env=[json.dumps({"measured_at": str(1000 + 60 * i)}) for i in range(12)])
+    assert len(baseline.groups(numeric_text)) == 1
+    negative_control = pd.concat([_points([85, 105] * 6), _points([40, 41] * 6, validate=False)], ignore_index=True)
+    assert len(baseline.groups(negative_control)) == 2
+
