@@ -158,9 +158,11 @@ def greedy_draw(ok: pd.DataFrame):
     if fig is not None:
         _markdown(
             "Each point's efficiency against its own greedy tok/s. The points of one greedy run the same greedy, each "
-            "in a process of its own; where the cloud tilts, a point's greedy drew a speed of its own that its "
-            "speculative side did not share, and its speedup moved with it (Measurement quality above gives the "
-            "slope with its CI; `benchmarks/process_spread.py` runs one point in fresh processes to show the draw)."
+            "in a process of its own; where the line tilts, a point's greedy drew a speed of its own that its "
+            "speculative side did not share, and its speedup moved with it. The line's slope is fitted with greedy "
+            "and efficiency from separate rounds of each point, so round noise in both does not tilt it (Measurement "
+            "quality above gives it with its CI; `benchmarks/process_spread.py` runs one point in fresh processes to "
+            "show the draw)."
         )
     return fig
 
