@@ -79,8 +79,7 @@ def groups(df: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
         return []
     rate = pd.to_numeric(own.greedy_tokens_per_s, errors="coerce")
     at = own["env"].map(_measured_at)
-    eager = own["extra"].map(lambda e: "eager" in str((e if isinstance(e, dict) else _loads(e)).get("greedy_baseline", ""))) \
-        if "extra" in own else pd.Series(False, index=own.index)
+    eager = own["extra"].map(_greedy_ran_eager) if "extra" in own else pd.Series(False, index=own.index)
     own = own.assign(_at=at)[(np.isfinite(rate) & (rate > 0) & at.notna() & ~eager.astype(bool)).to_numpy()]
     keys = [c for c in KEYS if c in own]
     if own.empty:
@@ -90,12 +89,13 @@ def groups(df: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
             for key, part in parts if part["_at"].is_unique]  # tied times: no order to read a scatter in
 
 
-def _loads(value) -> dict:
+def _greedy_ran_eager(extra) -> bool:
+    """Whether a point's extra says its greedy's Primary slot ran eager in some rounds (not the replayed greedy)."""
     try:
-        out = json.loads(value) if isinstance(value, str) else value
+        extra = json.loads(extra) if isinstance(extra, str) else extra
     except ValueError:
-        return {}
-    return out if isinstance(out, dict) else {}
+        return False
+    return isinstance(extra, dict) and "eager" in str(extra.get("greedy_baseline", ""))
 
 
 def draw(points: pd.DataFrame) -> dict | None:
