@@ -123,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args) if args.child == "point" else inside(args)
-    if args.processes < 2 or args.rounds < 2 or args.inside not in (0,) and args.inside < 3:
+    if args.processes < 2 or args.rounds < 2 or args.inside < 0 or 0 < args.inside < 3:
         ap.error(f"--processes {args.processes} --rounds {args.rounds} --inside {args.inside}: a spread needs two "
                  "processes, a CI two rounds, the engines inside one process three rounds (or 0: not run)")
     try:  # a value a run refuses, or a model that is no preset and no folder: said before any process starts

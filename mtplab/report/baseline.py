@@ -165,6 +165,15 @@ def _disjoint(points: pd.DataFrame, samples: pd.Series) -> tuple | None:
     return x, y, (np.log(g[keep]), np.log(e[keep]))
 
 
+def draws(df: pd.DataFrame):
+    """(key, points, draw) of each group of the sweep with enough points for a draw: what the report's lines, its
+    finding, its figure and `make bench` read."""
+    for key, points in groups(df):
+        d = draw(points)
+        if d is not None:
+            yield key, points, d
+
+
 def _label(key: dict) -> str:
     """A group's key in words: model, threads, tokens, policy/commit."""
     threads = key.get("threads")
@@ -190,10 +199,7 @@ def quality_lines(df: pd.DataFrame) -> list[str]:
     """The measurement-quality bullets: each greedy's scatter between points beside its rounds' noise, and how far
     the efficiency follows it."""
     out = []
-    for key, points in groups(df):
-        d = draw(points)
-        if d is None:
-            continue
+    for key, _, d in draws(df):
         noise = (f"each point's rounds put ±{d['noise']:.1%} into its median (from their own spread)"
                  if math.isfinite(d["noise"]) else "no round samples say what a point's own noise is")
         text = (f"- Greedy from point to point{_label(key)}: the points, in the order they were measured, scatter by "
@@ -214,9 +220,8 @@ def finding(df: pd.DataFrame) -> list[str]:
     rounds' noise puts into a point: paired rounds inside a point do not hold that draw, and a speedup compared
     across points carries it as far as the efficiency follows it (said where its slope's CI excludes 0)."""
     out = []
-    for key, points in groups(df):
-        d = draw(points)
-        if d is None or not d["drawn"]:
+    for key, _, d in draws(df):
+        if not d["drawn"]:
             continue
         text = (f"- **Points differ by more than their rounds say**{_label(key)}: the same greedy scatters by "
                 f"±{d['scatter']:.1%} from point to point, where each point's rounds put ±{d['noise']:.1%} into its "
@@ -233,9 +238,8 @@ def efficiency_against_greedy(df: pd.DataFrame):
     disjoint rounds drawn through the cloud's centre: a draw of the baseline the speculative side does not share
     tilts it. None where no greedy has MIN_POINTS points with an efficiency and rounds."""
     drawn = []
-    for key, points in groups(df):
-        d = draw(points)
-        if d is not None and math.isfinite(d["r"]):
+    for key, points, d in draws(df):
+        if math.isfinite(d["r"]):
             e = pd.to_numeric(points.efficiency, errors="coerce").to_numpy(float)
             has = np.isfinite(e) & (e > 0)
             drawn.append((key, d, points.greedy_tokens_per_s.to_numpy(float)[has], e[has]))
