@@ -7,8 +7,10 @@
 - engine greedy against a bare replay loop, greedy's host path layer by layer, and the speculative host share
   (benchmarks/executor_overhead.py, tiny, 1 thread), each beside the same with every decode and draft in Python;
 - below greedy's loop, on each model at one thread (benchmarks/forward_gap.py): the same forward through
-  onnxruntime's Python module (what mtplab runs) and its libonnxruntime.so (what genai loads), and with a static
-  attention span (a replayed plan's) against a growing one: parts of "greedy mtplab / genai" no loop can move;
+  onnxruntime's Python module (what mtplab runs) and its libonnxruntime.so (what genai loads), with a static
+  attention span (a replayed plan's) against a growing one, and on a session whose first run was a prefill against
+  one whose first run was a decode (mtplab's engines warm their decode up first): parts of "greedy mtplab / genai"
+  no loop can move;
 - one demo point run again in fresh processes (benchmarks/process_spread.py, small, 2 threads): how far its greedy
   and its speedup move between processes, beside the CI each process's own rounds give;
 - the efficiency range of the demo's sibling-pinned/select points (demo in the results root, when `make demo` ran),

@@ -1,5 +1,5 @@
-"""Below greedy's loop, where a forward of mtplab's costs more than onnxruntime-genai's: the library build, and the
-static attention span a replayed plan needs.
+"""Below greedy's loop, where a forward of mtplab's costs more than onnxruntime-genai's: the library build, the
+static attention span a replayed plan needs, and what the session ran first.
 
 One M=1 forward of a model, the very same buffers (mtplab's target_io for one token at half the KV capacity, every
 input and output bound by address), three ways side by side:
@@ -10,13 +10,17 @@ input and output bound by address), three ways side by side:
   ctypes on OrtValues made once over those buffers;
 - the Python module again, the attention span the length + 1: the attention mask (or total_sequence_length) of the
   length, the KV buffers as they are (genai's feeds where its config shares past and present buffers, as the builder
-  fixture's does; not a cache whose KV grows too).
+  fixture's does; not a cache whose KV grows too);
+- the Python module again, on a session whose first run was a prompt's prefill (8 tokens) instead of this forward:
+  onnxruntime's CPU memory keeps the layout of a session's first run, so a session that prefilled first (genai's,
+  and mtplab's before its engines warmed their decode up first) decodes at another speed for its whole life.
 Same graph (the user's own, as a decode runs it), same session settings (one intra-op and one inter-op thread: no
 pool whose spinning either build sets its own way; graph optimizations all on), outputs checked equal. Interleaved
 rounds of --runs forwards each (by default as many as take about a quarter of a second); the medians of the
 per-round ratios with 95% CIs: Python module / libonnxruntime.so (the build; the library's side also pays a ctypes
 call, about 1.4 us, which favours the module by about 1% on the builder fixture's 0.12 ms forward), static /
-growing span (the shapes). Neither is work any host loop of mtplab can remove.
+growing span (the shapes), prefill first / decode first (the session's history). None of these is work any host
+loop of mtplab can remove.
 
 The OrtApi entries it calls are the first 70 of onnxruntime_c_api.h's struct OrtApi, whose order every release
 keeps (entries are only appended).
@@ -52,6 +56,8 @@ ELEMENT = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.int64): 7
 P = ctypes.c_void_p
 MODULE, LIBRARY = "Python module, static span (mtplab's)", "libonnxruntime.so, static span"
 GROWING = "Python module, growing span"
+PREFILLED = "Python module, session's first run a prefill"
+PREFILL = 8  # the prompt PREFILLED's session ran first
 
 
 class CApiSession:
@@ -132,12 +138,18 @@ def main() -> None:
     path = str(desc.target.path)
     module = make_session(path, threads=1)
 
-    def bound_run(named_inputs: dict):  # a plan as mtplab's CPU backend binds and replays it
+    def bound_run(named_inputs: dict, session=module):  # a plan as mtplab's CPU backend binds and replays it
         binds = [Binding(n, a, False) for n, a in named_inputs.items()] + [Binding(n, a, True) for n, a in results.items()]
-        return direct_runner(module, CpuPlanBackend._binding(module, binds))
+        return direct_runner(session, CpuPlanBackend._binding(session, binds))
 
+    prefilled = make_session(path, threads=1)
+    prompt = TargetState.allocate(desc, Arena("prompt"))  # a state of its own: this one stays as it is
+    feeds_p, outputs_p, bound_p = target_io(desc, prompt, np.arange(PREFILL, dtype=np.int64) + 1)
+    binds_p = [Binding(n, a, False) for n, a in feeds_p.items()] + [Binding(n, a, out) for n, a, out in bound_p]
+    binds_p += [Binding(n, np.zeros(shape, dtype), True) for n, (shape, dtype) in outputs_p.items()]
+    direct_runner(prefilled, CpuPlanBackend._binding(prefilled, binds_p))()
     sides = {MODULE: bound_run(inputs), LIBRARY: CApiSession(path, 1).runner(inputs, results),
-             GROWING: bound_run(growing)}
+             GROWING: bound_run(growing), PREFILLED: bound_run(inputs, prefilled)}
     firsts = []
     for run in sides.values():  # the same outputs from each, each from the same state (the recurrent states zeroed)
         for a in state.recurrent_arrays():
@@ -160,12 +172,14 @@ def main() -> None:
             if r:
                 seen[side].append((time.perf_counter() - t0) / runs * 1e6)
     us = {side: np.asarray(v) for side, v in seen.items()}
-    ratios = {"build": summarize(list(us[MODULE] / us[LIBRARY])), "span": summarize(list(us[MODULE] / us[GROWING]))}
+    ratios = {"build": summarize(list(us[MODULE] / us[LIBRARY])), "span": summarize(list(us[MODULE] / us[GROWING])),
+              "history": summarize(list(us[PREFILLED] / us[MODULE]))}
     print(f"{desc.name} ({path}): one M=1 forward at length {state.length} of {desc.capacity}, onnxruntime "
           f"{ort.__version__}, one thread, median of {args.rounds} interleaved rounds of {runs}")
     for side, v in us.items():
         print(f"  {side:44} {np.median(v):9.1f} us")
-    for name, what in (("build", "Python module / libonnxruntime.so"), ("span", "static span / growing span")):
+    for name, what in (("build", "Python module / libonnxruntime.so"), ("span", "static span / growing span"),
+                       ("history", f"first run a {PREFILL}-token prefill / this forward")):
         lo, hi = ratios[name]["ci"]
         print(f"  {what:44} {ratios[name]['median']:.3f}x [{lo:.3f}, {hi:.3f}]")
     if args.json:

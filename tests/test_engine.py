@@ -228,6 +228,38 @@ def test_a_reference_too_short_for_the_oracles_last_drafts_is_refused_before_the
     assert engine.speculative(prompt, 16, reference=engine.greedy(prompt, 20).tokens)["tokens"][:16] == reference
 
 
+def test_each_decoding_sessions_first_run_is_its_one_token_warm_up_and_the_prefill_after_it_is_unchanged(
+        tiny, monkeypatch):
+    from mtplab.runtime.executor import CpuPlanBackend
+
+    first_tokens = {}  # each session's first run: its token count
+    eager = CpuPlanBackend.eager
+
+    def recording(self, session, binds):
+        ids = next(b.array for b in binds if not b.output and b.name == "input_ids")
+        first_tokens.setdefault(id(session), ids.shape[-1])
+        eager(self, session, binds)
+
+    monkeypatch.setattr(CpuPlanBackend, "eager", recording)
+    eng = Engine(RunConfig(model="tiny", k=3), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+
+    def state() -> list[np.ndarray]:
+        return [a.copy() for a in [*eng.state.recurrent_arrays(), *eng.state.kv[eng.desc.attention_layers[0]]]]
+
+    eng.start(prompt)
+    warmed = state()
+    eng.start(prompt)  # the same prefill with no warm-up before it: the same state
+    assert all(np.array_equal(a, b) for a, b in zip(warmed, state()))
+    tokens = eng.speculative(prompt, 16)["tokens"]
+    sessions = eng.target.sessions
+    assert sessions[Slot.VERIFY] is not sessions[Slot.PRIMARY]  # the default policy: a Verify sibling
+    assert first_tokens == {id(sessions[Slot.PRIMARY]): 1, id(eng.mtp.sessions[Slot.PRIMARY]): 1,
+                            id(sessions[Slot.VERIFY]): 4}  # the sibling's first run: its verify of k + 1 tokens
+    assert (eng.target.state[Slot.PRIMARY].warmups, eng.mtp.state[Slot.PRIMARY].warmups) == (1, 1)
+    assert eng.forwards["prefill/M=8"] == 3 and tokens[:16] == eng.greedy(prompt, 16).tokens
+
+
 def test_a_forward_of_host_tokens_replays_and_a_replaced_state_buffer_is_caught_and_recaptured(tiny):
     eng = Engine(RunConfig(model="tiny"), tiny)
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
@@ -237,7 +269,7 @@ def test_a_forward_of_host_tokens_replays_and_a_replaced_state_buffer_is_caught_
         tokens.append(int(eng.forward(Slot.PRIMARY, token)["logits"][0, 0].argmax()))
         eng.state.length += 1
     primary = eng.target.state[Slot.PRIMARY]
-    assert (primary.warmups, primary.captures, primary.replays) == (1, 1, 1)
+    assert (primary.warmups, primary.captures, primary.replays) == (1, 1, 2)  # warmed up before the prefill
     layer = next(iter(eng.state.gdn))
     eng.state.gdn[layer] = eng.state.gdn[layer].copy()  # a state buffer replaced: the plan's binding moved
     eng.forward(Slot.PRIMARY, 11)

@@ -9,6 +9,7 @@ KV rollback is contents-only: the logical length shrinks, buffers stay.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -194,6 +195,25 @@ class Engine:
         self._programs: dict = {}  # compiled loops' programs (mtplab.runtime.hot_loop), with the check they read
         self.compiled_loops = True  # sets _compiled_loops and _accepts_argmax
         self.use_commit(run.commit)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Primary's and the MTP head's warm-ups (Status.NEEDS_WARMUP's run) now, each its session's first run, at
+        the one token a decode or a draft runs; the state reset after them.
+
+        onnxruntime's CPU memory keeps the layout of a session's first run: where that was a prompt's prefill, the
+        builder fixture's decodes ran 4-6% slower for the session's life (benchmarks/forward_gap.py). A graph that
+        does not run leaves its slot to warm up later: its prefill tells why in one line, and a model whose head
+        does not run still decodes greedily.
+        """
+        tokens = np.zeros((self.batch, 1) if self.batch > 1 else 1, dtype=np.int64)
+        with contextlib.suppress(RuntimeError):  # onnxruntime's
+            self.target.run(Slot.PRIMARY, *target_io(self.primary_desc, self.state, tokens, False))
+        with contextlib.suppress(RuntimeError):
+            self.head.warm_up()
+        self.target.end_step()
+        self.mtp.end_step()
+        self.new_generation()
 
     # -- the run's strategies ------------------------------------------------------------------
     @property
