@@ -120,6 +120,8 @@ def main() -> None:
                          _ci(r["ratios"]["build"]), ""))
             rows.append((f"{Path(model).name}, 1 thread", "a forward: static span / growing span",
                          _ci(r["ratios"]["span"]), ""))
+            rows.append((f"{Path(model).name}, 1 thread", "a forward: session prefilled first / decoded first",
+                         _ci(r["ratios"]["history"]), ""))
         for pool in args.pools:
             out = Path(tmp) / f"overhead-{pool}.json"
             measured = _run("executor_overhead.py", ["--threads", "1", "--pool", pool]
