@@ -219,14 +219,20 @@ def test_timed_greedy_doing_two_forwards_per_token_is_a_mismatch(tiny, monkeypat
 def test_a_compiled_loop_replaying_twice_per_step_is_a_mismatch(tiny, monkeypatch, label, words):
     from mtplab.runtime.executor import Executor
 
-    real = Executor.replay_held
+    real = Executor.held_replayer
 
     def twice(self, slot):  # greedy's decodes (the target's Primary) or the head's drafts
-        real(self, slot)
-        if self.labels[slot] == label:
-            real(self, slot)
+        replay = real(self, slot)
+        if self.labels[slot] != label:
+            return replay
 
-    monkeypatch.setattr(Executor, "replay_held", twice)
+        def run():
+            replay()
+            replay()
+
+        return run
+
+    monkeypatch.setattr(Executor, "held_replayer", twice)
     r = _point(tiny)
     assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: " + words[0]), r.verdict
     text = r.verdict + " | ".join(r.identity.get("timed_audit", {}).get("problems", []))

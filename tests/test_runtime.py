@@ -4,6 +4,7 @@ checked on the bindings the engine actually makes for every policy and commit, o
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -58,6 +59,25 @@ def test_every_binding_the_engine_makes_is_in_place_only_where_the_kernel_allows
             check_in_place(model, binds, provider)
         ops |= {op for op, *_ in in_place_pairs(model, binds)}
     assert ops == {"GroupQueryAttention", "GatedDeltaNet"}  # KV and GDN state in place; conv carry never
+
+
+@pytest.mark.parametrize("folder, ops", [("builder-tiny-gdn", {"GroupQueryAttention", "GatedDeltaNet"}),
+                                        ("builder-tiny", {"GroupQueryAttention"})])
+def test_a_builder_graphs_state_is_in_place_only_where_its_ops_kernel_allows(folder, ops):
+    from mtplab.engine.engine import prompt_tokens
+    from mtplab.model.builder import open_builder
+
+    path = Path(__file__).parent / "data" / folder
+    art, backend = open_builder(path), RecordingBackend()
+    eng = Engine(RunConfig(model=str(path), k=2), art, device=Device("cpu", np, backend))
+    prompt = prompt_tokens(eng.desc.vocab_size, 8, 0)
+    assert eng.speculative(prompt, 12)["tokens"][:12] == eng.greedy(prompt, 12).tokens
+    seen = set()
+    for session, binds in backend.seen:
+        model = onnx.load(session._model_path)
+        check_in_place(model, binds, "CPUExecutionProvider")
+        seen |= {op for op, *_ in in_place_pairs(model, binds)}
+    assert seen == ops  # LinearAttention's state and the conv carry: never; GatedDeltaNet's: its own buffer
 
 
 def test_binding_the_conv_carry_in_place_is_refused_naming_the_op(tiny):

@@ -10,7 +10,6 @@ draft(first, hidden, position, k) per step: k draft tokens following `first`, th
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -102,7 +101,7 @@ class MtpDrafter:
             buffer = np.empty((1, 1, desc.hidden_size), dtype=desc.target.hidden_type)
             hot = self._hot = HeadSteps(feeds, outputs, bound, self.executor,
                                         self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
-                                        functools.partial(self.executor.replay_held, Slot.PRIMARY),
+                                        self.executor.held_replayer(Slot.PRIMARY),
                                         feeds[io.input_ids], buffer)
         feeds, ids, buffer = hot.feeds, hot.ids, hot.hidden
         buffer[...] = hidden.reshape(buffer.shape)  # as mtp_io feeds it: [1, 1, H], of the target's hidden dtype

@@ -442,7 +442,7 @@ class Engine:
             return
         out = np.empty(n, dtype=np.int64)
         out[: len(tokens)] = tokens
-        replay = functools.partial(self.target.replay_held, Slot.PRIMARY)
+        replay = self.target.held_replayer(Slot.PRIMARY)
         i, _, _, pending = hot_loop.chain(check.table, check.copies, program, out, len(tokens), n, state.length,
                                           replay)  # the caller advances the length by the replays made
         tokens += out[len(tokens) : i].tolist()

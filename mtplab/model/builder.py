@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 
 from mtplab.base.files import file_digest
-from mtplab.model.description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
+from mtplab.model.description import KERNEL_IN_PLACE, GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
 from mtplab.model.onnx_read import (
     annotated_widths,
     attention_head_size,
@@ -409,7 +409,10 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
                     raise _fail(folder, f"unknown state layout: {past[i]} feeds {op}, mtplab knows "
                                         f"{sorted(RECURRENT_LAYOUTS)}")
                 layout = RECURRENT_LAYOUTS[op]
-            states.append(StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, False))
+            in_place = node is not None and any(  # its op's kernel writes present onto past (GatedDeltaNet's state)
+                list(node.input[a:a + 1]) == [past[i]] and list(node.output[b:b + 1]) == [present[i]]
+                for a, b in KERNEL_IN_PLACE.get(op, ()))
+            states.append(StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, in_place))
     dtype, logits_dtype = outs[hidden][1], outs[logits][1]
     return GraphIO(path, input_ids, logits, hidden, "attention_mask", positions, hidden_input, tuple(kv),
                    tuple(states), dtype=dtype, logits_dtype="" if logits_dtype == dtype else logits_dtype)

@@ -41,6 +41,17 @@ class KvLayer:
         return dtype_of(self.dtype)
 
 
+# Where an op's kernel allows an output on its input's buffer: {op: {(input, output)}}, as the CUDA kernels
+# register it (KernelDefBuilder MayInplace) in onnxruntime 1.30-1.32: GroupQueryAttention KV (past_key 3 ->
+# present_key 1, past_value 4 -> present_value 2) and GatedDeltaNet state (6 -> 1). CausalConvWithState allows none
+# on any provider: the CUDA kernel's past and present are __restrict__ and the CPU decode path memcpy's past[1:]
+# into present. The CPU kernels register no MayInplace; their GroupQueryAttention takes a shared past/present
+# buffer by design (past_present_share_buffer), and mtplab holds the CPU to the CUDA table, so one binding rule
+# serves both (mtplab.runtime.sessions.IN_PLACE). A StateTensor is in_place where its op's pair is in this table.
+KERNEL_IN_PLACE: dict[str, frozenset[tuple[int, int]]] = {
+    "GroupQueryAttention": frozenset({(3, 1), (4, 2)}), "GatedDeltaNet": frozenset({(6, 1)})}
+
+
 @dataclass(frozen=True)
 class StateTensor:
     """One conv or recurrent state of a linear-attention layer (batch 1).

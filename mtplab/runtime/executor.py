@@ -395,7 +395,7 @@ class Executor:
     def held_check(self, slot: Slot, feeds: dict, outputs, bound) -> ReplayCheck | None:
         """The slot's replay check where a run on these objects (feed names, output spec, bindings, memory: check.holds)
         replays once its table's reads pass: a compiled loop (mtplab.runtime.hot_loop, which also asks that the
-        table's rows hold these very feeds) then stages each run itself and replays with replay_held. None: run the
+        table's rows hold these very feeds) then stages each run itself and replays with held_replayer's call. None: run the
         replayer (it decides everything itself). CPU plans only: the loop stages into host memory."""
         st = self.state.get(slot)
         check = st.check if st is not None else None
@@ -404,15 +404,20 @@ class Executor:
             return None
         return check
 
-    def replay_held(self, slot: Slot) -> None:
-        """One replay of the slot's plan, its feeds staged by the caller after the check's table passed (held_check):
-        counted and hazard-checked as Executor.run counts and checks a replay."""
-        st = self.state[slot]
-        for blk, owner in st.plan_blocks:
-            if blk.owner != owner:
-                st.hazards += 1
-        self.backend.replay(self.sessions[slot], st.plan)
-        st.replays += 1
+    def held_replayer(self, slot: Slot) -> Callable[[], None]:
+        """A call of no arguments: one replay of the slot's plan (the one it holds at each call), its feeds staged by
+        the caller after the check's table passed (held_check), counted and hazard-checked as Executor.run counts
+        and checks a replay. Made once for a loop of them: the slot's lookups are done here, not per replay."""
+        st, session, replay = self.state[slot], self.sessions[slot], self.backend.replay
+
+        def run() -> None:
+            for blk, owner in st.plan_blocks:
+                if blk.owner != owner:
+                    st.hazards += 1
+            replay(session, st.plan)
+            st.replays += 1
+
+        return run
 
     def _checked_replay(self, st: SlotCaptureState, mem: SlotMemory, session, feeds, outputs, bound) -> dict | None:
         """The slot's plan replayed, where the run's signature is the plan's (ReplayCheck), as the full path would

@@ -20,22 +20,15 @@ import onnx
 from onnx import numpy_helper
 
 from mtplab.base.threads import session_options
-from mtplab.model.description import ModelDescription, StateTensor, beyond_capacity, length_feeds
+from mtplab.model.description import KERNEL_IN_PLACE, ModelDescription, StateTensor, beyond_capacity, length_feeds
 from mtplab.model.onnx_read import failing_op
 from mtplab.runtime.arena import Arena, address, to_numpy
 from mtplab.runtime.signature import OutputSpec
 
-# Where an op's kernel allows an output on its input's buffer: {provider: {op: {(input, output)}}}, as the
-# kernels register it (KernelDefBuilder MayInplace) in onnxruntime 1.30-1.32. CUDA: GroupQueryAttention KV
-# (past_key 3 -> present_key 1, past_value 4 -> present_value 2) and GatedDeltaNet state (6 -> 1).
-# CausalConvWithState allows none on any provider: the CUDA kernel's past and present are __restrict__ and
-# the CPU decode path memcpy's past[1:] into present. The CPU kernels register no MayInplace; their
-# GroupQueryAttention takes a shared past/present buffer by design (past_present_share_buffer), and mtplab
-# holds the CPU to the CUDA table, so one binding rule serves both.
+# Where an op's kernel allows an output on its input's buffer: {provider: {op: {(input, output)}}}; both providers
+# follow the CUDA kernels' registrations (mtplab.model.description.KERNEL_IN_PLACE says why).
 IN_PLACE: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
-    "CUDAExecutionProvider": {"GroupQueryAttention": frozenset({(3, 1), (4, 2)}), "GatedDeltaNet": frozenset({(6, 1)})},
-}
-IN_PLACE["CPUExecutionProvider"] = IN_PLACE["CUDAExecutionProvider"]
+    provider: KERNEL_IN_PLACE for provider in ("CUDAExecutionProvider", "CPUExecutionProvider")}
 
 
 def _triple(b) -> tuple[str, Any, bool]:
