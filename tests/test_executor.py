@@ -404,6 +404,19 @@ def test_a_replayer_runs_as_run_does_and_names_its_slot(tiny, setup):
             Slot.VERIFY, feeds, outputs, bound)
 
 
+def test_a_held_replayer_replays_the_slots_plan_counted_and_through_a_backend_wrapper_put_on_later(setup):
+    cfg, state, ex = setup
+    for t in (1, 2):  # warm-up, capture
+        _call(ex, cfg, state, Slot.PRIMARY, [t])
+    st = ex.state[Slot.PRIMARY]
+    replay, seen = ex.held_replayer(Slot.PRIMARY), []
+    real = ex.backend.replay
+    ex.backend.replay = lambda session, plan: (seen.append(plan), real(session, plan))  # a clock, put on after
+    replay()
+    replay()
+    assert seen == [st.plan, st.plan] and (st.replays, ex.backend.calls["replay"]) == (2, 2)
+
+
 def test_plans_replay_through_the_c_entry_unless_the_session_s_own_call_was_replaced(tiny):
     from mtplab.runtime.executor import direct_runner
 
