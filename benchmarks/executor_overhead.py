@@ -127,9 +127,9 @@ class ForwardClock:
     def _wrap(self, real):
         spans, clock = self.spans, time.perf_counter
 
-        def run(session, *args):
+        def run(session, *args, **kw):
             t0 = clock()
-            out = real(session, *args)
+            out = real(session, *args, **kw)
             if self.on:
                 spans.append((t0, clock() - t0, session))
             return out

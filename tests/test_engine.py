@@ -235,10 +235,10 @@ def test_each_decoding_sessions_first_run_is_its_one_token_warm_up_and_the_prefi
     first_tokens = {}  # each session's first run: its token count
     eager = CpuPlanBackend.eager
 
-    def recording(self, session, binds):
+    def recording(self, session, binds, quiet=False):
         ids = next(b.array for b in binds if not b.output and b.name == "input_ids")
         first_tokens.setdefault(id(session), ids.shape[-1])
-        eager(self, session, binds)
+        eager(self, session, binds, quiet)
 
     monkeypatch.setattr(CpuPlanBackend, "eager", recording)
     eng = Engine(RunConfig(model="tiny", k=3), tiny)

@@ -49,6 +49,16 @@ def test_warmup_then_capture_then_replay(setup):
     assert st.counters() == {"captures": 1, "replays": 3, "fallbacks": 0, "invalidations": 0, "hazards": 0}
 
 
+def test_a_warm_up_ahead_of_use_arms_the_slot_once_so_its_first_run_captures(setup):
+    cfg, state, ex = setup
+    st = ex.state[Slot.PRIMARY]
+    feeds, outputs, bound = target_io(state.desc, state, np.array([1]))
+    assert ex.warm_up(Slot.PRIMARY, feeds, outputs, bound) and ex.warm_up(Slot.PRIMARY, feeds, outputs, bound)
+    assert (st.status, st.warmups, ex.backend.calls["eager"]) == (Status.ARMED, 1, 1)  # the second: nothing to do
+    _call(ex, cfg, state, Slot.PRIMARY, [2])
+    assert st.status is Status.READY and st.captures == 1
+
+
 def test_replay_equals_eager_bit_for_bit(tiny, setup):
     cfg, state, ex = setup
     for t in (1, 2, 3):

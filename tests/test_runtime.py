@@ -28,9 +28,9 @@ class RecordingBackend(CpuPlanBackend):
         super().__init__()
         self.seen: list[tuple[object, list]] = []
 
-    def eager(self, session, binds):
+    def eager(self, session, binds, quiet=False):
         self.seen.append((session, list(binds)))
-        super().eager(session, binds)
+        super().eager(session, binds, quiet)
 
     def capture(self, session, binds, owner="slot"):
         self.seen.append((session, list(binds)))

@@ -58,13 +58,13 @@ class MtpDrafter:
         self.forwards[key] = self.forwards.get(key, 0) + 1
 
     def warm_up(self) -> None:
-        """The head's warm-up (Status.NEEDS_WARMUP's run), where it is still to run: one draft's shape at position 0
-        (the Engine runs it first, as its session's first run: Engine._warm_up says why)."""
+        """The head's warm-up (Executor.warm_up), where it is still to run: one draft's shape at position 0 (the
+        Engine runs it first, as its session's first run: Engine._warm_up says why)."""
         if self.executor.state[Slot.PRIMARY].status is Status.NEEDS_WARMUP:
             B = self.state.batch
             position = 0 if B == 1 else np.zeros(B, dtype=np.int64)
-            self.executor.run(Slot.PRIMARY, *mtp_io(self.desc, self.state, np.zeros(B, np.int64),
-                                                    np.zeros((B, self.desc.hidden_size)), position))
+            self.executor.warm_up(Slot.PRIMARY, *mtp_io(self.desc, self.state, np.zeros(B, np.int64),
+                                                        np.zeros((B, self.desc.hidden_size)), position))
 
     def draft(self, first, hidden, position: int, k: int):
         """k draft tokens following `first` (an int or a device scalar) and its target hidden state.

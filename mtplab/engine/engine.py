@@ -9,7 +9,6 @@ KV rollback is contents-only: the logical length shrinks, buffers stay.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -207,12 +206,8 @@ class Engine:
         does not run still decodes greedily.
         """
         tokens = np.zeros((self.batch, 1) if self.batch > 1 else 1, dtype=np.int64)
-        with contextlib.suppress(RuntimeError):  # onnxruntime's
-            self.target.run(Slot.PRIMARY, *target_io(self.primary_desc, self.state, tokens, False))
-        with contextlib.suppress(RuntimeError):
-            self.head.warm_up()
-        self.target.end_step()
-        self.mtp.end_step()
+        self.target.warm_up(Slot.PRIMARY, *target_io(self.primary_desc, self.state, tokens, False))
+        self.head.warm_up()
         self.new_generation()
 
     # -- the run's strategies ------------------------------------------------------------------

@@ -82,7 +82,7 @@ class CaptureDeclined(Exception):
 class PlanBackend(Protocol):
     """The capture/replay seam. CPU: IOBinding plans. CUDA: graphs by gpu_graph_id."""
 
-    def eager(self, session: Any, binds: list[Binding]) -> None: ...
+    def eager(self, session: Any, binds: list[Binding], quiet: bool = False) -> None: ...
     def capture(self, session: Any, binds: list[Binding], owner: str) -> Any: ...
     def replay(self, session: Any, plan: Any) -> None: ...
     def drop(self, plan: Any) -> None: ...
@@ -111,6 +111,17 @@ def direct_runner(session: Any, io: Any) -> Any:
     return functools.partial(c_session.run_with_iobinding, c_io, None)
 
 
+@functools.cache
+def quiet_run_options():
+    """Run options under which onnxruntime logs only a fatal error: a run whose failure is expected and handled
+    (a warm-up that leaves a graph to fail where it is used) prints no error line of onnxruntime's."""
+    import onnxruntime as ort
+
+    ro = ort.RunOptions()
+    ro.log_severity_level = 4
+    return ro
+
+
 @dataclass(frozen=True)
 class CpuPlan:
     """A captured CPU plan: the IOBinding (every input and output bound by raw pointer), and its run."""
@@ -133,8 +144,9 @@ class CpuPlanBackend:
             bind(b.name, "cpu", 0, b.array.dtype, list(b.array.shape), address(b.array))
         return io
 
-    def eager(self, session, binds: list[Binding]) -> None:
-        session.run_with_iobinding(self._binding(session, binds))
+    def eager(self, session, binds: list[Binding], quiet: bool = False) -> None:
+        """An eager run; quiet: onnxruntime logs nothing of its failure (the exception still says it)."""
+        session.run_with_iobinding(self._binding(session, binds), quiet_run_options() if quiet else None)
         self.calls["eager"] += 1
 
     def capture(self, session, binds: list[Binding], owner: str = "slot") -> CpuPlan:
@@ -306,6 +318,25 @@ class Executor:
         staged, outs = self.memory[slot].temporaries(feeds, outputs)
         self.backend.eager(self.sessions[slot], self._binds(staged, outs, bound))
         return {n: a for n, (a, _) in outs.items()}
+
+    def warm_up(self, slot: Slot, feeds: dict[str, np.ndarray], outputs: dict[str, tuple[tuple[int, ...], Any]],
+                bound: list[tuple[str, Any, bool]]) -> bool:
+        """The slot's warm-up (Status.NEEDS_WARMUP's run), where it is still to run, on these feeds and buffers as
+        run() would run it, with onnxruntime's error log silenced; False where the graph does not run (the slot
+        stays to be warmed up, and fails where it is used, loudly)."""
+        st, mem = self.state[slot], self.memory[slot]
+        if st.status is not Status.NEEDS_WARMUP:
+            return True
+        try:
+            self.backend.eager(self.sessions[slot], self._binds(mem.stage(feeds), mem.outputs(outputs), bound),
+                               quiet=True)
+        except (RuntimeError, BufferTooSmall):  # onnxruntime's; a workspace run() would decline too
+            return False
+        finally:
+            mem.end_step()
+        st.warmups += 1
+        st.status = Status.ARMED
+        return True
 
     def run(
         self,
