@@ -23,6 +23,7 @@ class FakeRunOptions:
 
     def __init__(self):
         self.entries = {}
+        self.log_severity_level = -1  # onnxruntime's default: the session's own
 
     def add_run_config_entry(self, key, value):
         self.entries[key] = value
@@ -53,6 +54,7 @@ class FakeCudaGraphSession:
         self.state = {address(a): a for a in state_arrays}
         self.captured: set[int] = set()
         self.calls: list[tuple[str, int]] = []
+        self.severities: list[int] = []  # each run's log severity
         self.refuse_capture = False  # True: a capture raises after its two warm-ups, as onnxruntime's does
 
     def io_binding(self):
@@ -64,6 +66,7 @@ class FakeCudaGraphSession:
                 self.state[ptr] += 1
 
     def run_with_iobinding(self, io, run_options):
+        self.severities.append(run_options.log_severity_level)
         gid = int(run_options.entries["gpu_graph_id"])
         if gid >= 0 and gid not in self.captured:
             self.captured.add(gid)
@@ -105,6 +108,17 @@ def test_capture_advances_in_place_state_exactly_once():
         assert state[0, 0] == step  # warm-up, capture (3 executions undone, 1 replay), replays
     assert [c[0] for c in session.calls] == ["eager", "capture", "replay", "replay", "replay", "replay"]
     assert ex.state[Slot.PRIMARY].counters()["captures"] == 1 and ex.state[Slot.PRIMARY].replays == 3
+
+
+def test_a_warm_up_ahead_of_use_runs_eager_and_quiet_and_the_first_use_captures():
+    ex, session, ids, state = _setup()
+    feeds = {"input_ids": np.zeros((1, 1), np.int64)}
+    bound = [("state", state, False), ("present_state", state, True)]
+    assert ex.warm_up(Slot.PRIMARY, feeds, {"logits": ((1, 1, 8), np.float32)}, bound)
+    assert (session.calls, session.severities, state[0, 0]) == ([("eager", -1)], [4], 1)  # fatal errors only
+    _run(ex, Slot.PRIMARY, state)
+    assert [c[0] for c in session.calls] == ["eager", "capture", "replay"]  # the capture's undone runs, one replay
+    assert session.severities[1:] == [-1, -1] and state[0, 0] == 2
 
 
 def test_a_capture_onnxruntime_refuses_leaves_the_state_as_before_and_the_slot_runs_eager():
