@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def efficiency_range(sweep: Path) -> str | None:
     below = sum(high < 0.9 for high in highs)  # a point estimate is one draw: its CI says whether it is below
     text = (f"min {e.min():.2f}, median {e.median():.2f}, max {e.max():.2f} over {len(e)} points; "
             f"{below} of {len(highs)} with the whole 95% CI below 0.9")
-    drawn = [d for _, _, d in baseline.draws(own) if d["r"] == d["r"]]
+    drawn = [d for _, _, d in baseline.draws(own) if math.isfinite(d["r"])]
     if drawn:  # how much of the range is the greedy each point drew (mtplab.report.baseline): its largest group
         d = max(drawn, key=lambda d: d["with_efficiency"])
         text += (f"; against each point's greedy slope {d['slope']:.2f} [{d['slope_ci'][0]:.2f}, {d['slope_ci'][1]:.2f}], "

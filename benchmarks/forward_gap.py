@@ -113,6 +113,14 @@ class CApiSession:
         return call
 
 
+def _named_io(desc, state: TargetState, tokens: np.ndarray) -> tuple[dict, dict]:
+    """A forward's inputs and outputs by name, as target_io binds them (its other outputs into new arrays)."""
+    feeds, outputs, bound = target_io(desc, state, tokens)
+    inputs = dict(feeds) | {name: a for name, a, out in bound if not out}
+    results = {name: np.zeros(shape, dtype) for name, (shape, dtype) in outputs.items()}
+    return inputs, results | {name: a for name, a, out in bound if out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tests/data/builder-tiny", help="a preset name or a builder output folder")
@@ -130,24 +138,20 @@ def main() -> None:
     desc = desc.own_graph() or desc  # the graph a decode runs: the user's own, not mtplab's copy with select's outputs
     state = TargetState.allocate(desc, Arena("bench"))
     state.length = desc.capacity // 2
-    feeds, outputs, bound = target_io(desc, state, np.array([5], dtype=np.int64))
-    inputs = dict(feeds) | {name: a for name, a, out in bound if not out}
-    results = {name: np.zeros(shape, dtype) for name, (shape, dtype) in outputs.items()}
-    results |= {name: a for name, a, out in bound if out}
+    inputs, results = _named_io(desc, state, np.array([5], dtype=np.int64))
     growing = inputs | length_feeds(desc.target, state.length, 1, state.length + 1)  # the span: the length + 1
     path = str(desc.target.path)
     module = make_session(path, threads=1)
 
-    def bound_run(named_inputs: dict, session=module):  # a plan as mtplab's CPU backend binds and replays it
-        binds = [Binding(n, a, False) for n, a in named_inputs.items()] + [Binding(n, a, True) for n, a in results.items()]
+    def bound_run(named_inputs: dict, session=module, named_results: dict = results):  # as the CPU backend replays it
+        binds = [Binding(n, a, False) for n, a in named_inputs.items()]
+        binds += [Binding(n, a, True) for n, a in named_results.items()]
         return direct_runner(session, CpuPlanBackend._binding(session, binds))
 
-    prefilled = make_session(path, threads=1)
-    prompt = TargetState.allocate(desc, Arena("prompt"))  # a state of its own: this one stays as it is
-    feeds_p, outputs_p, bound_p = target_io(desc, prompt, np.arange(PREFILL, dtype=np.int64) + 1)
-    binds_p = [Binding(n, a, False) for n, a in feeds_p.items()] + [Binding(n, a, out) for n, a, out in bound_p]
-    binds_p += [Binding(n, np.zeros(shape, dtype), True) for n, (shape, dtype) in outputs_p.items()]
-    direct_runner(prefilled, CpuPlanBackend._binding(prefilled, binds_p))()
+    prefilled = make_session(path, threads=1)  # its prompt on a state of its own: `state` stays as it is
+    prompt_inputs, prompt_results = _named_io(desc, TargetState.allocate(desc, Arena("prompt")),
+                                              np.arange(PREFILL, dtype=np.int64) + 1)
+    bound_run(prompt_inputs, prefilled, prompt_results)()
     sides = {MODULE: bound_run(inputs), LIBRARY: CApiSession(path, 1).runner(inputs, results),
              GROWING: bound_run(growing), PREFILLED: bound_run(inputs, prefilled)}
     firsts = []

@@ -23,7 +23,7 @@ from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription, length_feeds
 from mtplab.runtime import hot_loop
 from mtplab.runtime.arena import array_module
-from mtplab.runtime.executor import Executor, Slot, Status
+from mtplab.runtime.executor import Executor, Slot
 from mtplab.runtime.jit import compiled
 from mtplab.runtime.sessions import MtpState, mtp_io, refused_run
 
@@ -56,15 +56,6 @@ class MtpDrafter:
             raise refused_run(f"{self.desc.name}'s MTP head (its prefill)", err) from err
         key = f"mtp/M={len(tokens)}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
-
-    def warm_up(self) -> None:
-        """The head's warm-up (Executor.warm_up), where it is still to run: one draft's shape at position 0 (the
-        Engine runs it first, as its session's first run: Engine._warm_up says why)."""
-        if self.executor.state[Slot.PRIMARY].status is Status.NEEDS_WARMUP:
-            B = self.state.batch
-            position = 0 if B == 1 else np.zeros(B, dtype=np.int64)
-            self.executor.warm_up(Slot.PRIMARY, *mtp_io(self.desc, self.state, np.zeros(B, np.int64),
-                                                        np.zeros((B, self.desc.hidden_size)), position))
 
     def draft(self, first, hidden, position: int, k: int):
         """k draft tokens following `first` (an int or a device scalar) and its target hidden state.

@@ -155,8 +155,8 @@ class Engine:
         self.mtp_state = MtpState.allocate(desc, self.main, batch=B)
         mtp_arena = self.arenas["mtp"] = dev.arena("mtp")
         position = 0 if B == 1 else np.zeros(B, dtype=np.int64)
-        feeds, outputs, _ = mtp_io(desc, self.mtp_state, np.zeros(B, np.int64), np.zeros((B, desc.hidden_size)), position)
-        presize(mtp_arena, feeds, outputs, skip=dev.host_inputs)
+        draft_io = mtp_io(desc, self.mtp_state, np.zeros(B, np.int64), np.zeros((B, desc.hidden_size)), position)
+        presize(mtp_arena, draft_io[0], draft_io[1], skip=dev.host_inputs)
         self.mtp = Executor(
             {Slot.PRIMARY: dev.session(self.art.mtp)},
             {Slot.PRIMARY: SlotMemory(mtp_arena, host_inputs=dev.host_inputs)},
@@ -194,11 +194,12 @@ class Engine:
         self._programs: dict = {}  # compiled loops' programs (mtplab.runtime.hot_loop), with the check they read
         self.compiled_loops = True  # sets _compiled_loops and _accepts_argmax
         self.use_commit(run.commit)
-        self._warm_up()
+        self._warm_up(draft_io)
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, draft_io: tuple) -> None:
         """Primary's and the MTP head's warm-ups (Status.NEEDS_WARMUP's run) now, each its session's first run, at
-        the one token a decode or a draft runs; the state reset after them.
+        the one token a decode or a draft runs (draft_io: mtp_io's one draft step at position 0); the state reset
+        after them.
 
         onnxruntime's CPU memory keeps the layout of a session's first run: where that was a prompt's prefill, the
         builder fixture's decodes ran 4-6% slower for the session's life (benchmarks/forward_gap.py). A graph that
@@ -207,7 +208,7 @@ class Engine:
         """
         tokens = np.zeros((self.batch, 1) if self.batch > 1 else 1, dtype=np.int64)
         self.target.warm_up(Slot.PRIMARY, *target_io(self.primary_desc, self.state, tokens, False))
-        self.head.warm_up()
+        self.mtp.warm_up(Slot.PRIMARY, *draft_io)
         self.new_generation()
 
     # -- the run's strategies ------------------------------------------------------------------

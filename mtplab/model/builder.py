@@ -409,7 +409,7 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
                     raise _fail(folder, f"unknown state layout: {past[i]} feeds {op}, mtplab knows "
                                         f"{sorted(RECURRENT_LAYOUTS)}")
                 layout = RECURRENT_LAYOUTS[op]
-            in_place = node is not None and any(  # its op's kernel writes present onto past (GatedDeltaNet's state)
+            in_place = any(  # its op's kernel writes present onto past (GatedDeltaNet's state)
                 list(node.input[a:a + 1]) == [past[i]] and list(node.output[b:b + 1]) == [present[i]]
                 for a, b in KERNEL_IN_PLACE.get(op, ()))
             states.append(StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, in_place))
