@@ -12,7 +12,9 @@
   one whose first run was a decode (mtplab's engines warm their decode up first): parts of "greedy mtplab / genai"
   no loop can move;
 - one demo point run again in fresh processes (benchmarks/process_spread.py, small, 2 threads): how far its greedy
-  and its speedup move between processes, beside the CI each process's own rounds give;
+  and its speedup move between processes, beside the CI each process's own rounds give, with malloc's memory on
+  4 KiB pages and on huge pages in turn (where the kernel gives them on request: mtplab.base.memory), and each
+  quantity's ratio huge / 4 KiB;
 - the efficiency range of the demo's sibling-pinned/select points (demo in the results root, when `make demo` ran),
   how many of them have their whole CI below 0.9 (each point's efficiency is one estimate from a few rounds), and
   how far it follows each point's own greedy (mtplab.report.baseline).
@@ -33,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from mtplab.base.memory import huge_pages_env, reexec
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE.parent / "tests" / "data" / "builder-tiny"
@@ -144,13 +148,20 @@ def main() -> None:
                          ""))
         spread_model, spread_threads = ("tiny", 2) if args.quick else ("small", 2)  # the demo's model and threads
         out = Path(tmp) / "spread.json"
-        r = _run("process_spread.py", ["--model", spread_model, "--threads", str(spread_threads)]
+        pages = "4k" if huge_pages_env() is None else "both"  # huge / 4 KiB pages side by side where malloc has both
+        r = _run("process_spread.py", ["--model", spread_model, "--threads", str(spread_threads), "--pages", pages]
                  + (["--processes", "3", "--rounds", "3"] if args.quick else []), out)
         name = f"{spread_model}, {spread_threads} threads, {r['processes']} processes"
-        for q, what in (("greedy_tokens_per_s", "one point's greedy"), ("speedup", "one point's speedup")):
-            s = r["spread"][q]
-            rows.append((name, f"{what}: between processes (95%)",
-                         f"±{s['between']:.1%} (within one ±{s['within']:.1%})", ""))
+        for kind in ("4k", "huge"):
+            for q, what in (("greedy_tokens_per_s", "one point's greedy"), ("speedup", "one point's speedup")):
+                if kind in r["spread"]:
+                    s = r["spread"][kind][q]
+                    rows.append((name, f"{what}, {'huge' if kind == 'huge' else '4 KiB'} pages: between processes (95%)",
+                                 f"±{s['between']:.1%} (within one ±{s['within']:.1%})", ""))
+        if "huge_over_4k" in r["spread"]:
+            for q, what in (("greedy_tokens_per_s", "greedy"), ("speedup", "speedup")):
+                rows.append((name, f"{what}, huge / 4 KiB pages (neighbouring processes)",
+                             _ci(r["spread"]["huge_over_4k"][q]), ""))
     from mtplab.base.paths import results_root
 
     demo = efficiency_range(results_root() / "demo")  # where `make demo` wrote it ($MTPLAB_RESULTS, else results/)
@@ -163,4 +174,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

@@ -22,6 +22,7 @@ import argparse
 import json
 import time
 
+from mtplab.base.memory import reexec
 from mtplab.base.threads import settle, thread_pool, use_global_pool
 from mtplab.engine.engine import Engine, model_for, prompt_tokens
 from mtplab.experiment.config import RunConfig
@@ -130,4 +131,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

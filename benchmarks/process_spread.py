@@ -15,8 +15,13 @@ With --inside R, one more process holds two engines of the point and runs R roun
 speculative runs (A first in even rounds, B first in odd ones): engine A over B on each side (what each engine drew, steadily) and each
 side's variation over the rounds (what moved both engines over time).
 
+With --pages both, the processes alternate between malloc's memory on 4 KiB pages and on huge pages (as the mtplab
+command runs: mtplab.base.memory), and each quantity's ratio huge / 4 KiB is taken over the pairs of neighbouring
+processes.
+
     python benchmarks/process_spread.py [--model small] [--threads 2] [--processes 6] [--rounds 5] [--tokens 48]
-                                        [--k 2] [--alpha 0.7] [--schedule fused] [--inside R] [--json FILE]
+                                        [--k 2] [--alpha 0.7] [--schedule fused] [--inside R] [--pages huge|4k|both]
+                                        [--json FILE]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import sys
 
 import numpy as np
 
+from mtplab.base.memory import huge_pages_env, reexec, small_pages_env
 from mtplab.measure import stats
 
 CHILD_LIMIT = 600  # seconds one process may take (a point of small takes about ten)
@@ -119,6 +125,10 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--inside", type=int, default=0,
                     help="also run two engines of the point in one process for this many rounds each (0: not)")
+    ap.add_argument("--pages", choices=("huge", "4k", "both"), default="huge",
+                    help="malloc's memory on huge pages as the mtplab command has it (huge), on 4 KiB pages (4k), or "
+                         "both: --processes of each, alternating, and each quantity's ratio huge / 4 KiB over the "
+                         "pairs of neighbouring processes (mtplab.base.memory)")
     ap.add_argument("--child", choices=("point", "inside"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -134,20 +144,34 @@ def main() -> None:
         ap.error(str(err))
     cmd = [sys.executable, __file__, *[f"--{a}={getattr(args, a)}" for a in
                                        ("model", "threads", "rounds", "tokens", "k", "alpha", "schedule", "inside")]]
+    kinds = ("4k", "huge") if args.pages == "both" else (args.pages,)
+    if "huge" in kinds and huge_pages_env() is None:
+        ap.error(f"--pages {args.pages}: malloc gives no huge pages on request here (`mtplab doctor` says why)")
     load = [os.getloadavg()[0]]
-    rows = []
+    rows: dict[str, list] = {kind: [] for kind in kinds}
     for i in range(args.processes):
-        rows.append(_child(cmd + ["--child=point"], f"process {i + 1}"))
-        print(f"process {i + 1}: " + ", ".join(f"{name} {rows[-1][q][0]:.2f}" for q, name in QUANTITIES.items()),
-              file=sys.stderr, flush=True)
+        for kind in kinds:
+            rows[kind].append(_child(cmd + ["--child=point"], f"process {i + 1}", PAGES[kind]()))
+            print(f"process {i + 1} ({kind} pages): " + ", ".join(f"{name} {rows[kind][-1][q][0]:.2f}"
+                                                                 for q, name in QUANTITIES.items()),
+                  file=sys.stderr, flush=True)
     load.append(os.getloadavg()[0])
-    result = spread(rows)
+    result = {kind: spread(rows[kind]) for kind in kinds}
     print(f"{args.model}, {args.threads} threads, k={args.k} oracle alpha={args.alpha} {args.schedule}, {args.tokens} "
-          f"tokens: {args.processes} fresh processes of {args.rounds} paired rounds each (load {load[0]:.2f} -> {load[1]:.2f})")
-    print(f"{'':20} {'median':>9} {'between processes (95%)':>24} {'within one (CI, median)':>24}")
-    for q, name in QUANTITIES.items():
-        s = result[q]
-        print(f"{name:20} {s['median']:9.2f} {'±' + format(s['between'], '.1%'):>24} {'±' + format(s['within'], '.1%'):>24}")
+          f"tokens: {args.processes} fresh processes of {args.rounds} paired rounds each"
+          + (", each kind of page in turn" if len(kinds) > 1 else "") + f" (load {load[0]:.2f} -> {load[1]:.2f})")
+    for kind in kinds:
+        print(f"{PAGE_NAMES[kind]:20} {'median':>9} {'between processes (95%)':>24} {'within one (CI, median)':>24}")
+        for q, name in QUANTITIES.items():
+            s = result[kind][q]
+            print(f"{name:20} {s['median']:9.2f} {'±' + format(s['between'], '.1%'):>24} "
+                  f"{'±' + format(s['within'], '.1%'):>24}")
+    if len(kinds) > 1:
+        result["huge_over_4k"] = {q: stats.summarize([h[q][0] / f[q][0] for h, f in zip(rows["huge"], rows["4k"])])
+                                  for q in QUANTITIES}
+        print("huge / 4 KiB pages, over the pairs of neighbouring processes: " + ", ".join(
+            f"{name} {r['median']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
+            for name, r in ((QUANTITIES[q], result["huge_over_4k"][q]) for q in QUANTITIES)))
     within = None
     if args.inside:
         within = inside_summary(_child(cmd + ["--child=inside"], "the process of two engines"))
@@ -165,10 +189,14 @@ def main() -> None:
                        "load": load, "spread": result, "inside": within, "confidence": stats.CONFIDENCE}, f, indent=1)
 
 
-def _child(cmd: list[str], what: str):
+PAGES = {"huge": huge_pages_env, "4k": small_pages_env}  # a child's environment
+PAGE_NAMES = {"huge": "huge pages", "4k": "4 KiB pages"}
+
+
+def _child(cmd: list[str], what: str, env: dict | None = None):
     """The last JSON line a child process printed; SystemExit naming `what` where it failed or ran too long."""
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_LIMIT)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_LIMIT, env=env)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"{what} ran past {CHILD_LIMIT} s: stopped") from None
     if done.returncode:
@@ -178,4 +206,5 @@ def _child(cmd: list[str], what: str):
 
 
 if __name__ == "__main__":
+    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

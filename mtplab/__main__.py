@@ -1,5 +1,5 @@
 """`python -m mtplab`: the command line."""
 
-from mtplab.cli.main import console
+from mtplab.cli.entry import console
 
 raise SystemExit(console())

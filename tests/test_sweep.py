@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from html import escape
 from pathlib import Path
 
 import pandas as pd
@@ -331,6 +332,7 @@ def test_a_failing_point_is_recorded_the_sweep_completes_in_a_relative_results_f
            "(RuntimeError: planted failure at k=2)" in text, text
     assert "Every one of the 1 point is token-identical" in text
     assert "each point ran 3 paired" in provenance.header_html(sweep, df)
+    assert escape(provenance.pages_text(sweep["env"]["huge_pages"])) in provenance.header_html(sweep, df)
     # an interrupted sweep's header says its fixed parameters are the finished points', not the spec's
     assert "(over the 2 points that finished; the spec has 3)" in provenance.header_html(sweep | {"points": 3}, df)
     assert failed.point_id not in quality.quality_markdown(df, sweep, {})  # not an "unstable" point: it never ran

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtplab.report.provenance import fixed_and_varied
+from mtplab.report.provenance import fixed_and_varied, pages_text
 from mtplab.report.tables import ci_text, points_html
 
 ROWS = [
@@ -44,3 +44,11 @@ def test_a_speedup_confidence_interval_gets_its_own_column_when_recorded():
     html = points_html(pd.DataFrame(rows))
     assert "speedup CI" in html and "1.15-1.25" in html
     assert ci_text({"low": 0.9, "high": 1.1}) == "0.90-1.10" and ci_text(None) == ""
+
+
+def test_the_header_says_which_pages_the_processes_ran_on():
+    assert pages_text({"transparent": "madvise", "malloc_hugetlb": "1"}) == \
+        "malloc's memory on huge pages (glibc.malloc.hugetlb=1)"
+    assert pages_text({"transparent": "madvise", "malloc_hugetlb": None}) == "4 KiB pages"
+    assert pages_text({"transparent": "always", "malloc_hugetlb": None}).startswith("huge pages")
+    assert pages_text(None) == "pages not recorded"  # a sweep from before mtplab recorded them

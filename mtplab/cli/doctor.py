@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+from mtplab.base.memory import huge_pages_summary
 from mtplab.model.artifact import REQUIRED_OPS
 
 
@@ -63,6 +64,7 @@ def report() -> dict:
     except ValueError as err:
         out["cuda_backend"] = "not available: " + str(err).replace(" (mtplab doctor says what is installed)", "")
     out["kernel_mtplab"] = _kernel_registered()
+    out["huge_pages"] = huge_pages_summary()
     return out
 
 
@@ -116,6 +118,7 @@ def format_report(r: dict) -> str:
     lines.append(f"gpu pairing   {r['gpu_pairing']}")
     lines.append(f"cuda backend  {r['cuda_backend']}")
     lines.append(f"jupyter kernel 'mtplab' registered: {'yes' if r['kernel_mtplab'] else 'no (make setup)'}")
+    lines.append(f"huge pages    {r['huge_pages']}")
     for key in ("warning", "error"):
         if key in r:
             lines.append(f"{key.upper()}: {r[key]}")

@@ -504,10 +504,5 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
         return 2
 
 
-def console() -> int:
-    """The `mtplab` executable's entry point."""
-    return main(own_process=True)
-
-
-if __name__ == "__main__":
-    sys.exit(console())
+if __name__ == "__main__":  # the command without the executable's start on huge pages (`python -m mtplab` has it)
+    sys.exit(main(own_process=True))

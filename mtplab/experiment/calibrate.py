@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mtplab.base.files import write_atomic
+from mtplab.base.memory import malloc_hugetlb
 from mtplab.base.paths import cache_root
 from mtplab.base.threads import threads_used
 from mtplab.engine.strategies import COMMITS
@@ -77,7 +78,8 @@ MEASURES = 9
 def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
     """What a calibration is valid for: model (a preset name, with int4 weights or not, or a folder), machine,
     threads, onnxruntime, the commit strategies registered (a new one is measured, not missing from a cached
-    table), how many repeats measured it, and what the engine runs where (MEASURES)."""
+    table), how many repeats measured it, what the engine runs where (MEASURES), and whether malloc's memory is on
+    huge pages (mtplab.base.memory: a sweep's points run as its calibration did)."""
     import onnxruntime
 
     return {
@@ -88,6 +90,7 @@ def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = Fal
         "onnxruntime": onnxruntime.__version__,
         "commits": sorted(COMMITS.names()),
         "measures": MEASURES,
+        **({"malloc_hugetlb": hugetlb} if (hugetlb := malloc_hugetlb()) else {}),
         **({} if repeats == REPEATS else {"repeats": repeats}),
         **({"int4": True} if int4 else {}),
     }

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mtplab.base.memory import meminfo_gib
+from mtplab.base.memory import huge_pages, meminfo_gib
 from mtplab.base.paths import CHECKOUT
 
 
@@ -56,7 +56,8 @@ def git_revision(root: Path = CHECKOUT) -> str | None:
 
 
 def environment(backend: str = "cpu", threads: int = 0) -> dict:
-    """Versions (mtplab, onnxruntime, onnxruntime-genai, numpy, Python), provider, device, machine, threads, git revision.
+    """Versions (mtplab, onnxruntime, onnxruntime-genai, numpy, Python), provider, device, machine, threads, the pages
+    the process's memory lies on (mtplab.base.memory.huge_pages), git revision.
 
     threads: the run's RunConfig.threads; recorded as the intra-op threads its sessions used.
     """
@@ -84,6 +85,7 @@ def environment(backend: str = "cpu", threads: int = 0) -> dict:
         "hostname": platform.node(),
         "threads": threads_used(threads),
         "thread_pool": thread_pool(),
+        "huge_pages": huge_pages(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "git_revision": git_revision(),

@@ -85,6 +85,17 @@ def _rounds(df) -> str:
     return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
 
+def pages_text(pages: dict | None) -> str:
+    """The pages the sweep's processes ran on (mtplab.base.memory.huge_pages), in a few words."""
+    if not pages:
+        return "pages not recorded"
+    if pages.get("transparent") == "always":
+        return "huge pages (the kernel's THP always)"
+    if pages.get("malloc_hugetlb") == "1" and pages.get("transparent") == "madvise":
+        return "malloc's memory on huge pages (glibc.malloc.hugetlb=1)"
+    return "4 KiB pages"
+
+
 def header_html(sweep: dict, df: pd.DataFrame) -> str:
     """The provenance block: counts, spec, fixed and varied parameters, repeats, threads, versions, machine, load."""
     env = sweep.get("env", {})
@@ -128,7 +139,7 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
             "machine",
             html.escape(
                 f"{env.get('device')} ({env.get('provider')}), {env.get('cpu_count')} cores, "
-                f"{env.get('memory_gib', 'n/a')} GiB, {env.get('platform')}"
+                f"{env.get('memory_gib', 'n/a')} GiB, {env.get('platform')}, {pages_text(env.get('huge_pages'))}"
             ),
         ),
         _row("load average (1 min)", load),

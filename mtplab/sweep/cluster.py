@@ -83,8 +83,10 @@ class RayPool:
         self.resources = dict(resources or {})
         self.started_here = not ray.is_initialized()
         if self.started_here:
-            # Strategies a plugin registers reach the points: every task imports the same plugin modules.
-            env = {"env_vars": {PLUGINS_ENV: os.environ[PLUGINS_ENV]}} if os.environ.get(PLUGINS_ENV) else None
+            # Strategies a plugin registers reach the points: every task imports the same plugin modules. So does
+            # malloc's huge pages setting (mtplab.base.memory): the points run as the calibration did.
+            passed = {name: os.environ[name] for name in (PLUGINS_ENV, "GLIBC_TUNABLES") if os.environ.get(name)}
+            env = {"env_vars": passed} if passed else None
             if address:
                 ray.init(address=address, log_to_driver=False, runtime_env=env)
             else:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from mtplab.base import paths
 from mtplab.base.files import output_folder_problem, write_atomic
 from mtplab.base.lock import folder_lock
+from mtplab.base.memory import inherit_huge_pages
 from mtplab.measure.env import environment
 from mtplab.measure.result import dumps
 from mtplab.sweep import grid, store
@@ -109,6 +110,7 @@ def run_sweep(
     grid.require_engines(spec)
     grid.check_models(spec)
     ensure_kernel()
+    inherit_huge_pages()  # the calibrations and points this sweep starts: the `mtplab` command's own setting
     results_root = Path(results_root).resolve() if results_root is not None else paths.results_root()
     sweep_dir = results_root / (name or spec.name)
     points_dir = sweep_dir / "points"
