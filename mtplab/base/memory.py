@@ -4,11 +4,12 @@ Huge pages. A decode streams every weight once a token; on 4 KiB pages that is a
 and a physical placement that each process draws anew. With glibc's malloc asking for transparent huge pages
 (2 MiB: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35 on, where the kernel gives them on request,
 /sys/kernel/mm/transparent_hugepage/enabled = madvise), onnxruntime's weights and buffers lie on huge pages. On
-`small` at 2 threads, seven processes each way, interleaved: greedy's median +4.9% and its range between processes
-76-90 tok/s down to 82-89 (at 1 thread: +1.4%). glibc reads the setting when a process starts, so the `mtplab`
-command and the benchmarks start themselves again with it (`reexec`), and a sweep's points, calibrations and
-notebooks inherit it. MTPLAB_HUGE_PAGES=0 keeps 4 KiB pages; a GLIBC_TUNABLES that already sets
-glibc.malloc.hugetlb is left as it is. What a process ran on is in its results' env (`huge_pages`).
+`small` at 2 threads, processes taking turns: greedy 1.02-1.05x (benchmarks/process_spread.py --pages both), the
+speculative side 1.00x, and in a pair of demos the efficiency stopped following each point's greedy draw (README,
+Benchmarks). glibc reads the setting when a process starts, so the `mtplab` command and the benchmarks start
+themselves again with it (`reexec`), and a sweep's points, calibrations and notebooks inherit it.
+MTPLAB_HUGE_PAGES=0 keeps 4 KiB pages; a GLIBC_TUNABLES that already sets glibc.malloc.hugetlb is left as it is.
+What a process ran on is in its results' env (`huge_pages`).
 """
 
 from __future__ import annotations
