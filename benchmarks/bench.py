@@ -148,15 +148,15 @@ def main() -> None:
                          ""))
         spread_model, spread_threads = ("tiny", 2) if args.quick else ("small", 2)  # the demo's model and threads
         out = Path(tmp) / "spread.json"
-        pages = "4k" if huge_pages_env() is None else "both"  # huge / 4 KiB pages side by side where malloc has both
+        pages = "as-is" if huge_pages_env() is None else "both"  # huge / 4 KiB pages side by side where malloc has both
         r = _run("process_spread.py", ["--model", spread_model, "--threads", str(spread_threads), "--pages", pages]
                  + (["--processes", "3", "--rounds", "3"] if args.quick else []), out)
         name = f"{spread_model}, {spread_threads} threads, {r['processes']} processes"
-        for kind in ("4k", "huge"):
+        for kind, pages_named in (("as-is", ""), ("4k", ", 4 KiB pages"), ("huge", ", huge pages")):
             for q, what in (("greedy_tokens_per_s", "one point's greedy"), ("speedup", "one point's speedup")):
                 if kind in r["spread"]:
                     s = r["spread"][kind][q]
-                    rows.append((name, f"{what}, {'huge' if kind == 'huge' else '4 KiB'} pages: between processes (95%)",
+                    rows.append((name, f"{what}{pages_named}: between processes (95%)",
                                  f"±{s['between']:.1%} (within one ±{s['within']:.1%})", ""))
         if "huge_over_4k" in r["spread"]:
             for q, what in (("greedy_tokens_per_s", "greedy"), ("speedup", "speedup")):

@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from mtplab.base.memory import huge_pages_env, reexec, small_pages_env
+from mtplab.base.memory import huge_pages_env, huge_pages_summary, reexec, small_pages_env
 from mtplab.measure import stats
 
 CHILD_LIMIT = 600  # seconds one process may take (a point of small takes about ten)
@@ -125,10 +125,11 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--inside", type=int, default=0,
                     help="also run two engines of the point in one process for this many rounds each (0: not)")
-    ap.add_argument("--pages", choices=("huge", "4k", "both"), default="huge",
-                    help="malloc's memory on huge pages as the mtplab command has it (huge), on 4 KiB pages (4k), or "
-                         "both: --processes of each, alternating, and each quantity's ratio huge / 4 KiB over the "
-                         "pairs of neighbouring processes (mtplab.base.memory)")
+    ap.add_argument("--pages", choices=("as-is", "huge", "4k", "both"), default="as-is",
+                    help="the children's pages: as this process has them (as-is: the mtplab command's), malloc's "
+                         "memory on huge pages (huge), on 4 KiB pages (4k), or both: --processes of each, "
+                         "alternating, and each quantity's ratio huge / 4 KiB over the pairs of neighbouring processes "
+                         "(mtplab.base.memory)")
     ap.add_argument("--child", choices=("point", "inside"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -146,14 +147,15 @@ def main() -> None:
                                        ("model", "threads", "rounds", "tokens", "k", "alpha", "schedule", "inside")]]
     kinds = ("4k", "huge") if args.pages == "both" else (args.pages,)
     if "huge" in kinds and huge_pages_env() is None:
-        ap.error(f"--pages {args.pages}: malloc gives no huge pages on request here (`mtplab doctor` says why)")
+        ap.error(f"--pages {args.pages}: malloc's memory cannot be put on huge pages apart here (this process's pages: "
+                 f"{huge_pages_summary()}); leave --pages out")
     load = [os.getloadavg()[0]]
     rows: dict[str, list] = {kind: [] for kind in kinds}
     for i in range(args.processes):
         for kind in kinds:
             rows[kind].append(_child(cmd + ["--child=point"], f"process {i + 1}", PAGES[kind]()))
-            print(f"process {i + 1} ({kind} pages): " + ", ".join(f"{name} {rows[kind][-1][q][0]:.2f}"
-                                                                 for q, name in QUANTITIES.items()),
+            said = ", ".join(f"{name} {rows[kind][-1][q][0]:.2f}" for q, name in QUANTITIES.items())
+            print(f"process {i + 1}" + (f" ({PAGE_NAMES[kind]})" if PAGE_NAMES[kind] else "") + f": {said}",
                   file=sys.stderr, flush=True)
     load.append(os.getloadavg()[0])
     result = {kind: spread(rows[kind]) for kind in kinds}
@@ -169,7 +171,8 @@ def main() -> None:
     if len(kinds) > 1:
         result["huge_over_4k"] = {q: stats.summarize([h[q][0] / f[q][0] for h, f in zip(rows["huge"], rows["4k"])])
                                   for q in QUANTITIES}
-        print("huge / 4 KiB pages, over the pairs of neighbouring processes: " + ", ".join(
+        few = f" ({args.processes} pairs: a CI from so few is about their range)" if args.processes < 5 else ""
+        print(f"huge / 4 KiB pages, over the pairs of neighbouring processes{few}: " + ", ".join(
             f"{name} {r['median']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
             for name, r in ((QUANTITIES[q], result["huge_over_4k"][q]) for q in QUANTITIES)))
     within = None
@@ -189,8 +192,8 @@ def main() -> None:
                        "load": load, "spread": result, "inside": within, "confidence": stats.CONFIDENCE}, f, indent=1)
 
 
-PAGES = {"huge": huge_pages_env, "4k": small_pages_env}  # a child's environment
-PAGE_NAMES = {"huge": "huge pages", "4k": "4 KiB pages"}
+PAGES = {"as-is": lambda: None, "huge": huge_pages_env, "4k": small_pages_env}  # a child's environment (None: this one)
+PAGE_NAMES = {"as-is": "", "huge": "huge pages", "4k": "4 KiB pages"}
 
 
 def _child(cmd: list[str], what: str, env: dict | None = None):

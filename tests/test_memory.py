@@ -42,14 +42,30 @@ def test_the_kernels_mode_is_the_bracketed_word(tmp_path):
     assert memory.thp_mode(tmp_path / "missing") is None
 
 
-def test_a_sweep_passes_the_setting_to_the_processes_it_starts(monkeypatch):
+def test_a_sweep_passes_the_setting_to_the_processes_it_starts_and_puts_its_own_back(monkeypatch):
     monkeypatch.delenv("MTPLAB_HUGE_PAGES")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
     monkeypatch.setattr(memory, "thp_mode", lambda: "madvise")
     monkeypatch.setattr(memory, "glibc_version", lambda: GLIBC)
-    memory.inherit_huge_pages()
-    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
-    assert memory.malloc_hugetlb() == "1"
+    with memory.huge_pages_for_children():
+        assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+        assert memory.malloc_hugetlb() == memory.calibration_pages() == "1"
+    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2" and memory.calibration_pages() is None
+
+
+@pytest.mark.parametrize("value", ["0", "no", "False", "off"])
+def test_each_way_of_saying_no_opts_out(value):
+    assert memory.opted_out({"MTPLAB_HUGE_PAGES": value})
+    assert huge_pages_environ({"MTPLAB_HUGE_PAGES": value}, "madvise", GLIBC) is None
+
+
+def test_the_tunable_is_read_as_glibc_reads_it_and_4k_pages_share_one_calibration(monkeypatch):
+    assert memory.hugetlb_of("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2") == "2"
+    assert memory.hugetlb_of("glibc.malloc.hugetlbx=1") is None and memory.hugetlb_of("") is None
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
+    assert memory.calibration_pages() is None  # 4 KiB pages either way: one calibration
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=2")
+    assert memory.calibration_pages() == "2" and "reserved huge pages" in memory.huge_pages_summary()
 
 
 # 64 MiB from malloc, touched, as onnxruntime allocates its weights (numpy asks for huge pages for its own arrays)

@@ -648,3 +648,22 @@ def test_resume_refuses_a_spec_that_does_not_name_the_points_the_sweep_holds(tmp
                                          "continues the spec a sweep ran"):
         run_sweep(spec, tmp_path, quiet=True, resume=True)
     assert [p.name for p in (tmp_path / "s" / "points").iterdir()] == [held.name]  # nothing ran
+
+
+def test_a_resume_on_other_pages_than_the_sweeps_calibration_is_refused(tmp_path, monkeypatch):
+    """Its points so far ran as its calibration did: a resume on the other kind of page would mix the two."""
+    from mtplab.sweep.run import pages_problem
+
+    sweep = tmp_path / "s"
+    sweep.mkdir()
+    assert pages_problem(sweep) is None  # nothing calibrated yet
+    (sweep / "calibration.json").write_text(json.dumps({"small": {"key": {"preset": "small", "malloc_hugetlb": "1"}}}))
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    assert pages_problem(sweep) is None
+    monkeypatch.delenv("GLIBC_TUNABLES")  # the suite's own setting: MTPLAB_HUGE_PAGES=0
+    problem = pages_problem(sweep)
+    assert "calibrated (small) with malloc's memory on glibc.malloc.hugetlb=1 (huge pages)" in problem
+    assert "would run its points on 4 KiB pages" in problem and "without MTPLAB_HUGE_PAGES=0" in problem
+    (sweep / "calibration.json").write_text(json.dumps({"small": {"key": {"preset": "small"}}}))
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    assert "(MTPLAB_HUGE_PAGES=0)" in pages_problem(sweep)

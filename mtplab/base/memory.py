@@ -4,11 +4,12 @@ Huge pages. A decode streams every weight once a token; on 4 KiB pages that is a
 and a physical placement that each process draws anew. With glibc's malloc asking for transparent huge pages
 (2 MiB: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35 on, where the kernel gives them on request,
 /sys/kernel/mm/transparent_hugepage/enabled = madvise), onnxruntime's weights and buffers lie on huge pages. On
-`small` at 2 threads, processes taking turns: greedy 1.02-1.05x (benchmarks/process_spread.py --pages both), the
-speculative side 1.00x, and in a pair of demos the efficiency stopped following each point's greedy draw (README,
-Benchmarks). glibc reads the setting when a process starts, so the `mtplab` command and the benchmarks start
+`small` at 2 threads, processes taking turns: greedy 1.022x [0.955, 1.108] and 1.05x [0.99, 1.09] in two runs of
+benchmarks/process_spread.py --pages both (a few percent, every CI reaching 1.0), the speculative side 1.00x, and in
+one pair of demos the efficiency stopped following each point's greedy draw (README, Benchmarks). glibc reads the setting when a process starts, so the `mtplab` command and the benchmarks start
 themselves again with it (`reexec`), and a sweep's points, calibrations and notebooks inherit it.
-MTPLAB_HUGE_PAGES=0 keeps 4 KiB pages; a GLIBC_TUNABLES that already sets glibc.malloc.hugetlb is left as it is.
+MTPLAB_HUGE_PAGES=0 (no, false, off) keeps 4 KiB pages; a GLIBC_TUNABLES that already sets glibc.malloc.hugetlb
+is left as it is.
 What a process ran on is in its results' env (`huge_pages`).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 TUNABLE = "glibc.malloc.hugetlb"
@@ -56,13 +58,24 @@ def glibc_version() -> tuple[int, int] | None:
         return None
 
 
+def hugetlb_of(tunables: str) -> str | None:
+    """glibc.malloc.hugetlb's value in a GLIBC_TUNABLES string (None: not set there)."""
+    values = [t.partition("=")[2] for t in tunables.split(":") if t.partition("=")[0] == TUNABLE]
+    return values[-1] if values else None
+
+
+def opted_out(environ: Mapping[str, str]) -> bool:
+    """Whether MTPLAB_HUGE_PAGES says to leave the pages as they are (0, no, false, off)."""
+    return environ.get(OPT_OUT, "").strip().lower() in ("0", "no", "false", "off")
+
+
 def huge_pages_environ(environ: Mapping[str, str], mode: str | None, glibc: tuple[int, int] | None) -> dict | None:
     """The environment a process started with would have malloc's memory on huge pages; None where nothing is to
     change: opted out, glibc.malloc.hugetlb already set, a C library without the tunable (before glibc 2.35), or
     a kernel that gives them on request only (mode madvise: under always every process has them, under never
     none can)."""
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if environ.get(OPT_OUT, "1") == "0" or f"{TUNABLE}=" in tunables or glibc is None or glibc < (2, 35) or (
+    if opted_out(environ) or hugetlb_of(tunables) is not None or glibc is None or glibc < (2, 35) or (
             mode != "madvise"):
         return None
     return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{TUNABLE}=1") if t)}
@@ -81,26 +94,37 @@ def reexec() -> None:
             pass
 
 
-def inherit_huge_pages() -> None:
-    """The processes this one starts from now on (a sweep's calibrations and points) have malloc's memory on huge
-    pages where they can; this process keeps the pages it has."""
+@contextmanager
+def huge_pages_for_children():
+    """While it lasts, the processes this one starts (a sweep's calibrations and points) have malloc's memory on huge
+    pages where they can; this process keeps the pages it has, and its environment is put back after."""
+    before = os.environ.get("GLIBC_TUNABLES")
     env = huge_pages_environ(os.environ, thp_mode(), glibc_version())
     if env is not None:
         os.environ["GLIBC_TUNABLES"] = env["GLIBC_TUNABLES"]
+    try:
+        yield
+    finally:
+        if env is not None:
+            if before is None:
+                os.environ.pop("GLIBC_TUNABLES", None)
+            else:
+                os.environ["GLIBC_TUNABLES"] = before
 
 
 def huge_pages_env() -> dict | None:
     """The environment (this one's, the opt-out left out) a child process started with has malloc's memory on huge
     pages; None where malloc gives none on request. A benchmark's side by side with small_pages_env."""
     env = {k: v for k, v in os.environ.items() if k != OPT_OUT}
-    if f"{TUNABLE}=1" in env.get("GLIBC_TUNABLES", "").split(":"):
+    if hugetlb_of(env.get("GLIBC_TUNABLES", "")) == "1" and thp_mode() == "madvise":
         return env
     return huge_pages_environ(env, thp_mode(), glibc_version())
 
 
 def small_pages_env() -> dict:
     """This environment less glibc.malloc.hugetlb, opted out: a child process started with it keeps 4 KiB pages."""
-    tunables = ":".join(t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith(TUNABLE))
+    tunables = ":".join(t for t in os.environ.get("GLIBC_TUNABLES", "").split(":")
+                        if t and t.partition("=")[0] != TUNABLE)
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | {OPT_OUT: "0"}
     return env | ({"GLIBC_TUNABLES": tunables} if tunables else {})
 
@@ -118,9 +142,9 @@ def anon_huge_mib() -> float | None:
 
 def malloc_hugetlb() -> str | None:
     """glibc.malloc.hugetlb as GLIBC_TUNABLES gives it to this process's children (None: unset); the process itself
-    started with it too unless it set it later (inherit_huge_pages, in a sweep's process, which runs no session)."""
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    return next((t.split("=", 1)[1] for t in tunables.split(":") if t.startswith(f"{TUNABLE}=")), None)
+    started with it too unless it set it later (huge_pages_for_children, in a sweep's process, which runs no
+    session)."""
+    return hugetlb_of(os.environ.get("GLIBC_TUNABLES", ""))
 
 
 def huge_pages() -> dict:
@@ -133,6 +157,8 @@ def huge_pages() -> dict:
 def huge_pages_summary() -> str:
     """One line on this process's pages, for `mtplab doctor`."""
     mode, malloc = thp_mode(), malloc_hugetlb()
+    if malloc == "2":
+        return "malloc's memory on the kernel's reserved huge pages (GLIBC_TUNABLES sets glibc.malloc.hugetlb=2)"
     if mode in (None, "never", "always"):
         return {None: "none: the kernel has no transparent huge pages", "never": "none: the kernel's THP mode is never",
                 "always": "every process's memory (the kernel's THP mode is always)"}[mode]
@@ -140,9 +166,16 @@ def huge_pages_summary() -> str:
         return "malloc's memory (glibc.malloc.hugetlb=1; the kernel's THP mode is madvise)"
     if malloc is not None:
         return f"off: GLIBC_TUNABLES sets glibc.malloc.hugetlb={malloc}"
-    if os.environ.get(OPT_OUT) == "0":
-        return f"off: {OPT_OUT}=0"
+    if opted_out(os.environ):
+        return f"off: {OPT_OUT}={os.environ[OPT_OUT]}"
     glibc = glibc_version()
     if glibc is None or glibc < (2, 35):
         return "off: this C library has no glibc.malloc.hugetlb (glibc 2.35 on)"
     return "off in this process (the mtplab command and the benchmarks start themselves with them)"
+
+
+def calibration_pages() -> str | None:
+    """What a calibration's cache key holds of the pages its sweep's processes get: the tunable where it puts malloc's
+    memory on huge pages ("1", "2"), else None (4 KiB pages, whichever way)."""
+    value = malloc_hugetlb()
+    return value if value in ("1", "2") else None

@@ -504,5 +504,14 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
         return 2
 
 
+def console() -> int:
+    """The executable's entry point as checkouts before mtplab.cli.entry installed it (a console script not made again
+    since): the same start, after this module's imports."""
+    from mtplab.base.memory import reexec
+
+    reexec()
+    return main(own_process=True)
+
+
 if __name__ == "__main__":  # the command without the executable's start on huge pages (`python -m mtplab` has it)
     sys.exit(main(own_process=True))

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mtplab.base.files import write_atomic
-from mtplab.base.memory import malloc_hugetlb
+from mtplab.base.memory import calibration_pages
 from mtplab.base.paths import cache_root
 from mtplab.base.threads import threads_used
 from mtplab.engine.strategies import COMMITS
@@ -90,7 +90,7 @@ def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = Fal
         "onnxruntime": onnxruntime.__version__,
         "commits": sorted(COMMITS.names()),
         "measures": MEASURES,
-        **({"malloc_hugetlb": hugetlb} if (hugetlb := malloc_hugetlb()) else {}),
+        **({"malloc_hugetlb": pages} if (pages := calibration_pages()) else {}),
         **({} if repeats == REPEATS else {"repeats": repeats}),
         **({"int4": True} if int4 else {}),
     }

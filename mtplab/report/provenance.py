@@ -89,6 +89,8 @@ def pages_text(pages: dict | None) -> str:
     """The pages the sweep's processes ran on (mtplab.base.memory.huge_pages), in a few words."""
     if not pages:
         return "pages not recorded"
+    if pages.get("malloc_hugetlb") == "2":
+        return "malloc's memory on reserved huge pages (glibc.malloc.hugetlb=2)"
     if pages.get("transparent") == "always":
         return "huge pages (the kernel's THP always)"
     if pages.get("malloc_hugetlb") == "1" and pages.get("transparent") == "madvise":

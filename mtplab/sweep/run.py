@@ -26,7 +26,7 @@ from tqdm import tqdm
 from mtplab.base import paths
 from mtplab.base.files import output_folder_problem, write_atomic
 from mtplab.base.lock import folder_lock
-from mtplab.base.memory import inherit_huge_pages
+from mtplab.base.memory import calibration_pages, huge_pages_for_children
 from mtplab.measure.env import environment
 from mtplab.measure.result import dumps
 from mtplab.sweep import grid, store
@@ -110,7 +110,6 @@ def run_sweep(
     grid.require_engines(spec)
     grid.check_models(spec)
     ensure_kernel()
-    inherit_huge_pages()  # the calibrations and points this sweep starts: the `mtplab` command's own setting
     results_root = Path(results_root).resolve() if results_root is not None else paths.results_root()
     sweep_dir = results_root / (name or spec.name)
     points_dir = sweep_dir / "points"
@@ -137,7 +136,31 @@ def run_sweep(
                 f"{sweep_dir} holds {len(others)} point(s) this spec does not name (e.g. {others[0]}): --resume continues "
                 "the spec a sweep ran (or one that adds points to it); give that spec, or choose another --name"
             )
-        return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address, calibration)
+        with huge_pages_for_children():  # the calibrations and points this sweep starts: the mtplab command's pages
+            if problem := pages_problem(sweep_dir):
+                raise ValueError(problem)
+            return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address, calibration)
+
+
+def pages_problem(sweep_dir: Path) -> str | None:
+    """Why a resumed sweep's points would run on other pages than its calibration was measured on (its points so far
+    ran as it did): malloc's memory on huge pages or not (mtplab.base.memory); None where they match or nothing was
+    calibrated yet."""
+    held = sweep_dir / "calibration.json"
+    if not held.exists():
+        return None
+    now = calibration_pages()
+    for name, calib in json.loads(held.read_text()).items():
+        then = calib.get("key", {}).get("malloc_hugetlb")
+        if then != now:
+            def say(value):
+                return f"glibc.malloc.hugetlb={value} (huge pages)" if value else "4 KiB pages"
+
+            return (f"{sweep_dir.name} was calibrated ({name}) with malloc's memory on {say(then)}, and this resume "
+                    f"would run its points on {say(now)}: its points would mix the two. Resume it as it started "
+                    + ("(without MTPLAB_HUGE_PAGES=0 or a GLIBC_TUNABLES that sets glibc.malloc.hugetlb)" if then
+                       else "(MTPLAB_HUGE_PAGES=0)") + ", or give another --name")
+    return None
 
 
 def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, executor, address, calibration) -> Path:
