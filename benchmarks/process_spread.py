@@ -20,8 +20,8 @@ command runs: mtplab.base.memory), and each quantity's ratio huge / 4 KiB is tak
 processes.
 
     python benchmarks/process_spread.py [--model small] [--threads 2] [--processes 6] [--rounds 5] [--tokens 48]
-                                        [--k 2] [--alpha 0.7] [--schedule fused] [--inside R] [--pages huge|4k|both]
-                                        [--json FILE]
+                                        [--k 2] [--alpha 0.7] [--schedule fused] [--inside R]
+                                        [--pages as-is|huge|4k|both] [--json FILE]
 """
 
 from __future__ import annotations

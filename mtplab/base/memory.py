@@ -58,6 +58,11 @@ def glibc_version() -> tuple[int, int] | None:
         return None
 
 
+def tunable_known(glibc: tuple[int, int] | None) -> bool:
+    """Whether this C library reads glibc.malloc.hugetlb (glibc 2.35 on)."""
+    return glibc is not None and glibc >= (2, 35)
+
+
 def hugetlb_of(tunables: str) -> str | None:
     """glibc.malloc.hugetlb's value in a GLIBC_TUNABLES string (None: not set there)."""
     values = [t.partition("=")[2] for t in tunables.split(":") if t.partition("=")[0] == TUNABLE]
@@ -75,8 +80,7 @@ def huge_pages_environ(environ: Mapping[str, str], mode: str | None, glibc: tupl
     a kernel that gives them on request only (mode madvise: under always every process has them, under never
     none can)."""
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if opted_out(environ) or hugetlb_of(tunables) is not None or glibc is None or glibc < (2, 35) or (
-            mode != "madvise"):
+    if opted_out(environ) or hugetlb_of(tunables) is not None or not tunable_known(glibc) or mode != "madvise":
         return None
     return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{TUNABLE}=1") if t)}
 
@@ -98,27 +102,28 @@ def reexec() -> None:
 def huge_pages_for_children():
     """While it lasts, the processes this one starts (a sweep's calibrations and points) have malloc's memory on huge
     pages where they can; this process keeps the pages it has, and its environment is put back after."""
-    before = os.environ.get("GLIBC_TUNABLES")
     env = huge_pages_environ(os.environ, thp_mode(), glibc_version())
-    if env is not None:
-        os.environ["GLIBC_TUNABLES"] = env["GLIBC_TUNABLES"]
+    if env is None:
+        yield
+        return
+    before = os.environ.get("GLIBC_TUNABLES")
+    os.environ["GLIBC_TUNABLES"] = env["GLIBC_TUNABLES"]
     try:
         yield
     finally:
-        if env is not None:
-            if before is None:
-                os.environ.pop("GLIBC_TUNABLES", None)
-            else:
-                os.environ["GLIBC_TUNABLES"] = before
+        if before is None:
+            del os.environ["GLIBC_TUNABLES"]
+        else:
+            os.environ["GLIBC_TUNABLES"] = before
 
 
 def huge_pages_env() -> dict | None:
     """The environment (this one's, the opt-out left out) a child process started with has malloc's memory on huge
     pages; None where malloc gives none on request. A benchmark's side by side with small_pages_env."""
-    env = {k: v for k, v in os.environ.items() if k != OPT_OUT}
-    if hugetlb_of(env.get("GLIBC_TUNABLES", "")) == "1" and thp_mode() == "madvise":
+    env, mode = {k: v for k, v in os.environ.items() if k != OPT_OUT}, thp_mode()
+    if hugetlb_of(env.get("GLIBC_TUNABLES", "")) == "1" and mode == "madvise":
         return env
-    return huge_pages_environ(env, thp_mode(), glibc_version())
+    return huge_pages_environ(env, mode, glibc_version())
 
 
 def small_pages_env() -> dict:
@@ -168,8 +173,7 @@ def huge_pages_summary() -> str:
         return f"off: GLIBC_TUNABLES sets glibc.malloc.hugetlb={malloc}"
     if opted_out(os.environ):
         return f"off: {OPT_OUT}={os.environ[OPT_OUT]}"
-    glibc = glibc_version()
-    if glibc is None or glibc < (2, 35):
+    if not tunable_known(glibc_version()):
         return "off: this C library has no glibc.malloc.hugetlb (glibc 2.35 on)"
     return "off in this process (the mtplab command and the benchmarks start themselves with them)"
 

@@ -153,14 +153,15 @@ def pages_problem(sweep_dir: Path) -> str | None:
     for name, calib in json.loads(held.read_text()).items():
         then = calib.get("key", {}).get("malloc_hugetlb")
         if then != now:
-            def say(value):
-                return f"glibc.malloc.hugetlb={value} (huge pages)" if value else "4 KiB pages"
-
-            return (f"{sweep_dir.name} was calibrated ({name}) with malloc's memory on {say(then)}, and this resume "
-                    f"would run its points on {say(now)}: its points would mix the two. Resume it as it started "
-                    + ("(without MTPLAB_HUGE_PAGES=0 or a GLIBC_TUNABLES that sets glibc.malloc.hugetlb)" if then
+            return (f"{sweep_dir.name} was calibrated ({name}) with malloc's memory on {_pages_said(then)}, and "
+                    f"this resume would run its points on {_pages_said(now)}: its points would mix the two. Resume it "
+                    "as it started " + ("(without MTPLAB_HUGE_PAGES=0 or a GLIBC_TUNABLES that sets glibc.malloc.hugetlb)" if then
                        else "(MTPLAB_HUGE_PAGES=0)") + ", or give another --name")
     return None
+
+
+def _pages_said(hugetlb: str | None) -> str:
+    return f"glibc.malloc.hugetlb={hugetlb} (huge pages)" if hugetlb else "4 KiB pages"
 
 
 def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, executor, address, calibration) -> Path:
