@@ -37,11 +37,59 @@ class RecordingBackend(CpuPlanBackend):
         return super().capture(session, binds, owner)
 
 
-def test_the_table_allows_kv_and_gdn_state_and_never_the_conv_carry():
+def test_the_table_allows_kv_and_gdn_state_everywhere_linear_attention_on_the_cpu_and_never_the_conv_carry():
     for provider in ("CUDAExecutionProvider", "CPUExecutionProvider"):
         table = IN_PLACE[provider]
         assert table["GroupQueryAttention"] == {(3, 1), (4, 2)} and table["GatedDeltaNet"] == {(6, 1)}
         assert "CausalConvWithState" not in table
+    assert IN_PLACE["CPUExecutionProvider"]["LinearAttention"] == {(3, 1)}
+    assert "LinearAttention" not in IN_PLACE["CUDAExecutionProvider"]  # its kernel is not checked aliased on a GPU
+
+
+def test_a_builder_description_resolved_for_a_provider_puts_linear_attention_in_place_on_the_cpu_only():
+    from mtplab.model.builder import open_builder
+
+    desc = open_builder(Path(__file__).parent / "data" / "builder-tiny").description
+    registered = {(s.op, s.in_place) for s in desc.target.states}
+    assert registered == {("CausalConvWithState", False), ("LinearAttention", False)}  # what the kernels register
+    cpu = desc.on_provider("CPUExecutionProvider")
+    assert {(s.op, s.in_place) for s in cpu.target.states} == {("CausalConvWithState", False),
+                                                                ("LinearAttention", True)}
+    assert desc.on_provider("CUDAExecutionProvider") is desc
+    assert all(s.in_place for s in cpu.own_graph().target.states if s.op == "LinearAttention")  # Primary's graph too
+
+
+def test_the_cpu_linear_attention_kernel_on_one_buffer_computes_bitwise_what_it_computes_into_its_own():
+    """ALIASED's premise, on the installed onnxruntime: the same tokens through the builder fixture with the
+    LinearAttention state aliased and with its own present buffer copied back give bitwise the same logits and states,
+    forward after forward, at M=1 and M>1 (a prefill, decodes, verify-sized chunks)."""
+    from mtplab.engine.engine import prompt_tokens
+    from mtplab.model.builder import open_builder
+    from mtplab.runtime.executor import Executor, Slot, SlotMemory
+    from mtplab.runtime.sessions import make_session
+
+    art = open_builder(Path(__file__).parent / "data" / "builder-tiny")
+    session = make_session(art.description.target.path)
+    model = onnx.load(str(art.description.target.path))
+    states = [TargetState.allocate(d, Arena(name)) for d, name in
+              ((art.description, "own"), (art.description.on_provider("CPUExecutionProvider"), "aliased"))]
+    tokens = prompt_tokens(art.description.vocab_size, 24, 3)
+    start = 0
+    for M in (8, 1, 1, 4, 1, 3, 4, 1):
+        outs = []
+        for st in states:
+            feeds, outputs, bound = target_io(st.desc, st, np.asarray(tokens[start:start + M]), True)
+            ex = Executor({Slot.PRIMARY: session}, {Slot.PRIMARY: SlotMemory(Arena("io"))})
+            outs.append(ex._eager_temporaries(Slot.PRIMARY, feeds, outputs, bound)["logits"].copy())
+            st.carry()
+            st.length += M
+            aliased = {op for op, *_ in in_place_pairs(model, bound)}
+            assert ("LinearAttention" in aliased) == (st is states[1])
+        start += M
+        assert np.array_equal(outs[0], outs[1]), f"logits differ after a forward of {M}"
+        own, aliased = (st.recurrent() for st in states)
+        for name in own:
+            assert np.array_equal(own[name], aliased[name]), f"{name} differs after a forward of {M}"
 
 
 @pytest.mark.parametrize("policy_name, commit", list(itertools.product(POLICIES, COMMITS)))
@@ -62,7 +110,7 @@ def test_every_binding_the_engine_makes_is_in_place_only_where_the_kernel_allows
 
 
 @pytest.mark.parametrize("folder, ops", [("builder-tiny-gdn", {"GroupQueryAttention", "GatedDeltaNet"}),
-                                        ("builder-tiny", {"GroupQueryAttention"})])
+                                        ("builder-tiny", {"GroupQueryAttention", "LinearAttention"})])
 def test_a_builder_graphs_state_is_in_place_only_where_its_ops_kernel_allows(folder, ops):
     from mtplab.engine.engine import prompt_tokens
     from mtplab.model.builder import open_builder
@@ -72,12 +120,18 @@ def test_a_builder_graphs_state_is_in_place_only_where_its_ops_kernel_allows(fol
     eng = Engine(RunConfig(model=str(path), k=2), art, device=Device("cpu", np, backend))
     prompt = prompt_tokens(eng.desc.vocab_size, 8, 0)
     assert eng.speculative(prompt, 12)["tokens"][:12] == eng.greedy(prompt, 12).tokens
-    seen = set()
+    seen, aliased = set(), []
     for session, binds in backend.seen:
         model = onnx.load(session._model_path)
         check_in_place(model, binds, "CPUExecutionProvider")
-        seen |= {op for op, *_ in in_place_pairs(model, binds)}
-    assert seen == ops  # LinearAttention's state and the conv carry: never; GatedDeltaNet's: its own buffer
+        pairs = {op for op, *_ in in_place_pairs(model, binds)}
+        seen |= pairs
+        if "LinearAttention" in pairs:
+            aliased.append((model, binds))
+    assert seen == ops  # the conv carry: never; GatedDeltaNet's state: its own buffer; LinearAttention's: on the CPU
+    for model, binds in aliased:  # bindings the CUDA table refuses
+        with pytest.raises(ValueError, match=r"present\.\d\.recurrent on past\.\d\.recurrent \(LinearAttention 3->1\)"):
+            check_in_place(model, binds, "CUDAExecutionProvider")
 
 
 def test_binding_the_conv_carry_in_place_is_refused_naming_the_op(tiny):

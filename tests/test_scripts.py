@@ -19,6 +19,13 @@ def _run(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=240, **kw)
 
 
+def test_the_state_heavy_model_is_never_written_into_the_fixtures_folder(tmp_path):
+    for out in ((), ("--out", SCRIPTS.parent / "tests" / "data" / "heavy")):
+        r = _run(SCRIPTS / "make-builder-fixture", "--state-heavy", *out, "--venv", tmp_path / "venv")
+        assert r.returncode == 2 and "--state-heavy needs --out DIR outside tests/data" in r.stderr
+    assert not (tmp_path / "venv").exists()  # refused before any install
+
+
 def test_bad_options_fail_before_any_download(tmp_path):
     r = _run(SCRIPTS / "gpu-bundle", "--python", "twelve", "--out", tmp_path / "w")
     assert r.returncode == 2 and "--python twelve: give a version like 3.12" in r.stderr

@@ -60,7 +60,7 @@ def inspect_text(model, providers: list[str] | None = None) -> str:
     lines.append("state layouts:")
     for s in t.states:
         lines.append(f"  layer {s.layer} {s.kind}: {s.past} -> {s.present} {list(s.shape)} {s.dtype}, {s.layout} "
-                     f"(from {s.op}); {'in place' if s.in_place else 'own present buffer, copied after the forward'}")
+                     f"(from {s.op}); {_state_buffers(s)}")
     lines += ["", f"MTP head {h.path.name}: tokens {h.input_ids}, hidden {h.hidden_input} -> logits {h.logits}, "
                   f"hidden {h.hidden}; KV {h.kv[0].past_key}/{h.kv[0].past_value}; lengths: {_lengths(h)}"]
     lines += ["", "commit strategies:", *commit_lines(desc)]
@@ -93,3 +93,12 @@ def _positions(io) -> str:
     if not io.positions:
         return "none (rotary inside the attention op)"
     return f"position_ids [{', '.join(map(str, io.positions))}, M]" + (" (MRoPE)" if len(io.positions) == 2 else "")
+
+
+def _state_buffers(s) -> str:
+    """Where a state's present goes, per provider (mtplab.model.description.IN_PLACE)."""
+    own = "own present buffer, copied after the forward"
+    cpu, cuda = s.in_place_on("CPUExecutionProvider"), s.in_place_on("CUDAExecutionProvider")
+    if cpu == cuda:
+        return "in place" if cpu else own
+    return f"in place on the CPU, {own} on CUDA" if cpu else f"in place on CUDA, {own} on the CPU"

@@ -204,8 +204,12 @@ class OpReplay:
         self.convs = [(s.layer, io.select_outputs[s.layer]["conv_input"].name, "channels-first" in s.layout)
                       for s in io.states if s.kind == "conv"]
         self.rebuild = device.conv_rebuild()
+        # the replay session is the CPU's: its LinearAttention writes present onto the state's own buffer where that
+        # kernel allows it (mtplab.model.description.ALIASED), else into a buffer copied into the state after the run
+        self.aliased = {s.layer for s, _ in self.layers if s.in_place_on("CPUExecutionProvider")}
         self.presents = {s.layer: np.empty((1, *s.shape[1:]), s.np_dtype) for s, _ in self.layers}
         self.layer_ids = list(self.presents)
+        self.copied = [layer for layer in self.layer_ids if layer not in self.aliased]
         self.role_names = [name for _, roles in self.roles for _, name in roles]  # in _bind's order
         self.plans: dict[int, tuple] = {}  # n -> (its run, the arrays it binds, their dtype, shape and strides)
         self.last: list = []  # the arrays of the last commit
@@ -247,8 +251,8 @@ class OpReplay:
             plan = self.plans[n] = (direct_runner(self.session, self._bind(st, ver, n)), arrays,
                                     list(map(_META, arrays)))
         plan[0]()
-        for layer, present in self.presents.items():
-            gdn[layer][...] = present
+        for layer in self.copied:
+            gdn[layer][...] = self.presents[layer]
 
     def _bind(self, st, ver: dict, n: int):
         from mtplab.runtime.arena import address
@@ -260,7 +264,7 @@ class OpReplay:
             for role, name in roles:
                 a = ver[name]
                 binding.bind_input(f"{role}.{s.layer}", "cpu", 0, a.dtype, [1, n, *a.shape[2:]], address(a))
-            present = self.presents[s.layer]
+            present = state if s.layer in self.aliased else self.presents[s.layer]
             binding.bind_output(f"present.{s.layer}", "cpu", 0, present.dtype, list(present.shape), address(present))
         return binding
 

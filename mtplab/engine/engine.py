@@ -120,7 +120,8 @@ class Engine:
         self.run_cfg = run
         dev = self.device = device or device_for(run.backend, run.max_recaptures, threads=run.threads)
         self.art = artifact or model_for(run)
-        desc = self.desc = self.art.description
+        # its states in place where the device's kernels allow it (the builder's LinearAttention state on the CPU)
+        desc = self.desc = self.art.description.on_provider(dev.provider_name)
         self.cfg = desc.config  # the built-in model's ModelConfig (None for other models)
         check_run_on_model(run, desc)
         dev.check_model(desc)

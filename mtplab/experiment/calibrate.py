@@ -71,8 +71,8 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 # 5: select's host update compiled; 6: forwards of host tokens and the head's draft steps on prepared feeds;
 # 7: T(M) for M >= 3 replayed, not eager: the Verify workspace is sized by the largest M first; 8: the draft phase
 # timed after the verify forward a step runs before it, not back to back; 9: each decoding session's first run its
-# one-token warm-up, and a builder graph's GatedDeltaNet state in place).
-MEASURES = 9
+# one-token warm-up, and a builder graph's GatedDeltaNet state in place; 10: its LinearAttention state in place on the CPU).
+MEASURES = 10
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:

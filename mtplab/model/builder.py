@@ -10,6 +10,7 @@ cache (mtplab.model.surgery).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -20,7 +21,7 @@ from pathlib import Path
 import onnx
 
 from mtplab.base.files import file_digest
-from mtplab.model.description import KERNEL_IN_PLACE, GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
+from mtplab.model.description import GraphIO, KvLayer, ModelDescription, StateTensor, check_graph
 from mtplab.model.onnx_read import (
     annotated_widths,
     attention_head_size,
@@ -409,10 +410,11 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
                     raise _fail(folder, f"unknown state layout: {past[i]} feeds {op}, mtplab knows "
                                         f"{sorted(RECURRENT_LAYOUTS)}")
                 layout = RECURRENT_LAYOUTS[op]
-            in_place = any(  # its op's kernel writes present onto past (GatedDeltaNet's state)
-                list(node.input[a:a + 1]) == [past[i]] and list(node.output[b:b + 1]) == [present[i]]
-                for a, b in KERNEL_IN_PLACE.get(op, ()))
-            states.append(StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, in_place))
+            # where its node reads past and writes present: the ports a provider's IN_PLACE table is read at
+            ports = ((list(node.input).index(past[i]), list(node.output).index(present[i]))
+                     if present[i] in node.output else None)
+            state = StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, False, ports)
+            states.append(dataclasses.replace(state, in_place=state.in_place_on()))  # the registrations' answer
     dtype, logits_dtype = outs[hidden][1], outs[logits][1]
     return GraphIO(path, input_ids, logits, hidden, "attention_mask", positions, hidden_input, tuple(kv),
                    tuple(states), dtype=dtype, logits_dtype="" if logits_dtype == dtype else logits_dtype)

@@ -41,15 +41,31 @@ class KvLayer:
         return dtype_of(self.dtype)
 
 
-# Where an op's kernel allows an output on its input's buffer: {op: {(input, output)}}, as the CUDA kernels
+# Where an op's kernel registers an output on its input's buffer: {op: {(input, output)}}, as the CUDA kernels
 # register it (KernelDefBuilder MayInplace) in onnxruntime 1.30-1.32: GroupQueryAttention KV (past_key 3 ->
 # present_key 1, past_value 4 -> present_value 2) and GatedDeltaNet state (6 -> 1). CausalConvWithState allows none
 # on any provider: the CUDA kernel's past and present are __restrict__ and the CPU decode path memcpy's past[1:]
 # into present. The CPU kernels register no MayInplace; their GroupQueryAttention takes a shared past/present
-# buffer by design (past_present_share_buffer), and mtplab holds the CPU to the CUDA table, so one binding rule
-# serves both (mtplab.runtime.sessions.IN_PLACE). A StateTensor is in_place where its op's pair is in this table.
+# buffer by design (past_present_share_buffer).
 KERNEL_IN_PLACE: dict[str, frozenset[tuple[int, int]]] = {
     "GroupQueryAttention": frozenset({(3, 1), (4, 2)}), "GatedDeltaNet": frozenset({(6, 1)})}
+
+# Where an aliased run computes what a run into a buffer of its own computes, though the kernel registers nothing:
+# the CPU LinearAttention kernel copies past_state (3) into present_state (1), then updates present_state alone, head
+# by head, so on one buffer the copy is onto itself. onnxruntime-genai binds it so (its RecurrentState shares past
+# and present on every EP but WebGPU); with its own present buffer and the copy back after each forward, a
+# state-heavy builder export decoded at 0.66x genai's rate on 2 threads (tests/test_sessions.py holds the aliased
+# run bitwise to the other, at M=1 and M>1, on the installed onnxruntime). CUDA keeps the registrations: its
+# LinearAttention kernel is not checked aliased on a GPU here.
+ALIASED: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
+    "CPUExecutionProvider": {"LinearAttention": frozenset({(3, 1)})}}
+
+# The binding rule, per provider: an output goes onto its input's buffer only where this table allows it
+# (mtplab.runtime.sessions.check_in_place holds every binding to it). A StateTensor is in_place where its op's
+# ports are in its provider's table (ModelDescription.on_provider; the registrations alone until then).
+IN_PLACE: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
+    provider: {**KERNEL_IN_PLACE, **ALIASED.get(provider, {})}
+    for provider in ("CUDAExecutionProvider", "CPUExecutionProvider")}
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,9 @@ class StateTensor:
     """One conv or recurrent state of a linear-attention layer (batch 1).
 
     in_place: the op's kernel may write present onto past's buffer (else present goes to a buffer
-    of its own and is copied into past after the forward).
+    of its own and is copied into past after the forward): the registrations' answer (KERNEL_IN_PLACE), or a
+    provider's once ModelDescription.on_provider has resolved it.
+    ports: (past's input index, present's output index) on its op, where one node reads past and writes present.
     """
 
     layer: int
@@ -69,6 +87,13 @@ class StateTensor:
     layout: str  # e.g. "[B, K-1, C] channels-last", "[B, Hv, Dk, Dv] K-major"
     op: str
     in_place: bool
+    ports: tuple[int, int] | None = None
+
+    def in_place_on(self, provider: str | None = None) -> bool:
+        """Whether present goes onto past's buffer on `provider` (its IN_PLACE table); None, or a provider without
+        one: where the kernel registers it (KERNEL_IN_PLACE)."""
+        table = IN_PLACE.get(provider, KERNEL_IN_PLACE) if provider else KERNEL_IN_PLACE
+        return self.ports is not None and self.ports in table.get(self.op, ())
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -151,6 +176,14 @@ class ModelDescription:
     layer_kinds: tuple[str, ...] = ()  # per decoder layer: "attention" | "linear-attention"
     original_target: Path | None = None  # the user's graph, where `target` is mtplab's copy with extra outputs
     int8_compute: bool = False  # matmul inputs rounded to int8 (MatMulNBits accuracy_level 4)
+
+    def on_provider(self, provider: str) -> ModelDescription:
+        """This description as `provider` runs it: each state in_place where its kernel there allows it (IN_PLACE).
+        The engine resolves its model's once, for its device: buffers, bindings and carries follow it."""
+        states = tuple(dataclasses.replace(s, in_place=s.in_place_on(provider)) for s in self.target.states)
+        if all(a.in_place == b.in_place for a, b in zip(states, self.target.states)):
+            return self
+        return dataclasses.replace(self, target=dataclasses.replace(self.target, states=states))
 
     def own_graph(self) -> ModelDescription | None:
         """The user's own graph, where `target` is mtplab's copy with select's extra outputs (else None).
@@ -256,10 +289,10 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
     for i in cfg.gdn_layer_ids:
         states.append(StateTensor(i, "conv", f"conv_state.{i}", f"present_conv_state.{i}",
                                   (1, cfg.conv_kernel - 1, cfg.gdn_conv_channels), T,
-                                  "[B, K-1, C] channels-last", "CausalConvWithState", False))
+                                  "[B, K-1, C] channels-last", "CausalConvWithState", False, (3, 1)))
         states.append(StateTensor(i, "recurrent", f"gdn_state.{i}", f"present_gdn_state.{i}",
                                   (1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k), "float32",
-                                  "[B, Hv, Dv, Dk] V-major", "GatedDeltaNet", True))
+                                  "[B, Hv, Dv, Dk] V-major", "GatedDeltaNet", True, (6, 1)))
     form = cfg.form
     target_io = GraphIO(
         Path(target), "input_ids", "logits", "hidden", "seqlens", kv=kv, states=tuple(states),

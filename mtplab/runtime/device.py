@@ -48,6 +48,11 @@ class Device:
     reads: int = 0
     syncs: int = 0
 
+    @property
+    def provider_name(self) -> str:
+        """The execution provider's name ("CPUExecutionProvider", "CUDAExecutionProvider")."""
+        return self.provider if isinstance(self.provider, str) else self.provider[0]
+
     def read(self, a: Any) -> np.ndarray:
         """Bring a device array to the host: inside a timed run, the host waits for the device here, and only here."""
         self.reads += 1

@@ -1,11 +1,12 @@
 """ONNX Runtime sessions and the model's persistent state buffers.
 
-The target's persistent bindings (attention KV buffers, conv carries, GatedDeltaNet states) are
-owned here and bound by address into every slot, by both sessions when Verify has a sibling.
+The target's persistent bindings (attention KV buffers, conv carries, GatedDeltaNet and LinearAttention states)
+are owned here and bound by address into every slot, by both sessions when Verify has a sibling.
 
-An op's output is bound onto its own input's buffer (updated in place) only where the op's kernel
-allows it (IN_PLACE). CausalConvWithState's never does: its present carry goes to a buffer of its
-own and carry_conv() copies it into the past carry after the run (on the device, in stream order).
+An op's output is bound onto its own input's buffer (updated in place) only where the provider's kernel allows it
+(mtplab.model.description.IN_PLACE; the engine's description says so per state). CausalConvWithState's never is:
+its present carry goes to a buffer of its own and carry() copies it into the past carry after the run (on the
+device, in stream order).
 """
 
 from __future__ import annotations
@@ -20,15 +21,10 @@ import onnx
 from onnx import numpy_helper
 
 from mtplab.base.threads import session_options
-from mtplab.model.description import KERNEL_IN_PLACE, ModelDescription, StateTensor, beyond_capacity, length_feeds
+from mtplab.model.description import IN_PLACE, ModelDescription, StateTensor, beyond_capacity, length_feeds
 from mtplab.model.onnx_read import failing_op
 from mtplab.runtime.arena import Arena, address, to_numpy
 from mtplab.runtime.signature import OutputSpec
-
-# Where an op's kernel allows an output on its input's buffer: {provider: {op: {(input, output)}}}; both providers
-# follow the CUDA kernels' registrations (mtplab.model.description.KERNEL_IN_PLACE says why).
-IN_PLACE: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
-    provider: KERNEL_IN_PLACE for provider in ("CUDAExecutionProvider", "CPUExecutionProvider")}
 
 
 def _triple(b) -> tuple[str, Any, bool]:
