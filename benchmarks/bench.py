@@ -1,7 +1,8 @@
 """`make bench`: the benchmarks, each in a process of its own, and one table of what they found.
 
 - greedy and MTP against onnxruntime-genai (benchmarks/mtplab_vs_genai.py) on `small` and on the builder
-  fixture, at 1 and 2 threads: medians of the per-round paired ratios with 95% CIs; beside greedy, its captured
+  fixture (in three processes: one process's ratio moves ±2-3% with its draw of memory placement), and on any
+  folder given with --also, at 1 and 2 threads: medians of the per-round paired ratios with 95% CIs; beside greedy, its captured
   plan replayed in a bare loop against genai (the ceiling of any host loop on that forward), and greedy with every
   decode in Python (what the compiled loop, mtplab.runtime.hot_loop, saves);
 - engine greedy against a bare replay loop, greedy's host path layer by layer, and the speculative host share
@@ -22,7 +23,8 @@ Each line names its thread pool; --pools global per-session runs the pool compar
 (processes alternating). The load average is printed before and after: numbers from a busy machine
 are not numbers.
 
-    python benchmarks/bench.py [--rounds 5] [--fixture-rounds 21] [--tokens 128] [--pools global] [--quick]
+    python benchmarks/bench.py [--rounds 5] [--fixture-rounds 21] [--fixture-processes 3] [--also DIR]
+                               [--tokens 128] [--pools global] [--quick]
 """
 
 from __future__ import annotations
@@ -84,40 +86,66 @@ def efficiency_range(sweep: Path) -> str | None:
     return text
 
 
+def genai_rows(name: str, runs: list[dict]) -> list[tuple[str, str, str, str]]:
+    """The table's rows of mtplab_vs_genai runs on one model and thread count: each ratio from the run whose value is
+    the median over the runs (processes), every run's median beside it where there are several."""
+    def row(what: str, pick, goal: str = "") -> tuple[str, str, str, str]:
+        values = sorted((pick(r) for r in runs), key=lambda v: v["median"])
+        text = _ci(values[(len(values) - 1) // 2])
+        if len(values) > 1:
+            medians = ", ".join(f"{v['median']:.2f}" for v in values)
+            text += f" ({len(values)} processes: {medians})"
+        return name, what, text, goal
+
+    def lowest(schedule: str):  # each schedule against the same genai MtpGenerator run, its lowest over k
+        return lambda r: min((v for key, v in r["ratios"].items() if key.startswith("mtp") and key.endswith(schedule)),
+                             key=lambda v: v["median"])
+
+    rows = [row("greedy mtplab / genai", lambda r: r["ratios"]["greedy"], GOALS["greedy"]),
+            row("greedy's bare plan replay / genai (ceiling)", lambda r: r["ratios"]["bare"]),
+            row("greedy, every decode in Python / genai", lambda r: r["ratios"]["python"])]
+    rows += [row(f"MTP mtplab {schedule} / genai, lowest over k", lowest(schedule), GOALS["mtp"])
+             for schedule in ("fused", "decode-verify")]
+    rows += [(name, "OUTPUT DIFFERS FROM GREEDY", str(r["identical"]), "") for r in runs if not all(r["identical"].values())]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--fixture-rounds", type=int, default=21,
                     help="rounds on the builder fixture (a 0.13 ms forward: 21 rounds take seconds; 5 gave CIs 0.4 wide)")
+    ap.add_argument("--fixture-processes", type=int, default=3,
+                    help="processes per thread count on the builder fixture, each its own draw of memory placement "
+                         "(one process's ratio moves ±2-3%%): the table gives the median process and every one's median")
+    ap.add_argument("--also", action="append", default=[], metavar="DIR",
+                    help="another model folder to run against genai too (e.g. scripts/make-builder-fixture --state-heavy)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--pools", nargs="+", default=["global"], choices=("global", "per-session"))
     ap.add_argument("--quick", action="store_true", help="tiny and the fixture only, 3 rounds of 64 tokens")
     args = ap.parse_args()
-    for option in ("rounds", "fixture_rounds", "tokens"):
+    for option in ("rounds", "fixture_rounds", "fixture_processes", "tokens"):
         if getattr(args, option) < 1:
             ap.error(f"--{option.replace('_', '-')} {getattr(args, option)}: must be at least 1")
     rounds, tokens = (3, 64) if args.quick else (args.rounds, args.tokens)
     models = ["tiny", str(FIXTURE)] if args.quick else ["small", str(FIXTURE)]
+    for folder in args.also:
+        if not (Path(folder) / "genai_config.json").is_file():
+            ap.error(f"--also {folder}: not a builder output folder (no genai_config.json)")
     print(f"load before: {os.getloadavg()}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model in models:
+        for model in models + [str(Path(f).resolve()) for f in args.also]:
+            fixture = model == str(FIXTURE) and not args.quick
             for threads in (1, 2):
                 for pool in args.pools:
-                    out = Path(tmp) / f"genai-{len(rows)}.json"
-                    n = rounds if model != str(FIXTURE) or args.quick else args.fixture_rounds
-                    r = _run("mtplab_vs_genai.py", ["--model", model, "--threads", str(threads), "--rounds", str(n),
-                                                    "--tokens", str(tokens), "--pool", pool], out)
+                    n = args.fixture_rounds if fixture else rounds
+                    runs = [_run("mtplab_vs_genai.py", ["--model", model, "--threads", str(threads), "--rounds", str(n),
+                                                        "--tokens", str(tokens), "--pool", pool],
+                                 Path(tmp) / f"genai-{len(rows)}-{i}.json")
+                            for i in range(args.fixture_processes if fixture else 1)]
                     name = f"{Path(model).name}, {threads} thread{'s' if threads > 1 else ''}, {pool} pool"
-                    rows.append((name, "greedy mtplab / genai", _ci(r["ratios"]["greedy"]), GOALS["greedy"]))
-                    rows.append((name, "greedy's bare plan replay / genai (ceiling)", _ci(r["ratios"]["bare"]), ""))
-                    rows.append((name, "greedy, every decode in Python / genai", _ci(r["ratios"]["python"]), ""))
-                    for schedule in ("fused", "decode-verify"):  # each schedule against the same genai MtpGenerator run
-                        mtp = [v for key, v in r["ratios"].items() if key.startswith("mtp") and key.endswith(schedule)]
-                        low = min(mtp, key=lambda x: x["median"])
-                        rows.append((name, f"MTP mtplab {schedule} / genai, lowest over k", _ci(low), GOALS["mtp"]))
-                    if not all(r["identical"].values()):
-                        rows.append((name, "OUTPUT DIFFERS FROM GREEDY", str(r["identical"]), ""))
+                    rows += genai_rows(name, runs)
         for model in models:
             out = Path(tmp) / f"gap-{Path(model).name}.json"
             r = _run("forward_gap.py", ["--model", model, "--rounds", "5" if args.quick else "21"], out)
@@ -168,9 +196,10 @@ def main() -> None:
     rows.append((f"{results_root().name}/demo", "efficiency, sibling-pinned/select points", demo or "no demo sweep (make demo)",
                  GOALS["efficiency"]))
     print(f"\nload after: {os.getloadavg()}")
-    print(f"{'where':42} {'measure':48} {'median [95% CI]':28} goal")
+    width = max(28, *(len(value) for _, _, value, goal in rows if goal))  # the goals in one column
+    print(f"{'where':42} {'measure':48} {'median [95% CI]':{width}} goal")
     for where, what, value, goal in rows:
-        print(f"{where:42} {what:48} {value:28} {goal}")
+        print(f"{where:42} {what:48} {value:{width}} {goal}")
 
 
 if __name__ == "__main__":
