@@ -54,7 +54,7 @@ KERNEL_IN_PLACE: dict[str, frozenset[tuple[int, int]]] = {
 # the CPU LinearAttention kernel copies past_state (3) into present_state (1), then updates present_state alone, head
 # by head, so on one buffer the copy is onto itself. onnxruntime-genai binds it so (its RecurrentState shares past
 # and present on every EP but WebGPU); with its own present buffer and the copy back after each forward, a
-# state-heavy builder export decoded at 0.66x genai's rate on 2 threads (tests/test_runtime.py holds the aliased
+# state-heavy builder export decoded at 0.67-0.81x genai's rate (tests/test_runtime.py holds the aliased
 # run bitwise to the other, at M=1 and M>1, on the installed onnxruntime). CUDA keeps the registrations: its
 # LinearAttention kernel is not checked aliased on a GPU here.
 ALIASED: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
