@@ -197,9 +197,10 @@ def main() -> None:
                  GOALS["efficiency"]))
     print(f"\nload after: {os.getloadavg()}")
     width = max(28, *(len(value) for _, _, value, goal in rows if goal))  # the goals in one column
-    print(f"{'where':42} {'measure':48} {'median [95% CI]':{width}} goal")
+    measure = max(48, *(len(what) for _, what, _, _ in rows))
+    print(f"{'where':42} {'measure':{measure}} {'median [95% CI]':{width}} goal")
     for where, what, value, goal in rows:
-        print(f"{where:42} {what:48} {value:{width}} {goal}")
+        print(f"{where:42} {what:{measure}} {value:{width}} {goal}")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,9 @@ def test_inspect_lists_the_layers_the_head_and_the_state_layouts(builder):
         "linear-attention", "linear-attention", "linear-attention", "attention"]
     assert "MTP head mtp.onnx: tokens input_ids, hidden hidden_states -> logits logits, hidden hidden_states_out" in text
     assert "past.0.conv -> present.0.conv [1, 192, 3] float32, [B, C, K-1] channels-first" in text
-    assert "past.0.recurrent -> present.0.recurrent [1, 4, 16, 32] float32, [B, Hv, Dk, Dv] K-major (from LinearAttention)" in text
+    assert ("past.0.recurrent -> present.0.recurrent [1, 4, 16, 32] float32, [B, Hv, Dk, Dv] K-major (from LinearAttention); "
+            "in place on the CPU; on CUDA its own present buffer, copied after the forward") in text
+    assert "(from CausalConvWithState); own present buffer, copied after the forward" in text  # on every provider
     assert "position_ids [3, 1, M] (MRoPE)" in text
     assert "select: runs" in text and "ops CPUExecutionProvider lacks in model.onnx: none" in text
     assert "Primary (greedy, the decode, prefills, re-advances) runs model.onnx given a session of its own" in text

@@ -101,4 +101,4 @@ def _state_buffers(s) -> str:
     cpu, cuda = s.in_place_on("CPUExecutionProvider"), s.in_place_on("CUDAExecutionProvider")
     if cpu == cuda:
         return "in place" if cpu else own
-    return f"in place on the CPU, {own} on CUDA" if cpu else f"in place on CUDA, {own} on the CPU"
+    return f"in place on the CPU; on CUDA its {own}" if cpu else f"in place on CUDA; on the CPU its {own}"
