@@ -74,12 +74,12 @@ def test_the_cpu_linear_attention_kernel_on_one_buffer_computes_bitwise_what_it_
     states = [TargetState.allocate(d, Arena(name)) for d, name in
               ((art.description, "own"), (art.description.on_provider("CPUExecutionProvider"), "aliased"))]
     tokens = prompt_tokens(art.description.vocab_size, 24, 3)
+    ex = Executor({Slot.PRIMARY: session}, {Slot.PRIMARY: SlotMemory(Arena("io"))})
     start = 0
     for M in (8, 1, 1, 4, 1, 3, 4, 1):
         outs = []
         for st in states:
             feeds, outputs, bound = target_io(st.desc, st, np.asarray(tokens[start:start + M]), True)
-            ex = Executor({Slot.PRIMARY: session}, {Slot.PRIMARY: SlotMemory(Arena("io"))})
             outs.append(ex._eager_temporaries(Slot.PRIMARY, feeds, outputs, bound)["logits"].copy())
             st.carry()
             st.length += M

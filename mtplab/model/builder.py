@@ -10,7 +10,6 @@ cache (mtplab.model.surgery).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -413,8 +412,7 @@ def _graph_io(folder: Path, path: Path, model: onnx.ModelProto, section: dict, i
             # where its node reads past and writes present: the ports a provider's IN_PLACE table is read at
             ports = ((list(node.input).index(past[i]), list(node.output).index(present[i]))
                      if present[i] in node.output else None)
-            state = StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, False, ports)
-            states.append(dataclasses.replace(state, in_place=state.in_place_on()))  # the registrations' answer
+            states.append(StateTensor(i, kind, past[i], present[i], shape, dtype, layout, op, False, ports).registered())
     dtype, logits_dtype = outs[hidden][1], outs[logits][1]
     return GraphIO(path, input_ids, logits, hidden, "attention_mask", positions, hidden_input, tuple(kv),
                    tuple(states), dtype=dtype, logits_dtype="" if logits_dtype == dtype else logits_dtype)

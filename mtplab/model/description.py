@@ -95,6 +95,11 @@ class StateTensor:
         table = IN_PLACE.get(provider, KERNEL_IN_PLACE) if provider else KERNEL_IN_PLACE
         return self.ports is not None and self.ports in table.get(self.op, ())
 
+    def registered(self) -> StateTensor:
+        """This state with in_place as its kernel registers it (KERNEL_IN_PLACE): a description's answer until
+        ModelDescription.on_provider resolves it."""
+        return dataclasses.replace(self, in_place=self.in_place_on())
+
     @property
     def np_dtype(self) -> np.dtype:
         return dtype_of(self.dtype)
@@ -292,7 +297,8 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
                                   "[B, K-1, C] channels-last", "CausalConvWithState", False, (3, 1)))
         states.append(StateTensor(i, "recurrent", f"gdn_state.{i}", f"present_gdn_state.{i}",
                                   (1, cfg.gdn_value_heads, cfg.gdn_head_dim_v, cfg.gdn_head_dim_k), "float32",
-                                  "[B, Hv, Dv, Dk] V-major", "GatedDeltaNet", True, (6, 1)))
+                                  "[B, Hv, Dv, Dk] V-major", "GatedDeltaNet", False, (6, 1)))
+    states = [s.registered() for s in states]
     form = cfg.form
     target_io = GraphIO(
         Path(target), "input_ids", "logits", "hidden", "seqlens", kv=kv, states=tuple(states),
