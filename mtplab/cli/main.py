@@ -506,10 +506,11 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
 
 def console() -> int:
     """The executable's entry point as checkouts before mtplab.cli.entry installed it (a console script not made again
-    since): mtplab.cli.entry's, after this module's imports."""
-    from mtplab.cli.entry import console as started
+    since): the same start, after this module's imports."""
+    from mtplab.base.memory import reexec
 
-    return started()
+    reexec()
+    return main(own_process=True)
 
 
 if __name__ == "__main__":  # the command without the executable's start on huge pages (`python -m mtplab` has it)
