@@ -118,15 +118,25 @@ class ForwardClock:
         self.on = False
         self.backend = backend
         self.real = {name: getattr(backend, name) for name in ("eager", "capture", "replay")}
-        self.wrapped = {name: self._wrap(run) for name, run in self.real.items()}
+        self.wrapped = {name: self._wrap(name, run) for name, run in self.real.items()}
         self.attach(True)
 
     def attach(self, on: bool) -> None:
         for name, run in (self.wrapped if on else self.real).items():
             setattr(self.backend, name, run)
 
-    def _wrap(self, real):
+    def _wrap(self, name: str, real):
         spans, clock = self.spans, time.perf_counter
+        if name == "replay":  # a step's forwards: replay(session, plan), with the least work around the clock
+
+            def replay(session, plan):
+                t0 = clock()
+                real(session, plan)
+                t1 = clock()
+                if self.on:
+                    spans.append((t0, t1 - t0, session))
+
+            return replay
 
         def run(session, *args, **kw):
             t0 = clock()

@@ -23,8 +23,8 @@ def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(ti
     hidden = np.array(out["hidden"][0, -1])
     chains, real = [], hot_loop.chain
     monkeypatch.setattr(hot_loop, "chain", lambda *a: chains.append(real(*a)) or chains[-1])
-    drafts = eng.head.draft(3, hidden, 7, 4)  # prepared feeds and the head's replayer, on the host
-    drafts_again = eng.head.draft(3, hidden, 7, 4)  # from its plan now, all four steps compiled between replays
+    drafts = eng.head.draft(3, hidden, 7, 4).tolist()  # prepared feeds and the head's replayer, on the host
+    drafts_again = eng.head.draft(3, hidden, 7, 4).tolist()  # from its plan now, all four steps compiled
     assert [runs for _, _, runs, _ in chains] == [4]  # the first draft warmed up and captured the plan: no chain
     after = [a.copy() for a in eng.mtp_state.kv]
     for live, saved in zip(eng.mtp_state.kv, kv):
@@ -34,7 +34,7 @@ def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(ti
         out = eng.mtp.run(Slot.PRIMARY, *mtp_io(eng.desc, eng.mtp_state, token, h, 7 + i))
         token, h = int(out["logits"][0, 0].argmax()), out["mtp_hidden"][0, 0]
         steps.append(token)
-    assert drafts.tolist() == drafts_again.tolist() == steps
+    assert drafts == drafts_again == steps
     assert all(np.array_equal(a, b) for a, b in zip(after, eng.mtp_state.kv))
     assert eng.forwards["mtp/M=1"] == 8 and eng.mtp.state[Slot.PRIMARY].replays >= 4
 

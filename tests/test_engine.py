@@ -10,6 +10,7 @@ from conftest import plant_over_accept
 
 from mtplab.engine import engine as engine_mod
 from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.schedules import PHASES, Phases
 from mtplab.engine.strategies import COMMITS, DRAFTERS
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
@@ -315,3 +316,11 @@ def test_a_forward_returns_a_dict_of_its_own_takes_nested_lists_and_follows_a_ne
     primary = eng.target.state[Slot.PRIMARY]
     assert primary.invalidations == 1 and "address moved" in primary.reason
     assert np.any(new.kv[next(iter(new.kv))][0][0, :, new.length] != 0)  # the new state's KV row was written
+
+
+def test_phases_sum_each_phase_over_the_steps_stamps():
+    phases = Phases()
+    assert phases.seconds == dict.fromkeys(PHASES, 0.0)  # no step yet
+    phases.append((0.0, 1.0, 3.0, 6.0, 10.0))  # a step's start, then the end of its decode, draft, verify, commit
+    phases.append((20.0, 20.5, 21.0, 21.5, 22.0))  # the time between two steps belongs to no phase
+    assert phases.seconds == {"decode": 1.5, "draft": 2.5, "verify": 3.5, "commit": 4.5}

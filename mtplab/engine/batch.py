@@ -244,7 +244,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     engine.setup_done()
     t0 = time.perf_counter()
     while active.any():
-        phases.start()
+        stamps = [time.perf_counter()]
         pending = np.array([e[-1] for e in emitted], dtype=np.int64)
         if decode_first:  # decode the pending token at [B, 1]; draft from its hidden state
             dec = engine.forward(Slot.PRIMARY, pending[:, None])
@@ -253,14 +253,14 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             first = dec["logits"][:, 0].argmax(-1)
         else:  # fused: draft from the pending token and the last committed position's hidden state
             hidden, first = engine.last_hidden, pending  # read by the drafts only, before the verify rewrites it
-        phases.lap("decode")
+        stamps.append(time.perf_counter())  # the decode's end
         position = st.lengths - 1
         drafts = draft_head(engine, first, hidden, position, k) if head is not None else None
         if oracle:  # rows riding along draft nothing (their generator stays where a batch-1 run of the row ends)
             drafts = np.zeros((B, k), dtype=np.int64)
             for b in np.flatnonzero(active):
                 drafts[b] = oracles[b].draft(int(first[b]), None, int(position[b]), k)
-        phases.lap("draft")
+        stamps.append(time.perf_counter())  # the drafts'
         ids[:, 0], ids[:, 1:] = first, drafts
         if readvance:
             engine.save_state()
@@ -271,7 +271,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         counts = np.where(match.all(1), k, match.argmin(1))  # drafts each row keeps
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
-        phases.lap("verify")
+        stamps.append(time.perf_counter())  # the verify's
         st.lengths[...] = verify_start
         engine.target.rollback(Slot.PRIMARY)
         rows = np.flatnonzero(active)
@@ -300,5 +300,5 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         if riding.size:  # rows that have their tokens: state and length as they finished
             frozen_rows.put_back(riding)
             st.lengths[riding] = frozen_len[riding]
-        phases.lap("commit")
+        phases.append((*stamps, time.perf_counter()))  # and the commit's
     return BatchRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds)

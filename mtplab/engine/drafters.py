@@ -5,7 +5,8 @@ A drafter kind (DrafterKind, registered in `mtplab.engine.strategies.DRAFTERS`) 
 parameters it takes, where its acceptance comes from and whether the MTP head runs, and builds the
 run's drafter. Every drafter takes the same calls: prefill(tokens, hidden) once per generation, then
 draft(first, hidden, position, k) per step: k draft tokens following `first`, the token at
-`position + 1`, given the target's hidden state at `position`; a device array [k] (int64).
+`position + 1`, given the target's hidden state at `position`; a device array [k] (int64), read before the
+next draft (a drafter may write its next drafts into it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription, length_feeds
 from mtplab.runtime import hot_loop
 from mtplab.runtime.arena import array_module
-from mtplab.runtime.executor import Executor, Slot
+from mtplab.runtime.executor import Executor, Slot, SlotCaptureState
 from mtplab.runtime.jit import compiled
 from mtplab.runtime.sessions import MtpState, mtp_io, refused_run
 
@@ -44,7 +45,9 @@ class MtpDrafter:
         self._argmax = choose if chooses_argmax(choose) else None  # drafts a compiled loop may choose
         self._hot: HeadSteps | None = None  # the head step _draft_on_host runs
         self._programs: dict = {}  # the compiled loop's program, with what it was made for (hot_loop.held_program)
-        self._tokens = np.empty(0, dtype=np.int64)  # the compiled loop's [first, d1..dk]
+        self._on_host = self.xp is np and state.batch == 1  # drafts from host tokens, on the step's prepared feeds
+        self._tokens = np.empty(0, dtype=np.int64)  # on the host: [first, d1..dk], and the drafts, its view
+        self._drafts = self._tokens
         self.compiled = True  # False: every step in Python (a benchmark's side)
 
     def prefill(self, tokens: list[int], hidden) -> None:
@@ -63,12 +66,11 @@ class MtpDrafter:
         Stays on the device: each draft (the acceptance rule's draft_token, argmax by default) feeds the next head step, and the k drafts come
         back as a device array [k] (int64); nothing here waits for the device.
         """
+        if self._on_host:  # host tokens: the step's feeds rewritten in place, replayed
+            return self._draft_on_host(first, hidden, position, k)
         io, xp, pick = self.desc.mtp, self.xp, self.choose
         drafts = xp.empty(k, dtype=np.int64)
         token = first
-        if xp is np and self.state.batch == 1:  # host tokens: the step's feeds rewritten in place, replayed
-            self._draft_on_host(token, hidden, position, drafts)
-            return drafts
         for i in range(k):
             feeds, outputs, bound = mtp_io(self.desc, self.state, token, hidden, position + i)
             out = self.executor.run(Slot.PRIMARY, feeds, outputs, bound)
@@ -78,40 +80,40 @@ class MtpDrafter:
             drafts[i] = token
         return drafts
 
-    def _draft_on_host(self, token, hidden, position: int, drafts: np.ndarray) -> None:
+    def _draft_on_host(self, token, hidden, position: int, k: int) -> np.ndarray:
         """draft()'s head steps on the host: mtp_io's M=1 feeds, built once (again when the KV buffers change),
         rewritten in place before each step (token, hidden state, lengths), and the head's replayer on them (it
         decides as Executor.run does); with an argmax rule, the steps compiled between replays where the replay
-        check's table allows (mtplab.runtime.hot_loop)."""
-        desc, io, pick, state = self.desc, self.desc.mtp, self.choose, self.state
-        hot, fixed = self._hot, state.io_cache.get(1)
+        check's table allows (mtplab.runtime.hot_loop). The drafts: a view of [first, d1..dk], rewritten by the next
+        draft."""
+        hot, fixed, state = self._hot, self.state.io_cache.get(1), self.state
         if hot is None or fixed is None or fixed.kv is not state.kv or hot.feeds is not fixed.feeds or (
                 hot.executor is not self.executor):
-            feeds, outputs, bound = mtp_io(desc, state, token, hidden, position)  # mtp_io's feeds for M=1 are one
-            # object while the KV buffers stay; the hidden state goes into one array of its own in them
-            buffer = np.empty((1, 1, desc.hidden_size), dtype=desc.target.hidden_type)
-            hot = self._hot = HeadSteps(feeds, outputs, bound, self.executor,
-                                        self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
-                                        self.executor.held_replayer(Slot.PRIMARY),
-                                        feeds[io.input_ids], buffer)
-        feeds, ids, buffer = hot.feeds, hot.ids, hot.hidden
-        buffer[...] = hidden.reshape(buffer.shape)  # as mtp_io feeds it: [1, 1, H], of the target's hidden dtype
-        feeds[io.hidden_input] = buffer
-        capacity, k = desc.capacity, drafts.shape[0]
-        done = i = 0
+            hot = self._head_steps(token, hidden, position)
+        feeds, buffer = hot.feeds, hot.hidden
+        buffer[...] = hidden  # as mtp_io feeds it: [1, 1, H], of the target's hidden dtype
+        feeds[hot.hidden_name] = buffer
+        tokens = self._tokens
+        if tokens.shape[0] != k + 1:  # [first, d1..dk], reused: the drafts are its view, read before the next draft
+            tokens = self._tokens = np.empty(k + 1, dtype=np.int64)
+            self._drafts = tokens[1:]
+        tokens[0] = token
+        i = done = 0
         try:
-            if pick is self._argmax and self.compiled:
-                slot = self.executor.state[Slot.PRIMARY]
+            if self._argmax is not None and self.compiled:
+                slot = hot.slot
                 before = slot.replays
                 try:
-                    i, pending = self._chain(hot, token, drafts, position)
+                    i, pending = self._chain(hot, tokens, position)
                 finally:  # its steps are its replays
                     done += slot.replays - before
                 if pending:  # the last step's token and hidden state, as below
                     out = slot.check.result
-                    token, hidden = pick(np, out[io.logits][0, 0]), out[io.hidden][0, 0]
-                    drafts[i] = token
+                    token, hidden = self._argmax(np, out[hot.logits][0, 0]), out[hot.hidden_out][0, 0]
                     i += 1
+                    tokens[i] = token
+            if i < k:
+                pick, ids, capacity, io = self.choose, hot.ids, self.desc.capacity, self.desc.mtp
             while i < k:
                 ids[...] = token
                 length_feeds(io, position + i, 1, capacity, feeds)
@@ -121,44 +123,59 @@ class MtpDrafter:
                 done += 1
                 token = pick(np, out[io.logits][0, 0])
                 hidden = out[io.hidden][0, 0]
-                drafts[i] = token
                 i += 1
+                tokens[i] = token
         finally:  # counted once, and kept true when a step raises
             self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + done
+        return self._drafts
 
-    def _chain(self, hot: HeadSteps, first, drafts: np.ndarray, position: int) -> tuple[int, bool]:
-        """The head's steps in a compiled loop (hot_loop.chain) from `first` and the hidden state in its feed, while
-        the replay check's table allows: (drafts made, whether the last step made still needs its token read)."""
-        io, k, feeds = self.desc.mtp, drafts.shape[0], hot.feeds
+    def _head_steps(self, token, hidden, position: int) -> HeadSteps:
+        """The head's M=1 step as _draft_on_host runs it, made for mtp_io's feeds (one object while the KV buffers
+        stay); the hidden state goes into one array of its own in them."""
+        desc, io = self.desc, self.desc.mtp
+        feeds, outputs, bound = mtp_io(desc, self.state, token, hidden, position)
+        buffer = np.empty((1, 1, desc.hidden_size), dtype=desc.target.hidden_type)
+        self._hot = HeadSteps(feeds, outputs, bound, self.executor, self.executor.state[Slot.PRIMARY],
+                              self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
+                              self.executor.held_replayer(Slot.PRIMARY), feeds[io.input_ids], buffer, io.hidden_input,
+                              io.logits, io.hidden)
+        return self._hot
+
+    def _chain(self, hot: HeadSteps, tokens: np.ndarray, position: int) -> tuple[int, bool]:
+        """The head's steps in a compiled loop (hot_loop.chain) from tokens[0] and the hidden state in its feed, while
+        the replay check's table allows: (drafts made into tokens[1:], whether the last step made still needs its
+        token read)."""
+        feeds = hot.feeds
         check = hot.executor.held_check(Slot.PRIMARY, feeds, hot.outputs, hot.bound)
         if check is None:
             return 0, False
         program = hot_loop.held_program(self._programs, "draft", check, feeds, lambda: hot_loop.program(
-            check, feeds, io, self.desc.capacity, check.result[io.logits],
-            [(check.result[io.hidden], feeds[io.hidden_input])]))
+            check, feeds, self.desc.mtp, self.desc.capacity, check.result[hot.logits],
+            [(check.result[hot.hidden_out], feeds[hot.hidden_name])]))
         if program is None:
             return 0, False
-        tokens = self._tokens
-        if tokens.shape[0] != k + 1:
-            tokens = self._tokens = np.empty(k + 1, dtype=np.int64)  # [first, d1..dk]
-        tokens[0] = first
-        i, _, _, pending = hot_loop.chain(check.table, check.copies, program, tokens, 1, k + 1, position, hot.replay)
-        drafts[: i - 1] = tokens[1:i]
+        i, _, _, pending = hot_loop.chain(check.table, check.copies, program, tokens, 1, tokens.shape[0], position,
+                                          hot.replay)
         return i - 1, pending
 
 
 class HeadSteps(NamedTuple):
-    """The head's M=1 step as _draft_on_host runs it: mtp_io's feeds, outputs and bindings, the executor, its
-    replayer on them and its held replay (for the compiled loop), and the feeds' token ids and hidden state."""
+    """The head's M=1 step as _draft_on_host runs it: mtp_io's feeds, outputs and bindings, the executor and its
+    Primary slot, its replayer on them and its held replay (for the compiled loop), the feeds' token ids and hidden
+    state, and the names of the hidden state's feed and of the logits and hidden state outputs."""
 
     feeds: dict
     outputs: Any
     bound: tuple
     executor: Executor
+    slot: SlotCaptureState
     run: Callable[[], dict]
     replay: Callable[[], None]
     ids: np.ndarray
     hidden: np.ndarray
+    hidden_name: str
+    logits: str
+    hidden_out: str
 
 
 class OracleDrafter:
@@ -182,6 +199,7 @@ class OracleDrafter:
         self.uniforms = np.empty(0)
         self.shifts = np.empty(0, dtype=np.int64)
         self.used = 0
+        self._out = np.empty(0, dtype=np.int64)  # the step's drafts
 
     def prefill(self, tokens: list[int], hidden) -> None:
         # tokens = prompt[1:] + [the prefill's token]: position p's next token is reference[p - offset + 1].
@@ -205,7 +223,9 @@ class OracleDrafter:
             if k > self.DRAWS:
                 raise ValueError(f"the oracle draws {self.DRAWS} numbers at a time: k={k} drafts a step do not fit")
         j, self.used = self.used, self.used + k
-        out = np.empty(k, dtype=np.int64)
+        out = self._out
+        if out.shape[0] != k:
+            out = self._out = np.empty(k, dtype=np.int64)  # reused: whoever takes the drafts reads them at once
         # where the first draft's reference token sits: position - offset + 2
         made = _oracle_drafts(self.tokens, position - self.offset + 2, self.uniforms, self.shifts, j, self.alpha,
                               self.vocab, out)

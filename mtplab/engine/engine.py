@@ -56,6 +56,8 @@ class HotForward(NamedTuple):
     io: GraphIO
     feeds: dict
     ids: np.ndarray
+    row: np.ndarray  # ids[0]: the first row's [M] (a view)
+    M: int
     run: Callable[[], dict]
     carries: tuple
     key: str
@@ -190,7 +192,7 @@ class Engine:
         self.last_hidden = self.main.reserve("last_hidden", (desc.hidden_size,) if B == 1 else (B, desc.hidden_size),
                                              np.float32)
         self._verify_start = 0
-        self._verify_buffers: dict = {}  # by k: the verify's token ids and the step's packed read, reused
+        self._verify_buffers: dict = {}  # by k: the verify's token ids (a device's) and the step's packed read
         self._prepared: dict = {}  # each commit strategy's prepared commit, by name
         self._programs: dict = {}  # compiled loops' programs (mtplab.runtime.hot_loop), with the check they read
         self.compiled_loops = True  # sets _compiled_loops and _accepts_argmax
@@ -261,35 +263,52 @@ class Engine:
         slot's buffers: the next forward may overwrite them). The caller advances the length. Host tokens outside an
         eager run take a path prepared once per slot, M and mode (HotForward); each run decides as Executor.run.
         """
-        if self.first_forward is None:  # one clock read per forward on the common path (the end stamp below)
-            self.first_forward = time.perf_counter()
-        state = self.state
         M = 0 if eager else host_count(tokens, self.batch)
         if M:  # host tokens, run from the slot's plan: the feeds and the replay prepared once
-            hot = self._hot.get((slot, M, in_place, label))
-            if hot is None or hot.state is not state or hot.executor is not self.target or hot.layout != state.layout():
-                hot = self._hot[(slot, M, in_place, label)] = self._prepare_forward(slot, M, in_place, label)
-            length = checked_length(self.desc, state, M)
+            hot = self._hot_forward(slot, M, in_place, label)
             hot.ids[...] = tokens
-            length_feeds(hot.io, length, M, self.desc.capacity, hot.feeds)
-            out = dict(hot.run())  # a dict of its own, as Executor.run returns (the replay's is the slot's)
-            for committed, present in hot.carries:
-                committed[...] = present
-            key = hot.key
-        else:
-            if isinstance(tokens, (bool, np.bool_)):
-                raise ValueError(f"a forward takes token ids (integers), got {tokens!r}")
-            if isinstance(tokens, (list, tuple, int, np.integer)):
-                tokens = np.asarray(tokens, dtype=np.int64)
-            if tokens.ndim == 0:  # one token
-                tokens = tokens.reshape(1)
-            feeds, outputs, bound = target_io(self.primary_desc if slot is Slot.PRIMARY else self.desc, state, tokens,
-                                              in_place)
-            run = self.target.run_eager if eager else self.target.run
-            out = run(slot, feeds, outputs, bound)
-            if in_place:
-                state.carry()
-            key = self._key(slot, tokens.shape[-1], label)
+            return self._run_hot(hot)
+        if self.first_forward is None:
+            self.first_forward = time.perf_counter()
+        if isinstance(tokens, (bool, np.bool_)):
+            raise ValueError(f"a forward takes token ids (integers), got {tokens!r}")
+        if isinstance(tokens, (list, tuple, int, np.integer)):
+            tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.ndim == 0:  # one token
+            tokens = tokens.reshape(1)
+        state = self.state
+        feeds, outputs, bound = target_io(self.primary_desc if slot is Slot.PRIMARY else self.desc, state, tokens,
+                                          in_place)
+        run = self.target.run_eager if eager else self.target.run
+        out = run(slot, feeds, outputs, bound)
+        if in_place:
+            state.carry()
+        return self._ran(self._key(slot, tokens.shape[-1], label), out)
+
+    def _hot_forward(self, slot: Slot, M: int, in_place: bool, label: str | None = None) -> HotForward:
+        """The prepared forward of M host tokens on a slot and mode (made again when the state's buffers or the
+        executor change): write its `ids`, then _run_hot it."""
+        state = self.state
+        hot = self._hot.get((slot, M, in_place, label))
+        if hot is None or hot.state is not state or hot.executor is not self.target or hot.layout != state.layout():
+            hot = self._hot[(slot, M, in_place, label)] = self._prepare_forward(slot, M, in_place, label)
+        return hot
+
+    def _run_hot(self, hot: HotForward, own: bool = True) -> dict:
+        """One run of a prepared forward whose token ids are written, at the current length: its length feeds, the
+        slot's replayer (it decides as Executor.run does), the carries, and forward()'s bookkeeping. own: the
+        outputs in a dict of their own, as Executor.run returns them; else a replay's is the slot's (read it, never
+        change it)."""
+        if self.first_forward is None:  # one clock read per forward on the common path (the end stamp in _ran)
+            self.first_forward = time.perf_counter()
+        length_feeds(hot.io, checked_length(self.desc, self.state, hot.M), hot.M, self.desc.capacity, hot.feeds)
+        out = dict(hot.run()) if own else hot.run()
+        for committed, present in hot.carries:
+            committed[...] = present
+        return self._ran(hot.key, out)
+
+    def _ran(self, key: str, out: dict) -> dict:
+        """forward()'s bookkeeping after a run: the outputs by role, the counter, the watch, the end stamp."""
         if self._roles:  # the graph names its outputs otherwise
             out = self._by_role(out)
         self.forwards[key] = self.forwards.get(key, 0) + 1
@@ -304,7 +323,8 @@ class Engine:
         desc = self.primary_desc if slot is Slot.PRIMARY else self.desc
         feeds, outputs, bound = fixed_io(desc, self.state, M, in_place)
         io = desc.target
-        return HotForward(self.state, self.target, self.state.layout(), io, feeds, feeds[io.input_ids],
+        ids = feeds[io.input_ids]
+        return HotForward(self.state, self.target, self.state.layout(), io, feeds, ids, ids[0], M,
                           self.target.replayer(slot, feeds, outputs, bound),
                           tuple(self.state.carries()) if in_place else (), self._key(slot, M, label))
 
@@ -430,11 +450,7 @@ class Engine:
         io, state = self.primary_desc.target, self.state
         feeds, outputs, bound = fixed_io(self.primary_desc, state, 1, True)  # the decoder's very objects
         check = self.target.held_check(Slot.PRIMARY, feeds, outputs, bound)
-        if check is None:
-            return
-        program = hot_loop.held_program(self._programs, "greedy", check, feeds, lambda: hot_loop.program(
-            check, feeds, io, self.desc.capacity, check.result[io.logits],
-            [(present, committed) for committed, present in state.layer_carries()]))
+        program = self._greedy_program(check, feeds) if check is not None else None
         if program is None:
             return
         out = np.empty(n, dtype=np.int64)
@@ -538,10 +554,23 @@ class Engine:
 
     def decode(self, token, hidden):
         """One M=1 decode of `token` on Slot.PRIMARY; its hidden state into `hidden`; its token (on the device)."""
-        out = self.forward(Slot.PRIMARY, token)
+        if self.xp is np and self.batch == 1:  # a host token: straight into the decode's prepared feeds
+            hot = self._hot_forward(Slot.PRIMARY, 1, True)
+            hot.ids[...] = token
+            out = self._run_hot(hot, own=False)  # read here, before any other forward
+        else:
+            out = self.forward(Slot.PRIMARY, token)
         self.state.length += 1
         hidden[...] = out["hidden"][0, 0]
         return self.acceptance.token(self.xp, out["logits"][0, 0])
+
+    def _greedy_program(self, check, feeds: dict):
+        """greedy's compiled step on Primary's M=1 feeds (hot_loop.program: the carries copied and the argmax after
+        a run, the token and lengths before the next), made once per check and feeds (hot_loop.held_program)."""
+        io = self.primary_desc.target
+        return hot_loop.held_program(self._programs, "greedy", check, feeds, lambda: hot_loop.program(
+            check, feeds, io, self.desc.capacity, check.result[io.logits],
+            [(present, committed) for committed, present in self.state.layer_carries()]))
 
     def keep_hidden(self, ver: dict, n: int) -> None:
         """Keep the verify's hidden state at the last committed position (the fused schedule drafts from it)."""
@@ -563,13 +592,18 @@ class Engine:
         if in_place:
             self.save_state()
         self._verify_start = self.state.length
+        on_host = xp is np and self.batch == 1  # host tokens: written straight into the verify's prepared feeds
         buffers = self._verify_buffers.get(k)
         if buffers is None:
-            buffers = self._verify_buffers[k] = (xp.empty(k + 1, dtype=np.int64), xp.empty(2 * k + 3, dtype=np.int64))
+            buffers = self._verify_buffers[k] = (None if on_host else xp.empty(k + 1, dtype=np.int64),
+                                                 xp.empty(2 * k + 3, dtype=np.int64))
         ids, packed = buffers
+        hot = self._hot_forward(Slot.VERIFY, k + 1, in_place) if on_host else None
+        if hot is not None:
+            ids = hot.row
         ids[0] = first
         ids[1:] = drafts
-        ver = self.forward(Slot.VERIFY, ids, in_place=in_place)
+        ver = self._run_hot(hot) if hot is not None else self.forward(Slot.VERIFY, ids, in_place=in_place)
         logits = ver["logits"][0]
         # packed = [n, first, d1..dk, t0..tk]: the step's one read; greedy-match on the host, in one compiled call
         if not (self._accepts_argmax and held_meta.accept_argmax(logits, ids, packed) is not None):
@@ -577,9 +611,9 @@ class Engine:
             packed[0] = n_dev
             packed[1 : k + 2] = ids
             packed[k + 2 :] = targets
-        packed = self.device.read(packed)
-        n = int(packed[0])
-        return n, packed[1 : 2 + n].tolist(), int(packed[k + 2 + n]), ver
+        packed = self.device.read(packed).tolist()
+        n = packed[0]
+        return n, packed[1 : 2 + n], packed[k + 2 + n], ver
 
     def save_state(self) -> None:
         """Snapshot the recurrent state (before a verify that advances it in place)."""

@@ -5,70 +5,68 @@ decode's hidden state, verify [g, d1..dk]. fused (vLLM, SGLang): no decode; draf
 pending token and the hidden state of the last committed position, and the verify [pending,
 d1..dk] yields the next step's hidden state.
 
-A step appends what it emits to `emitted`, adds its phase times to `phases` and returns the number
-of drafts accepted. Until the verify's one host read, tokens stay on the device.
+A step appends what it emits to `emitted`, its stamps to `phases` and returns the number of drafts
+accepted. Until the verify's one host read, tokens stay on the device.
 A schedule is an object in `mtplab.engine.strategies.SCHEDULES`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter as clock
+
+import numpy as np
 
 from mtplab.engine.strategies import SCHEDULES
 
 PHASES = ("decode", "draft", "verify", "commit")
 
 
-class Phases:
-    """Seconds per phase of a run's steps, lap by lap, on the host's clock. On a device whose runs return once
-    queued (CUDA) a lap ends when its phase's work is queued: the device time of the decode and the drafts lands in
-    the phase that waits for it, the verify's read (its lap then holds the step's device time)."""
+class Phases(list):
+    """A run's steps on the host's clock: each step appends its five stamps (its start, and the end of its decode,
+    draft, verify and commit; a list append, the least a step can do), and `seconds` sums each phase over them. On a
+    device whose runs return once queued (CUDA) a phase ends when its work is queued: the device time of the decode
+    and the drafts lands in the phase that waits for it, the verify's read (its span then holds the step's device
+    time)."""
 
-    def __init__(self):
-        self.seconds = dict.fromkeys(PHASES, 0.0)
-        self._t = 0.0
-
-    def start(self) -> None:
-        self._t = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        t = time.perf_counter()
-        self.seconds[phase] += t - self._t
-        self._t = t
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Seconds per phase over the steps so far."""
+        spans = np.diff(np.asarray(self, dtype=np.float64).reshape(-1, len(PHASES) + 1), axis=1).sum(axis=0)
+        return dict(zip(PHASES, map(float, spans)))
 
 
 def decode_verify_step(engine, emitted: list[int], drafter, phases: Phases) -> int:
-    phases.start()
+    t0 = clock()
     hidden = engine.begin_step()
     first = engine.decode(emitted[-1], hidden)  # the decode's token, on the device; its hidden state in `hidden`
-    phases.lap("decode")
-    drafts = drafter.draft(first, hidden, engine.length - 1, engine.k)
-    phases.lap("draft")
+    t1 = clock()
+    drafts = drafter.draft(first, hidden, engine.state.length - 1, engine.k)
+    t2 = clock()
     n, consumed, bonus, ver = engine.verify(first, drafts)
     emitted += consumed + [bonus]  # consumed[0] is the decode's token
-    phases.lap("verify")
+    t3 = clock()
     engine.commit(ver, consumed)
     engine.end_step()
-    phases.lap("commit")
+    phases.append((t0, t1, t2, t3, clock()))
     return n
 
 
 def fused_step(engine, emitted: list[int], drafter, phases: Phases) -> int:
-    phases.start()
+    t0 = clock()
     hidden = engine.begin_step(engine.last_hidden)  # the hidden state of the last committed position
     first = emitted[-1]
-    phases.lap("decode")
-    drafts = drafter.draft(first, hidden, engine.length - 1, engine.k)
-    phases.lap("draft")
+    t1 = clock()
+    drafts = drafter.draft(first, hidden, engine.state.length - 1, engine.k)
+    t2 = clock()
     n, consumed, bonus, ver = engine.verify(first, drafts)
     emitted += consumed[1:] + [bonus]  # consumed[0] was emitted by the previous step
     engine.keep_hidden(ver, n)  # the next step drafts from the last committed position
-    phases.lap("verify")
+    t3 = clock()
     engine.commit(ver, consumed)
     engine.end_step()
-    phases.lap("commit")
+    phases.append((t0, t1, t2, t3, clock()))
     return n
 
 

@@ -24,6 +24,7 @@ their dtype and shape (select's update of every layer at once, mtplab.runtime.ho
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import warnings
 
@@ -47,6 +48,7 @@ try:
     from numba.extending import intrinsic
 
     from mtplab.runtime.jit import compiled as _compiled
+    from mtplab.runtime.jit import compiled_exactly
 except ImportError as err:  # numba missing, or refusing this numpy: the replay check reads in Python
     MISSING: ImportError | None = err
 else:
@@ -161,8 +163,7 @@ else:
                     best, at = value, j
         return at
 
-    @_compiled
-    def _accept_argmax(logits, ids, packed):  # pragma: no cover - compiled
+    def _accept_argmax(logits, ids, packed):  # pragma: no cover - compiled (accept_argmax's compiled_exactly)
         M = logits.shape[0]
         if M == 0 or logits.shape[1] == 0 or ids.shape[0] != M or packed.shape[0] != 2 * M + 1:
             return -1
@@ -216,18 +217,28 @@ def accept_argmax(logits: np.ndarray, ids: np.ndarray, packed: np.ndarray) -> in
     [n, first, d1..dk, t0..tk] (t_i the first largest of row i, numpy's argmax) and n returns, the drafts kept. None,
     with nothing written, for arrays it does not take (another dtype, layout or size): the caller's Python path.
     ids and packed must not overlap (the verify's own two buffers)."""
-    # checked in the fewest Python reads (a dtype that is not numpy's own float32 or int64 object takes the Python
-    # path); the sizes are checked in the compiled call, which answers -1 for sizes it does not take
-    if (MISSING is None and type(logits) is type(ids) is type(packed) is np.ndarray and logits.dtype is _FLOAT32
-            and ids.dtype is packed.dtype is _INT64 and logits.ndim == 2 and ids.ndim == packed.ndim == 1
-            and logits.flags.c_contiguous and packed.flags.writeable):
-        n = _accept_argmax(logits, ids, packed)
-        if n >= 0:
-            return n
-    return None
+    # the types are checked by numba's dispatch of the one compiled form (compiled_exactly); the sizes in the call,
+    # which answers -1 for sizes it does not take
+    try:
+        n = _accept_exactly(logits, ids, packed)
+    except TypeError:  # arrays of other types, or no compiled form yet (made at the first call)
+        return _accept_first(logits, ids, packed) if _accept_exactly is None else None
+    return n if n >= 0 else None
 
 
-_FLOAT32, _INT64 = np.dtype(np.float32), np.dtype(np.int64)
+def _accept_first(logits: np.ndarray, ids: np.ndarray, packed: np.ndarray) -> int | None:
+    """accept_argmax's first call: its compiled form made (float32 logits [M, V] and int64 ids [M], C-contiguous,
+    read only; int64 packed [2M+1], C-contiguous and writeable), then the call made; None without numba."""
+    global _accept_exactly
+    if MISSING is not None:
+        return None
+    readable = functools.partial(types.Array, layout="C", readonly=True)
+    _accept_exactly = compiled_exactly(_accept_argmax, types.int64(readable(types.float32, 2),
+                                                                   readable(types.int64, 1), types.int64[::1]))
+    return accept_argmax(logits, ids, packed)
+
+
+_accept_exactly = None  # _accept_argmax compiled for its one signature (compiled_exactly), made at the first call
 
 
 def _rows(arrays: list) -> np.ndarray:

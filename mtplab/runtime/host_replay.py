@@ -136,6 +136,7 @@ class SelectLayers:
 
     def __init__(self, layout, layers: list[tuple[int, str, str, bool]]):
         self.layout, self.layers = layout, layers
+        self.sizes = (layout.capacity, layout.value_heads, layout.key_heads, layout.key_dim, layout.value_dim)
         self.ids = [layer for layer, *_ in layers]
         self.states = _getter(self.ids)  # a tuple from a state's buffers by layer
         self.outputs = _getter([name for _, t, c, _ in layers for name in (t, c)])
@@ -156,9 +157,7 @@ class SelectLayers:
                 return False
         if not 0 <= n <= self.most:
             return False
-        lay = self.layout
-        _replay_layers(self.rows, n, lay.capacity, lay.value_heads, lay.key_heads, lay.key_dim, lay.value_dim,
-                       self.dtype)
+        _replay_layers(self.rows, n, *self.sizes, self.dtype)
         return True
 
     def _make(self, arrays: tuple) -> None:

@@ -71,12 +71,12 @@ def held_program(cache: dict, name: str, check, feeds: dict, build: Callable[[],
     stay (kept in `cache`, None included: a loop that cannot be compiled is not tried again); None for now where the
     check's table holds other feed objects (a run on other feeds since: the Python path's next run readdresses it to
     these). The arrays a program names are the check's rows, so nothing else can move under it."""
-    values = tuple(feeds.values())
-    if len(check.seen) != len(values) or not all(map(is_, check.seen, values)):
+    seen = check.seen
+    if len(seen) != len(feeds) or not all(map(is_, seen, feeds.values())):
         return None
     hit = cache.get(name)
-    if hit is None or hit[0] is not check or len(hit[1]) != len(values) or not all(map(is_, hit[1], values)):
-        hit = cache[name] = (check, values, build())
+    if hit is None or hit[0] is not check or hit[1] is not seen:  # the check readdresses into a new `seen` list
+        hit = cache[name] = (check, seen, build())
     return hit[2]
 
 
@@ -103,17 +103,17 @@ def chain(table: np.ndarray, copies: np.ndarray, program: np.ndarray, out: np.nd
     """Runs while the table allows, from a state where out[i - 1] is the token to feed at `length` (the run before
     it finished, after-work done), until out[stop - 1] holds a token: (next i, length, runs made, pending). pending:
     the last run made still needs its after-work (its token into out[i]) from the caller's Python path."""
-    runs = 0
-    step = held_meta.advance
+    step, first, last = held_meta.advance, i, stop - 1
     if i >= stop or step(table, copies, program, out, i - 1, length, BEFORE) != STAGED:
-        return i, length, runs, False
-    while True:
+        return i, length, 0, False
+    while i < last:  # a run's after-work and the next run's feeds, in one call
         replay()
-        runs += 1
         length += 1
-        last = i + 1 == stop
-        if step(table, copies, program, out, i, length, AFTER if last else AFTER | BEFORE) != STAGED:
-            return i, length, runs, True
+        if step(table, copies, program, out, i, length, AFTER | BEFORE) != STAGED:
+            return i, length, i - first + 1, True
         i += 1
-        if last:
-            return i, length, runs, False
+    replay()  # the last run: its after-work only
+    length += 1
+    if step(table, copies, program, out, i, length, AFTER) != STAGED:
+        return i, length, i - first + 1, True
+    return stop, length, stop - first, False

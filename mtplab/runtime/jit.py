@@ -17,3 +17,15 @@ def compiled(fn):
         return numba.njit(cache=True)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
         return numba.njit(fn)
+
+
+def compiled_exactly(fn, signature):
+    """fn compiled now for this one signature and no other (cached on disk as `compiled` caches it): a call with
+    arguments of other types raises TypeError, numba's dispatch reading each array's dtype, dimensions, layout,
+    alignment and writeability in C, the checks a Python caller would otherwise make before each call."""
+    try:
+        exact = numba.njit([signature], cache=True)(fn)
+    except RuntimeError:  # no writable cache place, as in `compiled`
+        exact = numba.njit([signature])(fn)
+    exact.disable_compile()
+    return exact

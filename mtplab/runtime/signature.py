@@ -16,6 +16,7 @@ import numpy as np
 
 from mtplab.runtime import held_meta
 from mtplab.runtime.arena import Block, address, put
+from mtplab.runtime.held_meta import DIFFERENT, STAGED
 
 
 class Binding(NamedTuple):
@@ -161,7 +162,7 @@ class ReplayCheck:
         self.arrays = list({id(a): a for a in arrays}.values())  # each object once (KV is bound twice)
         self.meta = list(map(_META, self.arrays))
         self.result = {n: a for n, (a, _) in outs.items()}
-        self.seen = list(feeds.values())  # the feed objects the table's first rows point at, held
+        self.seen = list(feeds.values())  # the feed objects the table's first rows point at, held; replaced, never changed in place
         self.table = held_meta.snapshot(self.seen + self.arrays)
         self.copies = self._copies() if self.table is not None else None
 
@@ -199,16 +200,27 @@ class ReplayCheck:
         return True
 
     def stage(self, memory: Any, feeds: dict, outputs: dict, bound: list) -> bool:
-        """Stage the feeds and return True if this run's signature is the held one; False: take the full path."""
+        """Stage the feeds and return True if this run's signature is the held one; False: take the full path.
+
+        Where the table applies, its compiled reads and copies (held_meta.stage) decide first: STAGED, or CHECKED
+        (Python copies), where these feeds and every held array have the dtype object and shape the table holds,
+        so that Python's reads would find them equal; DIFFERENT decides nothing: Python reads them."""
         if not self.holds(memory, feeds, outputs, bound):
             return False
         values = list(feeds.values())
-        done = held_meta.DIFFERENT if self.table is None else self._held(values)
-        if done == held_meta.STAGED:
+        done = DIFFERENT
+        if self.table is not None:
+            if all(map(is_, values, self.seen)):
+                done = held_meta.stage(self.table, self.copies)
+            elif set(map(type, values)) <= _NDARRAY:  # the rows keep the held dtype and shape to read against
+                held_meta.readdress(self.table, values)
+                self.seen = values
+                done = held_meta.stage(self.table, self.copies)
+        if done == STAGED:
             return True
         # dtype and shape are read from the held objects at every run (an in-place reshape is caught here).
-        if done == held_meta.DIFFERENT and (list(map(_META, values)) != self.feed_meta
-                                            or list(map(_META, self.arrays)) != self.meta):
+        if done == DIFFERENT and (list(map(_META, values)) != self.feed_meta
+                                  or list(map(_META, self.arrays)) != self.meta):
             return False
         for (view, plain), value in zip(self.staging, values):
             if plain:
@@ -216,14 +228,3 @@ class ReplayCheck:
             else:
                 put(view, value)
         return True
-
-    def _held(self, values: list) -> int:
-        """The table's compiled reads and copies (held_meta.stage): STAGED, or CHECKED (Python copies), where these
-        feeds and every held array have the dtype object and shape the table holds, so that Python's reads would
-        find them equal; DIFFERENT decides nothing: Python reads them."""
-        if not all(map(is_, values, self.seen)):
-            if not set(map(type, values)) <= _NDARRAY:  # the rows keep the held dtype and shape to read against
-                return held_meta.DIFFERENT
-            held_meta.readdress(self.table, values)
-            self.seen = values
-        return held_meta.stage(self.table, self.copies)
