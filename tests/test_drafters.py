@@ -100,3 +100,17 @@ def test_the_heads_steps_are_counted_when_a_step_raises(tiny):
     with pytest.raises(RuntimeError, match="planted"):
         eng.head.draft(3, np.array(out["hidden"][0, -1]), 7, 4)
     assert eng.forwards["mtp/M=1"] == 3  # three head forwards ran
+
+
+def test_a_draft_rule_set_after_the_plan_is_captured_is_the_one_the_drafts_follow(tiny):
+    eng = Engine(RunConfig(model="tiny", k=4), tiny)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
+    out = eng.start(prompt)
+    eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
+    hidden = np.array(out["hidden"][0, -1])
+    argmax = [eng.head.draft(3, hidden, 7, 4).tolist() for _ in range(2)][1]  # the second from the captured plan
+    eng.head.choose = lambda xp, row: row.argmin()  # not greedy-match's own argmax: no compiled loop may choose
+    eng.head.compiled = False
+    python = eng.head.draft(3, hidden, 7, 4).tolist()
+    eng.head.compiled = True
+    assert eng.head.draft(3, hidden, 7, 4).tolist() == python != argmax

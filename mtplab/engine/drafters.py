@@ -100,7 +100,7 @@ class MtpDrafter:
         tokens[0] = token
         i = done = 0
         try:
-            if self._argmax is not None and self.compiled:
+            if self.choose is self._argmax and self.compiled:  # the rule's own argmax (a choose set later is not)
                 slot = hot.slot
                 before = slot.replays
                 try:

@@ -287,7 +287,9 @@ class Engine:
 
     def _hot_forward(self, slot: Slot, M: int, in_place: bool, label: str | None = None) -> HotForward:
         """The prepared forward of M host tokens on a slot and mode (made again when the state's buffers or the
-        executor change): write its `ids`, then _run_hot it."""
+        executor change): write its `ids`, then _run_hot it. The forward starts here (first_forward)."""
+        if self.first_forward is None:  # one clock read per forward on the common path (the end stamp in _ran)
+            self.first_forward = time.perf_counter()
         state = self.state
         hot = self._hot.get((slot, M, in_place, label))
         if hot is None or hot.state is not state or hot.executor is not self.target or hot.layout != state.layout():
@@ -299,8 +301,6 @@ class Engine:
         slot's replayer (it decides as Executor.run does), the carries, and forward()'s bookkeeping. own: the
         outputs in a dict of their own, as Executor.run returns them; else a replay's is the slot's (read it, never
         change it)."""
-        if self.first_forward is None:  # one clock read per forward on the common path (the end stamp in _ran)
-            self.first_forward = time.perf_counter()
         length_feeds(hot.io, checked_length(self.desc, self.state, hot.M), hot.M, self.desc.capacity, hot.feeds)
         out = dict(hot.run()) if own else hot.run()
         for committed, present in hot.carries:

@@ -272,7 +272,7 @@ def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = No
     if positions is not None:
         if M == 1:
             positions[...] = length
-        elif isinstance(length, (int, np.integer)):
+        elif isinstance(length, (int, np.signedinteger)):  # an unsigned one would not add into int64 in place
             np.add(_steps(M), length, out=positions)  # length..length+M-1, nothing allocated
         else:
             positions[...] = np.arange(length, length + M)

@@ -217,8 +217,11 @@ def accept_argmax(logits: np.ndarray, ids: np.ndarray, packed: np.ndarray) -> in
     [n, first, d1..dk, t0..tk] (t_i the first largest of row i, numpy's argmax) and n returns, the drafts kept. None,
     with nothing written, for arrays it does not take (another dtype, layout or size): the caller's Python path.
     ids and packed must not overlap (the verify's own two buffers)."""
-    # the types are checked by numba's dispatch of the one compiled form (compiled_exactly); the sizes in the call,
-    # which answers -1 for sizes it does not take
+    # plain ndarrays only (a subclass's own meaning, a masked array's mask, is not numba's); their dtype, dimensions,
+    # layout and writeability checked by numba's dispatch of the one compiled form (compiled_exactly); the sizes in
+    # the call, which answers -1 for sizes it does not take
+    if not type(logits) is type(ids) is type(packed) is np.ndarray:
+        return None
     try:
         n = _accept_exactly(logits, ids, packed)
     except TypeError:  # arrays of other types, or no compiled form yet (made at the first call)
