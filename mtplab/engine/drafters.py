@@ -46,8 +46,7 @@ class MtpDrafter:
         self._hot: HeadSteps | None = None  # the head step _draft_on_host runs
         self._programs: dict = {}  # the compiled loop's program, with what it was made for (hot_loop.held_program)
         self._on_host = self.xp is np and state.batch == 1  # drafts from host tokens, on the step's prepared feeds
-        self._tokens = np.empty(0, dtype=np.int64)  # on the host: [first, d1..dk], and the drafts, its view
-        self._drafts = self._tokens
+        self._tokens = np.empty(0, dtype=np.int64)  # on the host: [first, d1..dk], the drafts its view
         self.compiled = True  # False: every step in Python (a benchmark's side)
 
     def prefill(self, tokens: list[int], hidden) -> None:
@@ -96,7 +95,6 @@ class MtpDrafter:
         tokens = self._tokens
         if tokens.shape[0] != k + 1:  # [first, d1..dk], reused: the drafts are its view, read before the next draft
             tokens = self._tokens = np.empty(k + 1, dtype=np.int64)
-            self._drafts = tokens[1:]
         tokens[0] = token
         i = done = 0
         try:
@@ -112,22 +110,20 @@ class MtpDrafter:
                     token, hidden = self._argmax(np, out[hot.logits][0, 0]), out[hot.hidden_out][0, 0]
                     i += 1
                     tokens[i] = token
-            if i < k:
-                pick, ids, capacity, io = self.choose, hot.ids, self.desc.capacity, self.desc.mtp
             while i < k:
-                ids[...] = token
-                length_feeds(io, position + i, 1, capacity, feeds)
+                hot.ids[...] = token
+                length_feeds(self.desc.mtp, position + i, 1, self.desc.capacity, feeds)
                 if i:
                     buffer[0, 0] = hidden
                 out = hot.run()
                 done += 1
-                token = pick(np, out[io.logits][0, 0])
-                hidden = out[io.hidden][0, 0]
+                token = self.choose(np, out[hot.logits][0, 0])
+                hidden = out[hot.hidden_out][0, 0]
                 i += 1
                 tokens[i] = token
         finally:  # counted once, and kept true when a step raises
             self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + done
-        return self._drafts
+        return tokens[1:]
 
     def _head_steps(self, token, hidden, position: int) -> HeadSteps:
         """The head's M=1 step as _draft_on_host runs it, made for mtp_io's feeds (one object while the KV buffers

@@ -450,7 +450,11 @@ class Engine:
         io, state = self.primary_desc.target, self.state
         feeds, outputs, bound = fixed_io(self.primary_desc, state, 1, True)  # the decoder's very objects
         check = self.target.held_check(Slot.PRIMARY, feeds, outputs, bound)
-        program = self._greedy_program(check, feeds) if check is not None else None
+        if check is None:
+            return
+        program = hot_loop.held_program(self._programs, "greedy", check, feeds, lambda: hot_loop.program(
+            check, feeds, io, self.desc.capacity, check.result[io.logits],
+            [(present, committed) for committed, present in state.layer_carries()]))
         if program is None:
             return
         out = np.empty(n, dtype=np.int64)
@@ -563,14 +567,6 @@ class Engine:
         self.state.length += 1
         hidden[...] = out["hidden"][0, 0]
         return self.acceptance.token(self.xp, out["logits"][0, 0])
-
-    def _greedy_program(self, check, feeds: dict):
-        """greedy's compiled step on Primary's M=1 feeds (hot_loop.program: the carries copied and the argmax after
-        a run, the token and lengths before the next), made once per check and feeds (hot_loop.held_program)."""
-        io = self.primary_desc.target
-        return hot_loop.held_program(self._programs, "greedy", check, feeds, lambda: hot_loop.program(
-            check, feeds, io, self.desc.capacity, check.result[io.logits],
-            [(present, committed) for committed, present in self.state.layer_carries()]))
 
     def keep_hidden(self, ver: dict, n: int) -> None:
         """Keep the verify's hidden state at the last committed position (the fused schedule drafts from it)."""

@@ -270,21 +270,8 @@ def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = No
         mask[0, : length + M] = 1
         mask[0, length + M :] = 0
     if positions is not None:
-        if M == 1:
-            positions[...] = length
-        elif isinstance(length, (int, np.signedinteger)):  # an unsigned one would not add into int64 in place
-            np.add(_steps(M), length, out=positions)  # length..length+M-1, nothing allocated
-        else:
-            positions[...] = np.arange(length, length + M)
+        positions[...] = length if M == 1 else np.arange(length, length + M)
     return into
-
-
-@functools.cache
-def _steps(M: int) -> np.ndarray:
-    """0..M-1 (int64, read-only): the offsets of M new tokens' positions."""
-    a = np.arange(M, dtype=np.int64)
-    a.flags.writeable = False
-    return a
 
 
 @functools.cache
