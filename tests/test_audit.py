@@ -341,21 +341,32 @@ def test_a_speculative_side_counting_its_overshoot_is_a_mismatch(tiny, monkeypat
     _mismatch(_point(tiny), "speculative: counted")
 
 
-def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_is_not(tiny, monkeypatch):
-    from mtplab.engine.drafters import MtpDrafter
+def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_is_not(tiny):
     from mtplab.experiment import calibrate
 
     # The head's real acceptance on the calibration's own prompts, at the run's length (200 tokens: ~130 steps).
-    calib = synthetic_calibration(1e-4) | {"mtp_acceptance": calibrate._acceptance("tiny", 200, 0)}
+    measured = calibrate._acceptance("tiny", 200, 0)
+    calib = synthetic_calibration(1e-4) | {"mtp_acceptance": measured}
     run = RunConfig(**(RUN | {"drafter": "mtp", "alpha": 0.8, "tokens": 200, "rounds": 1}))
     clean = run_point(run, tiny, calibration=calib)
     assert "acceptance_below_calibration" not in [w["name"] for w in clean.warnings], clean.warnings
-    real = MtpDrafter.draft
-    monkeypatch.setattr(MtpDrafter, "draft", lambda self, first, hidden, position, k: real(
-        self, first, hidden * 0, position, k))  # the head loses its hidden-state input
-    planted = run_point(run, tiny, calibration=calib)
-    assert planted.lossless  # the output is still greedy's: only the warning tells
-    assert "below the 1% false-alarm line" in _warned(planted, "acceptance_below_calibration")
+    # a calibration that promises a better head than this one: the same run, lossless, draws the warning
+    better = measured | {"per_position": [min(1.0, p + 0.3) for p in measured["per_position"]],
+                         "alpha": min(1.0, measured["alpha"] + 0.3)}
+    flagged = run_point(run, tiny, calibration=calib | {"mtp_acceptance": better})
+    assert flagged.lossless  # the output is still greedy's: only the warning tells
+    assert "below the 1% false-alarm line" in _warned(flagged, "acceptance_below_calibration")
+
+
+def test_a_head_drafting_from_a_lost_hidden_state_fails_the_head_check(tiny, monkeypatch):
+    from mtplab.engine.drafters import MtpDrafter
+
+    real = MtpDrafter._draft
+    monkeypatch.setattr(MtpDrafter, "_draft", lambda self, first, hidden, position, k: real(
+        self, first, hidden * 0, position, k))  # the head loses its hidden-state input: its KV row is wrong
+    planted = _point(tiny, drafter="mtp", alpha=0.8, tokens=24, rounds=1)
+    assert not planted.lossless
+    assert "the MTP head's KV differs from a teacher-forced head's" in planted.verdict
 
 
 # -- plants shared by the checked and the timed runs: the checked run is held to what its config implies --------
@@ -405,7 +416,11 @@ def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, mon
     else:
         planted = dataclasses.replace(SCHEDULES.get("decode-verify"), step=schedules.fused_step)
         monkeypatch.setitem(SCHEDULES._items, "decode-verify", planted)
-    _run_check_failed(_point(tiny), "the checked speculative run: its forwards are not what")
+    r = _point(tiny)
+    if bug == "no head":  # the head's KV, never written, is what the check finds first
+        assert not r.lossless and "the MTP head's KV differs from a teacher-forced head's" in r.verdict, r.verdict
+    else:
+        _run_check_failed(r, "the checked speculative run: its forwards are not what")
 
 
 @pytest.mark.parametrize("bug", ["policy", "threads", "retain"])

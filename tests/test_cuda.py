@@ -249,7 +249,7 @@ def test_every_run_is_queued_without_a_stream_sync_and_the_host_waits_once_per_s
         on_commit=lambda step, length, emitted: transfers.append(fake_cupy.transfers),
     )
     assert len(entries) > 3 * len(spec["accepted"]) and all(sync == "1" for sync, _ in entries)
-    assert {gid for _, gid in entries} == {"-1", "1", "2", "3"}  # eager prefills, then each slot's one graph
+    assert {gid for _, gid in entries} == {"-1", "1", "2", "3", "4"}  # eager prefills, then each slot's one graph
     per_step = np.diff(transfers).tolist()
     assert per_step == [2] + [1] * (len(spec["accepted"]) - 1)  # the prefill's token, then one read per step
 
@@ -314,7 +314,7 @@ def test_host_waits_are_one_read_per_step_plus_one_sync_per_capture(tiny):
     eng = Engine(RunConfig(model="tiny", k=3, drafter="mtp"), tiny, device=_graphs_on_the_cpu_ep(ids))
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
     spec = eng.speculative(prompt, 32)
-    assert ids.captures == 3  # primary, verify, the head: one stream sync each, on the steps that captured
+    assert ids.captures == 4  # primary, verify, the head's drafts and commit: one stream sync each, as they captured
     waits = eng.device.reads + ids.captures
     assert waits == cuda.expected_host_waits(len(spec["accepted"]) + 1, ids.captures)
 

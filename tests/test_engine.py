@@ -216,7 +216,7 @@ def test_a_result_records_its_run_and_reads_back(tiny):
     assert RunConfig.from_dict(d["config"] | {"model": "", "preset": "tiny"}) == run  # an older result's naming
     alpha = d["theory"]["alpha"]
     assert d["theory"]["tokens_per_step"] == pytest.approx(theory.tokens_per_step(alpha, 2, run.schedule))
-    assert set(d["slots"]) == {"primary", "verify", "mtp"} and d["slots"]["verify"]["replays"] > 0
+    assert set(d["slots"]) == {"primary", "verify", "mtp", "mtp-commit"} and d["slots"]["verify"]["replays"] > 0
     assert d["env"]["provider"] == "CPUExecutionProvider"
 
 

@@ -243,15 +243,15 @@ def test_a_nan_in_one_verify_logit_is_reported_where_it_was_first_seen(tiny, sch
     real_run, real_replayer = Executor.run, Executor.replayer
     verifies = []
 
-    def poison(slot, out):  # the third verify's last logits row gets an inf
-        if slot is Slot.VERIFY:
+    def poison(executor, slot, out):  # the target's third verify's last logits row gets an inf
+        if executor.labels[slot] == "verify":
             verifies.append(1)
             if len(verifies) == 3:
                 out["logits"][0, -1, 5] = np.inf
 
     def run(self, slot, feeds, outputs, bound):
         out = real_run(self, slot, feeds, outputs, bound)
-        poison(slot, out)
+        poison(self, slot, out)
         return out
 
     def replayer(self, slot, feeds, outputs, bound):  # the forwards a hot loop replays
@@ -261,7 +261,7 @@ def test_a_nan_in_one_verify_logit_is_reported_where_it_was_first_seen(tiny, sch
             seen = len(verifies)
             out = replay()
             if len(verifies) == seen:  # not poisoned by run() already (the replayer's full path)
-                poison(slot, out)
+                poison(self, slot, out)
             return out
 
         return go
@@ -334,3 +334,21 @@ def test_a_relative_drift_of_1e_5_per_commit_is_caught_within_two_commits(tiny, 
     first = r.identity["state_first_divergence"]
     # 1e-5 itself after the first commit: float32 rounding of the product puts it on either side of the line
     assert first["step"] <= 2 and first["tensor"].startswith("gdn_state.") and "rule: relative 1e-05" in r.verdict
+
+
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+@pytest.mark.parametrize("plant", ["no head commit", "the bonus row unwritten"])
+def test_a_head_kv_left_with_its_own_drafts_is_caught(tiny, monkeypatch, schedule, plant):
+    """The head's KV rows after a verify must be the emitted tokens with the target's hidden states: rows left as
+    drafting wrote them (a draft's token, the head's own hidden state, a rejected draft) fail the check."""
+    from mtplab.engine.drafters import MtpDrafter
+
+    real = MtpDrafter.commit
+    if plant == "no head commit":
+        monkeypatch.setattr(MtpDrafter, "commit", lambda self, hidden, tokens, start: None)
+    else:
+        monkeypatch.setattr(MtpDrafter, "commit", lambda self, hidden, tokens, start: real(
+            self, hidden[:-1], tokens[:-1], start) if len(tokens) > 1 else None)
+    run = RunConfig(model="tiny", k=3, drafter="mtp", schedule=schedule, tokens=32, rounds=1)
+    r = run_point(run, tiny)
+    assert not r.lossless and "the MTP head's KV differs from a teacher-forced head's" in r.verdict, r.verdict

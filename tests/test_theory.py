@@ -69,7 +69,7 @@ def test_the_steps_a_run_made_are_priced_at_the_predictions_costs():
         theory.predict(1.0, k, "decode-verify", "select", CALIBRATION, tokens=tokens)["speedup"])
     # a run that kept fewer drafts than its alpha says is priced for what it did: 3 steps of 2, 2 and 0 kept
     got = theory.predict_steps([2, 2, 0], k, "fused", "select", CALIBRATION, 8)
-    step = 0.1 * 3 + 1.6 + (0.03 + 0.03 + 0.01) / 3  # k head steps + T(4) + the mean commit
+    step = 0.1 * 2 + 1.6 + (0.03 + 0.03 + 0.01) / 3  # k - 1 head steps (fused) + T(4) + the mean commit
     assert got["step_seconds"] == pytest.approx(step) and got["tokens_per_step"] == pytest.approx(7 / 3)
     assert got["speedup"] == pytest.approx(7 * 1.0 / (3 * step))
     with pytest.raises(ValueError, match="prices a run's steps"):
@@ -86,7 +86,7 @@ def test_the_steps_price_counts_the_tokens_the_rates_count_and_each_slots_fallba
     assert got["speedup"] == pytest.approx(19 * 1.0 / (4 * step))
     # a run that stopped early (2 tokens made of 99 to make) is priced for what it made
     assert theory.predict_steps([1], 3, "fused", "select", calib, 100)["speedup"] == pytest.approx(
-        2 * 1.0 / (0.3 + 1.6 + 0.02))
+        2 * 1.0 / (0.2 + 1.6 + 0.02))  # fused: the first draft is the last head commit's
     # every Verify forward a fallback: priced at the eager T(k+1), as predict prices it
     eager = theory.predict_steps([3] * 4, 3, "decode-verify", "select", calib, 20, eager_share={"verify": 1.0})
     assert eager["step_seconds"] == pytest.approx(1.0 + 0.3 + 3.2 + 0.04)

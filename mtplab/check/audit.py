@@ -356,9 +356,12 @@ def expected_forwards(run, prompt_len: int, accepted: list[int]) -> dict[str, in
     k, steps = run.k, len(accepted)
     want: dict[str, int] = {f"prefill/M={prompt_len}": 1, f"verify/M={k + 1}": steps,
                             "primary/M=1": SCHEDULES.get(run.schedule).decodes * steps}
-    if DRAFTERS.get(run.drafter).uses_head(run):  # the head's prefill (M = the prompt), then k drafts a step
+    if DRAFTERS.get(run.drafter).uses_head(run):
+        # the head's prefill (M = the prompt); a step's commit of its KV rows (M = k+1), and its drafts: k head steps,
+        # or k - 1 where the step drafts from the last commit's (or the prefill's) last row (no decode first)
         want[f"mtp/M={prompt_len}"] = 1
-        want["mtp/M=1"] = want.get("mtp/M=1", 0) + k * steps
+        want[f"mtp-commit/M={k + 1}"] = steps
+        want["mtp/M=1"] = want.get("mtp/M=1", 0) + (k - 1 + SCHEDULES.get(run.schedule).decodes) * steps
     for key, n in COMMITS.get(run.commit).forwards(accepted).items():
         want[key] = want.get(key, 0) + n
     return {key: v for key, v in want.items() if v}

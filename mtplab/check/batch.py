@@ -18,7 +18,7 @@ from mtplab.check.audit import Trace, greedy_forwards, nonzero
 from mtplab.check.lossless import Lockstep, Watch
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch
-from mtplab.engine.strategies import DRAFTERS
+from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.runtime.executor import Slot
 
 
@@ -59,7 +59,8 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
 def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, checked: BatchChecked) -> list[str]:
     """Where one timed run of a batch did other work than its side does: greedy runs the batch's prefill and n - 1
     [B, 1] decodes through Primary's plan and nothing else; a speculative run makes the checked run's forwards, and
-    the checked run makes one verify per step and, where its drafter runs the head, k head steps per step; the slots'
+    the checked run makes one verify per step and, where its drafter runs the head, k head steps (k - 1 fused) and
+    one head commit per step; the slots'
     counts agree with the backend's own."""
     run, out = engine.run_cfg, list(trace.honesty_problems())
     if side == "greedy":
@@ -77,8 +78,10 @@ def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, che
     if trace.forwards != checked.spec_forwards:
         out.append(f"the speculative run's forwards {trace.forwards}, the checked run's {checked.spec_forwards}")
     steps, made = checked.spec.steps, checked.spec_forwards
-    want = {f"verify/M={run.k + 1}": steps} | ({"mtp/M=1": run.k * steps} if DRAFTERS.get(run.drafter).uses_head(run)
-                                                else {})
+    want = {f"verify/M={run.k + 1}": steps}
+    if DRAFTERS.get(run.drafter).uses_head(run):  # fused: each step's first head step is the last commit's
+        decodes = SCHEDULES.get(run.schedule).decodes
+        want |= {"mtp/M=1": (run.k - 1 + decodes) * steps, f"mtp-commit/M={run.k + 1}": steps}
     if any(made.get(key, 0) != v for key, v in want.items()):
         out.append(f"the checked speculative run's {steps} steps made {made}; its config makes {want} of them")
     return out

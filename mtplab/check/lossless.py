@@ -8,7 +8,11 @@ Three independent looks, none of them inside a timed loop:
   GatedDeltaNet and conv states are compared tensor by tensor (memory: one extra state);
 - an `anchor`: the float64 numpy reference (`mtplab.model.reference`) on the weights the ONNX
   file holds, for the prefill and the first decoded tokens, which catches a bug that greedy and
-  speculative share (the prefill, the decode path).
+  speculative share (the prefill, the decode path);
+- where the MTP head runs, a `HeadCheck`: a teacher-forced head (`mtplab.model.stepper.HeadStepper`, fed the
+  text's tokens and the lockstep reference's hidden states) whose KV rows the head's KV must hold after every
+  commit, and, where the head drafts greedily, whose chained drafts from each step's row must be accepted
+  where the engine's were (a difference beyond a near-tie is a head bug: a poisoned cache, a wrong chain).
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mtplab.check.audit import Trace
-from mtplab.check.verdict import StateRule, state_rule, states_difference, token_identity
+from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, states_difference, token_identity
 from mtplab.engine import sampling
+from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.model import Artifact
 from mtplab.model.reference import ReferenceModel, weights_from_onnx
-from mtplab.model.stepper import Stepper
+from mtplab.model.stepper import HeadStepper, Stepper
 from mtplab.runtime.arena import to_numpy
 
 ANCHOR_TOKENS = 16  # greedy tokens the float64 anchor checks on models larger than tiny (see anchor_tokens)
@@ -70,6 +75,72 @@ class Watch:
 
 
 @dataclass
+class HeadCheck:
+    """The MTP head's KV after every commit against a teacher-forced head, and (judge) its drafts' acceptance per
+    position against the teacher-forced head chained from the same rows on the same tokens."""
+
+    head: HeadStepper
+    k: int
+    judge: bool  # the head drafts greedily: its acceptance is the reference chain's, near-ties aside
+    rule: StateRule
+    commits: int = 0
+    max_rel_diff: float = 0.0
+    bitwise: bool = True
+    first_divergence: dict | None = None
+    judged: list[int] = field(default_factory=list)  # per draft position: steps that judged it
+    accepted: list[int] = field(default_factory=list)  # ... where the run accepted it
+    agreed: list[int] = field(default_factory=list)  # ... where the teacher-forced chain drafts the text's token
+    disagreements: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, desc, k: int, judge: bool) -> HeadCheck:
+        rule = StateRule(False, STATE_RTOL[desc.precision], "the head's rows come from the verify's hidden states, "
+                         "which round apart from the reference's M=1 forwards")
+        return cls(HeadStepper(desc), k, judge, rule, judged=[0] * k, accepted=[0] * k, agreed=[0] * k)
+
+    def check_kv(self, step: int, length: int, kv: tuple) -> None:
+        """The head's KV rows [0, length) against the reference's."""
+        self.commits += 1
+        got = {"mtp.key": to_numpy(kv[0][:, :, :length]), "mtp.value": to_numpy(kv[1][:, :, :length])}
+        diff = states_difference(got, self.head.rows(length), self.rule)
+        self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
+        self.bitwise &= diff["bitwise"]
+        if diff["first_bad"] is not None and self.first_divergence is None:
+            self.first_divergence = {"step": step, "length": length} | diff["first_bad"]
+
+    def check_drafts(self, step: int, p: int, n: int, sequence: list[int], hidden: np.ndarray) -> None:
+        """A step that drafted from row p and kept n drafts: the reference chained from row p on the text's tokens
+        must draft the text's token exactly at the positions the run accepted (rounding decides near-ties only)."""
+        steps = min(n + 1, self.k)
+        rows = self.head.chain(p, sequence[p + 1 : p + 1 + steps], hidden)
+        margin = DISAGREEMENT_MARGIN[self.head.desc.precision]
+        for j, row in enumerate(rows):
+            truth, pred = sequence[p + 2 + j], int(row.argmax())
+            self.judged[j] += 1
+            self.accepted[j] += j < n
+            self.agreed[j] += pred == truth
+            if (j < n) != (pred == truth):
+                gap = float(row[pred] - row[truth]) if pred != truth else float(row[pred] - np.partition(row, -2)[-2])
+                if gap > margin and len(self.disagreements) < 8:
+                    self.disagreements.append({"step": step, "draft_position": j + 1, "position": p + 2 + j,
+                                               "accepted": j < n, "reference": pred, "text": truth, "margin": gap})
+
+    def summary(self) -> dict:
+        rates = [[c / j if j else None for c, j in zip(counts, self.judged)] for counts in (self.accepted, self.agreed)]
+        return {
+            "head_kv_commits_checked": self.commits,
+            "head_kv_max_rel_diff": self.max_rel_diff if self.commits else None,
+            "head_kv_bitwise": self.bitwise if self.commits else None,
+            "head_kv_first_divergence": self.first_divergence,
+            "head_kv_rule": self.rule.text(),
+            "head_drafts_judged": list(self.judged) if self.judge else None,
+            "head_acceptance_by_position": rates[0] if self.judge else None,
+            "head_reference_agreement_by_position": rates[1] if self.judge else None,
+            "head_draft_disagreements": self.disagreements,
+        }
+
+
+@dataclass
 class Lockstep:
     """The independent reference stepped to every committed length, compared state and KV by state and KV."""
 
@@ -85,14 +156,19 @@ class Lockstep:
     bitwise: bool = True
     first_divergence: dict | None = None
     reference_disagreements: list[dict] = field(default_factory=list)
+    head: HeadCheck | None = None  # where the MTP head runs
+    hidden: list[np.ndarray] = field(default_factory=list)  # the reference's hidden state at each position
+    last_length: int = 0  # the length at the last check
 
     @classmethod
     def start(cls, art: Artifact, prompt: list[int], greedy_tokens: list[int], rule: StateRule,
-              keep_at: int | None = None, sampled: bool = False):
-        """A lockstep reference after the prompt, comparing under `rule` (oracle.state_rule)."""
+              keep_at: int | None = None, sampled: bool = False, head: HeadCheck | None = None):
+        """A lockstep reference after the prompt, comparing under `rule` (oracle.state_rule) and the head's
+        (where it runs) fed as the checks come."""
         step = Stepper(art.description)
-        step.forward(prompt)
-        return cls(step, list(prompt) + list(greedy_tokens), rule, keep_at, sampled)
+        out = step.forward(prompt)
+        return cls(step, list(prompt) + list(greedy_tokens), rule, keep_at, sampled, head=head,
+                   hidden=list(out["hidden"]), last_length=len(prompt))
 
     @property
     def reference_bytes(self) -> int:
@@ -102,6 +178,7 @@ class Lockstep:
         while self.stepper.length < length:
             pos = self.stepper.length
             out = self.stepper.forward([self.sequence[pos]])
+            self.hidden.append(out["hidden"][0])
             if self.stepper.length == self.keep_at:
                 self.kept = self.stepper.snapshot()
             expected = self.sequence[pos + 1] if pos + 1 < len(self.sequence) and not self.sampled else None
@@ -114,15 +191,29 @@ class Lockstep:
                         {"position": pos + 1, "greedy": expected, "reference": got, "margin": margin}
                     )
 
-    def check(self, step: int, length: int, state: dict[str, np.ndarray]) -> None:
-        """Compare the committed state and KV rows at `length` with the reference's; keep the first divergence."""
+    def check(self, step: int, length: int, state: dict[str, np.ndarray], head_kv: tuple | None = None,
+              extra_tokens: int | None = None) -> None:
+        """Compare the committed state and KV rows at `length` with the reference's; keep the first divergence.
+        head_kv: the MTP head's KV, held to the teacher-forced head's rows; extra_tokens: the tokens a step makes
+        beyond its accepted drafts (the schedule's), where this check follows a step: its drafts are judged."""
         self.commits += 1
+        previous, self.last_length = self.last_length, length
         if length > len(self.sequence):  # a commit kept more tokens than were ever emitted: nothing to step to
             if self.first_divergence is None:
                 self.first_divergence = {"step": step, "length": length, "tensor": "its length", "non_finite": False,
                                          "beyond": len(self.sequence)}
             return
         self.advance_to(length)
+        if self.head is not None and head_kv is not None:
+            reference = self.head.head  # fed row j: the text's token j + 1 with the reference's hidden state j
+            if reference.length < length:
+                reference.forward(self.sequence[reference.length + 1 : length + 1],
+                                  np.stack(self.hidden[reference.length : length]))
+            self.head.check_kv(step, length, head_kv)
+            n = length - previous - (extra_tokens or 0)
+            if self.head.judge and extra_tokens is not None and 0 <= n <= self.head.k:
+                p = length - n - 2  # the row the step drafted from
+                self.head.check_drafts(step, p, n, self.sequence, self.hidden[p])
         diff = states_difference(state, self.stepper.snapshot(), self.rule)
         self.max_abs_diff = max(self.max_abs_diff, diff["max_abs_diff"])
         self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
@@ -141,7 +232,7 @@ class Lockstep:
             "kv_checked": bool(self.stepper.kv),
             "state_reference_bytes": self.reference_bytes,
             "reference_disagreements": self.reference_disagreements,
-        }
+        } | (self.head.summary() if self.head is not None else {})
 
 
 def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int],
@@ -212,15 +303,20 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
         anchored = anchor(art, prompt, greedy.logits, greedy.tokens, sampled)
         t1 = time.perf_counter()
         rule = state_rule(run.commit, engine.desc.precision, same_device)
-        lock = Lockstep.start(art, prompt, greedy.tokens, rule, None if sampled else len(prompt) + n - 1, sampled)
+        kind = DRAFTERS.get(run.drafter)
+        head = HeadCheck.start(engine.desc, run.k, kind.name == "mtp" and not sampled) if kind.uses_head(run) else None
+        lock = Lockstep.start(art, prompt, greedy.tokens, rule, None if sampled else len(prompt) + n - 1, sampled,
+                              head)
         watch.start("speculative")
         checks = [time.perf_counter() - t1]
+        extra = SCHEDULES.get(run.schedule).extra_tokens
 
-        def on_commit(step: int, length: int, emitted: list[int]) -> None:
+        def on_commit(step: int, length: int, emitted: list[int], after_step: bool = True) -> None:
             t = time.perf_counter()
             if sampled:
                 lock.sequence = list(prompt) + list(emitted)
-            lock.check(step, length, engine.state.snapshot(copy=False))
+            lock.check(step, length, engine.state.snapshot(copy=False), engine.mtp_state.kv,
+                       extra if after_step else None)
             checks[0] += time.perf_counter() - t
 
         trace = Trace.begin(engine)
@@ -229,7 +325,7 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
         spec["expected_acceptance"] = engine.acceptance.tracked()
         trace.end(engine, spec["tokens"], spec["accepted"])
         # what the run left behind, after its last commit
-        on_commit(len(spec["accepted"]), engine.state.length, spec["tokens"])
+        on_commit(len(spec["accepted"]), engine.state.length, spec["tokens"], after_step=False)
         lock.advance_to(len(prompt) + n - 1)
     finally:
         engine.watch = None

@@ -165,6 +165,16 @@ def verdict(identity: dict) -> tuple[bool, str]:
             if first.get("beyond") is not None else
             f"max abs diff {_fmt(first['max_abs_diff'])}, relative {_fmt(first.get('max_rel_diff'))}")
         return False, fail + f"committed state differs from the reference's{where}: {kind} (rule: {rule})"
+    head = identity.get("head_kv_first_divergence")
+    if head is not None:
+        return False, fail + (f"the MTP head's KV differs from a teacher-forced head's{_state_where(head)}: "
+                              f"max relative diff {_fmt(head['max_rel_diff'])} (rule: {identity['head_kv_rule']})")
+    if identity.get("head_draft_disagreements"):
+        d = identity["head_draft_disagreements"][0]
+        return False, fail + (
+            f"the MTP head's draft {d['draft_position']} at step {d['step']} (position {d['position']}) was "
+            f"{'accepted' if d['accepted'] else 'rejected'}, where a teacher-forced head chained from the same row "
+            f"drafts {d['reference']} and the text has {d['text']} (margin {_fmt(d['margin'])})")
     diff = identity.get("state_max_abs_diff")
     if diff is None:
         state = " (state not observable)"

@@ -203,6 +203,33 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
     return drafts
 
 
+def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.ndarray, k: int) -> np.ndarray:
+    """The drafts [B, k] of a step whose first head step the last head commit ran (the fused schedule): `ready`
+    holds each row's logits and hidden state there; the first draft from the logits, the rest chained."""
+    logits, hidden = ready
+    drafts = np.empty((engine.batch, k), dtype=np.int64)
+    drafts[:, 0] = logits.argmax(-1)
+    if k > 1:
+        drafts[:, 1:] = draft_head(engine, drafts[:, 0], hidden, position + 1, k - 1)
+    return drafts
+
+
+def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndarray, start: np.ndarray):
+    """The head's KV rows start.. for what each row's verify kept, one [B, k+1] forward on the head's Verify slot:
+    row b's kept tokens are its targets up to counts[b] (the accepted drafts, then the bonus), padded with the
+    bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden) at its
+    last kept row: the next step's first head step where it starts there (fused)."""
+    io, B = engine.desc.mtp, engine.batch
+    rows = np.arange(B)
+    bonus = targets[rows, counts]
+    kept = np.where(np.arange(targets.shape[1]) <= counts[:, None], targets, bonus[:, None])
+    feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, kept, hidden, start)
+    out = engine.mtp.run(Slot.VERIFY, feeds, outputs, bound)
+    key = f"mtp-commit/M={targets.shape[1]}"
+    engine.forwards[key] = engine.forwards.get(key, 0) + 1
+    return np.array(out[io.logits][rows, counts]), np.array(out[io.hidden][rows, counts])
+
+
 def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list[int]] | None = None,
                 on_commit: Callable | None = None) -> BatchRun:
     """Speculative decoding of every row until it has n tokens; per-row tokens and accepted counts.
@@ -228,7 +255,9 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     if head is not None:  # the head's KV: entry j pairs token j+1 with the target's hidden j
         feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, np.concatenate([batch_prompts[:, 1:], first[:, None]], 1),
                                        out["hidden"], np.zeros(B, np.int64))
-        engine.mtp.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+        head_out = engine.mtp.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+        io = engine.desc.mtp
+        ready = np.array(head_out[io.logits][:, -1]), np.array(head_out[io.hidden][:, -1])
     oracles = [OracleDrafter(references[b], run.alpha, run.seed + b, engine.desc.vocab_size, None)
                for b in range(B)] if oracle else []
     for o in oracles:
@@ -255,7 +284,10 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             hidden, first = engine.last_hidden, pending  # read by the drafts only, before the verify rewrites it
         stamps.append(time.perf_counter())  # the decode's end
         position = st.lengths - 1
-        drafts = draft_head(engine, first, hidden, position, k) if head is not None else None
+        drafts = None
+        if head is not None:
+            drafts = draft_head(engine, first, hidden, position, k) if decode_first else draft_from_rows(
+                engine, ready, position, k)
         if oracle:  # rows riding along draft nothing (their generator stays where a batch-1 run of the row ends)
             drafts = np.zeros((B, k), dtype=np.int64)
             for b in np.flatnonzero(active):
@@ -269,6 +301,8 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         targets = ver["logits"].argmax(-1)  # [B, k+1]
         match = drafts == targets[:, :k]
         counts = np.where(match.all(1), k, match.argmin(1))  # drafts each row keeps
+        if head is not None:  # before the commit: a re-advance may reuse the verify's output buffers
+            ready = commit_head(engine, targets, counts, ver["hidden"], verify_start)
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's

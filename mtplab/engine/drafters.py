@@ -6,7 +6,9 @@ parameters it takes, where its acceptance comes from and whether the MTP head ru
 run's drafter. Every drafter takes the same calls: prefill(tokens, hidden) once per generation, then
 draft(first, hidden, position, k) per step: k draft tokens following `first`, the token at
 `position + 1`, given the target's hidden state at `position`; a device array [k] (int64), read before the
-next draft (a drafter may write its next drafts into it).
+next draft (a drafter may write its next drafts into it); and commit(hidden, tokens, start) after each verify:
+the emitted tokens at positions start + 1.. with the target's hidden states at start.. (the verify's rows), which
+a drafter with a cache of its own (the MTP head's KV) writes into it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ from mtplab.runtime.sessions import MtpState, mtp_io, refused_run
 class Drafter(Protocol):
     def prefill(self, tokens: list[int], hidden) -> None: ...
     def draft(self, first, hidden, position: int, k: int): ...
+    def commit(self, hidden, tokens: list[int], start: int) -> None: ...
+
+
+class HeadRow(NamedTuple):
+    """The head's output row that a commit left for the next draft: the row's position, the token it was fed, and
+    its index in the commit's outputs."""
+
+    position: int
+    token: int
+    index: int
 
 
 class MtpDrafter:
@@ -47,24 +59,73 @@ class MtpDrafter:
         self._programs: dict = {}  # the compiled loop's program, with what it was made for (hot_loop.held_program)
         self._on_host = self.xp is np and state.batch == 1  # drafts from host tokens, on the step's prepared feeds
         self._tokens = np.empty(0, dtype=np.int64)  # on the host: [first, d1..dk], the drafts its view
+        self._drafts = np.empty(0, dtype=np.int64)  # drafts when the first came from a commit's row
+        self._ready: HeadRow | None = None  # the last commit's row a draft from its position may start from
+        self._commit_out: dict | None = None  # that commit's outputs (the Verify slot's buffers)
         self.compiled = True  # False: every step in Python (a benchmark's side)
 
     def prefill(self, tokens: list[int], hidden) -> None:
-        """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j."""
+        """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j (its last
+        row is a first draft from the prompt's end, as a commit's is)."""
         feeds, outputs, bound = mtp_io(self.desc, self.state, list(tokens), hidden, 0)
         try:
-            self.executor.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+            self._commit_out = self.executor.run_eager(Slot.PRIMARY, feeds, outputs, bound)
         except RuntimeError as err:  # onnxruntime's: the head's graph does not run with the buffers described
             raise refused_run(f"{self.desc.name}'s MTP head (its prefill)", err) from err
         key = f"mtp/M={len(tokens)}"
         self.forwards[key] = self.forwards.get(key, 0) + 1
+        self._ready = HeadRow(len(tokens) - 1, int(tokens[-1]), len(tokens) - 1)
+
+    def commit(self, hidden, tokens: list[int], start: int) -> None:
+        """Rewrite the head's KV rows start.. for what the verify kept: row start + i pairs tokens[i] (the emitted
+        token at start + i + 1) with the target's hidden state at start + i (`hidden`: the verify's [k+1, H] rows).
+
+        Drafting writes provisional rows (a draft's token with the head's own hidden state); left in place, the
+        head would attend to its own guesses, rejected ones included, as if they were the text. One head forward
+        at the fixed M = k+1 of the verify rewrites them (a plan replayed every step): rows past the n+1 kept ones
+        are padding, written beyond the committed length, where the next drafts write before they read. The last
+        kept row's outputs are what a draft from position start + n (the fused schedule's next step) starts from.
+        """
+        M, n = int(hidden.shape[0]), len(tokens)
+        if not 1 <= n <= M:
+            raise ValueError(f"a head commit takes 1..{M} tokens (the verify's rows), got {n}")
+        padded = list(tokens) + [tokens[-1]] * (M - n)
+        feeds, outputs, bound = mtp_io(self.desc, self.state, padded, hidden, start)
+        self._commit_out = self.executor.run(Slot.VERIFY, feeds, outputs, bound)
+        key = f"mtp-commit/M={M}"
+        self.forwards[key] = self.forwards.get(key, 0) + 1
+        self._ready = HeadRow(start + n - 1, int(tokens[-1]), n - 1)
 
     def draft(self, first, hidden, position: int, k: int):
         """k draft tokens following `first` (an int or a device scalar) and its target hidden state.
 
         Stays on the device: each draft (the acceptance rule's draft_token, argmax by default) feeds the next head step, and the k drafts come
-        back as a device array [k] (int64); nothing here waits for the device.
+        back as a device array [k] (int64); nothing here waits for the device. Where the last commit's last row
+        was this very step (the token `first` at `position`: the fused schedule), the first draft is read from it.
         """
+        ready, self._ready = self._ready, None
+        if ready is not None and ready.position == position and k and isinstance(first, (int, np.integer)) and (
+                int(first) == ready.token):
+            return self._draft_from_row(ready.index, position, k)
+        return self._draft(first, hidden, position, k)
+
+    def _draft_from_row(self, index: int, position: int, k: int):
+        """The drafts of a step whose first head step the last commit ran (its row `index`): the first draft from
+        that row's logits, the rest chained from its hidden state."""
+        io, xp, out = self.desc.mtp, self.xp, self._commit_out
+        token = self.choose(xp, out[io.logits][0, index])
+        rest = self._draft(token, out[io.hidden][0, index], position + 1, k - 1) if k > 1 else None
+        drafts = self._drafts
+        if xp is not np or drafts.shape[0] != k:
+            drafts = xp.empty(k, dtype=np.int64)
+            if xp is np:
+                self._drafts = drafts
+        drafts[0] = token
+        if rest is not None:
+            drafts[1:] = rest
+        return drafts
+
+    def _draft(self, first, hidden, position: int, k: int):
         if self._on_host:  # host tokens: the step's feeds rewritten in place, replayed
             return self._draft_on_host(first, hidden, position, k)
         io, xp, pick = self.desc.mtp, self.xp, self.choose
@@ -209,6 +270,10 @@ class OracleDrafter:
         self.uniforms = self.rng.random(self.DRAWS)
         self.shifts = (1 + self.rng.integers(self.vocab - 1, size=self.DRAWS)).astype(np.int64)
         self.used = 0
+
+    def commit(self, hidden, tokens: list[int], start: int) -> None:
+        if self.head is not None:
+            self.head.commit(hidden, tokens, start)
 
     def draft(self, first, hidden, position: int, k: int):
         """Drafts for the reference tokens after `first` (at position + 1): right with probability alpha."""

@@ -160,10 +160,17 @@ class Engine:
         position = 0 if B == 1 else np.zeros(B, dtype=np.int64)
         draft_io = mtp_io(desc, self.mtp_state, np.zeros(B, np.int64), np.zeros((B, desc.hidden_size)), position)
         presize(mtp_arena, draft_io[0], draft_io[1], skip=dev.host_inputs)
+        # the head's commit (M=k+1: its KV rows for the verified tokens) on a slot and arena of its own
+        commit_arena = self.arenas["mtp-commit"] = dev.arena("mtp-commit")
+        commit_io = mtp_io(desc, self.mtp_state, np.zeros((B, run.k + 1), np.int64),
+                           np.zeros((B, run.k + 1, desc.hidden_size)), position)
+        presize(commit_arena, commit_io[0], commit_io[1], skip=dev.host_inputs)
+        head_session = dev.session(self.art.mtp)
         self.mtp = Executor(
-            {Slot.PRIMARY: dev.session(self.art.mtp)},
-            {Slot.PRIMARY: SlotMemory(mtp_arena, host_inputs=dev.host_inputs)},
-            labels={Slot.PRIMARY: "mtp"},
+            {Slot.PRIMARY: head_session, Slot.VERIFY: head_session},
+            {Slot.PRIMARY: SlotMemory(mtp_arena, host_inputs=dev.host_inputs),
+             Slot.VERIFY: SlotMemory(commit_arena, host_inputs=dev.host_inputs)},
+            labels={Slot.PRIMARY: "mtp", Slot.VERIFY: "mtp-commit"},
             backend=dev.backend,
             max_recaptures=run.max_recaptures,
             validate=run.validate,

@@ -108,6 +108,10 @@ class MixtureDrafter:
         if self.head is not None:
             self.head.prefill(tokens, hidden)
 
+    def commit(self, hidden, tokens: list[int], start: int) -> None:
+        if self.head is not None:
+            self.head.commit(hidden, tokens, start)
+
     def draft(self, first, hidden, position: int, k: int):
         """k drafts after `first` (at position + 1), each from the mixture after the drafts before it."""
         if self.head is not None:  # its cost, as the greedy oracle pays it

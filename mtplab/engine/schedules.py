@@ -6,7 +6,8 @@ pending token and the hidden state of the last committed position, and the verif
 d1..dk] yields the next step's hidden state.
 
 A step appends what it emits to `emitted`, its stamps to `phases` and returns the number of drafts
-accepted. Until the verify's one host read, tokens stay on the device.
+accepted. Its commit is the drafter's (the head's KV rows for the emitted tokens and the verify's hidden states)
+and the target's (the recurrent state), the drafter's first: a re-advance may reuse the verify's buffers. Until the verify's one host read, tokens stay on the device.
 A schedule is an object in `mtplab.engine.strategies.SCHEDULES`.
 """
 
@@ -37,6 +38,14 @@ class Phases(list):
         return dict(zip(PHASES, map(float, spans)))
 
 
+def commit_drafts(drafter, ver: dict, tokens: list[int], start: int) -> None:
+    """The drafter's commit of what the verify kept (`tokens` at start + 1.., the verify's hidden rows from start),
+    where it has one: a drafter with no cache of its own leaves commit out."""
+    commit = getattr(drafter, "commit", None)
+    if commit is not None:
+        commit(ver["hidden"][0], tokens, start)
+
+
 def decode_verify_step(engine, emitted: list[int], drafter, phases: Phases) -> int:
     t0 = clock()
     hidden = engine.begin_step()
@@ -47,6 +56,7 @@ def decode_verify_step(engine, emitted: list[int], drafter, phases: Phases) -> i
     n, consumed, bonus, ver = engine.verify(first, drafts)
     emitted += consumed + [bonus]  # consumed[0] is the decode's token
     t3 = clock()
+    commit_drafts(drafter, ver, consumed[1:] + [bonus], engine.state.length)  # before a re-advance reuses ver
     engine.commit(ver, consumed)
     engine.end_step()
     phases.append((t0, t1, t2, t3, clock()))
@@ -64,6 +74,7 @@ def fused_step(engine, emitted: list[int], drafter, phases: Phases) -> int:
     emitted += consumed[1:] + [bonus]  # consumed[0] was emitted by the previous step
     engine.keep_hidden(ver, n)  # the next step drafts from the last committed position
     t3 = clock()
+    commit_drafts(drafter, ver, consumed[1:] + [bonus], engine.state.length)
     engine.commit(ver, consumed)
     engine.end_step()
     phases.append((t0, t1, t2, t3, clock()))

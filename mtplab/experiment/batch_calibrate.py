@@ -57,12 +57,17 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     L0 = st.lengths.copy()
     ids = np.tile(prompts[:, :1], (1, top))
     hidden = np.zeros((B, engine.desc.hidden_size), np.float32)
+    rows = np.zeros((B, top, engine.desc.hidden_size), np.float32)
 
     def forward(M: int) -> dict:
         st.lengths[...] = L0
         if M == 1:
             return engine.forward(Slot.PRIMARY, ids[:, :1])
         return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False)
+
+    def head_work(k: int) -> None:  # a step's head work for k drafts: k head steps and the commit of k+1 rows
+        batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k)
+        batching.commit_head(engine, ids[:, : k + 1], np.full(B, k), rows[:, : k + 1], L0)
 
     def greedy_step() -> float:
         g = batching.greedy(engine, prompts, run.tokens)  # GREEDY_TOKENS + 1, or what the capacity holds
@@ -96,7 +101,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         target_fallbacks += time_targets(engine, forward, add, top, reps)
         for k in range(1, top):
             add(f"draft/{k}", lambda k=k: _time_after(  # after the verify a step runs before it, as measure() does
-                lambda: forward(k + 1), lambda: batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k), reps, sync))
+                lambda: forward(k + 1), lambda: head_work(k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_step() for _ in range(reps)])))
         batching.start(engine, prompts)

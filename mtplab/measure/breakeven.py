@@ -53,7 +53,7 @@ def closed_form_k1(schedule: str, commit: str, calibration: dict) -> float | Non
     t = calibration["target"]
     g = theory.greedy_seconds(calibration)
     decodes = SCHEDULES.get(schedule).decodes
-    head = theory.draft_seconds(calibration, 1)
+    head = theory.draft_seconds(calibration, 1, schedule)
     denominator = g - (c["2"] - c["1"])
     if denominator <= 0:
         return None
@@ -66,8 +66,8 @@ def ceiling(k: int, schedule: str, commit: str, calibration: dict, tokens: int |
 
 
 def ratios(calibration: dict, k: int, commit: str) -> dict:
-    """The cost ratios that decide the break-even at k, over T(1): the verify T(k+1), one head step of the k a
-    draft phase makes, the commit of k+1 tokens, and greedy's cost per token."""
+    """The cost ratios that decide the break-even at k, over T(1): the verify T(k+1), the draft phase per draft (its k
+    head steps and the head's commit, decode-verify's), the commit of k+1 tokens, and greedy's cost per token."""
     t1 = calibration["target"]["1"]
     return {
         "verify_ratio": calibration["target"][str(k + 1)] / t1,

@@ -141,9 +141,12 @@ def on_the_copy(calibration: dict) -> dict:
     return out
 
 
-def draft_seconds(calibration: dict, k: int) -> float:
-    """The calibrated draft phase of k drafts (k head steps for a calibration from before it was measured)."""
-    return (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
+def draft_seconds(calibration: dict, k: int, schedule: str = "decode-verify") -> float:
+    """The calibrated draft phase of k drafts: k head steps and the head's commit of the verify's k + 1 rows
+    (k head steps for a calibration from before it was measured). The fused schedule's first draft comes from the
+    last commit's row: one head step fewer."""
+    phase = (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
+    return phase - (1 - SCHEDULES.get(schedule).decodes) * calibration["head"]
 
 
 def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None,
@@ -175,7 +178,7 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
         "greedy_seconds_per_token": greedy,
         "speedup": speedup,
         "verify_cost_ratio": target[str(k + 1)] / t1,
-        "draft_cost_ratio": draft_seconds(calibration, k) / k / t1,  # a draft of the phase, as a step pays it
+        "draft_cost_ratio": draft_seconds(calibration, k, schedule) / k / t1,  # a draft of the phase, as a step pays it
         "commit_cost_ratio": commit_cost / t1,
         "decode_cost_ratio": float(decodes),
         "fallback_cost_ratio": (eager[str(k + 1)] / target[str(k + 1)]) if str(k + 1) in eager else None,
@@ -191,7 +194,7 @@ def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: 
         f = share.get(slot, 0.0) if str(M) in eager else 0.0
         return (1 - f) * target[str(M)] + f * eager.get(str(M), target[str(M)])
 
-    parts = {"decode": SCHEDULES.get(schedule).decodes * forward(1, "primary"), "draft": draft_seconds(calibration, k),
+    parts = {"decode": SCHEDULES.get(schedule).decodes * forward(1, "primary"), "draft": draft_seconds(calibration, k, schedule),
              "verify": forward(k + 1, "verify")}
     return greedy_seconds(calibration), parts, calibration["commit"][commit]
 
@@ -278,7 +281,7 @@ def predict_batch(alpha: float, k: int, schedule: str, commit: str, calibration:
     this overprices a little)."""
     target = calibration["target"]
     greedy = greedy_seconds(calibration)
-    draft = draft_seconds(calibration, k)
+    draft = draft_seconds(calibration, k, schedule)
     commit_cost = batch_commit_seconds(alpha, k, commit, calibration["commit"][commit], batch)
     step = SCHEDULES.get(schedule).decodes * target["1"] + draft + target[str(k + 1)] + commit_cost
     if tokens > 1:

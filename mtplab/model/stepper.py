@@ -106,6 +106,67 @@ class Stepper:
         return logits
 
 
+class HeadStepper:
+    """The MTP head by plain `session.run`, teacher-forced: row j of its KV pairs the text's token j + 1 with the
+    target's hidden state j (from the target's own Stepper), as a real engine's head cache holds it after each
+    commit. The lossless check compares the engine's head KV with it and chains it from the rows a speculative
+    step drafted from. Its own code, like Stepper's: no IOBinding, no plans, no feeds of the engine's."""
+
+    def __init__(self, model: ModelDescription, threads: int = 0, providers=None):
+        import onnxruntime as ort
+
+        self.desc, self.io = model, model.mtp
+        self.session = ort.InferenceSession(str(self.io.path), session_options(threads),
+                                            providers=providers or ["CPUExecutionProvider"])
+        self.declared = {i.name: i for i in self.session.get_inputs()}
+        self.growing = self.io.lengths == "attention_mask"
+        (self.layer,) = self.io.kv
+        cap = 0 if self.growing else model.capacity
+        kv = self.layer
+        self.kv = (np.zeros((1, kv.heads, cap, kv.head_dim), kv.np_dtype),) * 2
+        self.length = 0
+
+    def forward(self, tokens, hidden, advance: bool = True) -> dict[str, np.ndarray]:
+        """The head over M tokens and the target's hidden states [M, H] at its length: logits [M, V] and the head's
+        hidden states [M, H] (float32); advance=False keeps its KV and length."""
+        logits, out_hidden, kv = self._run(tokens, hidden, self.length, self.kv)
+        if advance:
+            self.kv, self.length = kv, self.length + len(logits)
+        return {"logits": logits, "hidden": out_hidden}
+
+    def chain(self, at: int, tokens: list[int], hidden) -> np.ndarray:
+        """Logits [len(tokens), V] of the head chained from row `at` as a speculative step drafts: step i feeds
+        tokens[i] and the hidden state before it (the target's `hidden` [H] first, then the head's own), onto its
+        rows [0, at) and the chain's own rows. Its KV and length stay."""
+        kv, rows = self.kv, []
+        for i, token in enumerate(tokens):
+            logits, hidden, kv = self._run([token], hidden, at + i, kv)
+            rows.append(logits[0])
+        return np.stack(rows) if rows else np.zeros((0, self.desc.vocab_size), np.float32)
+
+    def _run(self, tokens, hidden, at: int, kv: tuple) -> tuple[np.ndarray, np.ndarray, tuple]:
+        io, desc = self.io, self.desc
+        ids = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
+        M = ids.shape[1]
+        if at + M > desc.capacity:
+            raise beyond_capacity(at + M, desc.capacity)
+        past_k, past_v = kv
+        if self.growing:
+            past_k, past_v = past_k[:, :, :at], past_v[:, :, :at]
+        total = at + M if self.growing else desc.capacity
+        feeds = {io.input_ids: ids, **own_feeds(self.declared, at, M, total),
+                 io.hidden_input: np.asarray(hidden).reshape(1, M, -1).astype(io.hidden_type),
+                 self.layer.past_key: past_k, self.layer.past_value: past_v}
+        names = [io.logits, io.hidden, self.layer.present_key, self.layer.present_value]
+        logits, out_hidden, key, value = self.session.run(names, {n: a for n, a in feeds.items() if n in self.declared})
+        return logits[0].astype(np.float32), out_hidden[0].astype(np.float32), (key, value)
+
+    def rows(self, length: int) -> dict[str, np.ndarray]:
+        """Copies of its KV rows [0, length)."""
+        k, v = self.kv
+        return {"mtp.key": k[:, :, :length].copy(), "mtp.value": v[:, :, :length].copy()}
+
+
 def runnable_providers() -> list[str] | None:
     """Providers that can run the target here: the CPU when its GatedDeltaNet kernel exists (onnxruntime
     >= 1.32), else CUDA when present (onnxruntime-gpu 1.30/1.31 ship the kernel for CUDA only), else None."""
