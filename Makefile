@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 ORT_OLD ?= 1.30.0 1.31.1
 OLD_STAMPS := $(foreach v,$(ORT_OLD),.venv-ort-$(v)/.installed)
 
-.PHONY: demo test bench lint setup clean
+.PHONY: demo test test-full bench lint setup clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,11 +34,18 @@ demo: $(STAMP)
 	$(BIN)/mtplab sweep --grid default --name demo --resume --workers 1
 	$(BIN)/mtplab report demo
 
+# Every check runs even when one before it fails; the last line names the ones that failed. Two workers: one per
+# core of the smallest machine it is kept fast on. The slow end-to-end checks (marked `full`) are test-full's.
 test: $(STAMP) $(OLD_STAMPS)
-	$(BIN)/ruff check mtplab tests benchmarks notebooks
-	$(BIN)/python -m pytest -q
+	@failed=""; \
+	$(BIN)/ruff check mtplab tests benchmarks notebooks || failed="$$failed lint"; \
+	$(BIN)/python -m pytest -q -n 2 -m "not full" || failed="$$failed tests"; \
 	for v in $(ORT_OLD); do echo "== onnxruntime $$v"; PYTHONPATH=$(CURDIR) .venv-ort-$$v/bin/python -m pytest -q \
-		-p no:cacheprovider --noconftest tests/test_forms.py || exit 1; done
+		-p no:cacheprovider --noconftest tests/test_forms.py || failed="$$failed forms-on-onnxruntime-$$v"; done; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; echo "make test: every check passed"
+
+test-full: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m full
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py

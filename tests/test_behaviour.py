@@ -31,6 +31,7 @@ def test_tiny_tokens_depend_on_the_recurrent_state(tiny):
     assert recorded["free_running_departure"] == measured["free_running_departure"]
 
 
+@pytest.mark.full
 def test_small_tokens_depend_on_the_recurrent_state(small):
     _meets_goals(small.manifest["behaviour"])
 
@@ -59,6 +60,7 @@ def test_the_head_is_fitted_to_the_target(tiny):
     assert not np.array_equal(fitted["mtp.proj"], unfitted["mtp.proj"])
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("k", [1])
 def test_the_small_head_accepts_as_trained_heads_do(small, k):
     # acceptance is under test, not the prediction: a synthetic calibration, one timed round

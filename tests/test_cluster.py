@@ -44,6 +44,7 @@ def _spec(ks: list[int]):
                                                   "alpha": 0.7}, "k": ks})
 
 
+@pytest.mark.full
 def test_ray_sweep_matches_the_local_pool(tmp_path, tiny, ray_session):
     spec = _spec([3])
     local = run_sweep(spec, tmp_path / "local", quiet=True)
@@ -72,6 +73,7 @@ def _kill_one_worker(stop: threading.Event, killed: list) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.full
 def test_a_killed_worker_is_retried_a_point_that_raises_is_recorded_and_every_point_lands_once(
         tmp_path, tiny, ray_session):
     spec = _spec([1, 2, 3])

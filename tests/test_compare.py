@@ -22,7 +22,8 @@ def _spec(name: str, ks: list[int]) -> grid.GridSpec:
 
 @pytest.fixture(scope="module")
 def two_sweeps(tmp_path_factory, tiny):
-    """A: k 1, 2. B: k 1, 3 on an engine planted to sleep 5 ms in every commit (a slower engine)."""
+    """A: k 1, 2. B: k 1, 3 on an engine planted to sleep 20 ms in every commit (a slower engine: about 20x at k=1,
+    which no load on the machine hides in A's interval)."""
     from conftest import planted_notebooks
 
     root = tmp_path_factory.mktemp("compare")
@@ -33,7 +34,7 @@ def two_sweeps(tmp_path_factory, tiny):
             "import mtplab.engine.engine as planted\n",
             "true_commit = planted.Engine.commit\n",
             "def slow_commit(self, *a, **kw):\n",
-            "    time.sleep(0.005)\n",
+            "    time.sleep(0.02)\n",
             "    return true_commit(self, *a, **kw)\n",
             "planted.Engine.commit = slow_commit\n",
         ],

@@ -91,12 +91,14 @@ def test_an_mtp_point_predicts_from_the_acceptance_calibration(tiny):
 
 def test_a_point_with_rounds_auto_says_how_its_rounds_ended(tiny):
     from mtplab.experiment.point import result_text
+    from mtplab.measure.rounds import AUTO_MAX_ROUNDS
 
     run = RunConfig(model="tiny", k=2, tokens=16, drafter="oracle", alpha=0.7, rounds="auto", rounds_budget=2.0)
     r = run_point(run, tiny, calibration=_calibration())
     plan = r.extra["rounds"]
     assert plan["mode"] == "auto" and plan["rounds"] == len(r.round_samples) >= 1
-    assert plan["stopped"] in ("within target", "budget spent")
+    # how it ended depends on the machine's noise (the rule itself is tested on injected clocks in test_measure)
+    assert plan["stopped"] in ("within target", "budget spent", f"cap of {AUTO_MAX_ROUNDS} rounds reached")
     assert (plan["stopped"] == "within target") == (plan["half_width"] <= 0.03)  # the default target
     assert f"rounds auto: {plan['stopped']} after {plan['rounds']} rounds" in result_text(r)
     assert "-nauto" in point_id(run) and "-rb2" in point_id(run)

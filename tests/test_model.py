@@ -34,7 +34,7 @@ def _reference(art):
     return ReferenceModel(cfg, w)
 
 
-@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("name", ["tiny", pytest.param("small", marks=pytest.mark.full)])
 @pytest.mark.parametrize("M", [1, 4])
 def test_onnx_matches_reference_over_eight_steps(name, M, runner_for, request):
     art = request.getfixturevalue(name)

@@ -58,6 +58,7 @@ def _outside_results(clone: Path) -> dict:
     }
 
 
+@pytest.mark.full
 def test_notebooks_run_from_a_fresh_clone_and_write_only_under_results(tmp_path, tiny, monkeypatch):
     clone = _clone(tmp_path)
     monkeypatch.setenv("MTPLAB_RESULTS", str(clone / "results"))  # the clone's results/ (mtplab is the one under test)

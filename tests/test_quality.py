@@ -26,18 +26,18 @@ def _point(schedule: str, accepted, split_ms: dict, greedy_ms: float, **fields) 
             "greedy_tokens_per_s": 1e3 / greedy_ms if greedy_ms else 0.0} | fields
 
 
-# fused, k=3, every step keeping 3: the draft phase of 3 less the head step the last head commit made
-AS_PRICED = {"decode": 0.0, "draft": 0.5, "verify": 1.3, "commit": 0.04}
+AS_PRICED = {"decode": 0.0, "draft": 0.7, "verify": 1.3, "commit": 0.04}  # fused, k=3, every step keeping 3
 
 
 def test_each_phase_is_its_timed_cost_per_step_over_its_calibrated_price():
     df = pd.DataFrame([
-        # decode T(1), the draft phase of 3, T(4) and the commits of 1 and 4 tokens, each at a known multiple
-        _point("decode-verify", [0, 3], {"decode": 1.1, "draft": 0.7, "verify": 1.3 * 1.2, "commit": 0.025 * 2},
+        # decode T(1), the draft phase of 3 (fused's and one head step), T(4) and the commits of 1 and 4 tokens,
+        # each at a known multiple
+        _point("decode-verify", [0, 3], {"decode": 1.1, "draft": 0.9, "verify": 1.3 * 1.2, "commit": 0.025 * 2},
                greedy_ms=1.1 * 1.05),
         # two fused points: the median of their draft ratios, 1.5 and 2.5
-        _point("fused", [3, 3], AS_PRICED | {"draft": 0.5 * 1.5}, greedy_ms=1.1),
-        _point("fused", [3, 3], AS_PRICED | {"draft": 0.5 * 2.5}, greedy_ms=1.1),
+        _point("fused", [3, 3], AS_PRICED | {"draft": 0.7 * 1.5}, greedy_ms=1.1),
+        _point("fused", [3, 3], AS_PRICED | {"draft": 0.7 * 2.5}, greedy_ms=1.1),
         _point("fused", [3], AS_PRICED, greedy_ms=1.1, batch=2),  # a batch point: left out
         _point("fused", [3], AS_PRICED, greedy_ms=1.1, k=9),  # beyond the calibration: left out
     ])

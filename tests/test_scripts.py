@@ -35,6 +35,7 @@ def test_bad_options_fail_before_any_download(tmp_path):
     assert r.returncode == 2 and "no mtplab and onnxruntime wheels" in r.stderr
 
 
+@pytest.mark.full
 def test_the_wheelhouse_installs_offline_into_a_target_and_the_check_runs_from_there(tmp_path):
     house, target = tmp_path / "wheelhouse", tmp_path / "site"
     py = f"{sys.version_info.major}.{sys.version_info.minor}"

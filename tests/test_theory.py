@@ -95,10 +95,11 @@ def test_the_steps_price_counts_the_tokens_the_rates_count_and_each_slots_fallba
 def test_the_prediction_prices_fallbacks_greedys_loop_and_the_draft_phase():
     calib = CALIBRATION | {"eager": {str(m): 2.0 * v for m, v in CALIBRATION["target"].items()},
                            "draft": {str(k): 0.15 * k for k in range(1, 8)}, "greedy_token": 1.1}
-    base = theory.predict(0.0, 1, "decode-verify", "select", calib)
-    assert base["speedup"] == pytest.approx(2 * 1.1 / (1.0 + 0.15 + 1.2 + 0.01))
+    base = theory.predict(0.0, 1, "decode-verify", "select", calib)  # the draft phase (fused's) and one head step
+    assert base["speedup"] == pytest.approx(2 * 1.1 / (1.0 + 0.15 + 0.1 + 1.2 + 0.01))
     eager = theory.predict(0.0, 1, "decode-verify", "select", calib, eager_share={"verify": 1.0})
-    assert eager["step_seconds"] == pytest.approx(1.0 + 0.15 + 2.4 + 0.01) and eager["fallback_cost_ratio"] == 2.0
+    assert eager["step_seconds"] == pytest.approx(1.0 + 0.25 + 2.4 + 0.01) and eager["fallback_cost_ratio"] == 2.0
+    assert theory.predict(0.0, 1, "fused", "select", calib)["step_seconds"] == pytest.approx(0.15 + 1.2 + 0.01)
 
 
 def test_a_point_whose_primary_runs_the_copy_pays_its_m1_cost_in_the_decode_and_in_greedy():

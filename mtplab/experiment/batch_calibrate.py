@@ -56,7 +56,6 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     batching.start(engine, prompts)
     L0 = st.lengths.copy()
     ids = np.tile(prompts[:, :1], (1, top))
-    hidden = np.zeros((B, engine.desc.hidden_size), np.float32)
     rows = np.zeros((B, top, engine.desc.hidden_size), np.float32)
 
     def forward(M: int) -> dict:
@@ -65,9 +64,9 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
             return engine.forward(Slot.PRIMARY, ids[:, :1])
         return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False)
 
-    def head_work(k: int) -> None:  # a step's head work for k drafts: k head steps and the commit of k+1 rows
-        batching.draft_head(engine, ids[:, 0], hidden, L0 - 1, k)
-        batching.commit_head(engine, ids[:, : k + 1], np.full(B, k), rows[:, : k + 1], L0)
+    def head_work(k: int) -> None:  # a fused step's head work for k drafts: the commit of k+1 rows, k - 1 steps after
+        ready = batching.commit_head(engine, ids[:, : k + 1], np.full(B, k), rows[:, : k + 1], L0)
+        batching.draft_from_rows(engine, ready, L0 + k, k)
 
     def greedy_step() -> float:
         g = batching.greedy(engine, prompts, run.tokens)  # GREEDY_TOKENS + 1, or what the capacity holds

@@ -72,7 +72,7 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 # 7: T(M) for M >= 3 replayed, not eager: the Verify workspace is sized by the largest M first; 8: the draft phase
 # timed after the verify forward a step runs before it, not back to back; 9: each decoding session's first run its
 # one-token warm-up, and a builder graph's GatedDeltaNet state in place; 10: its LinearAttention state in place on the CPU;
-# 11: the draft phase includes the head's commit of the verify's k+1 rows).
+# 11: the draft phase is the head's commit of the verify's k+1 rows and the k - 1 head steps after it).
 MEASURES = 11
 
 
@@ -262,9 +262,9 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
     rows = np.repeat(np.asarray(engine.last_hidden)[None], top, 0)
 
-    def draft(k: int) -> None:  # a step's whole head work for k drafts: k head steps and the commit of k+1 rows
-        engine.head.draft(tok, engine.last_hidden, L0, k)
-        engine.head.commit(rows[: k + 1], [tok] * (k + 1), L0 + 1)
+    def draft(k: int) -> None:  # a fused step's head work for k drafts: the commit of k+1 rows, k - 1 steps from its last
+        engine.head.commit(rows[: k + 1], [tok] * (k + 1), L0)
+        engine.head.draft(tok, engine.last_hidden, L0 + k, k)
 
     def copy_forward() -> dict:  # M=1 on mtplab's copy (Verify's graph): what a shared policy's Primary runs
         engine.state.length = L0

@@ -142,11 +142,15 @@ def on_the_copy(calibration: dict) -> dict:
 
 
 def draft_seconds(calibration: dict, k: int, schedule: str = "decode-verify") -> float:
-    """The calibrated draft phase of k drafts: k head steps and the head's commit of the verify's k + 1 rows
-    (k head steps for a calibration from before it was measured). The fused schedule's first draft comes from the
-    last commit's row: one head step fewer."""
-    phase = (calibration.get("draft") or {}).get(str(k), k * calibration["head"])
-    return phase - (1 - SCHEDULES.get(schedule).decodes) * calibration["head"]
+    """The calibrated draft phase of k drafts: the head's commit of the verify's k + 1 rows and the k - 1 head steps
+    that chain from its last row (the fused schedule's), plus one head step where a decode comes first (k head
+    steps in all: decode-verify's first draft is its own). k - 1 + decodes head steps for a calibration from before
+    the phase was measured."""
+    decodes = SCHEDULES.get(schedule).decodes
+    phase = (calibration.get("draft") or {}).get(str(k))
+    if phase is None:
+        return (k - 1 + decodes) * calibration["head"]
+    return phase + decodes * calibration["head"]
 
 
 def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None,
