@@ -20,7 +20,7 @@
 # held per policy.
 
 # %% tags=["parameters"]
-results = "demo"  # a sweep under results/ (`make demo` makes results/demo), or a path to one
+results = "demo"  # a sweep under results/ (`make demo` makes results/demo; missing: the quick form), or a path to one
 quick = False  # True: use the smoke sweep results/smoke instead, running it first if missing (seconds)
 
 # %%

@@ -23,7 +23,7 @@
 # costs, set in the parameters below.
 
 # %% tags=["parameters"]
-results = "study"  # a study sweep under results/ (`mtplab sweep --grid study` makes results/study), or a path to one
+results = "study"  # a study sweep under results/ (`mtplab sweep --grid study` makes it; missing: the quick form), or a path
 quick = False  # True: use the smoke sweep instead (seconds): it holds a little of parts 1 and 2
 # Part 3, your hardware, in milliseconds. The defaults are the seed's H200 figures where it states them
 # (27B int4 hybrid, k=1: greedy ~56 tok/s -> T(1) ~17.9 ms; its 83.3% acceptance counted the guaranteed

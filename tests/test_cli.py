@@ -86,6 +86,10 @@ def test_every_bad_option_is_reported_together_before_any_work(capsys):
         "--tokens 'x': must be",
     ):
         assert message in err
+    # a k beyond the model's limit is named beside the other bad options
+    assert main(["run", "--preset", "tiny", "--k", "9", "--commit", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "--k 9: k+1=10 exceeds the GatedDeltaNet transition capacity 8" in err and "unknown --commit 'bogus'" in err
     # a k beyond the model's own limit is that problem alone: the token limit it would imply is no one's mistake
     assert main(["run", "--preset", "tiny", "--k", "99"]) == 2
     assert capsys.readouterr().err.splitlines()[1:] == [
@@ -276,3 +280,13 @@ def test_the_folder_an_out_path_would_make_is_named_so_that_a_command_can_say_it
 
     assert missing_folder(tmp_path / "a" / "b" / "r.json") == tmp_path / "a"  # the outermost one made
     assert missing_folder(tmp_path / "r.json") is None and missing_folder(None) is None
+
+
+def test_a_temperature_alone_samples_with_rejection_sampling_and_a_named_rule_is_kept(capsys):
+    from mtplab.cli.main import _run_config, parser
+
+    run, problems = _run_config(parser().parse_args(["run", "--preset", "tiny", "--temperature", "0.7"]))
+    assert problems == [] and run.acceptance == "rejection-sampling"
+    assert _run_config(parser().parse_args(["run", "--preset", "tiny"]))[0].acceptance == "greedy-match"
+    assert main(["run", "--preset", "tiny", "--temperature", "0.7", "--acceptance", "greedy-match"]) == 2
+    assert "--temperature 0.7 samples, but --acceptance 'greedy-match' decodes greedily" in capsys.readouterr().err

@@ -107,11 +107,17 @@ def test_run_point_by_hand_writes_its_files_under_results_not_the_cwd(tmp_path, 
     assert {"result.json", "point.png"} <= {f.name for f in point.iterdir()}
 
 
-def test_a_missing_sweep_names_the_command_that_makes_it(tmp_path, monkeypatch):
+def test_a_missing_sweep_names_the_command_that_makes_it_and_a_named_one_gives_the_quick_form(
+        tmp_path, monkeypatch, capsys):
     from mtplab.sweep import workspace
 
     monkeypatch.setenv("MTPLAB_RESULTS", str(tmp_path))
-    with pytest.raises(ValueError, match="`make demo`"):
-        workspace.sweep_folder("demo")
-    with pytest.raises(ValueError, match="`mtplab sweep --grid smoke --name mine`"):
-        workspace.sweep_folder("mine")
+    (tmp_path / "smoke").mkdir()
+    (tmp_path / "smoke" / "results.parquet").write_bytes(b"")  # the quick form's sweep, as if it had run
+    for name, command in (("demo", "make demo"), ("study", "mtplab sweep --grid study"),
+                          ("mine", "mtplab sweep --grid smoke --name mine")):
+        assert workspace.sweep_folder(name) == tmp_path / "smoke"
+        said = capsys.readouterr().out
+        assert f"`{command}` makes it" in said and "uses the quick form instead" in said
+    with pytest.raises(ValueError, match="`mtplab sweep --grid smoke --name gone --results "):
+        workspace.sweep_folder(str(tmp_path / "elsewhere" / "gone"))

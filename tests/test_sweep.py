@@ -446,6 +446,12 @@ def test_default_grid_covers_every_policy_commit_k_and_alpha():
     assert len({p.id for p in pts}) == len(pts)
 
 
+def test_a_grid_over_temperature_samples_its_hot_points_with_rejection_sampling():
+    spec = grid.parse({"name": "t", "defaults": {"model": "tiny", "drafter": "mtp"}, "temperature": [0.0, 0.7]})
+    assert sorted((p.run.temperature, p.run.acceptance) for p in spec.points) == [
+        (0.0, "greedy-match"), (0.7, "rejection-sampling")]
+
+
 def test_grid_spec_file(tmp_path):
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"name": "g", "defaults": {"model": "tiny"}, "k": [1, 2], "repeats": 2}))

@@ -169,7 +169,7 @@ def as_options(problem: str) -> str:
 def _run_config(args) -> tuple[RunConfig | None, list[str]]:
     """The run's RunConfig, or every problem with the options at once."""
     given, problems = given_options(args)
-    values = config.defaults() | given
+    values = config.defaults() | config.with_implied_acceptance(given)
     try:
         run = RunConfig(**values)
     except config.ConfigError as err:

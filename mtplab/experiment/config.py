@@ -187,7 +187,7 @@ class RunConfig:
     acceptance: str = param("greedy-match", "acceptance rule", group="decoding", choices=ACCEPTANCE.names,
                             tag="acc-", id=("tail", 8, None))
     temperature: float = param(0.0, "sampling temperature (0: greedy decoding; > 0 samples, with "
-                               "acceptance='rejection-sampling')", group="decoding", rule=NON_NEGATIVE, tag="T",
+                               "acceptance='rejection-sampling', which a command line or grid naming none gets)", group="decoding", rule=NON_NEGATIVE, tag="T",
                                id=("tail", 9, None))
     top_k: int = param(0, "sample among the top_k most likely tokens only (0: off)", group="decoding", rule=INTEGER_0,
                        tag="topk", id=("tail", 10, None))
@@ -280,6 +280,19 @@ def defaults() -> dict:
     return {f.name: f.default for f in fields()}
 
 
+SAMPLED_ACCEPTANCE = "rejection-sampling"  # the acceptance rule a temperature > 0 implies, unless one is named
+
+
+def with_implied_acceptance(values: dict) -> dict:
+    """`values` with the acceptance rule their temperature implies where they name none: at temperature > 0,
+    rejection sampling (the lossless rule for sampled decoding); at 0 the default, greedy match. A command line
+    and a grid give their values through here; a RunConfig built directly takes what it is given."""
+    t = values.get("temperature", 0)
+    if "acceptance" in values or isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+        return values
+    return values | {"acceptance": SAMPLED_ACCEPTANCE}
+
+
 def choices(f: dataclasses.Field) -> tuple | None:
     """A field's allowed values (a strategy field's: the names registered now), or None for a rule."""
     c = f.metadata["choices"]
@@ -351,6 +364,8 @@ def run_problems(values: dict) -> list[str]:
             problems += sampling_problems(cfg)
         if not bad.keys() & {"rounds", *AUTO_ROUNDS}:
             problems += rounds_problems(cfg)
+        if not bad.keys() & {"k", "model"} and (k_refused := _preset_k_problem(cfg)):
+            problems.append(k_refused)
         return problems
     problems = []
     if cfg["engine"] == "ort-genai" and (not DRAFTERS.get(cfg["drafter"]).peer or cfg["backend"] != "cpu"):
@@ -385,7 +400,7 @@ def run_problems(values: dict) -> list[str]:
             "exported (the model builder's -p int4)"
         )
     k = cfg["k"]
-    k_refused = None if folder else k_problem(k)  # a folder's own limit is checked when it is opened
+    k_refused = _preset_k_problem(cfg)
     if k_refused:
         problems.append(k_refused)
     model = PRESETS.get(cfg["model"])  # a folder's capacity is checked when it is opened (mtplab.engine.fit.check_run_on_model)
@@ -395,6 +410,11 @@ def run_problems(values: dict) -> list[str]:
     ):
         problems.append(problem)
     return problems
+
+
+def _preset_k_problem(cfg: dict) -> str | None:
+    """Why a preset cannot verify k drafts, or None (a folder's own limit is checked when it is opened)."""
+    return None if cfg["model"] not in PRESETS else k_problem(cfg["k"])
 
 
 def rounds_problems(cfg: dict) -> list[str]:

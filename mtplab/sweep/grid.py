@@ -154,7 +154,7 @@ def _expand(source: dict) -> tuple[dict[str, Point], list[str]]:
         dims = {k: (v if isinstance(v, list) else [v]) for k, v in defaults.items()} | top | g
         keys, explicit = list(dims), set(top) | set(g)
         for values in itertools.product(*(dims[k] for k in keys)):
-            params = dict(zip(keys, values))
+            params = config.with_implied_acceptance(dict(zip(keys, values)))
             bad = _drafter_params(params, explicit)
             bad += config.engine_param_problems(params.get("engine", "mtplab"),
                                                 {n: params[n] for n in explicit if n in params})
