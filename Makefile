@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 ORT_OLD ?= 1.30.0 1.31.1
 OLD_STAMPS := $(foreach v,$(ORT_OLD),.venv-ort-$(v)/.installed)
 
-.PHONY: demo test test-full bench lint setup clean
+.PHONY: demo test test-full train bench lint setup clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,22 @@ test: $(STAMP) $(OLD_STAMPS)
 
 test-full: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m full
+
+# Trains models/pycode again (torch lives only in .venv-train, never in make test or make demo): data, training
+# (resumable: a stopped run continues from train/work/ckpt.pt), export with its checks, the model card.
+TRAIN_MINUTES ?= 45
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+.venv-train/.installed: train/requirements.txt
+	$(PY) -m venv .venv-train
+	.venv-train/bin/python -m pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index-url $(TORCH_INDEX)) \
+		-r train/requirements.txt
+	touch $@
+
+train: .venv-train/.installed
+	.venv-train/bin/python train/data.py
+	nice -n 19 .venv-train/bin/python train/train.py --minutes $(TRAIN_MINUTES) --resume
+	.venv-train/bin/python train/export.py
+	.venv-train/bin/python train/card.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py

@@ -123,3 +123,14 @@ def test_a_bad_field_does_not_hide_a_disagreement_between_other_fields():
     with pytest.raises(config.ConfigError) as err:
         RunConfig(rounds=0, rounds_budget=5)  # the rounds check needs a valid rounds: only the bad field is named
     assert "rounds_budget=5 with" not in str(err.value)
+
+
+def test_a_shipped_model_is_named_by_its_name_from_any_directory(tmp_path, monkeypatch):
+    from mtplab.model.folders import SHIPPED, open_model
+
+    monkeypatch.chdir(tmp_path)
+    run = RunConfig(model="pycode", drafter="mtp")
+    assert run.model == str((SHIPPED / "pycode").resolve()) and config.model_name(run.model) == "pycode"
+    assert open_model("pycode").description.name == "pycode"
+    with pytest.raises(config.ConfigError, match=r"a shipped model \['pycode'\]"):
+        RunConfig(model="pycodex")

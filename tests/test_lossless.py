@@ -190,7 +190,8 @@ def test_the_verdict_names_where_the_state_broke_its_rule():
     ok, msg = oracle.verdict(ident | {"state_first_divergence": at_step})
     assert not ok and "after step 3 (length 20), kv.1.key" in msg and "rule: relative 1e-05: select" in msg
     ok, msg = oracle.verdict(ident | {"state_first_divergence": None, "state_commits_checked": 5, "kv_checked": True})
-    assert ok and "state and KV within 2e-05 relative at 5 checks (after every commit and at the end of the run) (rule: relative 1e-05" in msg
+    assert ok and msg == "identical to greedy: every token, state and KV within 1e-05 relative at 5 checks (worst 2e-05)"
+    assert "state and KV: rule relative 1e-05: select ...; checked after every commit" in oracle.details(ident)[0]
 
 
 @pytest.mark.parametrize("commit", COMMITS)

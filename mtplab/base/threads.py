@@ -10,8 +10,7 @@ refuses sessions with pools of their own: every session mtplab makes takes its o
 
 A spinning pool's workers keep spinning for about 50 ms after a run ends. Where a process holds two pools (mtplab's
 and onnxruntime-genai's, in a peer point) and their threads fill the cores, a run of one pool started inside the
-other's spin shares its cores with it: on 2 cores and 2 threads a greedy run of the builder fixture measured 1.5 to
-2 times its time alone. `settle` waits for that spin to end before a timed run of the other pool.
+other's spin shares its cores with it, and runs far slower than alone. `settle` waits for that spin to end before a timed run of the other pool.
 """
 
 from __future__ import annotations

@@ -89,8 +89,8 @@ def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, che
 
 def batch_rule(rule: StateRule, engine) -> StateRule:
     """A bitwise rule is not one at batch B: the rows run [B, M] forwards, the reference [1, M] ones, and a kernel may
-    take another path at B rows (MatMulNBits' int4 does: measured 2e-7 relative on tiny's conv state at B = 4; fp32
-    MatMul measured bitwise). The relative tolerance of the precision instead."""
+    take another path at B rows (MatMulNBits' int4 does; fp32 MatMul has been bitwise). The relative tolerance of
+    the precision instead."""
     if not rule.bitwise or engine.batch == 1:
         return rule
     return StateRule(False, STATE_RTOL[engine.desc.precision],

@@ -33,7 +33,7 @@ import numpy as np
 from mtplab.engine.strategies import DRAFTERS
 
 EFFICIENCY_BAND = (0.7, 1.3)
-# (wall - sum of phases) / wall. Clean points measured here: 0.2-2% (the loop's own bookkeeping); a phase
+# (wall - sum of phases) / wall. A clean point's is the loop's own bookkeeping, a few percent at most; a phase
 # timed outside the clock makes it negative, a slow host path between the phases large.
 UNACCOUNTED_BAND = (-0.03, 0.15)
 ACCEPTANCE_FALSE_ALARM = 0.01

@@ -13,15 +13,12 @@ from mtplab.engine.strategies import COMMITS
 # Each commit strategy's guarantee against the plain session.run reference, per backend and precision.
 # Tolerances are relative to the compared tensor's largest magnitude: max|a - b| <= rtol * max|b|.
 # fp32 1e-5: the M=k+1 verify (select) and the M=n re-advance (readvance-batched) round their matrix products
-# differently from M=1; measured worst over k = 1, 3, 6, both schedules, 96 tokens: 0 on the builder fixture,
-# 5.9e-7 on tiny (attention at layer 1 feeds later GatedDeltaNet layers; the closed-form replay), 9.2e-7 (state) and 6.6e-7 (KV) on small. A 1e-5 relative drift per commit is over it after 2 commits.
-# fp16: fp16 activations round each layer's output to 2^-11 relative, and a batched forward rounds apart from M=1
-# by an ulp that later layers and the recurrent state carry on: measured worst over k = 1, 3, 6, both schedules,
-# 96 tokens, 2 seeds, every token identical: 2.6e-2 on the builder's GatedDeltaNet fp16 export run on the CPU
-# (tests/data/builder-tiny-gdn; readvance-batched and select alike). "int8": fp32 activations whose matmul
-# inputs are rounded to int8 (MatMulNBits accuracy_level 4, the builder's int4 export): a batched forward can
-# move an input across a rounding step, and the recurrent state carries it on (seen: 0.022 after 14 commits on a
-# 6-layer int4 builder model). A wrong commit moves the state by O(1) (seen: 1.4 and more).
+# differently from M=1, a few ulps (attention feeds later GatedDeltaNet layers, which carry it on); a 1e-5 relative
+# drift per commit would be over it after 2 commits. fp16: fp16 activations round each layer's output to 2^-11
+# relative, and a batched forward rounds apart from M=1 by an ulp that later layers and the recurrent state carry
+# on (tests/data/builder-tiny-gdn holds it). "int8": fp32 activations whose matmul inputs are rounded to int8
+# (MatMulNBits accuracy_level 4, the builder's int4 export): a batched forward can move an input across a rounding
+# step, and the recurrent state carries it on. A wrong commit moves the state by O(1).
 STATE_RTOL = {"fp32": 1e-5, "fp16": 5e-2, "int8": 5e-2}
 
 
@@ -175,29 +172,53 @@ def verdict(identity: dict) -> tuple[bool, str]:
             f"the MTP head's draft {d['draft_position']} at step {d['step']} (position {d['position']}) was "
             f"{'accepted' if d['accepted'] else 'rejected'}, where a teacher-forced head chained from the same row "
             f"drafts {d['reference']} and the text has {d['text']} (margin {_fmt(d['margin'])})")
-    diff = identity.get("state_max_abs_diff")
-    if diff is None:
-        state = " (state not observable)"
-    else:
-        checked = identity.get("state_commits_checked")
-        what = "state and KV" if identity.get("kv_checked") else "state"
-        after = f" at {checked} checks (after every commit and at the end of the run)" if checked else ""
-        if identity.get("state_bitwise"):
-            state = f", {what} bitwise{after}"
-        else:
-            state = f", {what} within {_fmt(identity.get('state_max_rel_diff'))} relative{after}"
-        state += f" (rule: {rule})"
-    anchored = ""
-    if anchor:
-        baseline = "the sampled baseline's logits match" if sampled else "greedy matches"
-        anchored = (f"; {baseline} the float64 reference over {anchor['positions']} positions "
-                    f"({_fmt(anchor['max_logit_diff'])})")
+    rows = f" in each of its {identity['rows']} rows" if identity.get("rows") else ""
     if sampled:
-        return True, (f"sampled ({settings_text(sampled)}): the committed state follows the emitted tokens" + state + anchored
-                      + "; the tokens' distribution is the target's by the rejection rule (held exactly and "
-                      "statistically by the test suite, not per run)")
-    rows = f" of each of the {identity['rows']} rows (each row against its own greedy)" if identity.get("rows") else ""
-    return True, "identical to greedy: every token" + rows + state + anchored
+        return True, f"sampled ({settings_text(sampled)}): state and KV follow the emitted tokens{rows}{_state_text(identity)}"
+    return True, f"identical to greedy: every token{rows}{_state_text(identity, ', state and KV')}"
+
+
+def _state_text(identity: dict, what: str = "") -> str:
+    """How the committed state held against the reference, in a few words: bitwise or within the rule's tolerance."""
+    if identity.get("state_max_abs_diff") is None:
+        return what.replace(", state and KV", "") + " (state not observable)"
+    what = what if identity.get("kv_checked") or not what else ", state"
+    checked = identity.get("state_commits_checked")
+    at = f" at {checked} checks" if checked else ""
+    if identity.get("state_bitwise"):
+        return f"{what} bitwise{at}"
+    rule = identity.get("state_rule") or ""
+    tolerance = rule.split(":")[0].split()[-1] + " relative" if rule.startswith("relative ") else "the rule's tolerance"
+    return f"{what} within {tolerance}{at} (worst {_fmt(identity.get('state_max_rel_diff'))})"
+
+
+def details(identity: dict) -> list[str]:
+    """What the one-line verdict leaves out, a line each: the state rule and why, the float64 anchor, the MTP head's
+    check, and what a sampled run's check does not cover (mtplab run --verbose prints them)."""
+    out = []
+    if identity.get("state_rule"):
+        checked = identity.get("state_commits_checked")
+        out.append(f"state and KV: rule {identity['state_rule']}; checked after every commit and at the end of the run"
+                   + (f" ({checked} checks)" if checked else "")
+                   + f"; worst difference {_fmt(identity.get('state_max_abs_diff'))} absolute, "
+                   f"{_fmt(identity.get('state_max_rel_diff'))} relative")
+    anchor = identity.get("anchor")
+    if anchor:
+        baseline = "the sampled baseline's logits match" if identity.get("sampled") else "greedy matches"
+        out.append(f"anchor: {baseline} the float64 reference over {anchor['positions']} positions "
+                   f"(max logit difference {_fmt(anchor['max_logit_diff'])}, tolerance {anchor['tolerance']})")
+    if identity.get("head_kv_commits_checked"):
+        out.append(f"MTP head: its KV within {_fmt(identity.get('head_kv_max_rel_diff'))} relative of a teacher-forced "
+                   f"head's at {identity['head_kv_commits_checked']} checks (rule {identity.get('head_kv_rule')})")
+    by_position = identity.get("head_acceptance_by_position")
+    if by_position:
+        agreed = identity.get("head_reference_agreement_by_position") or []
+        out.append("MTP head: accepted by draft position " + " ".join(_fmt(a) for a in by_position)
+                   + "; the teacher-forced head drafts the text's token at " + " ".join(_fmt(a) for a in agreed))
+    if identity.get("sampled"):
+        out.append("sampled: the tokens' distribution is the target's by the rejection rule, held exactly and "
+                   "statistically by the test suite, not per run")
+    return out
 
 
 def shout(message: str) -> None:

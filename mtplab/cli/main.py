@@ -222,7 +222,7 @@ def _run(args) -> int:
         result.save(args.out)
         if made is not None:
             print(f"mtplab run: made the folder {made} for --out", file=sys.stderr)
-    print(result.to_json() if args.json else result_text(result))
+    print(result.to_json() if args.json else result_text(result, args.verbose))
     if not result.lossless and not args.allow_mismatch:
         return 1
     return 0
@@ -427,6 +427,7 @@ def parser() -> argparse.ArgumentParser:
     add_run_options(r)
     r.add_argument("--allow-mismatch", action="store_true", help="exit 0 even if the lossless check fails")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    r.add_argument("--verbose", action="store_true", help="the identity check's details under its one-line verdict")
     r.add_argument("--out", help="also save the RunResult JSON here")
     r.set_defaults(func=_run)
 

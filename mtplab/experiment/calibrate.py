@@ -124,7 +124,7 @@ def _time_after(before, fn, reps: int, sync: Callable[[], None]) -> float:
     """Seconds per call of fn over `reps` calls, each right after an untimed call of `before` (what a run does
     between two of fn's calls), after one untimed pair: a cost in the order a step pays it. A step's draft phase
     follows the target's forwards, which evict the head's weights from the caches; timed back to back, the head
-    keeps them (on small at 2 threads, k=4 drafts cost 0.85 ms back to back and 1.8 ms after a verify)."""
+    keeps them and reads far cheaper than a step pays."""
     before(), fn()
     total = 0.0
     for _ in range(reps):
@@ -138,7 +138,7 @@ def time_targets(engine, forward, add, top: int, reps: int) -> int:
     PairedSamples.add; returns how many forwards the target slots ran eager meanwhile (a declined capture): a
     calibration times replays (`target_fallbacks`, 0 when T(M) holds replays only). The caller runs forward(top)
     once before the first repeat: a pinned Verify workspace keeps the size of its first forward, and one sized for
-    M=2 declines every larger M's capture (on tiny T(3) would read 0.31 ms, not 0.09)."""
+    M=2 declines every larger M's capture (each larger T(M) would time an eager forward)."""
     sync = engine.device.sync
     fallbacks = lambda: sum(c["fallbacks"] for c in engine.target.counters().values())  # noqa: E731
     before = fallbacks()

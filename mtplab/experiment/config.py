@@ -23,6 +23,7 @@ from mtplab.base.names import canonical
 from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS, capacity_problem, k_problem, preset_name
+from mtplab.model.folders import model_folder, shipped_models
 from mtplab.runtime.executor import max_recaptures_problem
 from mtplab.runtime.policy import POLICIES
 
@@ -134,14 +135,14 @@ def _model_ok(v) -> bool:
         return False
     if v in PRESETS:
         return True
-    folder = Path(v)
+    folder = model_folder(v)
     return (folder / "genai_config.json").is_file() or (folder / "manifest.json").is_file()
 
 
 MODEL_RULE = (
     _model_ok,
-    f"a preset name {list(PRESETS)}, or a folder holding genai_config.json (onnxruntime-genai builder output) "
-    "or manifest.json (an mtplab artifact)",
+    f"a preset name {list(PRESETS)}, a shipped model {shipped_models()}, or a folder holding genai_config.json "
+    "(onnxruntime-genai builder output) or manifest.json (an mtplab artifact)",
 )
 
 
@@ -238,7 +239,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         validate_run(self)
         if self.model not in PRESETS:  # a folder: absolute, so a point's notebook finds it from its own cwd
-            object.__setattr__(self, "model", str(Path(self.model).resolve()))
+            object.__setattr__(self, "model", str(model_folder(self.model).resolve()))
 
     @classmethod
     def from_dict(cls, values: dict) -> RunConfig:

@@ -271,8 +271,9 @@ def _share(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
-def result_text(r: RunResult) -> str:
-    """One RunResult as text: throughput, acceptance, per-slot counters in the seed's form, identity."""
+def result_text(r: RunResult, verbose: bool = False) -> str:
+    """One RunResult as text: throughput, acceptance, per-slot counters in the seed's form, identity (verbose: the
+    identity check's details under its one line)."""
     c = r.config
     lines = [
         f"mtplab run  engine={c['engine']} model={r.model.get('name', config.upgrade(c)['model'])} k={c['k']} "
@@ -343,4 +344,6 @@ def result_text(r: RunResult) -> str:
     for w in r.warnings:
         lines.append(f"  WARNING {w['name']}: {w['message']}")
     lines.append(("  OK: " if r.lossless else "  FAIL: ") + r.verdict)
+    if verbose:
+        lines += [f"    {line}" for line in oracle.details(r.identity)]
     return "\n".join(lines)

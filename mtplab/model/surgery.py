@@ -140,8 +140,8 @@ def _exposed(desc: ModelDescription, model: onnx.ModelProto) -> dict[int, dict[s
 def _expose(copy: onnx.ModelProto, exposed) -> None:
     """Each exposed tensor becomes a graph output through a Mul by one (exact). Not the tensor itself: the CPU
     computes an fp16 graph's ops that lack fp16 kernels in float32 between casts, and a tensor that is also a
-    graph output is rounded to fp16 for its consumer as well (measured: logits 1e-2 apart on an fp16 export),
-    while the Mul leaves the consumer's input as it was (bitwise, measured)."""
+    graph output is rounded to fp16 for its consumer as well (an fp16 export's logits move), while the Mul leaves
+    the consumer's input as it was (bitwise)."""
     typed = {v.name: v.type.tensor_type.elem_type
              for v in onnx.shape_inference.infer_shapes(copy).graph.value_info}
     have = {o.name for o in copy.graph.output}
