@@ -39,9 +39,12 @@ def test_bad_options_fail_before_any_work(args, message, capsys):
 
 
 @pytest.mark.skipif(cuda_available(), reason="this machine has a CUDA backend")
-def test_cuda_backend_without_a_gpu_says_what_is_missing(capsys):
-    assert main(["run", "--preset", "tiny", "--backend", "cuda"]) == 2
-    assert "pip install 'mtplab[gpu]'" in capsys.readouterr().err
+@pytest.mark.skipif(cuda_available(), reason="this machine has a CUDA backend")
+def test_cuda_backend_without_a_gpu_says_what_is_missing_with_the_bad_options_before_any_build(capsys):
+    assert main(["run", "--preset", "base", "--backend", "cuda", "--seed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mtplab run: bad options:") and "pip install 'mtplab[gpu]'" in err and "--seed -1" in err
+    assert "building" not in err  # base is built by no test: a build would have said so
 
 
 def test_json_prints_exactly_one_object(tiny, capsys):

@@ -356,6 +356,7 @@ def test_a_failing_point_is_recorded_the_sweep_completes_in_a_relative_results_f
         ({"k": [1], "alpah": [0.5], "tokenz": [8]},  # every unknown key in one problem, the allowed keys once
          r"unknown keys 'alpah' \(did you mean 'alpha'\?\), 'tokenz' \(did you mean 'tokens'\?\) \(allowed: [^;]*\]\)$"),
         ({"k": []}, "'k' in the spec is an empty list"),
+        ({"k": [1, 2], "grids": [{"k": [3]}]}, r"k set at the top level and in grids\[0\]: the grid's values would replace"),
         ({"k": [1], "policy": ["nope"]}, r"^grid spec: policy in the spec: unknown policy 'nope'"),
         ({"grids": [{"commit": ["rewind"]}]}, r"commit in grids\[0\]: unknown commit 'rewind'"),
         ({"k": 3}, "'k' in the spec must be a list"),
@@ -444,6 +445,23 @@ def test_default_grid_covers_every_policy_commit_k_and_alpha():
     assert {r.commit for r in runs} == {"readvance-batched", "readvance-m1", "select"}
     assert {r.k for r in runs} == {1, 2, 3, 4} and {0.5, 0.7, 0.9} <= {r.alpha for r in runs}
     assert len({p.id for p in pts}) == len(pts)
+
+
+def test_a_grid_of_a_million_points_is_refused_at_once_unless_confirmed(tmp_path, capsys):
+    from mtplab.cli.main import main
+
+    huge = {"name": "huge", "defaults": {"model": "tiny"}, "seed": list(range(1000)), "tokens": list(range(2, 1002))}
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"it makes 1,000,000 points, more than 2,000: confirm with `mtplab sweep --yes`"):
+        grid.parse(huge)
+    assert time.perf_counter() - t0 < 5  # counted, not expanded (expanding takes minutes)
+    assert grid.planned_points({"k": [1, 2], "grids": [{"commit": ["select"]}, {"seed": [1, 2, 3]}], "repeats": 2}) == 16
+    with pytest.raises(ValueError, match="it makes 3 points, more than 2"):
+        grid.parse({"name": "s", "defaults": {"model": "tiny"}, "seed": list(range(3))}, max_points=2)
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(huge))
+    assert main(["sweep", str(path), "--results", str(tmp_path / "r")]) == 2
+    assert "--yes" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
 def test_a_grid_over_temperature_samples_its_hot_points_with_rejection_sampling():

@@ -190,6 +190,13 @@ def _run(args) -> int:
     run, problems = _run_config(args)
     if problem := output_file_problem("--out", args.out):
         problems.append(problem)
+    if getattr(args, "backend", None) == "cuda":  # before anything is built for a device that is not here
+        from mtplab.runtime.device import require_cuda
+
+        try:
+            require_cuda()
+        except ValueError as err:
+            problems.append(f"--backend cuda: {err}")
     made = missing_folder(args.out)
     if problems:
         print("mtplab run: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
@@ -461,6 +468,7 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--timeout", type=_number, default=600, help="seconds per point, at least 1")
     s.add_argument("--resume", action="store_true", help="skip points already finished")
+    s.add_argument("--yes", action="store_true", help="run a grid of more points than the sweep's limit (2,000)")
     s.add_argument(
         "--reuse-calibration",
         action="store_true",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,10 @@ def _expand(source: dict) -> tuple[dict[str, Point], list[str]]:
     points: dict[str, Point] = {}
     problems: list[str] = []
     for n, g in enumerate(source.get("grids") or [{}]):
+        if both := sorted(set(top) & set(g)):
+            problems.append(f"{', '.join(both)} set at the top level and in grids[{n}]: the grid's values would "
+                            "replace the top level's; set each field in one place (`defaults:` for a default)")
+            continue
         dims = {k: (v if isinstance(v, list) else [v]) for k, v in defaults.items()} | top | g
         keys, explicit = list(dims), set(top) | set(g)
         for values in itertools.product(*(dims[k] for k in keys)):
@@ -205,11 +210,26 @@ def _upgrade(source: dict) -> tuple[dict, list[str]]:
     return out, problems
 
 
-def parse(source: dict) -> GridSpec:
+MAX_POINTS = 2000  # a spec that would make more is refused unless its size is confirmed (mtplab sweep --yes)
+
+
+def planned_points(source: dict) -> int:
+    """How many points a well-shaped spec makes (repeats included), counted before any is built."""
+    top = {k: v for k, v in source.items() if k in config.dimensions()}
+    defaults = source.get("defaults") or {}
+    total = 0
+    for g in source.get("grids") or [{}]:
+        dims = {k: v for k, v in defaults.items()} | top | g
+        total += math.prod(len(v) if isinstance(v, list) else 1 for v in dims.values())
+    return total * source.get("repeats", 1)
+
+
+def parse(source: dict, max_points: int | None = MAX_POINTS) -> GridSpec:
     """Expand a spec (a union of cartesian products over `grids`, or one product) into points.
 
     Every problem is found before any point runs and reported at once, each naming its key and
-    all of its bad values. An older spec's `preset:` reads as `model:`.
+    all of its bad values. An older spec's `preset:` reads as `model:`. A spec of more than max_points points
+    (None: no limit) is refused before it is expanded.
     """
     if not isinstance(source, dict):
         _fail(["the top level must be a mapping"])
@@ -217,6 +237,9 @@ def parse(source: dict) -> GridSpec:
     problems += _shape_problems(source)
     if problems:
         _fail(problems)
+    if max_points is not None and (count := planned_points(source)) > max_points:
+        _fail([f"it makes {count:,} points, more than {max_points:,}: confirm with `mtplab sweep --yes` (a point "
+               "takes seconds to minutes), or narrow it"])
     points, problems = _expand(source)
     if problems:
         _fail(problems)
@@ -287,7 +310,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
+def load(spec: str | Path | None = None, preset: str | None = None, max_points: int | None = MAX_POINTS) -> GridSpec:
     """A spec from a YAML file, or a named preset (smoke, default)."""
     if (spec is None) == (preset is None):
         raise ValueError("give a grid spec file or --grid (one of " + ", ".join(presets()) + ")"
@@ -313,7 +336,7 @@ def load(spec: str | Path | None = None, preset: str | None = None) -> GridSpec:
         raise ValueError(f"grid spec {path}: YAML syntax error{where}: {problem}") from None
     if preset is None and isinstance(source, dict):
         source = models_beside(source, path.parent)
-    return parse(source)
+    return parse(source, max_points)
 
 
 def models_beside(source: dict, base: Path) -> dict:

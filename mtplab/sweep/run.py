@@ -430,7 +430,7 @@ def option_problems(args) -> list[str]:
     if args.name is not None and (problem := grid.check_name(args.name)):
         problems.append(problem.replace("name=", "--name ", 1))
     try:
-        spec = grid.load(args.spec, args.preset)
+        spec = grid.load(args.spec, args.preset, max_points=None if getattr(args, "yes", False) else grid.MAX_POINTS)
     except ValueError as err:
         spec = None
         problems.append(str(err))
