@@ -126,3 +126,18 @@ def test_imports_go_down_the_layers():
 def test_an_upward_import_is_named():
     graph = {"mtplab.model.artifact": {"mtplab.sweep.store"}, "mtplab.sweep.store": {"mtplab.model.artifact"}}
     assert upward_imports(graph) == ["mtplab.model.artifact -> mtplab.sweep.store"]
+
+
+def test_every_module_is_named_in_the_architecture_page_under_its_layer():
+    """ARCHITECTURE.md's layer table names each module of each sub-package (a new module is placed there too)."""
+    rows = {}
+    for line in (PACKAGE.parent / "ARCHITECTURE.md").read_text().splitlines():
+        if line.startswith("| `") and "/` |" in line:
+            layer = line.split("`")[1].rstrip("/")
+            rows[layer] = line.split("|")[2]
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if len(parts) == 2 and parts[1] != "__init__.py" and f"`{parts[1]}`" not in rows.get(parts[0], ""):
+            missing.append("/".join(parts))
+    assert not missing, f"modules missing from ARCHITECTURE.md's layer table: {missing}"
