@@ -13,6 +13,7 @@ def test_a_figure_the_sweep_cannot_fill_shows_nothing(capsys):
           "commit": "select", "schedule": "decode-verify"}]
     )
     for recipe in (
+        figures.head_by_k,
         figures.speedup_vs_alpha,
         figures.tokens_per_s_vs_alpha,
         figures.acceptance,
@@ -59,3 +60,15 @@ def test_expected_against_measured_acceptance_draws_a_point_per_sampled_row(caps
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["MTP head, T=0.7", "MTP head, T=1", "oracle mixture, T=0.7", "oracle mixture, T=1"]
     assert figures.sampled_acceptance(rows[rows.temperature == 0]) is None
+
+
+def test_the_heads_speedup_by_k_draws_a_line_per_schedule_labelled_with_its_acceptance(capsys):
+    rows = [{"engine": "mtplab", "drafter": "mtp", "k": k, "temperature": 0.0, "alpha": 0.8, "speedup": 0.5 + 0.1 * k,
+             "speedup_ci": [0.45 + 0.1 * k, 0.55 + 0.1 * k], "draft_acceptance": 1.0 - 0.05 * k, **SETTING,
+             "schedule": schedule} for schedule in ("decode-verify", "fused") for k in (1, 2, 3)]
+    fig = figures.head_by_k(pd.DataFrame(rows))
+    assert "Markdown" in capsys.readouterr().out  # its caption
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["decode-verify", "fused"]
+    assert sorted(t.get_text() for t in ax.texts if t.get_text().endswith("%")) == sorted(["95%", "90%", "85%"] * 2)
+    assert figures.head_by_k(pd.DataFrame(rows).assign(k=3)) is None  # one k: nothing to draw against

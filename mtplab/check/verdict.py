@@ -213,7 +213,7 @@ def details(identity: dict) -> list[str]:
     by_position = identity.get("head_acceptance_by_position")
     if by_position:
         agreed = identity.get("head_reference_agreement_by_position") or []
-        out.append("MTP head: accepted by draft position " + " ".join(_fmt(a) for a in by_position)
+        out.append("MTP head: kept, of the drafts judged at each draft position, " + " ".join(_fmt(a) for a in by_position)
                    + "; the teacher-forced head drafts the text's token at " + " ".join(_fmt(a) for a in agreed))
     if identity.get("sampled"):
         out.append("sampled: the tokens' distribution is the target's by the rejection rule, held exactly and "

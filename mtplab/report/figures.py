@@ -85,6 +85,13 @@ def speedup_vs_alpha(ok: pd.DataFrame):
     return plots.speedup_vs_alpha(ok)
 
 
+def head_by_k(ok: pd.DataFrame):
+    """The MTP head's speedup by k at its own acceptance, per schedule."""
+    return _captioned(ok, "head_by_k", "## The MTP head at its own acceptance\n"
+                      "Speedup over greedy by k (95% CI), the model's own head drafting; each point labelled with the "
+                      "share of its drafts the verify kept.", plots.speedup_by_k)
+
+
 def tokens_per_s_vs_alpha(ok: pd.DataFrame):
     """Speculative tokens/s against the oracle's alpha, greedy dotted."""
     return plots.tokens_per_s_vs_alpha(ok) if _fills(ok, "alpha_grid") else None
@@ -225,7 +232,7 @@ batch.all_batches = True
 
 
 # The report's figures, in the order it shows them (notebooks/report.ipynb shows each for every model).
-STANDARD = (speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, temperature, sampled_acceptance,
+STANDARD = (head_by_k, speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, temperature, sampled_acceptance,
             slot_counters, counters_table, time_split, memory, peer, batch)
 
 

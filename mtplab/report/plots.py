@@ -217,6 +217,27 @@ def per_position(df: pd.DataFrame):
     return fig
 
 
+def speedup_by_k(df: pd.DataFrame):
+    """The MTP head at its own acceptance: speedup over greedy (95% CI) by k, a line per schedule, each point
+    labelled with its draft acceptance; greedy is the line at 1."""
+    mtp = own_head(df)
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    for schedule, s in mtp.groupby("schedule"):
+        s = s.groupby("k", as_index=False).first().sort_values("k")
+        line = ax.errorbar(s.k, s.speedup, yerr=_ci_err(s.speedup, s.speedup_ci), fmt="o-", capsize=3, label=schedule)
+        for k, y, a in zip(s.k, s.speedup, s.draft_acceptance):
+            ax.annotate(f"{a:.0%}", (k, y), textcoords="offset points", xytext=(6, -12), fontsize=7,
+                        color=line[0].get_color())
+    ax.axhline(1.0, color="grey", lw=1, ls=":")
+    ax.text(ax.get_xlim()[0], 1.0, " greedy", va="bottom", fontsize=8, color="grey")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="k (drafts per step)", ylabel="speedup over greedy",
+           title="MTP head at its own acceptance (labels: draft acceptance)")
+    ax.legend(fontsize=8, title="schedule", title_fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def slot_counters(long: pd.DataFrame):
     """Replays, fallbacks, invalidations and hazards per point: a row per slot, a column per commit strategy.
 

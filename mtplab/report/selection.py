@@ -162,6 +162,7 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
     return {
         "alpha_grid": g.alpha.nunique() >= 2,  # a curve against alpha needs two alphas at least
         "acceptance": len(g) > 0 or len(own_head(own)) > 0,
+        "head_by_k": own_head(own).k.nunique() >= 2 if len(own) else False,
         "per_position": len(g[g.k == top_k]) > 0 or len(own_head(own)[lambda m: m.k == top_k]) > 0,
         "counters": len(own) > 0,
         "time_split": len(split) > 0,
