@@ -501,6 +501,7 @@ def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
     assert not quality.efficiency_table(df).empty
     for fig in (quality.speedup_with_ci(df, calibration), quality.drift(df)):
         assert fig.axes
+    assert quality.speedup_with_ci(df[df.drafter == "mtp"], calibration) is None  # no oracle point: no empty panel
 
 
 def test_a_sweep_naming_a_broken_builder_folder_is_refused_before_any_point(tmp_path):

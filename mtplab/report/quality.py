@@ -40,10 +40,13 @@ def load_calibration(sweep_dir: str | Path) -> dict:
 
 
 def speedup_with_ci(df: pd.DataFrame, calibration: dict):
-    """Oracle points: measured median speedup with 95% CI bars; predicted curves from the calibration alone."""
+    """Oracle points: measured median speedup with 95% CI bars; predicted curves from the calibration alone (None
+    where the sweep has no oracle point: no empty panel)."""
     policy, commit = defaults()["policy"], defaults()["commit"]
     o = set_acceptance(df[(df.policy == policy) & (df.commit == commit)])
-    schedules = sorted(o.schedule.unique()) or [defaults()["schedule"]]
+    if o.empty:
+        return None
+    schedules = sorted(o.schedule.unique())
     fig, axes = plt.subplots(1, len(schedules), figsize=(6 * len(schedules), 4), squeeze=False)
     alphas = np.linspace(0.0, 1.0, 51)
     for ax, schedule in zip(axes[0], schedules):
