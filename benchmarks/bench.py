@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mtplab.base.memory import huge_pages_env, reexec
+from mtplab.base.memory import thp_mode
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE.parent / "tests" / "data" / "builder-tiny"
@@ -176,7 +176,7 @@ def main() -> None:
                          ""))
         spread_model, spread_threads = ("tiny", 2) if args.quick else ("small", 2)  # the demo's model and threads
         out = Path(tmp) / "spread.json"
-        pages = "as-is" if huge_pages_env() is None else "both"  # huge / 4 KiB pages side by side where malloc has both
+        pages = "as-is" if thp_mode() != "madvise" else "both"  # huge / 4 KiB pages side by side where malloc has both
         r = _run("process_spread.py", ["--model", spread_model, "--threads", str(spread_threads), "--pages", pages]
                  + (["--processes", "3", "--rounds", "3"] if args.quick else []), out)
         name = f"{spread_model}, {spread_threads} threads, {r['processes']} processes"
@@ -204,5 +204,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

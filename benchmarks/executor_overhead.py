@@ -52,7 +52,6 @@ import time
 
 import numpy as np
 
-from mtplab.base.memory import reexec
 from mtplab.base.threads import thread_pool, use_global_pool
 from mtplab.engine.engine import Engine, prompt_tokens
 from mtplab.engine.schedules import PHASES
@@ -379,5 +378,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

@@ -39,7 +39,6 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from mtplab.base.memory import reexec
 from mtplab.engine.engine import model_for
 from mtplab.experiment.config import RunConfig
 from mtplab.measure.stats import summarize
@@ -194,5 +193,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 
-from mtplab.base.memory import reexec
 from mtplab.model import build_model, preset_config
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
@@ -65,5 +64,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

@@ -22,7 +22,6 @@ import argparse
 import json
 import time
 
-from mtplab.base.memory import reexec
 from mtplab.base.threads import settle, thread_pool, use_global_pool
 from mtplab.engine.engine import Engine, model_for, prompt_tokens
 from mtplab.experiment.config import RunConfig
@@ -131,5 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

@@ -15,9 +15,9 @@ With --inside R, one more process holds two engines of the point and runs R roun
 speculative runs (A first in even rounds, B first in odd ones): engine A over B on each side (what each engine drew, steadily) and each
 side's variation over the rounds (what moved both engines over time).
 
-With --pages both, the processes alternate between malloc's memory on 4 KiB pages and on huge pages (as the mtplab
-command runs: mtplab.base.memory), and each quantity's ratio huge / 4 KiB is taken over the pairs of neighbouring
-processes.
+With --pages both, the processes alternate between malloc's memory on 4 KiB pages and on huge pages
+(GLIBC_TUNABLES=glibc.malloc.hugetlb=1, where the kernel gives them on request), and each quantity's ratio huge /
+4 KiB is taken over the pairs of neighbouring processes: whether huge pages pay on this machine.
 
     python benchmarks/process_spread.py [--model small] [--threads 2] [--processes 6] [--rounds 5] [--tokens 48]
                                         [--k 2] [--alpha 0.7] [--schedule fused] [--inside R]
@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from mtplab.base.memory import huge_pages_env, huge_pages_summary, reexec, small_pages_env
+from mtplab.base.memory import TUNABLE, huge_pages_summary, thp_mode
 from mtplab.measure import stats
 
 CHILD_LIMIT = 600  # seconds one process may take (a point of small takes about ten)
@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--inside", type=int, default=0,
                     help="also run two engines of the point in one process for this many rounds each (0: not)")
     ap.add_argument("--pages", choices=("as-is", "huge", "4k", "both"), default="as-is",
-                    help="the children's pages: as this process has them (as-is: the mtplab command's), malloc's "
+                    help="the children's pages: as this process has them (as-is), malloc's "
                          "memory on huge pages (huge), on 4 KiB pages (4k), or both: --processes of each, "
                          "alternating, and each quantity's ratio huge / 4 KiB over the pairs of neighbouring processes "
                          "(mtplab.base.memory)")
@@ -192,6 +192,24 @@ def main() -> None:
                        "load": load, "spread": result, "inside": within, "confidence": stats.CONFIDENCE}, f, indent=1)
 
 
+def _other_tunables() -> list[str]:
+    return [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t.partition("=")[0] != TUNABLE]
+
+
+def huge_pages_env() -> dict | None:
+    """This environment with malloc's memory on huge pages; None where the kernel gives none on request (its THP
+    mode is not madvise: under always every process has them, under never none can)."""
+    if thp_mode() != "madvise":
+        return None
+    return {**os.environ, "GLIBC_TUNABLES": ":".join([*_other_tunables(), f"{TUNABLE}=1"])}
+
+
+def small_pages_env() -> dict:
+    """This environment less glibc.malloc.hugetlb: a child started with it keeps 4 KiB pages."""
+    env, others = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}, _other_tunables()
+    return env | ({"GLIBC_TUNABLES": ":".join(others)} if others else {})
+
+
 PAGES = {"as-is": lambda: None, "huge": huge_pages_env, "4k": small_pages_env}  # a child's environment (None: this one)
 PAGE_NAMES = {"as-is": "", "huge": "huge pages", "4k": "4 KiB pages"}
 
@@ -209,5 +227,4 @@ def _child(cmd: list[str], what: str, env: dict | None = None):
 
 
 if __name__ == "__main__":
-    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

@@ -19,7 +19,6 @@ import time
 
 import numpy as np
 
-from mtplab.base.memory import reexec
 from mtplab.measure.stats import summarize
 from mtplab.model import preset
 from mtplab.model.graph import replay_transitions_closed, replay_transitions_xp, transition_layout
@@ -74,5 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

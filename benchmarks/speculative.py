@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from mtplab.base.memory import reexec
 from mtplab.engine.engine import Engine, model_for
 from mtplab.engine.strategies import COMMITS, SCHEDULES
 from mtplab.experiment.config import RunConfig
@@ -75,5 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec()  # malloc's memory on huge pages, as the mtplab command has it (mtplab.base.memory)
     main()

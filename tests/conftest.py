@@ -11,9 +11,6 @@ import pytest
 
 _CACHE = tempfile.mkdtemp(prefix="mtplab-test-cache-")
 os.environ["MTPLAB_CACHE"] = _CACHE  # before anything reads it: tests never write the user's cache
-# every process of the suite on the pages this one started with: a sweep run in it does not turn huge pages on for
-# the tests after it (tests/test_memory.py runs the setting in processes of its own)
-os.environ["MTPLAB_HUGE_PAGES"] = "0"
 
 
 def pytest_unconfigure(config):

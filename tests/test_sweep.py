@@ -685,10 +685,10 @@ def test_a_resume_on_other_pages_than_the_sweeps_calibration_is_refused(tmp_path
     (sweep / "calibration.json").write_text(json.dumps({"small": {"key": {"preset": "small", "malloc_hugetlb": "1"}}}))
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
     assert pages_problem(sweep) is None
-    monkeypatch.delenv("GLIBC_TUNABLES")  # the suite's own setting: MTPLAB_HUGE_PAGES=0
+    monkeypatch.delenv("GLIBC_TUNABLES")
     problem = pages_problem(sweep)
     assert "calibrated (small) with malloc's memory on glibc.malloc.hugetlb=1 (huge pages)" in problem
-    assert "would run its points on 4 KiB pages" in problem and "without MTPLAB_HUGE_PAGES=0" in problem
+    assert "would run its points on 4 KiB pages" in problem and "(GLIBC_TUNABLES with glibc.malloc.hugetlb=1)" in problem
     (sweep / "calibration.json").write_text(json.dumps({"small": {"key": {"preset": "small"}}}))
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
-    assert "(MTPLAB_HUGE_PAGES=0)" in pages_problem(sweep)
+    assert "(without glibc.malloc.hugetlb in GLIBC_TUNABLES)" in pages_problem(sweep)

@@ -1,28 +1,15 @@
-"""This machine's memory, as /proc/meminfo tells it, and the pages a process's memory lies on.
-
-Huge pages. A decode streams every weight once a token; on 4 KiB pages that is a TLB miss every few cache lines
-and a physical placement that each process draws anew. With glibc's malloc asking for transparent huge pages
-(2 MiB: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35 on, where the kernel gives them on request,
-/sys/kernel/mm/transparent_hugepage/enabled = madvise), onnxruntime's weights and buffers lie on huge pages. On
-`small` at 2 threads, processes taking turns: greedy 1.022x [0.955, 1.108] and 1.05x [0.99, 1.09] in two runs of
-benchmarks/process_spread.py --pages both (a few percent, every CI reaching 1.0), the speculative side 1.00x, and in
-one pair of demos the efficiency stopped following each point's greedy draw (README, Benchmarks). glibc reads the setting when a process starts, so the `mtplab` command and the benchmarks start
-themselves again with it (`reexec`), and a sweep's points, calibrations and notebooks inherit it.
-MTPLAB_HUGE_PAGES=0 (no, false, off) keeps 4 KiB pages; a GLIBC_TUNABLES that already sets glibc.malloc.hugetlb
-is left as it is.
-What a process ran on is in its results' env (`huge_pages`).
+"""This machine's memory, as /proc/meminfo tells it, and what a process's memory lies on: the kernel's transparent
+huge pages mode, glibc's malloc tunable the process inherited (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 puts malloc's
+memory on huge pages where the kernel gives them on request), and how much of its memory is on huge pages. mtplab
+records it with every result and sets nothing: a process runs on the pages its environment gives it.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Mapping
-from contextlib import contextmanager
 from pathlib import Path
 
 TUNABLE = "glibc.malloc.hugetlb"
-OPT_OUT = "MTPLAB_HUGE_PAGES"  # "0": leave the pages as they are
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -48,90 +35,10 @@ def thp_mode(path: Path = THP_MODE) -> str | None:
     return text[start + 1 : end] if 0 <= start < end else None
 
 
-def glibc_version() -> tuple[int, int] | None:
-    """This process's glibc (major, minor); None under another C library."""
-    try:
-        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
-        major, minor = version.split(".")[:2]
-        return (int(major), int(minor)) if name == "glibc" else None
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def tunable_known(glibc: tuple[int, int] | None) -> bool:
-    """Whether this C library reads glibc.malloc.hugetlb (glibc 2.35 on)."""
-    return glibc is not None and glibc >= (2, 35)
-
-
 def hugetlb_of(tunables: str) -> str | None:
     """glibc.malloc.hugetlb's value in a GLIBC_TUNABLES string (None: not set there)."""
     values = [t.partition("=")[2] for t in tunables.split(":") if t.partition("=")[0] == TUNABLE]
     return values[-1] if values else None
-
-
-def opted_out(environ: Mapping[str, str]) -> bool:
-    """Whether MTPLAB_HUGE_PAGES says to leave the pages as they are (0, no, false, off)."""
-    return environ.get(OPT_OUT, "").strip().lower() in ("0", "no", "false", "off")
-
-
-def huge_pages_environ(environ: Mapping[str, str], mode: str | None, glibc: tuple[int, int] | None) -> dict | None:
-    """The environment a process started with would have malloc's memory on huge pages; None where nothing is to
-    change: opted out, glibc.malloc.hugetlb already set, a C library without the tunable (before glibc 2.35), or
-    a kernel that gives them on request only (mode madvise: under always every process has them, under never
-    none can)."""
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    if opted_out(environ) or hugetlb_of(tunables) is not None or not tunable_known(glibc) or mode != "madvise":
-        return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{TUNABLE}=1") if t)}
-
-
-def reexec() -> None:
-    """Start this process again with malloc's memory on huge pages, where they are not on yet and can be (see the
-    module's docstring); else return. Call it first thing in a program's entry point: it replaces the process."""
-    env = huge_pages_environ(os.environ, thp_mode(), glibc_version())
-    if env is not None and sys.executable:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        try:
-            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-        except OSError:  # an interpreter that cannot be started again by its path: this one goes on, on 4 KiB pages
-            pass
-
-
-@contextmanager
-def huge_pages_for_children():
-    """While it lasts, the processes this one starts (a sweep's calibrations and points) have malloc's memory on huge
-    pages where they can; this process keeps the pages it has, and its environment is put back after."""
-    env = huge_pages_environ(os.environ, thp_mode(), glibc_version())
-    if env is None:
-        yield
-        return
-    before = os.environ.get("GLIBC_TUNABLES")
-    os.environ["GLIBC_TUNABLES"] = env["GLIBC_TUNABLES"]
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["GLIBC_TUNABLES"]
-        else:
-            os.environ["GLIBC_TUNABLES"] = before
-
-
-def huge_pages_env() -> dict | None:
-    """The environment (this one's, the opt-out left out) a child process started with has malloc's memory on huge
-    pages; None where malloc gives none on request. A benchmark's side by side with small_pages_env."""
-    env, mode = {k: v for k, v in os.environ.items() if k != OPT_OUT}, thp_mode()
-    if hugetlb_of(env.get("GLIBC_TUNABLES", "")) == "1" and mode == "madvise":
-        return env
-    return huge_pages_environ(env, mode, glibc_version())
-
-
-def small_pages_env() -> dict:
-    """This environment less glibc.malloc.hugetlb, opted out: a child process started with it keeps 4 KiB pages."""
-    tunables = ":".join(t for t in os.environ.get("GLIBC_TUNABLES", "").split(":")
-                        if t and t.partition("=")[0] != TUNABLE)
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | {OPT_OUT: "0"}
-    return env | ({"GLIBC_TUNABLES": tunables} if tunables else {})
 
 
 def anon_huge_mib() -> float | None:
@@ -146,9 +53,7 @@ def anon_huge_mib() -> float | None:
 
 
 def malloc_hugetlb() -> str | None:
-    """glibc.malloc.hugetlb as GLIBC_TUNABLES gives it to this process's children (None: unset); the process itself
-    started with it too unless it set it later (huge_pages_for_children, in a sweep's process, which runs no
-    session)."""
+    """glibc.malloc.hugetlb as GLIBC_TUNABLES gives it to this process and its children (None: unset)."""
     return hugetlb_of(os.environ.get("GLIBC_TUNABLES", ""))
 
 
@@ -169,13 +74,8 @@ def huge_pages_summary() -> str:
                 "always": "every process's memory (the kernel's THP mode is always)"}[mode]
     if malloc == "1":
         return "malloc's memory (glibc.malloc.hugetlb=1; the kernel's THP mode is madvise)"
-    if malloc is not None:
-        return f"off: GLIBC_TUNABLES sets glibc.malloc.hugetlb={malloc}"
-    if opted_out(os.environ):
-        return f"off: {OPT_OUT}={os.environ[OPT_OUT]}"
-    if not tunable_known(glibc_version()):
-        return "off: this C library has no glibc.malloc.hugetlb (glibc 2.35 on)"
-    return "off in this process (the mtplab command and the benchmarks start themselves with them)"
+    return (f"off: the kernel gives them on request (madvise); GLIBC_TUNABLES={TUNABLE}=1 asks for them"
+            + (f" (it sets {TUNABLE}={malloc} now)" if malloc is not None else ""))
 
 
 def calibration_pages() -> str | None:

@@ -515,12 +515,9 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
 
 def console() -> int:
     """The executable's entry point as checkouts before mtplab.cli.entry installed it (a console script not made again
-    since): the same start, after this module's imports."""
-    from mtplab.base.memory import reexec
-
-    reexec()
+    since)."""
     return main(own_process=True)
 
 
-if __name__ == "__main__":  # the command without the executable's start on huge pages (`python -m mtplab` has it)
+if __name__ == "__main__":
     sys.exit(main(own_process=True))

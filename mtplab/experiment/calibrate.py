@@ -79,8 +79,8 @@ MEASURES = 11
 def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
     """What a calibration is valid for: model (a preset name, with int4 weights or not, or a folder), machine,
     threads, onnxruntime, the commit strategies registered (a new one is measured, not missing from a cached
-    table), how many repeats measured it, what the engine runs where (MEASURES), and whether malloc's memory is on
-    huge pages (mtplab.base.memory: a sweep's points run as its calibration did)."""
+    table), how many repeats measured it, what the engine runs where (MEASURES), and whether GLIBC_TUNABLES puts
+    malloc's memory on huge pages (mtplab.base.memory: a sweep's points run as its calibration did)."""
     import onnxruntime
 
     return {

@@ -84,7 +84,7 @@ class RayPool:
         self.started_here = not ray.is_initialized()
         if self.started_here:
             # Strategies a plugin registers reach the points: every task imports the same plugin modules. So does
-            # malloc's huge pages setting (mtplab.base.memory): the points run as the calibration did.
+            # malloc's huge pages setting, where GLIBC_TUNABLES gives one: the points run as the calibration did.
             passed = {name: os.environ[name] for name in (PLUGINS_ENV, "GLIBC_TUNABLES") if os.environ.get(name)}
             env = {"env_vars": passed} if passed else None
             if address:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from mtplab.base import paths
 from mtplab.base.files import output_folder_problem, write_atomic
 from mtplab.base.lock import folder_lock
-from mtplab.base.memory import calibration_pages, huge_pages_for_children
+from mtplab.base.memory import calibration_pages
 from mtplab.measure.env import environment
 from mtplab.measure.result import dumps
 from mtplab.sweep import grid, store
@@ -136,16 +136,15 @@ def run_sweep(
                 f"{sweep_dir} holds {len(others)} point(s) this spec does not name (e.g. {others[0]}): --resume continues "
                 "the spec a sweep ran (or one that adds points to it); give that spec, or choose another --name"
             )
-        with huge_pages_for_children():  # the calibrations and points this sweep starts: the mtplab command's pages
-            if problem := pages_problem(sweep_dir):
-                raise ValueError(problem)
-            return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address, calibration)
+        if problem := pages_problem(sweep_dir):
+            raise ValueError(problem)
+        return _run_locked(spec, sweep_dir, results_root, workers, timeout, quiet, executor, address, calibration)
 
 
 def pages_problem(sweep_dir: Path) -> str | None:
     """Why a resumed sweep's points would run on other pages than its calibration was measured on (its points so far
-    ran as it did): malloc's memory on huge pages or not (mtplab.base.memory); None where they match or nothing was
-    calibrated yet."""
+    ran as it did): malloc's memory on huge pages or not, as GLIBC_TUNABLES sets it (mtplab.base.memory); None where
+    they match or nothing was calibrated yet."""
     held = sweep_dir / "calibration.json"
     if not held.exists():
         return None
@@ -155,8 +154,8 @@ def pages_problem(sweep_dir: Path) -> str | None:
         if then != now:
             return (f"{sweep_dir.name} was calibrated ({name}) with malloc's memory on {_pages_said(then)}, and "
                     f"this resume would run its points on {_pages_said(now)}: its points would mix the two. Resume it "
-                    "as it started " + ("(without MTPLAB_HUGE_PAGES=0 or a GLIBC_TUNABLES that sets glibc.malloc.hugetlb)" if then
-                       else "(MTPLAB_HUGE_PAGES=0)") + ", or give another --name")
+                    "as it started (" + (f"GLIBC_TUNABLES with glibc.malloc.hugetlb={then}" if then else
+                                         "without glibc.malloc.hugetlb in GLIBC_TUNABLES") + "), or give another --name")
     return None
 
 
