@@ -29,13 +29,14 @@ sweep = json.loads((Path(sweep_dir) / "sweep.json").read_text())
 df = store.load(sweep_dir)
 ok = df[df.status == "ok"]
 display(HTML(tables.CSS + provenance.header_html(sweep, df)))
+display(Markdown(findings.per_model(findings.answer, df)))
 display(Markdown(provenance.HOW_TO_READ))
 
 # %% [markdown]
 # ## Findings
 
 # %%
-display(Markdown(findings.drift_findings(sweep) + "\n\n" + findings.per_model(findings.sweep_findings, df)))
+display(Markdown(findings.per_model(findings.sweep_findings, df) + "\n" + findings.drift_findings(sweep)))
 
 # %%
 for figure in figures.STANDARD:

@@ -96,3 +96,15 @@ def test_the_acceptance_the_steps_realized_is_told_apart_from_the_efficiency():
     text = findings.sweep_findings(df)
     assert "median 0.98, 0.95-1.02 over 2 points" in text
     assert "moved the calibration's price by -8% to +5%" in text and "The efficiency prices the steps made" in text
+
+
+def test_the_report_answers_first_with_the_real_heads_best_point_its_interval_and_the_identity():
+    df = _sweep(_rounds([(72.0, 90.0)])).assign(model_name="tiny", point_id=["a", "b", "c"])
+    line = findings.answer(df)
+    assert line.startswith("**The answer.** Real MTP head: speculative decoding beats greedy (CI above 1) at 2 of 2")
+    assert "Best: **1.50x** [1.40, 1.60] (stable) at k=2, fused" in line and "every point token-identical to greedy" in line
+    lossy = df.assign(lossless=[True, False, True])
+    assert "**1 of 3 points NOT identical to greedy**" in findings.answer(lossy)
+    assert findings.answer(df[df.engine == "ort-genai"]).startswith("**No speculative point of mtplab's own engine")
+    first = findings.sweep_findings(df.assign(**{"theory.alpha": 0.7})).splitlines()[0]
+    assert first.startswith("- Real MTP head:")  # the answer heads the findings; how sure and the caveats follow

@@ -179,11 +179,25 @@ def _ratio_text(r: dict) -> str:
     return f"**{r['median']:.2f}x** {interval}"
 
 
-def sweep_findings(df: pd.DataFrame) -> str:
-    """A sweep's findings as a markdown bullet list: how sure, identity, where MTP beats greedy (real head first),
-    best k per alpha, policies, theory fit."""
-    out = stability_findings(df)
+def answer(df: pd.DataFrame) -> str:
+    """The report's first line: where speculative decoding beats greedy (the real head first) with its best point and
+    interval, and whether every point was token-identical to greedy; the findings and their caveats follow."""
     ok = selection.ran(df)
+    heads = headline_findings(ok) if len(ok) else []
+    if not heads:
+        return "**No speculative point of mtplab's own engine ran in this sweep**: the findings below say what did."
+    lossy = int((~ok.lossless.astype(bool)).sum())
+    identity = ("every point token-identical to greedy" if not lossy else
+                f"**{lossy} of {len(ok)} points NOT identical to greedy**")
+    return f"**The answer.** {heads[0][2:]} ({identity}; caveats under Findings.)"
+
+
+def sweep_findings(df: pd.DataFrame) -> str:
+    """A sweep's findings as a markdown bullet list: where MTP beats greedy (real head first), identity, how sure,
+    warnings, best k per alpha, policies, theory fit."""
+    ok = selection.ran(df)
+    out = headline_findings(ok) if len(ok) else []
+    out += stability_findings(df)
     failed = df[df.status == "failed"]
     if len(failed):
         errors = failed.error if "error" in failed else pd.Series("", index=failed.index)
@@ -211,7 +225,6 @@ def sweep_findings(df: pd.DataFrame) -> str:
             + (f"; not checked at {(~checked).sum()} (peer engine rows)." if (~checked).any() else ".")
         )
     out.extend(warning_findings(ok))
-    out.extend(headline_findings(ok))
     g = alpha_grid(ok)
     for sched, s in g.groupby("schedule"):
         parts = []
@@ -228,7 +241,7 @@ def sweep_findings(df: pd.DataFrame) -> str:
         for sched, s in mtp.groupby("schedule"):
             b = s.loc[s.speedup.idxmax()]
             out.append(
-                f"- Built-in MTP head, `{sched}`: draft acceptance {s.draft_acceptance.mean():.0%} "
+                f"- The model's MTP head, `{sched}`: draft acceptance {s.draft_acceptance.mean():.0%} "
                 f"(fitted alpha {s['theory.alpha'].mean():.2f}); best k={b.k} at {b.speedup:.2f}x."
             )
     out.extend(policy_findings(counters_long(ok)))

@@ -206,7 +206,7 @@ def per_position(df: pd.DataFrame):
     mtp = mtp[mtp.k == k]
     if len(mtp):
         measured = np.mean(np.stack(parse_json(mtp.acceptance_per_position).map(np.asarray).values), axis=0)
-        ax.plot(pos, measured, "*-", color="black", ms=10, label="built-in MTP head")
+        ax.plot(pos, measured, "*-", color="black", ms=10, label="the model's MTP head")
     ax.set_xticks(pos)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("draft position i")

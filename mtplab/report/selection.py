@@ -54,7 +54,7 @@ def own_engine(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def own_head(df: pd.DataFrame) -> pd.DataFrame:
-    """mtplab's own greedy-decoding runs with the built-in MTP head (not the onnxruntime-genai peer; sampled rows
+    """mtplab's own greedy-decoding runs with the model's own MTP head (not the onnxruntime-genai peer; sampled rows
     are drawn against temperature)."""
     engine = df.engine if "engine" in df else pd.Series("mtplab", index=df.index)
     return measured_acceptance(greedy_decoding(df[engine == "mtplab"]))
