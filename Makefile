@@ -48,7 +48,7 @@ test-full: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m full
 
 # Trains models/pycode again (torch lives only in .venv-train, never in make test or make demo): data, training
-# (resumable: a stopped run continues from train/work/ckpt.pt), export with its checks, the model card.
+# (resumable: a stopped run continues from train/work/ckpt.pt), export with its checks, the model card, the prompt sets.
 TRAIN_MINUTES ?= 45
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 .venv-train/.installed: train/requirements.txt
@@ -62,6 +62,7 @@ train: .venv-train/.installed
 	nice -n 19 .venv-train/bin/python train/train.py --minutes $(TRAIN_MINUTES) --resume
 	.venv-train/bin/python train/export.py
 	.venv-train/bin/python train/card.py
+	.venv-train/bin/python train/prompts.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py

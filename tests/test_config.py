@@ -134,3 +134,22 @@ def test_a_shipped_model_is_named_by_its_name_from_any_directory(tmp_path, monke
     assert open_model("pycode").description.name == "pycode"
     with pytest.raises(config.ConfigError, match=r"a shipped model \['pycode'\]"):
         RunConfig(model="pycodex")
+
+
+def test_a_prompt_set_of_the_models_folder_gives_the_prompt_and_names_the_point():
+    import json
+
+    from mtplab.model.folders import SHIPPED
+    from mtplab.model.prompts import run_prompt
+
+    sets = json.loads((SHIPPED / "pycode" / "prompts.json").read_text())["kinds"]
+    assert sorted(sets) == ["code", "comments", "data", "docstrings"] and all(len(v) >= 20 for v in sets.values())
+    run = RunConfig(model="pycode", drafter="mtp", prompts="docstrings", seed=len(sets["docstrings"]) + 1)
+    assert run_prompt(run, 2048) == sets["docstrings"][1]["tokens"]  # row seed % its size
+    assert "prompts-docstrings" in config.point_id(run)
+    random = RunConfig(model="pycode", drafter="mtp")
+    assert len(run_prompt(random, 2048)) == random.prompt_len and "prompts" not in config.point_id(random)
+    with pytest.raises(config.ConfigError, match=r"prompts='nope': pycode has no such prompt set \(allowed: \['code'"):
+        RunConfig(model="pycode", prompts="nope")
+    with pytest.raises(config.ConfigError, match="prompts='code': tiny ships no prompt sets"):
+        RunConfig(model="tiny", prompts="code")

@@ -29,15 +29,15 @@ import numpy as np
 
 from mtplab.engine.commits import transitions_update
 from mtplab.engine.drafters import OracleDrafter
-from mtplab.engine.engine import prompt_tokens
 from mtplab.engine.schedules import Phases
+from mtplab.model.prompts import run_prompt
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.sessions import mtp_io
 
 
 def prompts(run, vocab: int) -> np.ndarray:
-    """The batch's prompts [B, prompt_len]: row b's is the batch-1 prompt of seed + b."""
-    return np.array([prompt_tokens(vocab, run.prompt_len, run.seed + b) for b in range(run.batch)], dtype=np.int64)
+    """The batch's prompts [B, P]: row b's is the batch-1 prompt of seed + b."""
+    return np.array([run_prompt(run, vocab, run.seed + b) for b in range(run.batch)], dtype=np.int64)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset_config
 from mtplab.model.description import GraphIO, beyond_capacity, length_feeds
+from mtplab.model.prompts import prompt_tokens, run_prompt  # noqa: F401 - a run's prompt, here where runs start
 from mtplab.runtime import held_meta, hot_loop
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, device_for
@@ -81,11 +82,6 @@ def host_count(tokens, batch: int) -> int:
 
 def _nested(token) -> bool:
     return isinstance(token, (list, tuple, np.ndarray))
-
-
-def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
-    """A deterministic prompt for a seed."""
-    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, length)]
 
 
 @functools.cache

@@ -12,6 +12,7 @@ import numpy as np
 from mtplab.base.memory import meminfo_gib
 from mtplab.engine.strategies import COMMITS
 from mtplab.model.config import capacity_problem, k_problem
+from mtplab.model.prompts import run_prompt
 from mtplab.runtime.device import backend_problem
 
 if TYPE_CHECKING:  # the config sits above the engine: its fields are read only
@@ -95,7 +96,8 @@ def check_run_on_model(run: RunConfig, desc) -> None:
             backend_problem(run.backend, desc),
             k_problem(run.k, desc.transition_capacity) if ours and desc.transition_capacity else None,
             COMMITS.get(run.commit).refusal(desc) if ours else None,
-            capacity_problem(run.prompt_len, run.tokens, run.k, desc.capacity, f"{desc.name}'s KV capacity"),
+            capacity_problem(len(run_prompt(run, desc.vocab_size)), run.tokens, run.k, desc.capacity,
+                             f"{desc.name}'s KV capacity"),
             batch_problem(run.batch, desc),
             memory_problem(run, desc),
         )

@@ -24,6 +24,7 @@ from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS, capacity_problem, k_problem, preset_name
 from mtplab.model.folders import model_folder, shipped_models
+from mtplab.model.prompts import prompt_problem
 from mtplab.runtime.executor import max_recaptures_problem
 from mtplab.runtime.policy import POLICIES
 
@@ -139,6 +140,9 @@ def _model_ok(v) -> bool:
     return (folder / "genai_config.json").is_file() or (folder / "manifest.json").is_file()
 
 
+PROMPT_SET = (lambda v: isinstance(v, str) and (v == "" or v.replace("-", "").replace("_", "").isalnum()),
+              "a prompt set's name (letters, digits, - and _), or empty")
+
 MODEL_RULE = (
     _model_ok,
     f"a preset name {list(PRESETS)}, a shipped model {shipped_models()}, or a folder holding genai_config.json "
@@ -219,6 +223,10 @@ class RunConfig:
     prompt_len: int = param(8, "prompt tokens", group="measurement", rule=INTEGER_1, tag="p", id=("tail", 3, None),
                             per_run=True)
     seed: int = param(0, "prompt seed, an integer >= 0", group="measurement", rule=INTEGER_0, id=("body", 7, "s{}"))
+    prompts: str = param("", "a prompt set of the model's folder (its prompts.json: held-out text by kind, e.g. "
+                         "models/pycode's code, docstrings, comments, data), its row seed % its size; empty: prompt_len "
+                         "random tokens from the seed", group="measurement", rule=PROMPT_SET, tag="prompts-",
+                         id=("tail", 4, None))
     rounds: int | str = param(
         3, f"paired greedy/speculative timed rounds (1..{MAX_ROUNDS}), timed after the untimed checked pass; 'auto': "
            "5 rounds, then more until the speedup's 95% interval half-width is within rounds_target of its centre, "
@@ -400,6 +408,8 @@ def run_problems(values: dict) -> list[str]:
             "int4=True with a model folder: int4 builds a preset's weights as int4; a folder's weights are as it was "
             "exported (the model builder's -p int4)"
         )
+    if cfg["prompts"] and (problem := prompt_problem(cfg["model"], cfg["prompts"])):
+        problems.append(problem)
     k = cfg["k"]
     k_refused = _preset_k_problem(cfg)
     if k_refused:

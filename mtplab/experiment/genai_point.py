@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mtplab.base.threads import SETTLE_LIMIT, settle, thread_pool, threads_used
 from mtplab.check import verdict as oracle
-from mtplab.engine.engine import Engine, model_for, prompt_tokens
+from mtplab.engine.engine import Engine, model_for
 from mtplab.engine.fit import reference_run
 from mtplab.engine.sampling import settings, settings_text
 from mtplab.experiment.config import RunConfig
@@ -15,6 +15,7 @@ from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
 from mtplab.measure.result import RunResult
 from mtplab.model import Artifact, cache_dir
+from mtplab.model.prompts import run_prompt
 
 
 def exported(art: Artifact, threads: int = 0):
@@ -67,7 +68,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
     require_genai()
     art = artifact or model_for(run)
     n = run.tokens
-    prompt = prompt_tokens(art.description.vocab_size, run.prompt_len, run.seed)
+    prompt = run_prompt(run, art.description.vocab_size)
     engine = Engine(reference_run(run, art.description), art)
     reference = engine.greedy(prompt, n)
     sampling = settings(run)

@@ -11,7 +11,7 @@ from mtplab.base.threads import use_global_pool
 from mtplab.check import flags, lossless
 from mtplab.check import verdict as oracle
 from mtplab.check.audit import Audit, Trace, checked_problems, engine_problems
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.experiment import config
 from mtplab.experiment.config import RunConfig
@@ -22,6 +22,7 @@ from mtplab.measure.env import environment
 from mtplab.measure.published import result_problems
 from mtplab.measure.result import RunResult
 from mtplab.model import Artifact
+from mtplab.model.prompts import run_prompt
 from mtplab.runtime.executor import Slot
 
 
@@ -129,7 +130,7 @@ def run_mtplab_point(
         check_engine(run, engine, artifact)
     engine = engine or Engine(run, artifact)
     desc, k, n = engine.desc, run.k, run.tokens
-    prompt = prompt_tokens(desc.vocab_size, run.prompt_len, run.seed)
+    prompt = run_prompt(run, desc.vocab_size)
     built = [f"the engine: {p}" for p in engine_problems(engine)]  # it runs what the config says
     # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
     checked = lossless.checked_pass(engine, prompt, n)

@@ -221,10 +221,13 @@ def speedup_by_k(df: pd.DataFrame):
     """The MTP head at its own acceptance: speedup over greedy (95% CI) by k, a line per schedule, each point
     labelled with its draft acceptance; greedy is the line at 1."""
     mtp = own_head(df)
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    for schedule, s in mtp.groupby("schedule"):
+    mtp = mtp.assign(prompts=mtp.prompts.fillna("") if "prompts" in mtp else "")
+    by = ["schedule", "prompts"] if mtp.prompts.nunique() > 1 else ["schedule"]
+    fig, ax = plt.subplots(figsize=(7.4, 3.8))
+    for key, s in mtp.groupby(by):
+        label = ", ".join(v or "random prompts" for v in (key if isinstance(key, tuple) else (key,)))
         s = s.groupby("k", as_index=False).first().sort_values("k")
-        line = ax.errorbar(s.k, s.speedup, yerr=_ci_err(s.speedup, s.speedup_ci), fmt="o-", capsize=3, label=schedule)
+        line = ax.errorbar(s.k, s.speedup, yerr=_ci_err(s.speedup, s.speedup_ci), fmt="o-", capsize=3, label=label)
         for k, y, a in zip(s.k, s.speedup, s.draft_acceptance):
             ax.annotate(f"{a:.0%}", (k, y), textcoords="offset points", xytext=(6, -12), fontsize=7,
                         color=line[0].get_color())
@@ -233,7 +236,8 @@ def speedup_by_k(df: pd.DataFrame):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="k (drafts per step)", ylabel="speedup over greedy",
            title="MTP head at its own acceptance (labels: draft acceptance)")
-    ax.legend(fontsize=8, title="schedule", title_fontsize=8)
+    ax.legend(fontsize=8, title=" / ".join(by).replace("prompts", "prompt set"), title_fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the axes: it covers no point
     fig.tight_layout()
     return fig
 

@@ -1,0 +1,59 @@
+"""The prompt sets a model folder ships (prompts.json: held-out text of a few kinds, tokenized), and a run's prompt
+from them: row seed % n of the set its `prompts` names."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mtplab.model.folders import model_folder
+
+PROMPTS_FILE = "prompts.json"
+
+
+@functools.cache
+def _sets(folder: str) -> dict[str, tuple[tuple[int, ...], ...]]:
+    path = Path(folder) / PROMPTS_FILE
+    if not path.is_file():
+        return {}
+    kinds = json.loads(path.read_text())["kinds"]
+    return {kind: tuple(tuple(int(t) for t in p["tokens"]) for p in prompts) for kind, prompts in kinds.items()}
+
+
+def prompt_sets(model: str) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """A model's prompt sets by kind (its folder's prompts.json); empty for a preset or a folder with none."""
+    return _sets(str(model_folder(model).resolve()))
+
+
+def prompt_problem(model: str, kind: str) -> str | None:
+    """Why a model has no prompt set of that kind, or None."""
+    sets = prompt_sets(model)
+    if kind in sets:
+        return None
+    if not sets:
+        return (f"prompts={kind!r}: {Path(model).name} ships no prompt sets (a model folder's {PROMPTS_FILE}, as "
+                "models/pycode has); leave prompts empty for prompt_len random tokens")
+    return f"prompts={kind!r}: {Path(model).name} has no such prompt set (allowed: {sorted(sets)})"
+
+
+def prompt_from_set(model: str, kind: str, seed: int) -> list[int]:
+    """Row seed % n of the model's prompt set `kind`."""
+    rows = prompt_sets(model)[kind]
+    return list(rows[seed % len(rows)])
+
+
+def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
+    """A deterministic prompt of random tokens for a seed."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, length)]
+
+
+def run_prompt(run, vocab: int, seed: int | None = None) -> list[int]:
+    """A run's prompt: row seed % n of its model's prompt set `run.prompts`, else prompt_len random tokens from the
+    seed (run.seed unless given: a batch's row b takes seed + b)."""
+    seed = run.seed if seed is None else seed
+    if run.prompts:
+        return prompt_from_set(run.model, run.prompts, seed)
+    return prompt_tokens(vocab, run.prompt_len, seed)
