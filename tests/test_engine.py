@@ -321,6 +321,7 @@ def test_a_forward_returns_a_dict_of_its_own_takes_nested_lists_and_follows_a_ne
 def test_phases_sum_each_phase_over_the_steps_stamps():
     phases = Phases()
     assert phases.seconds == dict.fromkeys(PHASES, 0.0)  # no step yet
-    phases.append((0.0, 1.0, 3.0, 6.0, 10.0))  # a step's start, then the end of its decode, draft, verify, commit
-    phases.append((20.0, 20.5, 21.0, 21.5, 22.0))  # the time between two steps belongs to no phase
-    assert phases.seconds == {"decode": 1.5, "draft": 2.5, "verify": 3.5, "commit": 4.5}
+    # a step's start, then the end of its decode, draft, verify, drafter's commit (draft work) and commit
+    phases.append((0.0, 1.0, 3.0, 6.0, 6.5, 10.0))
+    phases.append((20.0, 20.5, 21.0, 21.5, 21.75, 22.0))  # the time between two steps belongs to no phase
+    assert phases.seconds == {"decode": 1.5, "draft": 3.25, "verify": 3.5, "commit": 3.75}

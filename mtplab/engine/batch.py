@@ -301,11 +301,12 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         targets = ver["logits"].argmax(-1)  # [B, k+1]
         match = drafts == targets[:, :k]
         counts = np.where(match.all(1), k, match.argmin(1))  # drafts each row keeps
-        if head is not None:  # before the commit: a re-advance may reuse the verify's output buffers
-            ready = commit_head(engine, targets, counts, ver["hidden"], verify_start)
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's
+        if head is not None:  # before the commit, for the same reason; draft work (Phases)
+            ready = commit_head(engine, targets, counts, ver["hidden"], verify_start)
+        stamps.append(time.perf_counter())  # the head's commit's
         st.lengths[...] = verify_start
         engine.target.rollback(Slot.PRIMARY)
         rows = np.flatnonzero(active)

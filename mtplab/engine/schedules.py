@@ -25,17 +25,19 @@ PHASES = ("decode", "draft", "verify", "commit")
 
 
 class Phases(list):
-    """A run's steps on the host's clock: each step appends its five stamps (its start, and the end of its decode,
-    draft, verify and commit; a list append, the least a step can do), and `seconds` sums each phase over them. On a
-    device whose runs return once queued (CUDA) a phase ends when its work is queued: the device time of the decode
-    and the drafts lands in the phase that waits for it, the verify's read (its span then holds the step's device
-    time)."""
+    """A run's steps on the host's clock: each step appends its six stamps (its start, and the end of its decode,
+    draft, verify, drafter's commit and commit; a list append, the least a step can do), and `seconds` sums each
+    phase over them. The drafter's commit (the MTP head's KV rows for what the verify kept) is draft work, priced
+    there by the calibration: it counts in the draft phase. On a device whose runs return once queued (CUDA) a phase
+    ends when its work is queued: the device time of the decode and the drafts lands in the phase that waits for it,
+    the verify's read (its span then holds the step's device time)."""
 
     @property
     def seconds(self) -> dict[str, float]:
         """Seconds per phase over the steps so far."""
-        spans = np.diff(np.asarray(self, dtype=np.float64).reshape(-1, len(PHASES) + 1), axis=1).sum(axis=0)
-        return dict(zip(PHASES, map(float, spans)))
+        spans = np.diff(np.asarray(self, dtype=np.float64).reshape(-1, len(PHASES) + 2), axis=1).sum(axis=0)
+        decode, draft, verify, drafter_commit, commit = map(float, spans)
+        return {"decode": decode, "draft": draft + drafter_commit, "verify": verify, "commit": commit}
 
 
 def commit_drafts(drafter, ver: dict, tokens: list[int], start: int) -> None:
@@ -57,9 +59,10 @@ def decode_verify_step(engine, emitted: list[int], drafter, phases: Phases) -> i
     emitted += consumed + [bonus]  # consumed[0] is the decode's token
     t3 = clock()
     commit_drafts(drafter, ver, consumed[1:] + [bonus], engine.state.length)  # before a re-advance reuses ver
+    t4 = clock()
     engine.commit(ver, consumed)
     engine.end_step()
-    phases.append((t0, t1, t2, t3, clock()))
+    phases.append((t0, t1, t2, t3, t4, clock()))
     return n
 
 
@@ -75,9 +78,10 @@ def fused_step(engine, emitted: list[int], drafter, phases: Phases) -> int:
     engine.keep_hidden(ver, n)  # the next step drafts from the last committed position
     t3 = clock()
     commit_drafts(drafter, ver, consumed[1:] + [bonus], engine.state.length)
+    t4 = clock()
     engine.commit(ver, consumed)
     engine.end_step()
-    phases.append((t0, t1, t2, t3, clock()))
+    phases.append((t0, t1, t2, t3, t4, clock()))
     return n
 
 
