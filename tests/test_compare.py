@@ -88,7 +88,7 @@ def test_compare_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path, capsys):
 
 
 def test_a_sweep_is_found_by_its_folder_or_by_its_name_in_the_results_root_and_every_other_input_is_named(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     from mtplab.sweep.store import finished_sweep
 
     root = tmp_path / "elsewhere"
@@ -103,6 +103,10 @@ def test_a_sweep_is_found_by_its_folder_or_by_its_name_in_the_results_root_and_e
     assert finished_sweep("demo") == finished_sweep(sweep) == sweep.resolve()
     with pytest.raises(ValueError, match=r"demo2: no such folder, nor is there a sweep named demo2 in .*elsewhere"):
         finished_sweep("demo2")
+    monkeypatch.delenv("MTPLAB_RESULTS")  # mtplab report --results names the root as mtplab sweep --results does
+    assert main(["report", "demo2", "--results", str(root)]) == 2
+    assert "nor is there a sweep named demo2 in " + str(root.resolve()) in capsys.readouterr().err
+    monkeypatch.setenv("MTPLAB_RESULTS", str(root))
     with pytest.raises(ValueError, match=r"sweep.json is a file: give a sweep's folder"):
         finished_sweep(sweep / "sweep.json")
     (tmp_path / "demo").mkdir()  # a folder of that name here that holds no sweep does not hide the results root's

@@ -308,6 +308,11 @@ def _sweep(args) -> int:
 def _report(args) -> int:
     from mtplab.report.publish import make_report
 
+    if args.results:  # this command's own results root: where a sweep's name is looked up
+        import os
+        from pathlib import Path
+
+        os.environ["MTPLAB_RESULTS"] = str(Path(args.results).resolve())
     try:
         path = make_report(args.sweep_dir, notebook="04_when_mtp_pays" if args.study else "report")
     except ValueError as err:
@@ -488,6 +493,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--study", action="store_true",
                      help="render the study (notebooks/04_when_mtp_pays.ipynb: the seed's path, break-even acceptance, "
                           "your hardware's prediction) into study.html instead, from a `mtplab sweep --grid study`")
+    rep.add_argument("--results", default=None, help="the results root a name is looked up in (as `mtplab sweep "
+                                                      "--results` takes it; default: $MTPLAB_RESULTS, else results/)")
     rep.set_defaults(func=_report)
 
     c = sub.add_parser("compare", help="two sweeps side by side, points matched by their parameters", **fmt)

@@ -167,8 +167,8 @@ class RunConfig:
     # -- the model
     model: str = param(
         "small",
-        f"the model: a preset name ({', '.join(PRESETS)}), or a folder the onnxruntime-genai model builder wrote (or an "
-        "mtplab artifact)",
+        f"the model: a preset name ({', '.join(PRESETS)}), a shipped model ({', '.join(shipped_models()) or 'none'}), or "
+        "a folder the onnxruntime-genai model builder wrote (or an mtplab artifact)",
         group="model", rule=MODEL_RULE, aliases=("--preset",), id=("body", 0, lambda v, values: model_name(v)),
     )
     int4: bool = param(False, "int4 weights", group="model", id=("tail", 0, None))
