@@ -278,11 +278,13 @@ def test_an_option_argparse_refuses_is_one_line_from_its_own_command(capsys, arg
     assert done.value.code == 2 and err.startswith(said) and err.count("\n") == 1 and "usage:" not in err, err
 
 
-def test_the_folder_an_out_path_would_make_is_named_so_that_a_command_can_say_it_made_it(tmp_path):
-    from mtplab.base.files import missing_folder
-
-    assert missing_folder(tmp_path / "a" / "b" / "r.json") == tmp_path / "a"  # the outermost one made
-    assert missing_folder(tmp_path / "r.json") is None and missing_folder(None) is None
+def test_an_out_path_in_a_folder_that_does_not_exist_is_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "a" / "b" / "r.json"
+    for args in (["run", "--preset", "tiny", "--out", str(out)], ["calibrate", "--model", "tiny", "--out", str(out)],
+                 ["compare", str(tmp_path), str(tmp_path), "--out", str(out)]):
+        assert main(args) == 2, args
+        assert f"--out {out}: its folder {out.parent} does not exist; make it first" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no folder made
 
 
 def test_a_temperature_alone_samples_with_rejection_sampling_and_a_named_rule_is_kept(capsys):

@@ -92,16 +92,9 @@ def output_file_problem(option: str, path) -> str | None:
         folder = path.resolve().parent
     except (RuntimeError, OSError) as err:  # a loop of symbolic links
         return f"{option} {path}: cannot be followed ({err}); give a file path"
+    if not folder.is_dir():  # a mistyped path would leave folders behind: the folder is the user's to make
+        return f"{option} {path}: its folder {folder} does not exist; make it first, or give a path in a folder that does"
     return _writable_problem(option, path, folder)
-
-
-def missing_folder(path) -> Path | None:
-    """The outermost folder on the way to the file `path` that does not exist yet (a write there makes it), or None:
-    a command says it made it, so that a mistyped path does not leave folders behind unremarked."""
-    if path is None:
-        return None
-    missing = [p for p in Path(path).absolute().parents if not p.exists()]
-    return missing[-1] if missing else None
 
 
 def _kind(path: Path) -> str:

@@ -184,7 +184,7 @@ def _run_config(args) -> tuple[RunConfig | None, list[str]]:
 
 
 def _run(args) -> int:
-    from mtplab.base.files import missing_folder, output_file_problem
+    from mtplab.base.files import output_file_problem
     from mtplab.model import PRESETS
 
     run, problems = _run_config(args)
@@ -197,7 +197,6 @@ def _run(args) -> int:
             require_cuda()
         except ValueError as err:
             problems.append(f"--backend cuda: {err}")
-    made = missing_folder(args.out)
     if problems:
         print("mtplab run: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
@@ -227,8 +226,6 @@ def _run(args) -> int:
         return 2
     if args.out:
         result.save(args.out)
-        if made is not None:
-            print(f"mtplab run: made the folder {made} for --out", file=sys.stderr)
     print(result.to_json() if args.json else result_text(result, args.verbose))
     if not result.lossless and not args.allow_mismatch:
         return 1
@@ -236,7 +233,7 @@ def _run(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from mtplab.base.files import missing_folder, output_file_problem, write_atomic
+    from mtplab.base.files import output_file_problem, write_atomic
     from mtplab.base.threads import threads_used
     from mtplab.experiment.calibrate import REPEATS, cache_key, cache_path, format_table, measure
     from mtplab.measure.result import dumps
@@ -244,7 +241,6 @@ def _calibrate(args) -> int:
     given, problems = given_options(args)
     if problem := output_file_problem("--out", args.out):
         problems.append(problem)
-    made = missing_folder(args.out)
     values = config.defaults() | given
     model, threads, batch, int4 = values["model"], values["threads"], values["batch"], values["int4"]
     # as a run of these would be refused (a bad value; int4 with a folder), the other fields at their defaults
@@ -291,8 +287,6 @@ def _calibrate(args) -> int:
         from pathlib import Path
 
         write_atomic(Path(args.out), text)
-        if made is not None:
-            print(f"mtplab calibrate: made the folder {made} for --out", file=sys.stderr)
     print(format_table(calib))
     print(f"written to {path}" + ("" if args.repeats == REPEATS else
           f" (--repeats {args.repeats}: kept apart from the {REPEATS}-repeat calibration runs and sweeps use)"))
@@ -365,20 +359,17 @@ def _help(text: str, choices=None) -> str:
 
 
 def _compare(args) -> int:
-    from mtplab.base.files import missing_folder, output_file_problem
+    from mtplab.base.files import output_file_problem
     from mtplab.report.compare import make_compare
 
     if problem := output_file_problem("--out", args.out):
         print(f"mtplab compare: {problem}", file=sys.stderr)
         return 2
-    made = missing_folder(args.out)
     try:
         path = make_compare(args.a, args.b, args.out)
     except ValueError as err:
         print(f"mtplab compare: {err}", file=sys.stderr)
         return 2
-    if made is not None:
-        print(f"mtplab compare: made the folder {made} for --out", file=sys.stderr)
     print(path)
     return 0
 

@@ -177,7 +177,8 @@ class RunConfig:
                         choices=ENGINES, id=("head", 1, "{}"))
     # -- decoding
     k: int = param(3, f"drafts per step (the built-in model: 1..{MAX_TRANSITION_CAPACITY - 1})", group="decoding",
-                   rule=INTEGER_1, id=("body", 1, "k{}"))
+                   rule=(_integer(1), f"an integer >= 1 (1..{MAX_TRANSITION_CAPACITY - 1} for the presets; a folder "
+                                      "states its own limit)"), id=("body", 1, "k{}"))
     drafter: str = param("mtp", "who drafts", group="decoding", choices=DRAFTERS.names, id=("body", 2, _drafter_id))
     alpha: float = param(
         0.8, "oracle drafter acceptance per position, in [0, 1] (the oracle's parameter; at temperature > 0 the "
