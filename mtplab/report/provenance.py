@@ -124,7 +124,8 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
     rows = [
         _row("points", f"{plural(sweep['points'], 'point')}: {counts}" + (" (interrupted)" if sweep.get("interrupted") else "")),
         _row("fixed parameters",
-             html.escape(", ".join(f"{_shown(k)}={v}" for k, v in fixed.items()) or "none") + html.escape(over)),
+             html.escape(", ".join(f"{_shown(k)}={v if v != '' else '(none)'}" for k, v in fixed.items()) or "none")
+             + html.escape(over)),
         _row(
             "varied parameters",
             html.escape("; ".join(f"{_shown(k)}: {', '.join(map(str, v))}" for k, v in varied.items()) or "none"),
