@@ -498,6 +498,7 @@ def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
         assert len(json.loads((point / "result.json").read_text())["round_samples"]) == 3
     text = quality.quality_markdown(df, summary, calibration)
     assert "of 6 stable" in text and "T(M)/T(1)" in text and "Threads per point" in text
+    assert "onnxruntime-genai rows included" not in text  # the smoke sweep has none
     assert not quality.efficiency_table(df).empty
     for fig in (quality.speedup_with_ci(df, calibration), quality.drift(df)):
         assert fig.axes

@@ -165,8 +165,9 @@ def quality_markdown(df: pd.DataFrame, sweep: dict, calibration: dict) -> str:
     ci = _ci(df.speedup_ci)
     width = (ci[:, 1] - ci[:, 0]) / 2 / df.speedup.abs()
     unstable = df[~df.stable.fillna(False).astype(bool)]
+    peer = " (the onnxruntime-genai rows included)" if "engine" in df and (df.engine == "ort-genai").any() else ""
     lines = [
-        f"- Speedup CI half-width over all {len(df)} points (the onnxruntime-genai rows included): median "
+        f"- Speedup CI half-width over all {len(df)} points{peer}: median "
         f"{np.nanmedian(width):.1%}, worst {np.nanmax(width):.1%} (stable: at most {STABLE_HALF_WIDTH:.0%}); "
         f"{len(df) - len(unstable)} of {len(df)} stable."
         if len(df) and not np.all(np.isnan(width))
