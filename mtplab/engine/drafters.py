@@ -97,12 +97,10 @@ class MtpDrafter:
         self._ready = HeadRow(start + n - 1, int(tokens[-1]), n - 1)
 
     def draft(self, first, hidden, position: int, k: int):
-        """k draft tokens following `first` (an int or a device scalar) and its target hidden state.
-
-        Stays on the device: each draft (the acceptance rule's draft_token, argmax by default) feeds the next head step, and the k drafts come
-        back as a device array [k] (int64); nothing here waits for the device. Where the last commit's last row
-        was this very step (the token `first` at `position`: the fused schedule), the first draft is read from it.
-        """
+        """k draft tokens following `first` (an int or a device scalar) and its target hidden state. Each draft (the
+        acceptance rule's draft_token, argmax by default) feeds the next head step; the k drafts come back as a device
+        array [k] (int64), nothing here waits for the device. Where the last commit's last row was this very step
+        (the token `first` at `position`: the fused schedule), the first draft is read from it."""
         ready, self._ready = self._ready, None
         if ready is not None and ready.position == position and k and isinstance(first, (int, np.integer)) and (
                 int(first) == ready.token):
