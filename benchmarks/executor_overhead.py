@@ -53,13 +53,14 @@ import time
 import numpy as np
 
 from mtplab.base.threads import thread_pool, use_global_pool
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.engine.schedules import PHASES
 from mtplab.engine.strategies import SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.measure.stats import summarize
 from mtplab.model import build_model, preset
 from mtplab.model.description import length_feeds
+from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
 from mtplab.runtime.sessions import TargetState, make_session, target_io

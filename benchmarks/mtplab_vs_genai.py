@@ -23,12 +23,13 @@ import json
 import time
 
 from mtplab.base.threads import settle, thread_pool, use_global_pool
-from mtplab.engine.engine import Engine, model_for, prompt_tokens
+from mtplab.engine.engine import Engine, model_for
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_point import exported
 from mtplab.experiment.genai_runner import GenaiPeer
 from mtplab.measure import rounds as measure
 from mtplab.measure.stats import summarize
+from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.executor import Slot
 
 BARE = "greedy bare plan replay"

@@ -66,8 +66,9 @@ def inside(args) -> None:
     """One process, two engines of the point, --inside rounds of both greedies then both speculative runs, A first in
     even rounds and B first in odd ones: each run's tokens/s as one JSON line, [greedy A, greedy B, speculative A,
     speculative B] a round (what each engine draws, and what moves both over time)."""
-    from mtplab.engine.engine import Engine, model_for, prompt_tokens
+    from mtplab.engine.engine import Engine, model_for
     from mtplab.experiment.point import dedicate_process
+    from mtplab.model.prompts import prompt_tokens
 
     run = point(args)
     dedicate_process(run)

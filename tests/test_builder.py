@@ -17,9 +17,10 @@ import pytest
 from mtplab.check import verdict as oracle
 from mtplab.check.lossless import checked_pass
 from mtplab.cli.inspect import inspect_text
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.model.builder import open_builder
+from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.executor import Slot, Status
 
 FIXTURE = Path(__file__).parent / "data" / "builder-tiny"

@@ -229,7 +229,7 @@ def test_every_run_is_queued_without_a_stream_sync_and_the_host_waits_once_per_s
     double) once per speculative step, plus once for the prefill's token."""
     import fake_cupy
 
-    from mtplab.engine.engine import prompt_tokens
+    from mtplab.model.prompts import prompt_tokens
 
     backend = cuda.CudaGraphBackend(cuda.GraphIds(per_slot=4), ort.RunOptions, device_type="cpu")
     eng = Engine(RunConfig(model="tiny", k=3, drafter="mtp"), tiny, device=Device("fake-cuda", fake_cupy, backend))
@@ -308,7 +308,7 @@ def test_the_cuda_plan_backend_drives_the_real_engine_losslessly(tiny):
 
 
 def test_host_waits_are_one_read_per_step_plus_one_sync_per_capture(tiny):
-    from mtplab.engine.engine import prompt_tokens
+    from mtplab.model.prompts import prompt_tokens
 
     ids = cuda.GraphIds(per_slot=4)
     eng = Engine(RunConfig(model="tiny", k=3, drafter="mtp"), tiny, device=_graphs_on_the_cpu_ep(ids))

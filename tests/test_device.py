@@ -11,9 +11,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
+from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime import cuda
 from mtplab.runtime.arena import array_module, put, to_numpy
 from mtplab.runtime.device import Device

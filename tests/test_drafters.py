@@ -10,8 +10,9 @@ import pytest
 from conftest import synthetic_calibration
 
 from mtplab.engine.drafters import OracleDrafter
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
+from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.executor import Slot
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from conftest import plant_over_accept
 
-from mtplab.engine import engine as engine_mod
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.engine.schedules import PHASES, Phases
 from mtplab.engine.strategies import COMMITS, DRAFTERS
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.measure import theory
+from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.policy import POLICIES
 
@@ -67,7 +67,7 @@ def test_oracle_tokens_per_step_matches_theory(tiny, alpha):
             seed=seed,
         )
         eng = Engine(run, tiny)
-        prompt = engine_mod.prompt_tokens(tiny.config.vocab_size, run.prompt_len, seed)
+        prompt = prompt_tokens(tiny.config.vocab_size, run.prompt_len, seed)
         ref = eng.greedy(prompt, run.tokens + k + 1).tokens
         accepted += eng.speculative(prompt, run.tokens, ref)["accepted"]
     acc = np.asarray(accepted, dtype=float)
@@ -222,7 +222,7 @@ def test_a_result_records_its_run_and_reads_back(tiny):
 
 def test_a_reference_too_short_for_the_oracles_last_drafts_is_refused_before_the_run(tiny):
     engine = Engine(RunConfig(model="tiny", k=3, drafter="oracle", alpha=0.7, tokens=16), tiny)
-    prompt = engine_mod.prompt_tokens(tiny.config.vocab_size, 8, 0)
+    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
     reference = engine.greedy(prompt, 16).tokens
     with pytest.raises(ValueError, match=r"needs its first 20 tokens \(n \+ k \+ 1\), got 16"):
         engine.speculative(prompt, 16, reference=reference)

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from conftest import synthetic_calibration
 
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig, point_id
 from mtplab.experiment.point import run_point
 from mtplab.measure import theory
+from mtplab.model.prompts import prompt_tokens
 
 
 @pytest.mark.parametrize("changes", [{"k": 3}, {"commit": "readvance-m1"}, {"seed": 1}])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
+from mtplab.model.prompts import prompt_tokens
 
 og = pytest.importorskip(
     "onnxruntime_genai", reason="onnxruntime-genai is not installed: pip install 'mtplab[peer]' (make test installs it)"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
+from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime import held_meta, hot_loop
 from mtplab.runtime.executor import Slot
 

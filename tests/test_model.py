@@ -229,8 +229,9 @@ def test_external_manifest_is_validated_against_the_model(tiny, tmp_path):
 
 
 def test_generation_varies_and_margins_are_clear(tiny):
-    from mtplab.engine.engine import Engine, prompt_tokens
+    from mtplab.engine.engine import Engine
     from mtplab.experiment.config import RunConfig
+    from mtplab.model.prompts import prompt_tokens
 
     eng = Engine(RunConfig(model="tiny"), tiny)
     g = eng.greedy(prompt_tokens(tiny.config.vocab_size, 8, 0), 64)

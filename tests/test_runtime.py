@@ -63,8 +63,8 @@ def test_the_cpu_linear_attention_kernel_on_one_buffer_computes_bitwise_what_it_
     """ALIASED's premise, on the installed onnxruntime: the same tokens through the builder fixture with the
     LinearAttention state aliased and with its own present buffer copied back give bitwise the same logits and states,
     forward after forward, at M=1 and M>1 (a prefill, decodes, verify-sized chunks)."""
-    from mtplab.engine.engine import prompt_tokens
     from mtplab.model.builder import open_builder
+    from mtplab.model.prompts import prompt_tokens
     from mtplab.runtime.executor import Executor, Slot, SlotMemory
     from mtplab.runtime.sessions import make_session
 
@@ -112,8 +112,8 @@ def test_every_binding_the_engine_makes_is_in_place_only_where_the_kernel_allows
 @pytest.mark.parametrize("folder, ops", [("builder-tiny-gdn", {"GroupQueryAttention", "GatedDeltaNet"}),
                                         ("builder-tiny", {"GroupQueryAttention", "LinearAttention"})])
 def test_a_builder_graphs_state_is_in_place_only_where_its_ops_kernel_allows(folder, ops):
-    from mtplab.engine.engine import prompt_tokens
     from mtplab.model.builder import open_builder
+    from mtplab.model.prompts import prompt_tokens
 
     path = Path(__file__).parent / "data" / folder
     art, backend = open_builder(path), RecordingBackend()

@@ -30,12 +30,13 @@ import pytest
 
 from mtplab.check import flags
 from mtplab.engine import sampling
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.engine.sampling import Sampling, step_distribution
 from mtplab.experiment.config import ConfigError, RunConfig
 from mtplab.measure import theory
 from mtplab.measure.stats import two_sample_chi_square
 from mtplab.model import build_model, preset
+from mtplab.model.prompts import prompt_tokens
 
 FALSE_ALARM = 1e-3  # the chance that the loop test fails a correct implementation
 N_RUNS = 1000  # runs per side (the module's docstring says what this N detects)

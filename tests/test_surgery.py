@@ -16,11 +16,12 @@ import pytest
 
 from mtplab.check import verdict as oracle
 from mtplab.check.lossless import checked_pass
-from mtplab.engine.engine import Engine, prompt_tokens
+from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.model.builder import open_builder
 from mtplab.model.graph import TransitionLayout
 from mtplab.model.onnx_read import attributes
+from mtplab.model.prompts import prompt_tokens
 
 DATA = Path(__file__).parent / "data"
 LINEAR, GDN = DATA / "builder-tiny", DATA / "builder-tiny-gdn"

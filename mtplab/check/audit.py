@@ -350,20 +350,25 @@ def greedy_forwards(prompt_len: int, n: int) -> dict[str, int]:
     return {f"prefill/M={prompt_len}": 1, "primary/M=1": n - 1}
 
 
+def head_forwards(run, steps: int) -> dict[str, int]:
+    """The MTP head's forwards over `steps` speculative steps where the run's drafter runs it: each step's head steps
+    (Schedule.head_steps) and its commit of the verify's k+1 rows; none where the head does not run."""
+    if not DRAFTERS.get(run.drafter).uses_head(run):
+        return {}
+    return {"mtp/M=1": SCHEDULES.get(run.schedule).head_steps(run.k) * steps, f"mtp-commit/M={run.k + 1}": steps}
+
+
 def expected_forwards(run, prompt_len: int, accepted: list[int]) -> dict[str, int]:
     """The forwards by (slot, M) a speculative run of these accepted counts makes, from its config alone:
     the prefill, the schedule's decodes and one verify per step, the head's if the drafter runs it, the commits'."""
     k, steps = run.k, len(accepted)
     want: dict[str, int] = {f"prefill/M={prompt_len}": 1, f"verify/M={k + 1}": steps,
                             "primary/M=1": SCHEDULES.get(run.schedule).decodes * steps}
-    if DRAFTERS.get(run.drafter).uses_head(run):
-        # the head's prefill (M = the prompt); a step's commit of its KV rows (M = k+1), and its drafts: k head steps,
-        # or k - 1 where the step drafts from the last commit's (or the prefill's) last row (no decode first)
+    if DRAFTERS.get(run.drafter).uses_head(run):  # the head's prefill (M = the prompt), then its steps'
         want[f"mtp/M={prompt_len}"] = 1
-        want[f"mtp-commit/M={k + 1}"] = steps
-        want["mtp/M=1"] = want.get("mtp/M=1", 0) + (k - 1 + SCHEDULES.get(run.schedule).decodes) * steps
-    for key, n in COMMITS.get(run.commit).forwards(accepted).items():
-        want[key] = want.get(key, 0) + n
+    for part in (head_forwards(run, steps), COMMITS.get(run.commit).forwards(accepted)):
+        for key, n in part.items():
+            want[key] = want.get(key, 0) + n
     return {key: v for key, v in want.items() if v}
 
 

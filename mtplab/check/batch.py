@@ -14,11 +14,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mtplab.check.audit import Trace, greedy_forwards, nonzero
+from mtplab.check.audit import Trace, greedy_forwards, head_forwards, nonzero
 from mtplab.check.lossless import Lockstep, Watch
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch
-from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.runtime.executor import Slot
 
 
@@ -78,10 +77,7 @@ def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, che
     if trace.forwards != checked.spec_forwards:
         out.append(f"the speculative run's forwards {trace.forwards}, the checked run's {checked.spec_forwards}")
     steps, made = checked.spec.steps, checked.spec_forwards
-    want = {f"verify/M={run.k + 1}": steps}
-    if DRAFTERS.get(run.drafter).uses_head(run):  # fused: each step's first head step is the last commit's
-        decodes = SCHEDULES.get(run.schedule).decodes
-        want |= {"mtp/M=1": (run.k - 1 + decodes) * steps, f"mtp-commit/M={run.k + 1}": steps}
+    want = {f"verify/M={run.k + 1}": steps} | head_forwards(run, steps)
     if any(made.get(key, 0) != v for key, v in want.items()):
         out.append(f"the checked speculative run's {steps} steps made {made}; its config makes {want} of them")
     return out

@@ -52,7 +52,8 @@ def _release(backend: str) -> None:
 
 def capture_check(art, backend: str, tokens: int) -> dict:
     """Greedy replaying the Primary plan must equal greedy run eager: capture did not disturb in-place state."""
-    from mtplab.engine.engine import Engine, prompt_tokens
+    from mtplab.engine.engine import Engine
+    from mtplab.model.prompts import prompt_tokens
     from mtplab.runtime.executor import Slot
 
     eng = Engine(RunConfig(model=art.config.name, backend=backend, tokens=tokens), art)

@@ -59,7 +59,6 @@ class MtpDrafter:
         self._programs: dict = {}  # the compiled loop's program, with what it was made for (hot_loop.held_program)
         self._on_host = self.xp is np and state.batch == 1  # drafts from host tokens, on the step's prepared feeds
         self._tokens = np.empty(0, dtype=np.int64)  # on the host: [first, d1..dk], the drafts its view
-        self._drafts = np.empty(0, dtype=np.int64)  # drafts when the first came from a commit's row
         self._ready: HeadRow | None = None  # the last commit's row a draft from its position may start from
         self._commit_out: dict | None = None  # that commit's outputs (the Verify slot's buffers)
         self.compiled = True  # False: every step in Python (a benchmark's side)
@@ -111,16 +110,10 @@ class MtpDrafter:
         """The drafts of a step whose first head step the last commit ran (its row `index`): the first draft from
         that row's logits, the rest chained from its hidden state."""
         io, xp, out = self.desc.mtp, self.xp, self._commit_out
-        token = self.choose(xp, out[io.logits][0, index])
-        rest = self._draft(token, out[io.hidden][0, index], position + 1, k - 1) if k > 1 else None
-        drafts = self._drafts
-        if xp is not np or drafts.shape[0] != k:
-            drafts = xp.empty(k, dtype=np.int64)
-            if xp is np:
-                self._drafts = drafts
-        drafts[0] = token
-        if rest is not None:
-            drafts[1:] = rest
+        drafts = xp.empty(k, dtype=np.int64)
+        drafts[0] = self.choose(xp, out[io.logits][0, index])
+        if k > 1:
+            drafts[1:] = self._draft(drafts[0], out[io.hidden][0, index], position + 1, k - 1)
         return drafts
 
     def _draft(self, first, hidden, position: int, k: int):

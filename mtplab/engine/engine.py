@@ -24,7 +24,6 @@ from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
 from mtplab.model import PRESETS, build_model, preset_config
 from mtplab.model.description import GraphIO, beyond_capacity, length_feeds
-from mtplab.model.prompts import prompt_tokens, run_prompt  # noqa: F401 - a run's prompt, here where runs start
 from mtplab.runtime import held_meta, hot_loop
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.device import Device, device_for

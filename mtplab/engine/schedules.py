@@ -100,6 +100,11 @@ class Schedule:
         """Tokens a step makes beyond its accepted drafts: its decodes' and the bonus token."""
         return self.decodes + 1
 
+    def head_steps(self, k: int) -> int:
+        """M=1 head steps a step with k drafts makes: k - 1 chained from the last head commit's row, and one more
+        where a decode comes first (its first draft is the step's own)."""
+        return k - 1 + self.decodes
+
 
 DECODE_VERIFY = SCHEDULES.register(Schedule("decode-verify", "decode at M=1, draft from it, verify [g, d1..dk]", 1,
                                             decode_verify_step))

@@ -235,7 +235,7 @@ def _acceptance(model: str, tokens: int, threads: int, int4: bool = False) -> di
     engine = Engine(run, art)
     counts: list[int] = []
     for seed in ACCEPTANCE_SEEDS:
-        from mtplab.engine.engine import prompt_tokens
+        from mtplab.model.prompts import prompt_tokens
 
         counts += engine.speculative(prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, seed), tokens)["accepted"]
     acc = np.asarray(counts, dtype=float)
@@ -355,7 +355,8 @@ class _OnPrompt(NamedTuple):
 def _on_prompt(run: RunConfig, art) -> _OnPrompt:
     """The calibration's engine on its prompt, both slots' plans captured (Primary first, then the Verify slot at its
     largest M: a pinned workspace keeps the size of its first forward, see time_targets)."""
-    from mtplab.engine.engine import Engine, prompt_tokens
+    from mtplab.engine.engine import Engine
+    from mtplab.model.prompts import prompt_tokens
 
     top, greedy_n = calibration_sizes(art.description)
     engine = Engine(run, art)

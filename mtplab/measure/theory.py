@@ -146,11 +146,11 @@ def draft_seconds(calibration: dict, k: int, schedule: str = "decode-verify") ->
     that chain from its last row (the fused schedule's), plus one head step where a decode comes first (k head
     steps in all: decode-verify's first draft is its own). k - 1 + decodes head steps for a calibration from before
     the phase was measured."""
-    decodes = SCHEDULES.get(schedule).decodes
+    s = SCHEDULES.get(schedule)
     phase = (calibration.get("draft") or {}).get(str(k))
     if phase is None:
-        return (k - 1 + decodes) * calibration["head"]
-    return phase + decodes * calibration["head"]
+        return s.head_steps(k) * calibration["head"]
+    return phase + s.decodes * calibration["head"]
 
 
 def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None,
