@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 .venv-ort-%/.installed: Makefile
 	$(PY) -m venv .venv-ort-$*
-	.venv-ort-$*/bin/python -m pip install -q onnxruntime==$* numpy numba onnx tqdm pytest pytest-timeout
+	.venv-ort-$*/bin/python -m pip install -q onnxruntime==$* numpy onnx tqdm pytest pytest-timeout
 	touch $@
 
 setup: $(STAMP)

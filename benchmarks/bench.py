@@ -3,10 +3,9 @@
 - greedy and MTP against onnxruntime-genai (benchmarks/mtplab_vs_genai.py) on `small` and on the builder
   fixture (in three processes: one process's ratio moves ±2-3% with its draw of memory placement), and on any
   folder given with --also, at 1 and 2 threads: medians of the per-round paired ratios with 95% CIs; beside greedy, its captured
-  plan replayed in a bare loop against genai (the ceiling of any host loop on that forward), and greedy with every
-  decode in Python (what the compiled loop, mtplab.runtime.hot_loop, saves);
+  plan replayed in a bare loop against genai (the ceiling of any host loop on that forward);
 - engine greedy against a bare replay loop, greedy's host path layer by layer, and the speculative host share
-  (benchmarks/executor_overhead.py, tiny, 1 thread), each beside the same with every decode and draft in Python;
+  (benchmarks/executor_overhead.py, tiny, 1 thread);
 - below greedy's loop, on each model at one thread (benchmarks/forward_gap.py): the same forward through
   onnxruntime's Python module (what mtplab runs) and its libonnxruntime.so (what genai loads), with a static
   attention span (a replayed plan's) against a growing one, and on a session whose first run was a prefill against
@@ -102,8 +101,7 @@ def genai_rows(name: str, runs: list[dict]) -> list[tuple[str, str, str, str]]:
                              key=lambda v: v["median"])
 
     rows = [row("greedy mtplab / genai", lambda r: r["ratios"]["greedy"], GOALS["greedy"]),
-            row("greedy's bare plan replay / genai (ceiling)", lambda r: r["ratios"]["bare"]),
-            row("greedy, every decode in Python / genai", lambda r: r["ratios"]["python"])]
+            row("greedy's bare plan replay / genai (ceiling)", lambda r: r["ratios"]["bare"])]
     rows += [row(f"MTP mtplab {schedule} / genai, lowest over k", lowest(schedule), GOALS["mtp"])
              for schedule in ("fused", "decode-verify")]
     rows += [(name, "OUTPUT DIFFERS FROM GREEDY", str(r["identical"]), "") for r in runs if not all(r["identical"].values())]
@@ -170,10 +168,6 @@ def main() -> None:
                          _ci({"median": t["share"], "ci": t["share_ci"]}, True), GOALS["share"]))
             rows.append((name, "  less the forward clock's own cost (lower)",
                          _ci({"median": t["share_unclocked"], "ci": t["share_unclocked_ci"]}, True), GOALS["share"]))
-            py = t["python"]  # the same run's other side: every decode and draft in Python
-            rows.append((name, "the same two, every decode and draft in Python",
-                         f"{_ci({'median': py['ratio'], 'ci': py['ratio_ci']})}; {_ci({'median': py['share'], 'ci': py['share_ci']}, True)}",
-                         ""))
         spread_model, spread_threads = ("tiny", 2) if args.quick else ("small", 2)  # the demo's model and threads
         out = Path(tmp) / "spread.json"
         pages = "as-is" if thp_mode() != "madvise" else "both"  # huge / 4 KiB pages side by side where malloc has both

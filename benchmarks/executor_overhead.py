@@ -11,8 +11,7 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   the backend replays it with (no staging, no argmax, no bookkeeping), its length buffers advanced in place through
   greedy's lengths (a forward's attention grows with them): the floor a greedy loop could reach.
 - engine greedy: Engine.greedy(prompt, n, margins=False), its timed seconds / its timed decodes
-  (the timed baseline's setting: its decodes compiled between replays, mtplab.runtime.hot_loop). Goal: engine
-  greedy / bare loop <= 1.2x.
+  (the timed baseline's setting). Goal: engine greedy / bare loop <= 1.2x.
 - speculative host share: a speculative run with the oracle drafter (alpha, head running, as the
   default oracle config). The plan backend's runs (eager, capture, replay) are wrapped to sum the
   time spent inside them (the forwards); each step's wall runs from one commit callback to the next. Over the steps
@@ -26,16 +25,13 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   forward time. Goal: <= 20%, the engine's share lying between the two. Where it goes: each phase's host time per step (the schedule's phase clock less the
   forwards of the session that phase runs: Primary decode, the MTP head's drafts, the Verify; the clock's cost
   included).
-- both again with every decode and draft in Python (Engine.compiled_loops off: greedy's decodes, the head's steps
-  and the verify's verdict; the oracle's draws and select's update stay compiled), interleaved with the rest: what
-  the compiled loops save, measured side by side.
 Greedy's host path by layer, on the same Engine, interleaved rounds of n tokens, each layer adding to the one
 before, every one relative to the first (the captured plan replayed n times, nothing else): + the loop's own
 work (the token and length feeds rewritten in place, the state's carry, the argmax; nothing stages the feeds
 yet, so the plan still runs one token at one length), + the replay check (ReplayCheck.stage: the feeds staged
 into the plan's buffers, every binding checked; from here the plan runs the real tokens and lengths), the
-executor's replayer (the check, the replay and the slot's counters), Engine.greedy (the timed loop, compiled:
-every layer above in one call between two replays): where greedy's host time goes. Beside them, Engine.forward's path (target_io, Executor.run, the engine's
+executor's replayer (the check, the replay and the slot's counters), Engine.greedy (the timed loop): where greedy's
+host time goes. Beside them, Engine.forward's path (target_io, Executor.run, the engine's
 bookkeeping), which a speculative step's decode, verify and readvance forwards take.
 On a machine shared with other work, --threads 1 keeps each forward on the calling thread
 (no intra-op pool waiting for a busy core), which steadies both ratios.
@@ -63,7 +59,8 @@ from mtplab.model.description import length_feeds
 from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
-from mtplab.runtime.sessions import TargetState, make_session, target_io
+from mtplab.runtime.sessions import make_session
+from mtplab.runtime.state import TargetState, target_io
 
 HOW = ("session.run", "eager IOBinding", "executor replay", "raw replay")
 GREEDY_GOAL, HOST_SHARE_GOAL = 1.2, 0.20
@@ -180,7 +177,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
     phase_of = {id(eng.target.sessions[Slot.PRIMARY]): "decode", id(eng.mtp.sessions[Slot.PRIMARY]): "draft",
                 id(eng.target.sessions[Slot.VERIFY]): "verify"}
     assert len(phase_of) == 3, "the phase split needs the Verify slot on a session of its own"
-    sides = ("bare", "greedy", "greedy python", "spec", "spec python", "spec unclocked")
+    sides = ("bare", "greedy", "spec", "spec unclocked")
     seen: dict[str, list] = {side: [] for side in sides}
 
     def speculative() -> tuple[float, float, dict[str, float]]:
@@ -216,7 +213,6 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
 
     for r in range(rounds + 1):
         for side in (sides if r % 2 else sides[::-1]):
-            eng.compiled_loops = not side.endswith("python")
             if side == "spec unclocked":
                 value = unclocked()
             elif side == "bare":
@@ -228,7 +224,6 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
                 value = speculative()
             if r:
                 seen[side].append(value)
-    eng.compiled_loops = True
     bare = np.asarray(seen["bare"])
 
     def greedy(side: str) -> dict:
@@ -249,10 +244,9 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
     clockless = list(1 - inside / plain)
     unclocked_share = {"clock_us": float(np.median(walls - plain)), "clock_us_ci": summarize(list(walls - plain))["ci"],
                        "share_unclocked": float(np.median(clockless)), "share_unclocked_ci": summarize(clockless)["ci"]}
-    compiled, python = greedy("greedy"), greedy("greedy python")
-    return {"bare": float(np.median(bare)), "greedy": compiled["us"], "ratio": compiled["ratio"],
-            "ratio_ci": compiled["ratio_ci"], **spec("spec"), **unclocked_share, "python": {
-                "greedy": python["us"], "ratio": python["ratio"], "ratio_ci": python["ratio_ci"], **spec("spec python")}}
+    engine = greedy("greedy")
+    return {"bare": float(np.median(bare)), "greedy": engine["us"], "ratio": engine["ratio"],
+            "ratio_ci": engine["ratio_ci"], **spec("spec"), **unclocked_share}
 
 
 LAYERS = ("plan replay", "+ feeds, carry, argmax", "+ replay check", "Executor.replayer", "Engine.greedy",
@@ -356,11 +350,6 @@ def main() -> None:
                                                  f"{t['share_unclocked_ci'][1]:.1%}]", f"<= {HOST_SHARE_GOAL:.0%}"),
     ]
     rows += [(f"  host per step in {phase} (us)", f"{t['host_us'][phase]:.1f}", "") for phase in PHASES]
-    py = t["python"]
-    rows += [("with every decode and draft in Python:", "", ""),
-             ("  engine greedy / bare loop", f"{py['ratio']:.2f}x [{py['ratio_ci'][0]:.2f}, {py['ratio_ci'][1]:.2f}]", ""),
-             ("  speculative host share", f"{py['share']:.1%} [{py['share_ci'][0]:.1%}, {py['share_ci'][1]:.1%}]", "")]
-    rows += [(f"  host per step in {phase} (us)", f"{py['host_us'][phase]:.1f}", "") for phase in PHASES]
     print(f"{'measure':42} {'value':>22} {'goal':>8}")
     for name, value, goal in rows:
         print(f"{name:42} {value:>22} {goal:>8}")

@@ -39,14 +39,15 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from mtplab.engine.engine import model_for
+from mtplab.engine.models import model_for
 from mtplab.experiment.config import RunConfig
 from mtplab.measure.stats import summarize
 from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import Arena
-from mtplab.runtime.executor import CpuPlanBackend, direct_runner
-from mtplab.runtime.sessions import TargetState, make_session, target_io
+from mtplab.runtime.plans import CpuPlanBackend, direct_runner
+from mtplab.runtime.sessions import make_session
 from mtplab.runtime.signature import Binding
+from mtplab.runtime.state import TargetState, target_io
 
 # OrtApi's entries by index (onnxruntime_c_api.h)
 GET_ERROR_MESSAGE, CREATE_ENV, CREATE_SESSION, RUN, CREATE_SESSION_OPTIONS = 2, 3, 7, 9, 10

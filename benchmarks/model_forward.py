@@ -17,7 +17,8 @@ import numpy as np
 from mtplab.model import build_model, preset_config
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
-from mtplab.runtime.sessions import TargetState, make_session, target_io
+from mtplab.runtime.sessions import make_session
+from mtplab.runtime.state import TargetState, target_io
 
 MS = (1, 2, 4, 8)
 

@@ -3,8 +3,7 @@
 Greedy tokens/s (mtplab's Primary plan replays vs og.Generator) and MTP tokens/s at k = 1..4 with
 the real head (mtplab's `select` commit on both schedules vs og.MtpGenerator), every output checked
 against greedy. Beside greedy, its captured plan replayed n - 1 times in a bare loop (no token, length or
-bookkeeping work, one position): the ceiling of any host loop on this forward; and mtplab's greedy with every
-decode in Python (Engine.compiled_loops off: what the compiled loop of mtplab.runtime.hot_loop saves). Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
+bookkeeping work, one position): the ceiling of any host loop on this forward. Runs are interleaved (A B A B ...) and medians reported with 95% bootstrap CIs, so
 drift cancels out; each starts once the run before's pool stopped spinning (mtplab.base.threads.settle). Both engines' targets run on the same intra-op threads (genai through genai_config
 session_options; its MTP head on one, as the peer's export sets it: mtplab.experiment.genai_export.HEAD_THREADS), both generators are warmed up, and every run counts the n - 1 tokens after the
 prefill's token, timed from after the prefill (mtplab.measure.rounds's rates).
@@ -23,7 +22,8 @@ import json
 import time
 
 from mtplab.base.threads import settle, thread_pool, use_global_pool
-from mtplab.engine.engine import Engine, model_for
+from mtplab.engine.engine import Engine
+from mtplab.engine.models import model_for
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_point import exported
 from mtplab.experiment.genai_runner import GenaiPeer
@@ -33,7 +33,6 @@ from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.executor import Slot
 
 BARE = "greedy bare plan replay"
-PYTHON = "greedy mtplab, Python loop"
 
 
 def main() -> None:
@@ -82,11 +81,6 @@ def main() -> None:
         g = greedy_engine.greedy(prompt, n, margins=False)
         record("greedy mtplab", g.tokens, g.seconds)
         wait()
-        greedy_engine.compiled_loops = False  # the same loop with every decode in Python (mtplab.runtime.hot_loop)
-        g = greedy_engine.greedy(prompt, n, margins=False)
-        greedy_engine.compiled_loops = True
-        record(PYTHON, g.tokens, g.seconds)
-        wait()
         t0 = time.perf_counter()
         for _ in range(n - 1):  # the same plan replayed n - 1 times, nothing else: no host loop can be faster
             plan.run()
@@ -117,7 +111,6 @@ def main() -> None:
 
     print(f"\ngreedy mtplab / genai: {ratio('greedy', 'greedy mtplab', 'greedy genai')}")
     print(f"greedy's bare plan replay / genai (the most a host loop could reach): {ratio('bare', BARE, 'greedy genai')}")
-    print(f"greedy mtplab's Python loop / genai (its decodes not compiled): {ratio('python', PYTHON, 'greedy genai')}")
     for k in args.ks:
         for sched in ("decode-verify", "fused"):
             text = ratio(f"mtp k={k} {sched}", f"mtp k={k} mtplab {sched}", f"mtp k={k} genai")

@@ -66,7 +66,8 @@ def inside(args) -> None:
     """One process, two engines of the point, --inside rounds of both greedies then both speculative runs, A first in
     even rounds and B first in odd ones: each run's tokens/s as one JSON line, [greedy A, greedy B, speculative A,
     speculative B] a round (what each engine draws, and what moves both over time)."""
-    from mtplab.engine.engine import Engine, model_for
+    from mtplab.engine.engine import Engine
+    from mtplab.engine.models import model_for
     from mtplab.experiment.point import dedicate_process
     from mtplab.model.prompts import prompt_tokens
 
@@ -139,7 +140,7 @@ def main() -> None:
         ap.error(f"--processes {args.processes} --rounds {args.rounds} --inside {args.inside}: a spread needs two "
                  "processes, a CI two rounds, the engines inside one process three rounds (or 0: not run)")
     try:  # a value a run refuses, or a model that is no preset and no folder: said before any process starts
-        from mtplab.engine.engine import model_for
+        from mtplab.engine.models import model_for
 
         model_for(point(args))
     except (ValueError, OSError) as err:

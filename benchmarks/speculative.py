@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from mtplab.engine.engine import Engine, model_for
+from mtplab.engine.engine import Engine
+from mtplab.engine.models import model_for
 from mtplab.engine.strategies import COMMITS, SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point

@@ -18,8 +18,10 @@ def pytest_unconfigure(config):
 
 from mtplab.model import build_model, preset  # noqa: E402
 from mtplab.runtime.arena import Arena  # noqa: E402 - after the cache is set
-from mtplab.runtime.executor import CpuPlanBackend, Executor, Slot, SlotMemory  # noqa: E402
-from mtplab.runtime.sessions import TargetState, make_session, target_io  # noqa: E402
+from mtplab.runtime.executor import Executor, Slot, SlotMemory  # noqa: E402
+from mtplab.runtime.plans import CpuPlanBackend  # noqa: E402
+from mtplab.runtime.sessions import make_session  # noqa: E402
+from mtplab.runtime.state import TargetState, target_io  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -110,35 +112,18 @@ def overaccepting_notebooks(tmp_path):
         tmp_path / "overaccepting-notebooks",
         [
             "import mtplab.engine.acceptance as planted\n",
-            "import mtplab.runtime.held_meta as planted_compiled\n",
-            "true_count, true_compiled = planted.accepted_count, planted_compiled.accept_argmax\n",
-            "planted.accepted_count = lambda xp, d, t: xp.minimum(true_count(xp, d, t) + 1, d.shape[0])\n",
-            "def over(logits, ids, packed):\n",
-            "    n = true_compiled(logits, ids, packed)\n",
-            "    if n is not None:\n",
-            "        packed[0] = n = min(n + 1, ids.shape[0] - 1)\n",
-            "    return n\n",
-            "planted_compiled.accept_argmax = over\n",
+            "true_count = planted.accepted_count\n",
+            "planted.accepted_count = lambda xp, d, t: xp.minimum(true_count(xp, d, t) + 1, d.shape[-1])\n",
         ],
     )
 
 
 def plant_over_accept(monkeypatch) -> None:
-    """Plant: every verify keeps one draft more than matched, on greedy-match's Python path
-    (acceptance.accepted_count) and on its compiled one (held_meta.accept_argmax)."""
+    """Plant: every verify keeps one draft more than matched (greedy-match's acceptance.accepted_count)."""
     from mtplab.engine import acceptance
-    from mtplab.runtime import held_meta
 
-    real, compiled = acceptance.accepted_count, held_meta.accept_argmax
-    monkeypatch.setattr(acceptance, "accepted_count", lambda xp, d, t: xp.minimum(real(xp, d, t) + 1, d.shape[0]))
-
-    def over(logits, ids, packed):
-        n = compiled(logits, ids, packed)
-        if n is not None:
-            packed[0] = n = min(n + 1, ids.shape[0] - 1)
-        return n
-
-    monkeypatch.setattr(held_meta, "accept_argmax", over)
+    real = acceptance.accepted_count
+    monkeypatch.setattr(acceptance, "accepted_count", lambda xp, d, t: xp.minimum(real(xp, d, t) + 1, d.shape[-1]))
 
 
 def synthetic_calibration(t1: float = 1e-3) -> dict:

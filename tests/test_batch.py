@@ -12,7 +12,8 @@ from mtplab.check.verdict import verdict
 from mtplab.engine import batch
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import batch_problem
-from mtplab.experiment.config import ConfigError, RunConfig, point_id
+from mtplab.experiment.config import ConfigError, RunConfig
+from mtplab.experiment.point_ids import point_id
 
 N = 40
 
@@ -243,7 +244,7 @@ def test_a_batch_engine_refuses_the_one_sequence_calls(tiny):
 def test_select_commits_when_the_states_are_not_stacked(tiny, monkeypatch):
     """States in buffers of their own (a preset whose state rows would lose alignment in one buffer): the carries go
     layer by layer, and select's commit is lossless too."""
-    from mtplab.runtime.sessions import TargetState
+    from mtplab.runtime.state import TargetState
 
     monkeypatch.setattr(TargetState, "stacked", lambda self, kind, layers: None)
     run = batch_run(2)

@@ -419,7 +419,7 @@ def test_float16_logits_beside_float32_states_are_read_and_run_losslessly(fp16_l
 def test_bfloat16_graphs_are_refused_before_any_session_with_the_reason(builder):
     import dataclasses
 
-    from mtplab.engine.fit import check_run_on_model
+    from mtplab.experiment.shared import check_run_on_model
 
     desc = builder.description
     bf16 = dataclasses.replace(desc, target=dataclasses.replace(desc.target, dtype="bfloat16"))

@@ -185,12 +185,12 @@ def test_preset_and_model_together_are_refused_even_when_the_preset_is_the_defau
 
 
 def test_an_onnxruntime_without_the_cpu_kernel_is_refused_in_one_line_before_any_build(monkeypatch, capsys):
-    from mtplab.engine import engine
+    from mtplab.engine import models
     from mtplab.model import artifact
 
-    monkeypatch.setattr(engine, "cpu_kernel_present", lambda: False)  # test double: as on the 1.30/1.31 CPU wheels
+    monkeypatch.setattr(models, "cpu_kernel_present", lambda: False)  # test double: as on the 1.30/1.31 CPU wheels
     monkeypatch.setattr(artifact, "build_model", lambda *a, **k: pytest.fail("the model was built"))
-    monkeypatch.setattr(engine, "build_model", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(models, "build_model", lambda *a, **k: pytest.fail("the model was built"))
     assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no CPU GatedDeltaNet kernel" in err[0] and "onnxruntime>=1.32" in err[0]
@@ -288,10 +288,11 @@ def test_an_out_path_in_a_folder_that_does_not_exist_is_refused_before_any_work(
 
 
 def test_a_temperature_alone_samples_with_rejection_sampling_and_a_named_rule_is_kept(capsys):
-    from mtplab.cli.main import _run_config, parser
+    from mtplab.cli.main import parser
+    from mtplab.cli.options import run_config
 
-    run, problems = _run_config(parser().parse_args(["run", "--preset", "tiny", "--temperature", "0.7"]))
+    run, problems = run_config(parser().parse_args(["run", "--preset", "tiny", "--temperature", "0.7"]))
     assert problems == [] and run.acceptance == "rejection-sampling"
-    assert _run_config(parser().parse_args(["run", "--preset", "tiny"]))[0].acceptance == "greedy-match"
+    assert run_config(parser().parse_args(["run", "--preset", "tiny"]))[0].acceptance == "greedy-match"
     assert main(["run", "--preset", "tiny", "--temperature", "0.7", "--acceptance", "greedy-match"]) == 2
     assert "--temperature 0.7 samples, but --acceptance 'greedy-match' decodes greedily" in capsys.readouterr().err

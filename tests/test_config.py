@@ -9,9 +9,11 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
-from mtplab.cli.main import _run_config, parser
-from mtplab.experiment import config
+from mtplab.cli.main import parser
+from mtplab.cli.options import run_config
+from mtplab.experiment import config, point_ids
 from mtplab.experiment.config import RunConfig
+from mtplab.experiment.params import GROUPS
 from mtplab.sweep import grid, point_exec
 
 NB = Path(__file__).resolve().parent.parent / "notebooks"
@@ -19,7 +21,7 @@ NB = Path(__file__).resolve().parent.parent / "notebooks"
 
 def test_every_field_belongs_to_one_group_and_the_command_line_groups_its_options():
     groups = {f.name: f.metadata["group"] for f in config.fields()}
-    assert set(groups.values()) == set(config.GROUPS)
+    assert set(groups.values()) == set(GROUPS)
     run = RunConfig(model="tiny", k=2, drafter="oracle", alpha=0.5, tokens=16)
     assert run.group("model") == {"model": "tiny", "int4": False, "backend": "cpu", "engine": "mtplab"}
     assert run.group("decoding")["alpha"] == 0.5 and run.group("measurement")["tokens"] == 16
@@ -48,7 +50,7 @@ def test_todays_option_names_still_work():
         ["run", "--no-validate", "--no-retain", "--prompt-len", "4", "--max-recaptures", "1", "--oracle-free-drafts",
          "--drafter", "oracle"]
     )
-    values = _run_config(args)[0].to_dict()
+    values = run_config(args)[0].to_dict()
     assert values["validate"] is False and values["retain_decode_graph_across_spec"] is False
     assert values["prompt_len"] == 4 and values["max_recaptures"] == 1 and values["oracle_free_drafts"] is True
     assert parser().parse_args(["run"]).alpha is None  # not given: told apart from --alpha 0.8
@@ -111,7 +113,7 @@ def test_rounds_are_a_count_or_auto_and_auto_has_a_target_and_a_budget():
     with pytest.raises(config.ConfigError, match=r"rounds_budget=0: must be a number of seconds > 0"):
         RunConfig(rounds="auto", rounds_budget=0)
     args = parser().parse_args(["run", "--rounds", "auto", "--rounds-target", "0.02"])
-    assert _run_config(args)[0].rounds == "auto"
+    assert run_config(args)[0].rounds == "auto"
 
 
 def test_a_bad_field_does_not_hide_a_disagreement_between_other_fields():
@@ -146,9 +148,9 @@ def test_a_prompt_set_of_the_models_folder_gives_the_prompt_and_names_the_point(
     assert sorted(sets) == ["code", "comments", "data", "docstrings"] and all(len(v) >= 20 for v in sets.values())
     run = RunConfig(model="pycode", drafter="mtp", prompts="docstrings", seed=len(sets["docstrings"]) + 1)
     assert run_prompt(run, 2048) == sets["docstrings"][1]["tokens"]  # row seed % its size
-    assert "prompts-docstrings" in config.point_id(run)
+    assert "prompts-docstrings" in point_ids.point_id(run)
     random = RunConfig(model="pycode", drafter="mtp")
-    assert len(run_prompt(random, 2048)) == random.prompt_len and "prompts" not in config.point_id(random)
+    assert len(run_prompt(random, 2048)) == random.prompt_len and "prompts" not in point_ids.point_id(random)
     with pytest.raises(config.ConfigError, match=r"prompts='nope': pycode has no such prompt set \(allowed: \['code'"):
         RunConfig(model="pycode", prompts="nope")
     with pytest.raises(config.ConfigError, match="prompts='code': tiny ships no prompt sets"):

@@ -16,9 +16,8 @@ from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.executor import Slot
 
 
-def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(tiny, monkeypatch):
-    from mtplab.runtime import hot_loop
-    from mtplab.runtime.sessions import mtp_io
+def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(tiny):
+    from mtplab.runtime.state import mtp_io
 
     eng = Engine(RunConfig(model="tiny", k=4), tiny)
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
@@ -26,12 +25,9 @@ def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(ti
     eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
     kv = [a.copy() for a in eng.mtp_state.kv]
     hidden = np.array(out["hidden"][0, -1])
-    chains, real = [], hot_loop.chain
-    monkeypatch.setattr(hot_loop, "chain", lambda *a: chains.append(real(*a)) or chains[-1])
     # at position 6, not 7: the prefill's last row (token 3 at 7) would give the first draft without a step
     drafts = eng.head.draft(3, hidden, 6, 4).tolist()  # prepared feeds and the head's replayer, on the host
-    drafts_again = eng.head.draft(3, hidden, 6, 4).tolist()  # from its plan now, all four steps compiled
-    assert [runs for _, _, runs, _ in chains] == [4]  # the first draft warmed up and captured the plan: no chain
+    drafts_again = eng.head.draft(3, hidden, 6, 4).tolist()  # from its plan now: four replays
     after = [a.copy() for a in eng.mtp_state.kv]
     for live, saved in zip(eng.mtp_state.kv, kv):
         live[...] = saved
@@ -115,11 +111,8 @@ def test_a_draft_rule_set_after_the_plan_is_captured_is_the_one_the_drafts_follo
     eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
     hidden = np.array(out["hidden"][0, -1])
     argmax = [eng.head.draft(3, hidden, 7, 4).tolist() for _ in range(2)][1]  # the second from the captured plan
-    eng.head.choose = lambda xp, row: row.argmin()  # not greedy-match's own argmax: no compiled loop may choose
-    eng.head.compiled = False
-    python = eng.head.draft(3, hidden, 7, 4).tolist()
-    eng.head.compiled = True
-    assert eng.head.draft(3, hidden, 7, 4).tolist() == python != argmax
+    eng.head.choose = lambda xp, row: row.argmin()
+    assert eng.head.draft(3, hidden, 7, 4).tolist() != argmax
 
 
 PYCODE = Path(__file__).parents[1] / "models" / "pycode"

@@ -15,7 +15,8 @@ from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import COUNTER_KEYS, Executor, Slot, SlotMemory, Status
 from mtplab.runtime.policy import policy
-from mtplab.runtime.sessions import TargetState, make_session, target_io
+from mtplab.runtime.sessions import make_session
+from mtplab.runtime.state import TargetState, target_io
 
 
 @pytest.fixture
@@ -414,21 +415,8 @@ def test_a_replayer_runs_as_run_does_and_names_its_slot(tiny, setup):
             Slot.VERIFY, feeds, outputs, bound)
 
 
-def test_a_held_replayer_replays_the_slots_plan_counted_and_through_a_backend_wrapper_put_on_later(setup):
-    cfg, state, ex = setup
-    for t in (1, 2):  # warm-up, capture
-        _call(ex, cfg, state, Slot.PRIMARY, [t])
-    st = ex.state[Slot.PRIMARY]
-    replay, seen = ex.held_replayer(Slot.PRIMARY), []
-    real = ex.backend.replay
-    ex.backend.replay = lambda session, plan: (seen.append(plan), real(session, plan))  # a clock, put on after
-    replay()
-    replay()
-    assert seen == [st.plan, st.plan] and (st.replays, ex.backend.calls["replay"]) == (2, 2)
-
-
 def test_plans_replay_through_the_c_entry_unless_the_session_s_own_call_was_replaced(tiny):
-    from mtplab.runtime.executor import direct_runner
+    from mtplab.runtime.plans import direct_runner
 
     session = make_session(tiny.target)
     io = session.io_binding()

@@ -10,8 +10,9 @@ import pytest
 from conftest import synthetic_calibration
 
 from mtplab.engine.engine import Engine
-from mtplab.experiment.config import RunConfig, point_id
+from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
+from mtplab.experiment.point_ids import point_id
 from mtplab.measure import theory
 from mtplab.model.prompts import prompt_tokens
 

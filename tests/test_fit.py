@@ -7,7 +7,7 @@ import numpy as np
 from mtplab.cli.main import main
 from mtplab.engine.fit import graph_bytes, run_bytes, state_bytes
 from mtplab.runtime.arena import Arena
-from mtplab.runtime.sessions import MtpState, TargetState
+from mtplab.runtime.state import MtpState, TargetState
 
 
 def test_a_batchs_state_bytes_grow_with_its_rows_and_hold_every_state_buffer(tiny):

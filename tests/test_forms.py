@@ -25,7 +25,8 @@ from mtplab.model.graph import build_target
 from mtplab.model.reference import ReferenceModel, ReferenceMTP
 from mtplab.model.weights import target_weights
 from mtplab.runtime.arena import Arena
-from mtplab.runtime.sessions import TargetState, make_session, target_io
+from mtplab.runtime.sessions import make_session
+from mtplab.runtime.state import TargetState, target_io
 
 NEWEST = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2]) >= (1, 32)
 CPU_GDN = cpu_runs_gated_delta_net()

@@ -33,12 +33,10 @@ def imported(node: ast.ImportFrom | ast.Import, module: str, is_package: bool) -
 
 
 def imports(tree: ast.AST):
-    """Every import statement at any depth, except under `if TYPE_CHECKING:` (type hints, never run)."""
+    """Every import statement at any depth, those under `if TYPE_CHECKING:` included (a type hint names a layer too)."""
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            yield from (n for child in node.orelse for n in imports(ast.Module(body=[child], type_ignores=[])))
         else:
             yield from imports(node)
 

@@ -7,12 +7,13 @@ import pytest
 from conftest import plant_over_accept
 
 from mtplab.check import verdict as oracle
+from mtplab.engine import commits
 from mtplab.engine import engine as engine_mod
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
-from mtplab.runtime import host_replay
+from mtplab.model import graph
 from mtplab.runtime.executor import Executor, Slot
 
 READVANCE = ("readvance-batched", "readvance-m1")
@@ -91,15 +92,9 @@ def test_a_committed_length_beyond_every_emitted_token_is_a_divergence_with_its_
                               "(rule: the lockstep reference's rule)")
 
 
-@pytest.fixture
-def layer_by_layer(monkeypatch):
-    """select's update taken one layer at a time (the path a state the all-layers call refuses takes)."""
-    monkeypatch.setattr(host_replay.SelectLayers, "__call__", lambda self, st, ver, n: False)
-
-
-def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, layer_by_layer, monkeypatch):
-    real = host_replay.rebuild_conv  # what select runs on the host, layer by layer
-    monkeypatch.setattr(host_replay, "rebuild_conv", lambda state, inputs, n, *a: real(state, inputs, n - 1, *a))
+def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, monkeypatch):
+    real = graph.rebuild_conv  # what select runs, layer by layer
+    monkeypatch.setattr(commits, "rebuild_conv", lambda state, inputs, n, *a: real(state, inputs, n - 1, *a))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]
@@ -107,27 +102,13 @@ def test_a_conv_carry_rebuilt_from_one_input_too_few_is_caught(tiny, layer_by_la
 
 
 @pytest.mark.parametrize("off", [-1, +1])
-def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, layer_by_layer, monkeypatch):
-    real = host_replay.replay_state  # what select runs on the host, layer by layer
-    monkeypatch.setattr(host_replay, "replay_state", lambda layout, s, flat, n: real(layout, s, flat, n + off))
+def test_a_gdn_replay_of_the_wrong_number_of_transitions_is_caught(tiny, off, monkeypatch):
+    real = graph.replay_transitions  # what select runs on the host, layer by layer
+    monkeypatch.setattr(graph, "replay_transitions", lambda layout, s, flat, n: real(layout, s, flat, n + off))
     r = _run(tiny, "select")
     _failed(r)
     first = r.identity["state_first_divergence"]
     assert first["step"] == 1 and first["tensor"].startswith("gdn_state.")
-
-
-def test_an_all_layers_update_of_one_token_too_few_is_caught(tiny, monkeypatch):
-    real, taken = host_replay._replay_layers, []  # what select runs on a batch-1 host state: every layer in one call
-
-    def one_too_few(rows, n, *args):  # every step consumes its first token: n >= 1
-        taken.append(n)
-        real(rows, n - 1, *args)
-
-    monkeypatch.setattr(host_replay, "_replay_layers", one_too_few)
-    r = _run(tiny, "select")
-    _failed(r)
-    first = r.identity["state_first_divergence"]
-    assert taken and first["step"] == 1 and first["tensor"].split(".")[0] in ("conv_state", "gdn_state")
 
 
 def test_a_dropped_last_token_in_the_batched_readvance_is_caught_where_it_first_acts(tiny, clean, monkeypatch):
@@ -277,7 +258,8 @@ def test_a_nan_in_one_verify_logit_is_reported_where_it_was_first_seen(tiny, sch
 
 
 def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_independent_stepper(tiny, monkeypatch):
-    from mtplab.runtime import sessions as runtime
+    from mtplab.engine import greedy
+    from mtplab.runtime import state as runtime
 
     real = runtime.length_feeds
 
@@ -288,7 +270,8 @@ def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_ind
         return feeds
 
     monkeypatch.setattr(runtime, "length_feeds", shifted)  # target_io's
-    monkeypatch.setattr(engine_mod, "length_feeds", shifted)  # greedy's loop's
+    monkeypatch.setattr(engine_mod, "length_feeds", shifted)  # the prepared forwards'
+    monkeypatch.setattr(greedy, "length_feeds", shifted)  # greedy's loop's
     r = _run(tiny, "select")
     _failed(r)
     assert r.identity["token_identical"]  # greedy and speculative share the bug: only the references see it

@@ -16,9 +16,10 @@ from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.device import Device
-from mtplab.runtime.executor import CpuPlanBackend
+from mtplab.runtime.plans import CpuPlanBackend
 from mtplab.runtime.policy import POLICIES
-from mtplab.runtime.sessions import IN_PLACE, TargetState, check_in_place, in_place_pairs, target_io
+from mtplab.runtime.sessions import IN_PLACE, check_in_place, in_place_pairs
+from mtplab.runtime.state import TargetState, target_io
 
 
 class RecordingBackend(CpuPlanBackend):

@@ -577,7 +577,7 @@ def test_the_recheck_at_the_sweeps_end_runs_in_a_process_of_its_own_and_compares
     from mtplab.cli.main import main
     from mtplab.experiment import calibrate
     from mtplab.report import findings, quality
-    from mtplab.sweep.run import recheck_calibration
+    from mtplab.sweep.calibration import recheck_calibration
 
     def here(*args, **kwargs):  # test double: the sweep process must not measure
         raise AssertionError("the re-check ran in the sweep's process")
@@ -618,7 +618,7 @@ def test_a_sweep_over_int4_calibrates_each_weight_form_apart(tmp_path, monkeypat
     """int4: [false, true] on one preset is two models to the cost model: calibration.json holds one calibration
     each, by the name its points' results carry, each measured by `mtplab calibrate` with its own --int4."""
     from mtplab.experiment import calibrate
-    from mtplab.sweep import run as sweep_run
+    from mtplab.sweep import calibration as sweep_calibration
 
     monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path / "cache"))
     commands = []
@@ -630,9 +630,9 @@ def test_a_sweep_over_int4_calibrates_each_weight_form_apart(tmp_path, monkeypat
         path.write_text(json.dumps({"key": key}))
         commands.append(cmd[3:])
 
-    monkeypatch.setattr(sweep_run, "_calibrate", calibrate_double)
+    monkeypatch.setattr(sweep_calibration, "_calibrate", calibrate_double)
     spec = grid.parse({"name": "q", "defaults": {"model": "tiny", "tokens": 8, "threads": 1}, "int4": [False, True]})
-    sweep_run.calibrate_sweep(spec, tmp_path, threads=1, quiet=True)
+    sweep_calibration.calibrate_sweep(spec, tmp_path, threads=1, quiet=True)
     written = json.loads((tmp_path / "calibration.json").read_text())
     assert {name: (c["key"]["preset"], c["int4"]) for name, c in written.items()} == {
         "tiny": ("tiny", False), "tiny-int4": ("tiny-int4", True)}
@@ -644,24 +644,24 @@ def test_a_resumed_sweep_keeps_its_calibrations_and_gets_those_of_models_it_did_
     """A sweep started on fp32 points, resumed with int4 points added: the fp32 calibration it started with stays
     as it was (its points were predicted from it); tiny-int4's is added, so the new points have the sweep's too."""
     from mtplab.experiment import calibrate
-    from mtplab.sweep import run as sweep_run
+    from mtplab.sweep import calibration as sweep_calibration
 
     monkeypatch.setenv("MTPLAB_CACHE", str(tmp_path / "cache"))
     for int4 in (False, True):  # this machine's cached calibrations
         path = calibrate.cache_path(key := calibrate.cache_key("tiny", 1, int4=int4))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"key": key, "measured": "now"}))
-    monkeypatch.setattr(sweep_run, "_calibrate", lambda cmd: pytest.fail(f"measured {cmd}: both are cached"))
+    monkeypatch.setattr(sweep_calibration, "_calibrate", lambda cmd: pytest.fail(f"measured {cmd}: both are cached"))
     started = {"tiny": {"key": calibrate.cache_key("tiny", 1), "measured": "at the start", "model_spec": "tiny"}}
     (tmp_path / "calibration.json").write_text(json.dumps(started))
     spec = grid.parse({"name": "q", "defaults": {"model": "tiny", "tokens": 8, "threads": 1}, "int4": [False, True]})
-    sweep_run.calibrate_sweep(spec, tmp_path, threads=1, quiet=False)
+    sweep_calibration.calibrate_sweep(spec, tmp_path, threads=1, quiet=False)
     written = json.loads((tmp_path / "calibration.json").read_text())
     assert written["tiny"] == started["tiny"] and written["tiny-int4"]["measured"] == "now"
     assert written["tiny-int4"]["source"] == "cached on this machine (--reuse-calibration), when the sweep was resumed"
     assert "keeping the calibration it started with, adding tiny-int4 (models it did not hold)" in capsys.readouterr().err
     before = (tmp_path / "calibration.json").read_text()
-    sweep_run.calibrate_sweep(spec, tmp_path, threads=1, quiet=True)  # resumed again: nothing to add, nothing written
+    sweep_calibration.calibrate_sweep(spec, tmp_path, threads=1, quiet=True)  # resumed again: nothing to add, nothing written
     assert (tmp_path / "calibration.json").read_text() == before
 
 

@@ -39,82 +39,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mtplab.base.threads import thread_pool, threads_used
+from mtplab.check.trace import Trace, off_plan, runs, slot_states
 from mtplab.check.verdict import StateRule, states_difference
 from mtplab.engine.strategies import COMMITS, DRAFTERS, SCHEDULES
-from mtplab.runtime.executor import ACTIVITY_KEYS, COUNTER_KEYS, Slot, Status
+from mtplab.runtime.executor import Slot
 
-RUN_KEYS = ("warmups", "captures", "replays", "fallbacks", "eager")  # every forward a slot runs is one of these
 # The forwards a slot may spend setting its plan up again at the start of a run (a warm-up and a capture): the
 # state the previous run left the slot in (another side, another plan size) moves them between runs.
 SETUP_RUNS = 2
-
-
-def _activity(engine) -> dict[str, dict[str, int]]:
-    return engine.target.activity() | engine.mtp.activity()
-
-
-def _runs(c: dict) -> int:
-    return sum(c.get(k, 0) for k in RUN_KEYS)
-
-
-@dataclass
-class Trace:
-    """What one run executed: forward counts, slot activity and the backend's own run counts (deltas),
-    the slots' states when it began, its tokens and accepted counts."""
-
-    forwards_before: dict
-    activity_before: dict
-    calls_before: dict
-    ready_before: dict  # slot label -> whether it held a plan ready to replay when the run began
-    primary_tokens_before: int | None = None  # the token count M of the Primary plan held when the run began
-    forwards: dict = field(default_factory=dict)
-    activity: dict = field(default_factory=dict)
-    calls: dict = field(default_factory=dict)
-    tokens: list[int] = field(default_factory=list)
-    accepted: list[int] | None = None
-    validated: bool = True  # the executors check every replay's signature (a hazard is then a bug)
-
-    @classmethod
-    def begin(cls, engine) -> Trace:
-        ready = {label: st.status is Status.READY for label, st in _slot_states(engine)}
-        return cls(dict(engine.forwards), _activity(engine), dict(engine.device.backend.calls), ready,
-                   _plan_tokens(engine.target.state[Slot.PRIMARY], engine.primary_desc.target.input_ids),
-                   validated=engine.target.validate and engine.mtp.validate)
-
-    def end(self, engine, tokens: list[int], accepted: list[int] | None = None) -> Trace:
-        before = self.forwards_before
-        self.forwards = {k: d for k, v in engine.forwards.items() if (d := v - before.get(k, 0))}
-        self.activity = {
-            slot: {k: v - self.activity_before.get(slot, {}).get(k, 0) for k, v in c.items()}
-            for slot, c in _activity(engine).items()
-        }
-        self.calls = {k: v - self.calls_before.get(k, 0) for k, v in engine.device.backend.calls.items()}
-        self.tokens, self.accepted = list(tokens), None if accepted is None else list(accepted)
-        return self
-
-    def honesty_problems(self) -> list[str]:
-        """Where the slots' counters disagree with what the backend ran, or a slot captured without a cause."""
-        out = []
-        total = {k: sum(c.get(k, 0) for c in self.activity.values()) for k in ACTIVITY_KEYS}
-        ran = {"replay": total["replays"], "capture": total["captures"], "eager": _off_plan(total)}
-        if ran != self.calls:
-            out.append(f"the backend ran {self.calls}, the slots counted {ran}")
-        for slot, c in self.activity.items():
-            allowed = c.get("invalidations", 0) + (0 if self.ready_before.get(slot) else 1)
-            if c.get("captures", 0) > allowed:
-                out.append(f"the {slot} slot captured {c['captures']} plans with {c.get('invalidations', 0)} "
-                           f"invalidations{'' if self.ready_before.get(slot) else ' and no plan ready at its start'}")
-            if self.validated and c.get("hazards", 0):
-                out.append(f"the {slot} slot replayed a plan into memory another owner held {c['hazards']} times "
-                           "(hazards) with the signature check on: replays the check should have refused")
-        return out
-
-    def counters(self) -> dict[str, dict[str, int]]:
-        """The slot counters in the seed's form (what a RunResult's `slots` holds)."""
-        return {slot: {k: c[k] for k in COUNTER_KEYS} for slot, c in self.activity.items()}
-
-    def counters_before(self) -> dict[str, dict[str, int]]:
-        return {slot: {k: c[k] for k in COUNTER_KEYS} for slot, c in self.activity_before.items()}
 
 
 @dataclass
@@ -157,12 +89,12 @@ class Audit:
             self._problem(r, side, f"forwards {trace.forwards}, expected {want}")
         primary = self.engine.target.labels[Slot.PRIMARY]
         for slot, c in trace.activity.items():
-            if slot != primary and _runs(c):
+            if slot != primary and runs(c):
                 self._problem(r, side, f"the {slot} slot ran {nonzero(c)}: greedy runs only the Primary slot")
         for text in _budget_problems(self.engine):
             self._problem(r, side, text)
         c = trace.activity.get(primary, {})
-        decodes = _runs(c) - c.get("eager", 0)
+        decodes = runs(c) - c.get("eager", 0)
         setup = c.get("warmups", 0) + c.get("captures", 0)
         # Without retain the prefill's eager run drops the plan; with it, a plan the run before left at M > 1 (a
         # commit's M=n forward on Primary) is replaced at the first decode.
@@ -201,16 +133,16 @@ class Audit:
             self._problem(r, side, f"forwards differ from the checked run's, (timed, checked): {diff}")
         for slot, want in checked.activity.items():
             got = trace.activity.get(slot, {})
-            if _runs(got) != _runs(want) or got.get("eager", 0) != want.get("eager", 0):
-                self._problem(r, side, f"the {slot} slot ran {_runs(got)} forwards ({nonzero(got)}), the checked run "
-                                       f"{_runs(want)} ({nonzero(want)})")
-            elif _off_plan(got) > _off_plan(want) + SETUP_RUNS:
+            if runs(got) != runs(want) or got.get("eager", 0) != want.get("eager", 0):
+                self._problem(r, side, f"the {slot} slot ran {runs(got)} forwards ({nonzero(got)}), the checked run "
+                                       f"{runs(want)} ({nonzero(want)})")
+            elif off_plan(got) > off_plan(want) + SETUP_RUNS:
                 if got.get("fallbacks", 0) > want.get("fallbacks", 0) + SETUP_RUNS:
                     self._fallbacks(r, side, slot, f"{nonzero(got)}, the checked run {nonzero(want)}",
                                     self._budget_spent(got))
                 else:
-                    self._problem(r, side, f"the {slot} slot ran {_off_plan(got)} forwards outside its plan "
-                                           f"({nonzero(got)}), the checked run {_off_plan(want)} ({nonzero(want)})")
+                    self._problem(r, side, f"the {slot} slot ran {off_plan(got)} forwards outside its plan "
+                                           f"({nonzero(got)}), the checked run {off_plan(want)} ({nonzero(want)})")
             elif abs(got.get("invalidations", 0) - want.get("invalidations", 0)) > 1:
                 text = f"the {slot} slot invalidated {got.get('invalidations', 0)} plans, the checked run " \
                        f"{want.get('invalidations', 0)}"
@@ -249,14 +181,14 @@ class Audit:
         another step than the checked run, since a run starts from the plan the one before it left. That makes the
         timed run costlier, never cheaper; None when it did not (a timed run that avoided the checked run's
         invalidations or fallbacks stays a problem)."""
-        limit = self.engine.run_cfg.max_recaptures
+        limit = self.engine.spec.max_recaptures
         if limit < got.get("invalidations", 0) <= limit + 1:
             return (f"max_recaptures={limit} reached in the timed run, at another step: a run starts from the plan "
                     "the run before it left")
         return None
 
     def _fallbacks(self, r: int, side: str, slot: str, text: str, budget: str | None = None) -> None:
-        st = next((s for lbl, s in _slot_states(self.engine) if lbl == slot), None)
+        st = next((s for lbl, s in slot_states(self.engine) if lbl == slot), None)
         reason = st.reason if st is not None else ""
         if reason.startswith("capture declined"):
             self._warn("timed_fallbacks", r, side, f"the {slot} slot: {text} ({reason})")
@@ -319,7 +251,7 @@ class Audit:
 
 def engine_problems(engine) -> list[str]:
     """Where the built engine does not run what its RunConfig says (before any forward is judged)."""
-    run, out = engine.run_cfg, []
+    run, out = engine.spec, []
     sessions = [*engine.target.sessions.values(), *engine.mtp.sessions.values()]
     pool = thread_pool()
     if pool["kind"] == "global":  # the process's sessions share one pool
@@ -374,7 +306,7 @@ def expected_forwards(run, prompt_len: int, accepted: list[int]) -> dict[str, in
 
 def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
     """Where the checked speculative run did not do what its config implies (the timed runs are held to it)."""
-    run, accepted, out = engine.run_cfg, trace.accepted or [], []
+    run, accepted, out = engine.spec, trace.accepted or [], []
     if any(not 0 <= a <= run.k for a in accepted):
         out.append(f"accepted counts outside 0..{run.k}: {sorted(set(a for a in accepted if not 0 <= a <= run.k))}")
     per_step = SCHEDULES.get(run.schedule).extra_tokens  # tokens a step makes beyond its accepted drafts
@@ -389,18 +321,11 @@ def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
     return out + trace.honesty_problems()
 
 
-def _plan_tokens(st, input_ids: str) -> int | None:
-    """The token count M a slot's held plan was captured for (None: it holds none)."""
-    if st.status is not Status.READY or st.signature is None:
-        return None
-    return next((int(shape[-1]) for name, way, _, shape, _ in st.signature if name == input_ids and way == "in"), None)
-
-
 def _budget_problems(engine) -> list[str]:
     """Slots whose run went eager for a recapture budget other than the config's: a generation invalidates
     max_recaptures + 1 plans before its slot runs eager."""
-    limit, out = engine.run_cfg.max_recaptures, []
-    for label, st in _slot_states(engine):
+    limit, out = engine.spec.max_recaptures, []
+    for label, st in slot_states(engine):
         if st.spent_budget is not None and (st.spent_budget != limit or st.generation_invalidations <= limit):
             out.append(f"the {label} slot ran eager for the rest of the run after {st.generation_invalidations} "
                        f"invalidations (a budget of max_recaptures={st.spent_budget}); the config's "
@@ -427,17 +352,6 @@ def _start_words(trace: Trace, slot: str, primary: bool) -> str:
         return "no plan ready on that slot"
     m = trace.primary_tokens_before if primary else None
     return "a plan ready" if m is None else f"its plan at M={m} ready"
-
-
-def _slot_states(engine):
-    for ex in (engine.target, engine.mtp):
-        for slot, st in ex.state.items():
-            yield ex.labels[slot], st
-
-
-def _off_plan(c: dict) -> int:
-    """Forwards a slot ran outside a plan: warm-ups, fallbacks and eager runs."""
-    return c.get("warmups", 0) + c.get("fallbacks", 0) + c.get("eager", 0)
 
 
 def _forwards_diff(ran: dict, want: dict) -> dict[str, tuple[int, int]]:

@@ -14,8 +14,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mtplab.check.audit import Trace, greedy_forwards, head_forwards, nonzero
+from mtplab.check.audit import greedy_forwards, head_forwards, nonzero
 from mtplab.check.lossless import Lockstep, Watch
+from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch
 from mtplab.runtime.executor import Slot
@@ -31,7 +32,7 @@ class BatchChecked(NamedTuple):
 
 def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
     """The untimed reference and checked speculative run of a batch (see the module's docstring)."""
-    run, art = engine.run_cfg, engine.art
+    run, art = engine.spec, engine.art
     rule = batch_rule(state_rule(run.commit, engine.desc.precision, engine.device.name == "cpu"), engine)
     watch = engine.watch = Watch("greedy")
     try:
@@ -61,7 +62,7 @@ def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, che
     the checked run makes one verify per step and, where its drafter runs the head, k head steps (k - 1 fused) and
     one head commit per step; the slots'
     counts agree with the backend's own."""
-    run, out = engine.run_cfg, list(trace.honesty_problems())
+    run, out = engine.spec, list(trace.honesty_problems())
     if side == "greedy":
         want = greedy_forwards(prompt_len, n)
         if trace.forwards != want:

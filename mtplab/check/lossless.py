@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mtplab.check.audit import Trace
+from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, states_difference, token_identity
 from mtplab.engine import sampling
 from mtplab.engine.strategies import DRAFTERS, SCHEDULES
@@ -293,7 +293,7 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
     after it returns; every forward of both runs is watched for NaN and Inf; the anchor checks
     greedy's rows against float64 numpy (every token on tiny, the first 16 elsewhere).
     """
-    run, art = engine.run_cfg, engine.art
+    run, art = engine.spec, engine.art
     same_device = engine.device.name == "cpu"
     sampled = engine.acceptance.samples  # the reference follows the run's own tokens; no greedy state to keep
     watch = engine.watch = Watch("greedy")

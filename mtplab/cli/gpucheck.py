@@ -22,7 +22,8 @@ import numpy as np
 
 from mtplab.engine.strategies import COMMITS, SCHEDULES
 from mtplab.experiment import config
-from mtplab.experiment.config import BACKENDS, RunConfig
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.params import BACKENDS
 from mtplab.measure import rounds as measure
 from mtplab.model.config import MAX_TRANSITION_CAPACITY
 from mtplab.runtime.policy import POLICIES
@@ -238,7 +239,7 @@ def _run(spec: tuple, art, backend: str, tokens: int) -> dict:
 
 def _prepare(name: str, backend: str, tokens: int) -> tuple:
     """Build one preset, check the capture protocol and the replay kernel; (artifact, build s, capture, kernel)."""
-    from mtplab.engine.engine import model_for
+    from mtplab.engine.models import model_for
 
     tb = time.perf_counter()
     art = model_for(RunConfig(model=name, backend=backend, tokens=tokens))

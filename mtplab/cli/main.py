@@ -6,8 +6,11 @@ import argparse
 import json
 import sys
 
+from mtplab.cli import options
+from mtplab.cli.options import EpilogFormatter, Formatter, Parser, add_run_options, lenient_number, option_help
 from mtplab.experiment import config
-from mtplab.experiment.config import BACKENDS, RunConfig
+from mtplab.experiment.config import RunConfig
+from mtplab.experiment.params import BACKENDS
 
 
 def _model_build(args) -> int:
@@ -32,7 +35,7 @@ def _model_build(args) -> int:
 
 def _model_inspect(args) -> int:
     from mtplab.cli.inspect import inspect_text
-    from mtplab.engine.engine import model_for
+    from mtplab.engine.models import model_for
     from mtplab.model import PRESETS
     from mtplab.model.folders import open_model
 
@@ -93,101 +96,11 @@ def _doctor(args) -> int:
     return 0
 
 
-def _number(text: str):
-    """An option's number, or its text unchanged so that validation names it with the others."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _flag(f) -> str:
-    """A RunConfig field's option: its metadata's, else --name-with-dashes (--no-... for a boolean defaulting True)."""
-    if f.metadata["flag"]:
-        return f.metadata["flag"]
-    name = f.name.replace("_", "-")
-    return f"--no-{name}" if f.default is True else f"--{name}"
-
-
-def add_run_options(p: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
-    """One option per RunConfig field (or those named in `only`), from its metadata, in option groups by field group.
-
-    Numbers are parsed leniently (a bad one reaches validation, which names it with the others);
-    a boolean is a switch turning its default around. An older option name (an alias) is an option of
-    its own, so that giving both is refused rather than one silently winning.
-    """
-    groups = {name: p.add_argument_group(f"{name} options") for name in config.GROUPS} if only is None else {}
-    for f in config.fields():
-        if only is not None and f.name not in only:
-            continue
-        # argparse formats help texts with %: a literal one ("95% interval") must be written %%
-        meta, where = f.metadata | {"help": f.metadata["help"].replace("%", "%%")}, groups.get(f.metadata["group"], p)
-        if isinstance(f.default, bool):
-            action = "store_false" if f.default else "store_true"
-            text = (f"turns {f.name} off: {meta['help']} (default: not given, {f.name} on)" if f.default
-                    else meta["help"] + " (default: off)")
-            where.add_argument(_flag(f), dest=f.name, action=action, default=None, help=text)
-            continue
-        kind = _number if isinstance(f.default, (int, float)) else None
-        text = _help(meta["help"], config.choices(f))
-        text += f" (default {f.default} when not given)" if meta["cli_unset"] else f" (default: {f.default})"
-        where.add_argument(_flag(f), dest=f.name, type=kind, help=text)
-        for n, alias in enumerate(meta["aliases"]):
-            where.add_argument(alias, dest=f"{f.name}__alias{n}", type=kind, metavar=f.name.upper(), help=f"older name of {_flag(f)}")
-
-
-def given_options(args) -> tuple[dict, list[str]]:
-    """The RunConfig fields the command line gave (an alias's value under its field), and each field named twice."""
-    given, twice = {}, []
-    for f in config.fields():
-        if getattr(args, f.name, None) is not None:
-            given[f.name] = getattr(args, f.name)
-        for n, alias in enumerate(f.metadata["aliases"]):
-            other = getattr(args, f"{f.name}__alias{n}", None)
-            if other is None:
-                continue
-            if f.name in given:
-                twice.append(f"{alias} {other!r} and {_flag(f)} {given[f.name]!r}: name the {f.name} once")
-            else:
-                given[f.name] = other
-    return given, twice
-
-
-def as_options(problem: str) -> str:
-    """A RunConfig problem in the command line's words: each field named by its option (`k=0` -> `--k 0`)."""
-    import re
-
-    for f in sorted(config.fields(), key=lambda f: -len(f.name)):
-        flag = "--" + f.name.replace("_", "-")
-        problem = re.sub(rf"(?<![\w-]){f.name}=", f"{flag} ", problem)
-        problem = re.sub(rf"^unknown {f.name} ", f"unknown --{f.name.replace('_', '-')} ", problem)
-    return problem
-
-
-def _run_config(args) -> tuple[RunConfig | None, list[str]]:
-    """The run's RunConfig, or every problem with the options at once."""
-    given, problems = given_options(args)
-    values = config.defaults() | config.with_implied_acceptance(given)
-    try:
-        run = RunConfig(**values)
-    except config.ConfigError as err:
-        run, problems = None, problems + [as_options(p) for p in err.problems]
-    # A drafter parameter given at all (its default value too) belongs to its drafter, as in a grid.
-    explicit = {n: v for n, v in given.items() if n in config.drafter_params()}
-    problems += [t for p in config.drafter_param_problems(values["drafter"], explicit) if (t := as_options(p)) not in problems]
-    by_name = {f.name: f for f in config.fields()}
-    problems += [as_options(p) for p in config.engine_param_problems(
-        values["engine"], given, lambda n, v: _flag(by_name[n]) if isinstance(v, bool) else f"{_flag(by_name[n])} {v}")]
-    return (None if problems else run), problems
-
-
 def _run(args) -> int:
     from mtplab.base.files import output_file_problem
     from mtplab.model import PRESETS
 
-    run, problems = _run_config(args)
+    run, problems = options.run_config(args)
     if problem := output_file_problem("--out", args.out):
         problems.append(problem)
     if getattr(args, "backend", None) == "cuda":  # before anything is built for a device that is not here
@@ -209,8 +122,8 @@ def _run(args) -> int:
         # a folder is opened once and checked against the run before anything is measured; a preset's build is
         # loaded (or made) here too, before its calibration: a runtime that cannot run it is refused first
         if run.model not in PRESETS or run.batch > 1 or run.engine == "mtplab":
-            from mtplab.engine.engine import model_for
-            from mtplab.engine.fit import check_run_on_model
+            from mtplab.engine.models import model_for
+            from mtplab.experiment.shared import check_run_on_model
 
             model = model_for(run)
             check_run_on_model(run, model.description)
@@ -238,13 +151,13 @@ def _calibrate(args) -> int:
     from mtplab.experiment.calibrate import REPEATS, cache_key, cache_path, format_table, measure
     from mtplab.measure.result import dumps
 
-    given, problems = given_options(args)
+    given, problems = options.given_options(args)
     if problem := output_file_problem("--out", args.out):
         problems.append(problem)
     values = config.defaults() | given
     model, threads, batch, int4 = values["model"], values["threads"], values["batch"], values["int4"]
     # as a run of these would be refused (a bad value; int4 with a folder), the other fields at their defaults
-    problems += [as_options(p) for p in config.run_problems({"model": model, "threads": threads, "batch": batch, "int4": int4})]
+    problems += [options.as_options(p) for p in config.run_problems({"model": model, "threads": threads, "batch": batch, "int4": int4})]
     if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool) and args.repeats >= 1):
         problems.append(f"--repeats {args.repeats!r}: must be an integer >= 1")
     if args.recheck and (args.out or not problems and batch > 1):
@@ -316,48 +229,6 @@ def _report(args) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser whose mistakes are one line from the command they belong to: an unrecognized option is
-    refused by that command (with the option it most likely meant), not by `mtplab` with its whole usage."""
-
-    def parse_known_args(self, args=None, namespace=None):
-        namespace, extras = super().parse_known_args(args, namespace)
-        if extras and not self._subparsers:  # a command's own parser (a group's leaves it to its command)
-            from mtplab.base.names import likeliest
-
-            options = [o for o in self._option_string_actions if o.startswith("--")]
-            named = [extra + (f" (did you mean {close}?)" if extra.startswith("-") and (
-                close := likeliest(extra.split("=")[0], options)) else "") for extra in extras]
-            self.error(f"unrecognized argument{'s' if len(extras) > 1 else ''}: {', '.join(named)}")
-        return namespace, extras
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists every option)\n")
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's default in its help: `off` for a flag; none added where the help says it already."""
-
-    def _get_help_string(self, action) -> str:
-        text = action.help or ""
-        if "(default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
-            return text
-        if action.default is None:
-            return text + " (default: none)"
-        if action.default is False or (isinstance(action, argparse._StoreFalseAction) and action.default is True):
-            return text + " (default: off)"  # a switch: off unless given
-        return super()._get_help_string(action)
-
-
-class _EpilogFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
-    """_Formatter whose description and epilog keep their own lines."""
-
-
-def _help(text: str, choices=None) -> str:
-    """An option's help with its choices; the formatter appends the default."""
-    return text + (f" (choices: {', '.join(choices)})" if choices else "")
-
-
 def _compare(args) -> int:
     from mtplab.base.files import output_file_problem
     from mtplab.report.compare import make_compare
@@ -379,8 +250,8 @@ def parser() -> argparse.ArgumentParser:
     from mtplab.sweep.grid import presets as sweep_presets
     from mtplab.sweep.pool import EXECUTORS
 
-    fmt = {"formatter_class": _Formatter}
-    p = _Parser(prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models", **fmt)
+    fmt = {"formatter_class": Formatter}
+    p = Parser(prog="mtplab", description="MTP speculative decoding under device graphs on hybrid models", **fmt)
     sub = p.add_subparsers(dest="command", required=True)
 
     model = sub.add_parser("model", help="build and inspect models", **fmt).add_subparsers(
@@ -407,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
     i = model.add_parser(
         "inspect", help="what mtplab finds in a model folder: layers, I/O, state layouts, commits, missing ops",
         epilog="onnxruntime-genai model builder forms (genai 0.18, onnxruntime 1.32, tried):\n" + builder_forms_text(),
-        formatter_class=_EpilogFormatter,
+        formatter_class=EpilogFormatter,
     )
     i.add_argument("folder", help="a folder the onnxruntime-genai model builder wrote, or a preset name")
     i.set_defaults(func=_model_inspect)
@@ -436,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="measure the cost model's forward, head and commit times (cached)", **fmt)
     add_run_options(c, only=("model", "int4", "threads", "batch"))
-    c.add_argument("--repeats", type=_number, default=3, help="interleaved repeats, at least 1")
+    c.add_argument("--repeats", type=lenient_number, default=3, help="interleaved repeats, at least 1")
     c.add_argument("--out", help="also write calibration.json here")
     c.add_argument("--recheck", action="store_true",
                    help="measure again what every prediction divides (greedy's seconds per token, each T(M) over T(1)) "
@@ -451,18 +322,18 @@ def parser() -> argparse.ArgumentParser:
         "--preset",
         dest="preset",
         metavar="GRID",
-        help=_help("named grid, instead of a spec (--preset: its older name; a spec's `preset` is the model's)", sweep_presets()),
+        help=option_help("named grid, instead of a spec (--preset: its older name; a spec's `preset` is the model's)", sweep_presets()),
     )
     s.add_argument("--name", help="sweep name, the folder under --results (default: the spec's name)")
     s.add_argument("--results", default=None, help="results root (default: $MTPLAB_RESULTS, else results/ in this checkout)")
     s.add_argument(
         "--workers",
-        type=_number,
+        type=lenient_number,
         default=1,
         help="points run at once; 1 gives each point every core and timings you can trust "
         "(more points at once share the memory bandwidth and slow each other)",
     )
-    s.add_argument("--timeout", type=_number, default=600, help="seconds per point, at least 1")
+    s.add_argument("--timeout", type=lenient_number, default=600, help="seconds per point, at least 1")
     s.add_argument("--resume", action="store_true", help="skip points already finished")
     s.add_argument("--yes", action="store_true", help="run a grid of more points than the sweep's limit (2,000)")
     s.add_argument(
@@ -471,7 +342,7 @@ def parser() -> argparse.ArgumentParser:
         help="use this machine's cached cost-model calibration instead of measuring it at the sweep's start "
         "(the report says which)",
     )
-    s.add_argument("--executor", default="local", help=_help("where points run", EXECUTORS))
+    s.add_argument("--executor", default="local", help=option_help("where points run", EXECUTORS))
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray sized to this machine)")
     s.add_argument(
         "--allow-mismatch", action="store_true", help="exit 0 even if a point's lossless check fails (as for run)"

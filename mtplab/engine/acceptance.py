@@ -48,7 +48,8 @@ class AcceptanceRule:
 
     def accept(self, xp, drafts, logits):
         """(accepted count: a 0-d device array, an int on the host; the target's tokens t0..tk [k+1]) for drafts [k]
-        and the verify's logits [k+1, V]; the bonus token is tokens[count]."""
+        and the verify's logits [k+1, V]; the bonus token is tokens[count]. A rule that decodes batches takes a
+        batch axis first too (drafts [B, k], logits [B, k+1, V]: counts [B], tokens [B, k+1])."""
         raise NotImplementedError
 
 
@@ -66,37 +67,23 @@ class GreedyMatch(AcceptanceRule):
         return accepted_count(xp, drafts, targets), targets
 
 
-# greedy-match's own methods as defined here: a compiled path stands in for these and nothing else (a subclass's
-# override, or one patched onto the class later, keeps Python)
-_OWN_TOKEN, _OWN_ACCEPT = GreedyMatch.token, GreedyMatch.accept
-
-
-def chooses_argmax(choose) -> bool:
-    """Whether `choose` (a rule's bound token or draft_token) is greedy-match's own argmax, not a subclass's
-    override: then a compiled loop may choose its tokens (mtplab.runtime.hot_loop, numpy's argmax)."""
-    return getattr(choose, "__func__", None) is _OWN_TOKEN
-
-
-def accepts_by_argmax(accept) -> bool:
-    """Whether `accept` (a rule's bound accept) is greedy-match's own: then the verify's verdict may be compiled
-    (mtplab.runtime.held_meta.accept_argmax)."""
-    return getattr(accept, "__func__", None) is _OWN_ACCEPT
-
-
 def accepted_count(xp, drafts, targets):
-    """Longest prefix where drafts[i] equals targets[i] (leading_run's form)."""
-    return leading_run(xp, drafts == targets[: drafts.shape[0]])
+    """Longest prefix where drafts[i] equals targets[i] (leading_run's form); with a batch axis first (drafts
+    [B, k], targets [B, k+1]), each row's."""
+    return leading_run(xp, drafts == targets[..., : drafts.shape[-1]])
 
 
 def leading_run(xp, kept):
-    """How many of a boolean row's first entries are all true: the drafts kept. On the device a 0-d array (nothing
-    waits); on the host an int."""
-    if xp is np:  # the first false entry, in two calls
+    """How many of a boolean row's first entries are all true: the drafts kept (per row of a [B, k] array). On the
+    device a 0-d array (nothing waits); on the host an int ([B] ints for rows)."""
+    if xp is np:
+        if kept.ndim > 1:
+            return np.where(kept.all(-1), kept.shape[-1], kept.argmin(-1))
         if not kept.size:
             return 0
-        first = int(kept.argmin())
+        first = int(kept.argmin())  # the first false entry, in two calls
         return kept.size if kept[first] else first
-    return xp.cumprod(kept.astype(np.int32)).sum()
+    return xp.cumprod(kept.astype(np.int32), axis=-1).sum(-1)
 
 
 def top2_margin_xp(xp, row):

@@ -32,7 +32,7 @@ from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.schedules import Phases
 from mtplab.model.prompts import run_prompt
 from mtplab.runtime.executor import Slot
-from mtplab.runtime.sessions import mtp_io
+from mtplab.runtime.state import mtp_io
 
 
 def prompts(run, vocab: int) -> np.ndarray:
@@ -238,7 +238,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     when given, is called after every step's commit with the rows it committed (the checked pass compares each
     one's state there).
     """
-    run, k, B = engine.run_cfg, engine.k, engine.batch
+    run, k, B = engine.spec, engine.k, engine.batch
     oracle = run.drafter == "oracle"
     if oracle and (references is None or len(references) != B or min(map(len, references)) < n + k + 1):
         got = "none" if references is None else f"{len(references)} of {min(map(len, references), default=0)}+ tokens"
@@ -256,6 +256,8 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, np.concatenate([batch_prompts[:, 1:], first[:, None]], 1),
                                        out["hidden"], np.zeros(B, np.int64))
         head_out = engine.mtp.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+        key = f"mtp/M={batch_prompts.shape[1]}"  # counted as a batch-1 head's prefill is
+        engine.forwards[key] = engine.forwards.get(key, 0) + 1
         io = engine.desc.mtp
         ready = np.array(head_out[io.logits][:, -1]), np.array(head_out[io.hidden][:, -1])
     oracles = [OracleDrafter(references[b], run.alpha, run.seed + b, engine.desc.vocab_size, None)
@@ -298,9 +300,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             engine.save_state()
         verify_start = st.lengths.copy()
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
-        targets = ver["logits"].argmax(-1)  # [B, k+1]
-        match = drafts == targets[:, :k]
-        counts = np.where(match.all(1), k, match.argmin(1))  # drafts each row keeps
+        counts, targets = engine.acceptance.accept(np, drafts, ver["logits"])  # drafts each row keeps, [B, k+1]
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's

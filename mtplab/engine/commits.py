@@ -24,8 +24,10 @@ from operator import attrgetter, is_
 import numpy as np
 
 from mtplab.engine.strategies import COMMITS
+from mtplab.model.graph import rebuild_conv
 from mtplab.runtime.arena import to_numpy
-from mtplab.runtime.executor import Slot, direct_runner
+from mtplab.runtime.executor import Slot
+from mtplab.runtime.plans import direct_runner
 
 
 class CommitStrategy:
@@ -151,27 +153,19 @@ def select_commit(desc, device) -> Callable:
 
 def transitions_update(desc, device) -> Callable:
     """apply(state, verify outputs, n, row=None): every GatedDeltaNet layer's state advanced by its first n
-    transitions and its conv carry rebuilt from the first n conv inputs (on the host one compiled call for every
-    layer, else one each, mtplab.runtime.host_replay; on the device one kernel per state); row=b: batch row b only."""
+    transitions and its conv carry rebuilt from the first n conv inputs (one CuPy kernel per state on the device);
+    row=b: batch row b only."""
     io = desc.target
-    replay, rebuild = device.transition_replay(desc.transitions), device.conv_rebuild()
+    replay = device.transition_replay(desc.transitions)
     layers = [(s.layer, io.select_outputs[s.layer]["transitions"].name, io.select_outputs[s.layer]["conv_input"].name,
                "channels-first" in s.layout) for s in io.states if s.kind == "conv"]
-    at_once = device.select_layers(desc.transitions, layers)
 
     def apply(st, ver: dict, n: int, row: int | None = None) -> None:
         gdn, conv = st.gdn, st.conv
-        if row is None:
-            if at_once is not None and at_once(st, ver, n):
-                return
-            for i, t, c, first in layers:
-                replay(gdn[i], ver[t], n)
-                rebuild(conv[i], ver[c], n, first)
-            return
-        rows = slice(row, row + 1)
+        rows = slice(None) if row is None else slice(row, row + 1)
         for i, t, c, first in layers:
             replay(gdn[i][rows], ver[t][rows], n)
-            rebuild(conv[i][rows], ver[c][rows], n, first)
+            rebuild_conv(conv[i][rows], ver[c][rows], n, first)
 
     return apply
 
@@ -201,7 +195,6 @@ class OpReplay:
         self.roles = [(s, [(role, io.select_outputs[s.layer][role].name) for role in roles]) for s, roles in self.layers]
         self.convs = [(s.layer, io.select_outputs[s.layer]["conv_input"].name, "channels-first" in s.layout)
                       for s in io.states if s.kind == "conv"]
-        self.rebuild = device.conv_rebuild()
         # the replay session is the CPU's: its LinearAttention writes present onto the state's own buffer where that
         # kernel allows it (mtplab.model.description.ALIASED), else into a buffer copied into the state after the run
         self.aliased = {s.layer for s, _ in self.layers if s.in_place_on("CPUExecutionProvider")}
@@ -222,7 +215,7 @@ class OpReplay:
         else:
             self._replay_fed(st, ver, n)
         for layer, name, first in self.convs:
-            self.rebuild(st.conv[layer], ver[name], n, first)
+            rebuild_conv(st.conv[layer], ver[name], n, first)
 
     def _replay_fed(self, st, ver: dict, n: int) -> None:
         feeds = {}

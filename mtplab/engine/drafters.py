@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from mtplab.base.names import canonical
-from mtplab.engine.acceptance import GREEDY_MATCH, chooses_argmax
+from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.mixture import MixtureDrafter
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription, length_feeds
-from mtplab.runtime import hot_loop
 from mtplab.runtime.arena import array_module
-from mtplab.runtime.executor import Executor, Slot, SlotCaptureState
-from mtplab.runtime.jit import compiled
-from mtplab.runtime.sessions import MtpState, mtp_io, refused_run
+from mtplab.runtime.executor import Executor, Slot, SlotMemory
+from mtplab.runtime.policy import presize
+from mtplab.runtime.sessions import refused_run
+from mtplab.runtime.state import MtpState, mtp_io
 
 
 class Drafter(Protocol):
@@ -54,14 +54,11 @@ class MtpDrafter:
         self.desc, self.executor, self.state, self.forwards = desc, executor, state, forwards
         self.xp = array_module(state.kv[0])  # where its drafts live
         self.choose = choose  # the acceptance rule's draft_token(xp, row)
-        self._argmax = choose if chooses_argmax(choose) else None  # drafts a compiled loop may choose
         self._hot: HeadSteps | None = None  # the head step _draft_on_host runs
-        self._programs: dict = {}  # the compiled loop's program, with what it was made for (hot_loop.held_program)
         self._on_host = self.xp is np and state.batch == 1  # drafts from host tokens, on the step's prepared feeds
         self._tokens = np.empty(0, dtype=np.int64)  # on the host: [first, d1..dk], the drafts its view
         self._ready: HeadRow | None = None  # the last commit's row a draft from its position may start from
         self._commit_out: dict | None = None  # that commit's outputs (the Verify slot's buffers)
-        self.compiled = True  # False: every step in Python (a benchmark's side)
 
     def prefill(self, tokens: list[int], hidden) -> None:
         """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j (its last
@@ -134,9 +131,7 @@ class MtpDrafter:
     def _draft_on_host(self, token, hidden, position: int, k: int) -> np.ndarray:
         """draft()'s head steps on the host: mtp_io's M=1 feeds, built once (again when the KV buffers change),
         rewritten in place before each step (token, hidden state, lengths), and the head's replayer on them (it
-        decides as Executor.run does); with an argmax rule, the steps compiled between replays where the replay
-        check's table allows (mtplab.runtime.hot_loop). The drafts: a view of [first, d1..dk], rewritten by the next
-        draft."""
+        decides as Executor.run does). The drafts: a view of [first, d1..dk], rewritten by the next draft."""
         hot, fixed, state = self._hot, self.state.io_cache.get(1), self.state
         if hot is None or fixed is None or fixed.kv is not state.kv or hot.feeds is not fixed.feeds or (
                 hot.executor is not self.executor):
@@ -150,18 +145,6 @@ class MtpDrafter:
         tokens[0] = token
         i = done = 0
         try:
-            if self.choose is self._argmax and self.compiled:  # the rule's own argmax (a choose set later is not)
-                slot = hot.slot
-                before = slot.replays
-                try:
-                    i, pending = self._chain(hot, tokens, position)
-                finally:  # its steps are its replays
-                    done += slot.replays - before
-                if pending:  # the last step's token and hidden state, as below
-                    out = slot.check.result
-                    token, hidden = self._argmax(np, out[hot.logits][0, 0]), out[hot.hidden_out][0, 0]
-                    i += 1
-                    tokens[i] = token
             while i < k:
                 hot.ids[...] = token
                 length_feeds(self.desc.mtp, position + i, 1, self.desc.capacity, feeds)
@@ -183,42 +166,39 @@ class MtpDrafter:
         desc, io = self.desc, self.desc.mtp
         feeds, outputs, bound = mtp_io(desc, self.state, token, hidden, position)
         buffer = np.empty((1, 1, desc.hidden_size), dtype=desc.target.hidden_type)
-        self._hot = HeadSteps(feeds, outputs, bound, self.executor, self.executor.state[Slot.PRIMARY],
-                              self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
-                              self.executor.held_replayer(Slot.PRIMARY), feeds[io.input_ids], buffer, io.hidden_input,
-                              io.logits, io.hidden)
+        self._hot = HeadSteps(feeds, self.executor, self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
+                              feeds[io.input_ids], buffer, io.hidden_input, io.logits, io.hidden)
         return self._hot
 
-    def _chain(self, hot: HeadSteps, tokens: np.ndarray, position: int) -> tuple[int, bool]:
-        """The head's steps in a compiled loop (hot_loop.chain) from tokens[0] and the hidden state in its feed, while
-        the replay check's table allows: (drafts made into tokens[1:], whether the last step made still needs its
-        token read)."""
-        feeds = hot.feeds
-        check = hot.executor.held_check(Slot.PRIMARY, feeds, hot.outputs, hot.bound)
-        if check is None:
-            return 0, False
-        program = hot_loop.held_program(self._programs, "draft", check, feeds, lambda: hot_loop.program(
-            check, feeds, self.desc.mtp, self.desc.capacity, check.result[hot.logits],
-            [(check.result[hot.hidden_out], feeds[hot.hidden_name])]))
-        if program is None:
-            return 0, False
-        i, _, _, pending = hot_loop.chain(check.table, check.copies, program, tokens, 1, tokens.shape[0], position,
-                                          hot.replay)
-        return i - 1, pending
+def head_executor(desc: ModelDescription, dev, state: MtpState, run, path, arenas: dict) -> tuple[Executor, tuple]:
+    """The MTP head's executor on its own session: Slot.PRIMARY a draft step (M=1, label "mtp"), Slot.VERIFY its
+    commit (M=k+1: its KV rows for the verified tokens, label "mtp-commit"), each on an arena of its own presized
+    (added to `arenas`); and the draft step's I/O at position 0 (for its warm-up)."""
+    B = state.batch
+    position = 0 if B == 1 else np.zeros(B, dtype=np.int64)
+    draft_io = mtp_io(desc, state, np.zeros(B, np.int64), np.zeros((B, desc.hidden_size)), position)
+    commit_io = mtp_io(desc, state, np.zeros((B, run.k + 1), np.int64), np.zeros((B, run.k + 1, desc.hidden_size)),
+                       position)
+    memory = {}
+    for slot, label, (feeds, outputs, _) in ((Slot.PRIMARY, "mtp", draft_io), (Slot.VERIFY, "mtp-commit", commit_io)):
+        arena = arenas[label] = dev.arena(label)
+        presize(arena, feeds, outputs, skip=dev.host_inputs)
+        memory[slot] = SlotMemory(arena, host_inputs=dev.host_inputs)
+    session = dev.session(path)
+    executor = Executor({Slot.PRIMARY: session, Slot.VERIFY: session}, memory,
+                        labels={Slot.PRIMARY: "mtp", Slot.VERIFY: "mtp-commit"}, backend=dev.backend,
+                        max_recaptures=run.max_recaptures, validate=run.validate)
+    return executor, draft_io
 
 
 class HeadSteps(NamedTuple):
-    """The head's M=1 step as _draft_on_host runs it: mtp_io's feeds, outputs and bindings, the executor and its
-    Primary slot, its replayer on them and its held replay (for the compiled loop), the feeds' token ids and hidden
-    state, and the names of the hidden state's feed and of the logits and hidden state outputs."""
+    """The head's M=1 step as _draft_on_host runs it: mtp_io's feeds, the executor, its Primary slot's replayer on
+    them, the feeds' token ids and hidden state, and the names of the hidden state's feed and of the logits and hidden
+    state outputs."""
 
     feeds: dict
-    outputs: Any
-    bound: tuple
     executor: Executor
-    slot: SlotCaptureState
     run: Callable[[], dict]
-    replay: Callable[[], None]
     ids: np.ndarray
     hidden: np.ndarray
     hidden_name: str
@@ -243,7 +223,7 @@ class OracleDrafter:
         digest = hashlib.sha256(f"oracle:{seed}:{alpha}".encode()).digest()
         self.rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         self.offset = 0
-        self.tokens = np.asarray(reference, dtype=np.int64)  # the reference, as the compiled draw reads it
+        self.tokens = np.asarray(reference, dtype=np.int64)
         self.uniforms = np.empty(0)
         self.shifts = np.empty(0, dtype=np.int64)
         self.used = 0
@@ -286,15 +266,12 @@ class OracleDrafter:
         return out if self.xp is np else self.xp.asarray(out)
 
 
-@compiled
-def _oracle_drafts(reference, index, uniforms, shifts, j, alpha, vocab, out):  # pragma: no cover - compiled
+def _oracle_drafts(reference, index, uniforms, shifts, j, alpha, vocab, out) -> int:
     """out[i] = reference[index + i] where uniform j + i is below alpha, else that token shifted by shift j + i
-    (mod vocab), while the reference lasts: the drafts made. One compiled call a step (in Python, a list, an array
-    and their calls cost more than a head step's host work on tiny)."""
+    (mod vocab), while the reference lasts: the drafts made."""
     made = min(out.shape[0], max(0, reference.shape[0] - index)) if index >= 0 else 0
-    for i in range(made):
-        token = reference[index + i]
-        out[i] = token if uniforms[j + i] < alpha else (token + shifts[j + i]) % vocab
+    tokens = reference[index : index + made]
+    out[:made] = np.where(uniforms[j : j + made] < alpha, tokens, (tokens + shifts[j : j + made]) % vocab)
     return made
 
 
@@ -328,7 +305,7 @@ class DrafterKind:
         return False
 
     def build(self, engine, reference: list[int] | None) -> Drafter:
-        """The run's drafter on an Engine (its public attributes: desc, xp, head, run_cfg)."""
+        """The run's drafter on an Engine (its public attributes: desc, xp, head, spec)."""
         raise NotImplementedError
 
     def id_part(self, values: dict) -> str:
@@ -370,13 +347,11 @@ class OracleKind(DrafterKind):
         return not run.oracle_free_drafts
 
     def build(self, engine, reference):
-        run = engine.run_cfg
+        run = engine.spec
         if engine.acceptance.samples:  # temperature > 0: the mixture of the target's distribution and a distractor
             # the head runs for its cost only, drafting argmax: the run's random numbers and q rows stay the mixture's
             head = None if run.oracle_free_drafts else MtpDrafter(
                 engine.desc, engine.mtp, engine.mtp_state, engine.forwards, GREEDY_MATCH.draft_token)
-            if head is not None:
-                head.compiled = engine.compiled_loops
             return MixtureDrafter(engine, run.alpha, run.seed, head)
         head = None if run.oracle_free_drafts else engine.head
         return OracleDrafter(reference, run.alpha, run.seed, engine.desc.vocab_size, head, engine.xp)

@@ -12,115 +12,37 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from mtplab.engine.acceptance import accepts_by_argmax, chooses_argmax, top2_margin_xp
-from mtplab.engine.drafters import Drafter, MtpDrafter
-from mtplab.engine.fit import check_run_on_model
-from mtplab.engine.schedules import Phases
-from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
-from mtplab.model import PRESETS, build_model, preset_config
-from mtplab.model.description import GraphIO, beyond_capacity, length_feeds
-from mtplab.runtime import held_meta, hot_loop
-from mtplab.runtime.arena import to_numpy
+from mtplab.engine import greedy, speculative
+from mtplab.engine.drafters import MtpDrafter, head_executor
+from mtplab.engine.fit import check_spec_on_model
+from mtplab.engine.forwards import PreparedForward, host_count
+from mtplab.engine.greedy import Greedy
+from mtplab.engine.models import model_for, own_weights
+from mtplab.engine.spec import EngineSpec
+from mtplab.engine.strategies import ACCEPTANCE, COMMITS
+from mtplab.model.description import length_feeds
 from mtplab.runtime.device import Device, device_for
-from mtplab.runtime.executor import Executor, Slot, SlotMemory, Status
-from mtplab.runtime.policy import policy, presize, slot_memory
-from mtplab.runtime.sessions import MtpState, TargetState, checked_length, fixed_io, mtp_io, refused_run, target_io
-
-if TYPE_CHECKING:  # the config sits above the engine: the engine reads its fields only
-    from mtplab.experiment.config import RunConfig
-
-
-@dataclass
-class Greedy:
-    tokens: list[int]
-    margins: list[float]
-    seconds: float
-    decodes: int
-    logits: list[np.ndarray] = field(default_factory=list)
-    started: float = float("nan")  # perf_counter when the timed window opened
-
-
-class HotForward(NamedTuple):
-    """A target forward of M host tokens on one slot and mode, prepared for one state and executor while the state's
-    buffers stay (`layout`): the feeds target_io keeps (the token ids and the length feeds rewritten per run), the
-    slot's replayer on them (it decides as Executor.run does), the carries an in-place run makes, the counter's name."""
-
-    state: TargetState
-    executor: Executor
-    layout: int
-    io: GraphIO
-    feeds: dict
-    ids: np.ndarray
-    row: np.ndarray  # ids[0]: the first row's [M] (a view)
-    M: int
-    run: Callable[[], dict]
-    carries: tuple
-    key: str
-
-
-def host_count(tokens, batch: int) -> int:
-    """M for host tokens a forward writes straight into its token ids (an int, a list or tuple of ints at batch 1,
-    a numpy array [M] at batch 1 or [batch, M]); 0 for anything else (a device array, a wrong count), which
-    target_io takes or refuses."""
-    kind = type(tokens)
-    if kind is np.ndarray:
-        if tokens.ndim == 2 and tokens.shape[0] == batch or tokens.ndim == 1 and batch == 1:
-            return tokens.shape[-1]
-        return 0
-    if batch != 1:
-        return 0
-    if kind is list or kind is tuple:  # flat: a nested list is target_io's to read or refuse
-        return len(tokens) if tokens and not any(map(_nested, tokens)) else 0
-    return 1 if kind is int or isinstance(tokens, np.integer) else 0
-
-
-def _nested(token) -> bool:
-    return isinstance(token, (list, tuple, np.ndarray))
-
-
-@functools.cache
-def cpu_kernel_present() -> bool:
-    """Whether this onnxruntime's CPU EP runs GatedDeltaNet (probed once per process)."""
-    from mtplab.model.forms import cpu_runs_gated_delta_net
-
-    return cpu_runs_gated_delta_net()
-
-
-def model_for(run: RunConfig):
-    """The model a RunConfig runs: a preset's build (fp16 on CUDA: GroupQueryAttention there is fp16/bf16
-    only), or the folder `run.model` names (builder output, or an mtplab artifact)."""
-    spec = run.model
-    if spec not in PRESETS:
-        from mtplab.model.folders import open_model
-
-        return open_model(spec)
-    if run.backend == "cpu" and not cpu_kernel_present():
-        import onnxruntime
-
-        raise ValueError(
-            f"onnxruntime {onnxruntime.__version__} has no CPU GatedDeltaNet kernel, which the built-in model needs "
-            "(the 1.30 and 1.31 CPU wheels hold its schema only): install onnxruntime>=1.32, or run --backend cuda "
-            "with onnxruntime-gpu"
-        )
-    return build_model(preset_config(spec, run.int4, dtype="fp16" if run.backend == "cuda" else "fp32"))
+from mtplab.runtime.executor import Executor, Slot
+from mtplab.runtime.policy import policy, slot_memory
+from mtplab.runtime.sessions import refused_run
+from mtplab.runtime.state import MtpState, TargetState, checked_length, fixed_io, target_io
 
 
 class Engine:
-    """Sessions, arenas, executors and state for one RunConfig on one model and device."""
+    """Sessions, arenas, executors and state for one EngineSpec on one model and device."""
 
-    def __init__(self, run: RunConfig, artifact=None, device: Device | None = None):
-        self.run_cfg = run
+    def __init__(self, spec, artifact=None, device: Device | None = None):
+        """spec: an EngineSpec, or a run configuration that gives one (RunConfig.engine_spec())."""
+        run = self.spec = spec if isinstance(spec, EngineSpec) else spec.engine_spec()
         dev = self.device = device or device_for(run.backend, run.max_recaptures, threads=run.threads)
         self.art = artifact or model_for(run)
         # its states in place where the device's kernels allow it (the builder's LinearAttention state on the CPU)
         desc = self.desc = self.art.description.on_provider(dev.provider_name)
         self.cfg = desc.config  # the built-in model's ModelConfig (None for other models)
-        check_run_on_model(run, desc)
+        check_spec_on_model(run, desc)
         dev.check_model(desc)
         self.xp = dev.xp
         pol = self.policy = policy(run.policy)
@@ -151,31 +73,13 @@ class Engine:
             retain_decode_graph_across_spec=run.retain_decode_graph_across_spec,
         )
         self.mtp_state = MtpState.allocate(desc, self.main, batch=B)
-        mtp_arena = self.arenas["mtp"] = dev.arena("mtp")
-        position = 0 if B == 1 else np.zeros(B, dtype=np.int64)
-        draft_io = mtp_io(desc, self.mtp_state, np.zeros(B, np.int64), np.zeros((B, desc.hidden_size)), position)
-        presize(mtp_arena, draft_io[0], draft_io[1], skip=dev.host_inputs)
-        # the head's commit (M=k+1: its KV rows for the verified tokens) on a slot and arena of its own
-        commit_arena = self.arenas["mtp-commit"] = dev.arena("mtp-commit")
-        commit_io = mtp_io(desc, self.mtp_state, np.zeros((B, run.k + 1), np.int64),
-                           np.zeros((B, run.k + 1, desc.hidden_size)), position)
-        presize(commit_arena, commit_io[0], commit_io[1], skip=dev.host_inputs)
-        head_session = dev.session(self.art.mtp)
-        self.mtp = Executor(
-            {Slot.PRIMARY: head_session, Slot.VERIFY: head_session},
-            {Slot.PRIMARY: SlotMemory(mtp_arena, host_inputs=dev.host_inputs),
-             Slot.VERIFY: SlotMemory(commit_arena, host_inputs=dev.host_inputs)},
-            labels={Slot.PRIMARY: "mtp", Slot.VERIFY: "mtp-commit"},
-            backend=dev.backend,
-            max_recaptures=run.max_recaptures,
-            validate=run.validate,
-        )
+        self.mtp, draft_io = head_executor(desc, dev, self.mtp_state, run, self.art.mtp, self.arenas)
         self.forwards: dict[str, int] = {}
         self.drafter_memory: dict = {}  # what a drafter keeps between this engine's runs (the mixture's target rows)
         self.prompt: list[int] = []  # the speculative generation in progress: its prompt and emitted tokens so far
         self.emitted: list[int] = []
         self._keys: dict[tuple, str] = {}  # forward counter names by (slot, label, M)
-        self._hot: dict[tuple, HotForward] = {}  # forward()'s prepared runs by (slot, M, in_place, label)
+        self._prepared_runs: dict[tuple, PreparedForward] = {}  # forward()'s prepared runs by (slot, M, in_place, label)
         io = desc.target
         self._roles = (io.logits, io.hidden) if (io.logits, io.hidden) != ("logits", "hidden") else ()
         self.watch = None  # the checked pass looks at every forward's outputs (lossless.Watch)
@@ -196,8 +100,6 @@ class Engine:
         self._verify_start = 0
         self._verify_buffers: dict = {}  # by k: the verify's token ids (a device's) and the step's packed read
         self._prepared: dict = {}  # each commit strategy's prepared commit, by name
-        self._programs: dict = {}  # compiled loops' programs (mtplab.runtime.hot_loop), with the check they read
-        self.compiled_loops = True  # sets _compiled_loops and _accepts_argmax
         self.use_commit(run.commit)
         self._warm_up(draft_io)
 
@@ -219,19 +121,7 @@ class Engine:
     # -- the run's strategies ------------------------------------------------------------------
     @property
     def k(self) -> int:
-        return self.run_cfg.k
-
-    @property
-    def compiled_loops(self) -> bool:
-        """Whether greedy's timed decodes and the MTP head's drafts may run compiled between replays
-        (mtplab.runtime.hot_loop); False keeps them in Python (a benchmark's side by side), the head's included."""
-        return self._compiled_loops
-
-    @compiled_loops.setter
-    def compiled_loops(self, on: bool) -> None:
-        self._compiled_loops = self.head.compiled = on
-        # greedy-match's own accept on host arrays: the verify's verdict compiled too (held_meta.accept_argmax)
-        self._accepts_argmax = on and self.xp is np and accepts_by_argmax(self.acceptance.accept)
+        return self.spec.k
 
     @property
     def length(self) -> int:
@@ -263,13 +153,13 @@ class Engine:
 
         Returns the outputs by role: "logits", "hidden", and the graph's own names for the rest (the arrays are the
         slot's buffers: the next forward may overwrite them). The caller advances the length. Host tokens outside an
-        eager run take a path prepared once per slot, M and mode (HotForward); each run decides as Executor.run.
+        eager run take a path prepared once per slot, M and mode (PreparedForward); each run decides as Executor.run.
         """
         M = 0 if eager else host_count(tokens, self.batch)
         if M:  # host tokens, run from the slot's plan: the feeds and the replay prepared once
-            hot = self._hot_forward(slot, M, in_place, label)
+            hot = self._prepared_forward(slot, M, in_place, label)
             hot.ids[...] = tokens
-            return self._run_hot(hot)
+            return self._run_prepared(hot)
         if self.first_forward is None:
             self.first_forward = time.perf_counter()
         if isinstance(tokens, (bool, np.bool_)):
@@ -285,20 +175,20 @@ class Engine:
         out = run(slot, feeds, outputs, bound)
         if in_place:
             state.carry()
-        return self._ran(self._key(slot, tokens.shape[-1], label), out)
+        return self._after_forward(self.forward_key(slot, tokens.shape[-1], label), out)
 
-    def _hot_forward(self, slot: Slot, M: int, in_place: bool, label: str | None = None) -> HotForward:
+    def _prepared_forward(self, slot: Slot, M: int, in_place: bool, label: str | None = None) -> PreparedForward:
         """The prepared forward of M host tokens on a slot and mode (made again when the state's buffers or the
-        executor change): write its `ids`, then _run_hot it. The forward starts here (first_forward)."""
+        executor change): write its `ids`, then _run_prepared it. The forward starts here (first_forward)."""
         if self.first_forward is None:  # one clock read per forward on the common path (the end stamp in _ran)
             self.first_forward = time.perf_counter()
         state = self.state
-        hot = self._hot.get((slot, M, in_place, label))
+        hot = self._prepared_runs.get((slot, M, in_place, label))
         if hot is None or hot.state is not state or hot.executor is not self.target or hot.layout != state.layout():
-            hot = self._hot[(slot, M, in_place, label)] = self._prepare_forward(slot, M, in_place, label)
+            hot = self._prepared_runs[(slot, M, in_place, label)] = self._make_forward(slot, M, in_place, label)
         return hot
 
-    def _run_hot(self, hot: HotForward, own: bool = True) -> dict:
+    def _run_prepared(self, hot: PreparedForward, own: bool = True) -> dict:
         """One run of a prepared forward whose token ids are written, at the current length: its length feeds, the
         slot's replayer (it decides as Executor.run does), the carries, and forward()'s bookkeeping. own: the
         outputs in a dict of their own, as Executor.run returns them; else a replay's is the slot's (read it, never
@@ -307,28 +197,28 @@ class Engine:
         out = dict(hot.run()) if own else hot.run()
         for committed, present in hot.carries:
             committed[...] = present
-        return self._ran(hot.key, out)
+        return self._after_forward(hot.key, out)
 
-    def _ran(self, key: str, out: dict) -> dict:
+    def _after_forward(self, key: str, out: dict) -> dict:
         """forward()'s bookkeeping after a run: the outputs by role, the counter, the watch, the end stamp."""
         if self._roles:  # the graph names its outputs otherwise
-            out = self._by_role(out)
+            out = self.by_role(out)
         self.forwards[key] = self.forwards.get(key, 0) + 1
         if self.watch is not None:  # the position: a batch's longest row
             self.watch(key, self.state.length if self.batch == 1 else int(self.state.lengths.max()), out)
         self.last_forward = time.perf_counter()
         return out
 
-    def _prepare_forward(self, slot: Slot, M: int, in_place: bool, label: str | None) -> HotForward:
+    def _make_forward(self, slot: Slot, M: int, in_place: bool, label: str | None) -> PreparedForward:
         """forward()'s run of M host tokens on a slot and mode: target_io's feeds and the slot's replayer on them,
         valid while the state's buffers stay."""
         desc = self.primary_desc if slot is Slot.PRIMARY else self.desc
         feeds, outputs, bound = fixed_io(desc, self.state, M, in_place)
         io = desc.target
         ids = feeds[io.input_ids]
-        return HotForward(self.state, self.target, self.state.layout(), io, feeds, ids, ids[0], M,
+        return PreparedForward(self.state, self.target, self.state.layout(), io, feeds, ids, ids[0], M,
                           self.target.replayer(slot, feeds, outputs, bound),
-                          tuple(self.state.carries()) if in_place else (), self._key(slot, M, label))
+                          tuple(self.state.carries()) if in_place else (), self.forward_key(slot, M, label))
 
     def start(self, prompt: list[int]) -> dict:
         """A new generation: state and plans reset, the prompt prefilled (eager, untimed); the prefill's outputs."""
@@ -370,104 +260,8 @@ class Engine:
     def greedy(
         self, prompt: list[int], n: int, eager: bool = False, keep_logits: int = 0, margins: bool = True
     ) -> Greedy:
-        """Greedy decoding of n tokens at M=1 on Slot.PRIMARY.
-
-        Tokens and margins stay on the device until the end: the loop never waits for it (each
-        argmax feeds the next decode directly). eager=True runs every decode outside the slot's plan.
-        keep_logits=m keeps the first m logits rows (prefill's last, then each decode) for the anchor.
-        margins=False skips the top-2 margins (a timed run: the decoder it measures computes none).
-        Time starts after the prefill; `decodes` = n - 1 tokens are timed (the first is the prefill's).
-        """
-        xp, capacity = self.xp, self.desc.capacity
-        if len(prompt) + n - 1 > capacity:
-            raise beyond_capacity(len(prompt) + n - 1, capacity)
-        out = self.start(prompt)
-        row = out["logits"][0, -1]
-        tokens, rows = [self.acceptance.token(xp, row)], [row.copy()][:keep_logits]
-        gaps = [top2_margin_xp(xp, row)] if margins else []
-        decoder = self._decoder(eager) if n > 1 else None
-        t0 = time.perf_counter()
-        if decoder is not None:
-            self._decode_greedily(decoder, tokens, rows, gaps, n, keep_logits, margins)
-        if xp is np:  # host scalars: one array from the list (np.stack makes an array of each first)
-            host = [self.device.read(np.array(tokens)), np.array(gaps)]
-        elif margins:
-            host = self.device.read(xp.stack([xp.stack(tokens).astype(np.float64), xp.stack(gaps)]))
-        else:
-            host = [self.device.read(xp.stack(tokens)), []]
-        seconds = time.perf_counter() - t0
-        logits = [to_numpy(r) for r in rows]
-        return Greedy([int(t) for t in host[0]], [float(m) for m in host[1]], seconds, n - 1, logits, t0)
-
-    def _decode_greedily(self, decoder, tokens: list, rows: list, gaps: list, n: int, keep_logits: int,
-                         margins: bool) -> None:
-        """Greedy's timed decodes, on a _decoder: each token decoded at M=1 and the next chosen, until there are n
-        (the kept logits rows and the margins too); the forward stamps and counts as Engine.forward keeps them."""
-        xp, state, choose, watch = self.xp, self.state, self.acceptance.token, self.watch
-        decode, ids, feeds = decoder
-        io, capacity, key = self.primary_desc.target, self.desc.capacity, self._key(Slot.PRIMARY, 1)
-        logits, carries, done = io.logits, state.carries(), 0
-        # the timed loop's decodes, compiled between two replays (mtplab.runtime.hot_loop) where nothing else looks,
-        # tried once the plan is captured (READY), twice at most
-        plain = self.compiled_loops and getattr(decode, "plain", False) and watch is None and not margins and (
-            chooses_argmax(choose) and len(rows) >= keep_logits)
-        tries = 2 if plain else 0
-        slot = self.target.state[Slot.PRIMARY]
-        self.first_forward = time.perf_counter()
-        try:
-            while len(tokens) < n:
-                if tries and slot.status is Status.READY:
-                    before, length = slot.replays, state.length
-                    try:
-                        self._chain_greedily(tokens, n)
-                    finally:  # its decodes are its replays, each one token longer (kept true when a replay raises)
-                        done += slot.replays - before
-                        state.length = length + slot.replays - before
-                    tries = 0 if slot.replays > before else tries - 1  # where a chain ran and stopped, Python goes on
-                    if len(tokens) >= n:
-                        break
-                ids[...] = tokens[-1]
-                length_feeds(io, state.length, 1, capacity, feeds)
-                out = decode()
-                done += 1
-                for committed, present in carries:  # state.carry(), its pairs looked up once
-                    committed[...] = present
-                if watch is not None:
-                    watch(key, state.length, self._by_role(out))
-                state.length += 1
-                row = out[logits][0, 0]
-                if len(rows) < keep_logits:
-                    rows.append(row.copy())
-                tokens.append(choose(xp, row))
-                if margins:
-                    gaps.append(top2_margin_xp(xp, row))
-        finally:  # counted once, and kept true when a decode raises
-            self.last_forward = time.perf_counter()
-            self.forwards[key] = self.forwards.get(key, 0) + done
-
-    def _chain_greedily(self, tokens: list, n: int) -> None:
-        """Greedy's M=1 decodes compiled between replays (mtplab.runtime.hot_loop.chain) from where the Python loop
-        stands (its last token chosen, the state carried), while the replay check's table allows, until there are n
-        tokens or the loop stops: then the last run's carry and token here, and the Python loop goes on."""
-        io, state = self.primary_desc.target, self.state
-        feeds, outputs, bound = fixed_io(self.primary_desc, state, 1, True)  # the decoder's very objects
-        check = self.target.held_check(Slot.PRIMARY, feeds, outputs, bound)
-        if check is None:
-            return
-        program = hot_loop.held_program(self._programs, "greedy", check, feeds, lambda: hot_loop.program(
-            check, feeds, io, self.desc.capacity, check.result[io.logits],
-            [(present, committed) for committed, present in state.layer_carries()]))
-        if program is None:
-            return
-        out = np.empty(n, dtype=np.int64)
-        out[: len(tokens)] = tokens
-        replay = self.target.held_replayer(Slot.PRIMARY)
-        i, _, _, pending = hot_loop.chain(check.table, check.copies, program, out, len(tokens), n, state.length,
-                                          replay)  # the caller advances the length by the replays made
-        tokens += out[len(tokens) : i].tolist()
-        if pending:  # the last run's after-work, as the Python loop does it
-            state.carry()
-            tokens.append(self.acceptance.token(np, check.result[io.logits][0, 0]))
+        """Greedy decoding of n tokens at M=1 on Slot.PRIMARY (mtplab.engine.greedy.decode)."""
+        return greedy.decode(self, prompt, n, eager, keep_logits, margins)
 
     def _decoder(self, eager: bool) -> tuple[Callable[[], dict], object, dict]:
         """Greedy's M=1 forward on Slot.PRIMARY as a call on fixed feeds: (run, the token ids [1, 1] the next
@@ -485,67 +279,27 @@ class Engine:
             feeds = {**feeds, name: ids}
         if eager:
             return functools.partial(self.target.run_eager, Slot.PRIMARY, feeds, outputs, bound), ids, feeds
-        run = self.target.replayer(Slot.PRIMARY, feeds, outputs, bound)
-        run.plain = self.xp is np and self.batch == 1  # greedy may compile its decodes (a wrapped decoder may not)
-        return run, ids, feeds
+        return self.target.replayer(Slot.PRIMARY, feeds, outputs, bound), ids, feeds
 
-    def _key(self, slot: Slot, M: int, label: str | None = None) -> str:
+    def forward_key(self, slot: Slot, M: int, label: str | None = None) -> str:
         """The forward counter's name, "label/M=m"."""
         key = self._keys.get((slot, label, M))
         if key is None:
             key = self._keys[(slot, label, M)] = f"{label or self.target.labels[slot]}/M={M}"
         return key
 
-    def _by_role(self, out: dict) -> dict:
+    def by_role(self, out: dict) -> dict:
         """A forward's outputs, with "logits" and "hidden" too where the graph names them otherwise."""
         if not self._roles:
             return out
         return {**out, "logits": out[self._roles[0]], "hidden": out[self._roles[1]]}
 
     # -- speculative ---------------------------------------------------------------------------
-    def drafter(self, reference: list[int] | None) -> Drafter:
-        """The run's drafter (its registered kind builds it; the oracle drafts from the greedy reference)."""
-        kind = DRAFTERS.get(self.run_cfg.drafter)
-        if kind.reads_reference(self.run_cfg) and reference is None:
-            raise ValueError(f"the {kind.name} drafter needs the greedy reference tokens")
-        return kind.build(self, reference)
-
-    def _check_reference(self, reference: list[int] | None, n: int) -> None:
-        """A reference-reading drafter reads up to k + 1 tokens past the n a run makes (its last step's drafts)."""
-        need = n + self.k + 1
-        if DRAFTERS.get(self.run_cfg.drafter).reads_reference(self.run_cfg) and reference is not None and len(reference) < need:
-            raise ValueError(f"the {self.run_cfg.drafter} drafter drafts from the greedy reference: a run of {n} tokens "
-                             f"at k={self.k} needs its first {need} tokens (n + k + 1), got {len(reference)}")
-
     def speculative(
         self, prompt: list[int], n: int, reference: list[int] | None = None, on_commit: Callable | None = None
     ) -> dict:
-        """Speculative decoding until at least n tokens; returns tokens and per-step statistics.
-
-        on_commit(step, length, emitted), when given, is called after every commit (the checked pass
-        compares the committed state there; timed runs pass nothing). The schedule's step
-        function (mtplab.engine.schedules) does one draft-verify-accept-commit round.
-        """
-        self._check_reference(reference, n)
-        if len(prompt) + n + self.k > self.desc.capacity:  # its last verify's reach, at most (the head's is less)
-            raise beyond_capacity(len(prompt) + n + self.k, self.desc.capacity)
-        drafter = self.drafter(reference)
-        out = self.start(prompt)
-        emitted = [int(self.device.read(self.acceptance.token(self.xp, out["logits"][0, -1])))]
-        self.prompt, self.emitted = list(prompt), emitted
-        drafter.prefill(prompt[1:] + emitted, out["hidden"][0])
-        self.last_hidden[...] = out["hidden"][0, -1]
-        self.setup_done()  # the head's prefill is untimed setup too
-        step, phases = SCHEDULES.get(self.run_cfg.schedule).step, Phases()
-        accepted: list[int] = []
-        t_start = time.perf_counter()
-        while len(emitted) < n:
-            accepted.append(step(self, emitted, drafter, phases))
-            if on_commit is not None:
-                on_commit(len(accepted), self.state.length, emitted)
-        seconds = time.perf_counter() - t_start
-        return {"tokens": emitted, "seconds": seconds, "accepted": accepted, "split": phases.seconds,
-                "started": t_start}
+        """Speculative decoding until at least n tokens (mtplab.engine.speculative.generate)."""
+        return speculative.generate(self, prompt, n, reference, on_commit)
 
     # -- one step's parts (mtplab.engine.schedules) ----------------------------------------------
     def begin_step(self, hidden=None):
@@ -561,9 +315,9 @@ class Engine:
     def decode(self, token, hidden):
         """One M=1 decode of `token` on Slot.PRIMARY; its hidden state into `hidden`; its token (on the device)."""
         if self.xp is np and self.batch == 1:  # a host token: straight into the decode's prepared feeds
-            hot = self._hot_forward(Slot.PRIMARY, 1, True)
+            hot = self._prepared_forward(Slot.PRIMARY, 1, True)
             hot.ids[...] = token
-            out = self._run_hot(hot, own=False)  # read here, before any other forward
+            out = self._run_prepared(hot, own=False)  # read here, before any other forward
         else:
             out = self.forward(Slot.PRIMARY, token)
         self.state.length += 1
@@ -596,19 +350,18 @@ class Engine:
             buffers = self._verify_buffers[k] = (None if on_host else xp.empty(k + 1, dtype=np.int64),
                                                  xp.empty(2 * k + 3, dtype=np.int64))
         ids, packed = buffers
-        hot = self._hot_forward(Slot.VERIFY, k + 1, in_place) if on_host else None
+        hot = self._prepared_forward(Slot.VERIFY, k + 1, in_place) if on_host else None
         if hot is not None:
             ids = hot.row
         ids[0] = first
         ids[1:] = drafts
-        ver = self._run_hot(hot) if hot is not None else self.forward(Slot.VERIFY, ids, in_place=in_place)
+        ver = self._run_prepared(hot) if hot is not None else self.forward(Slot.VERIFY, ids, in_place=in_place)
         logits = ver["logits"][0]
-        # packed = [n, first, d1..dk, t0..tk]: the step's one read; greedy-match on the host, in one compiled call
-        if not (self._accepts_argmax and held_meta.accept_argmax(logits, ids, packed) is not None):
-            n_dev, targets = self.acceptance.accept(xp, drafts, logits)
-            packed[0] = n_dev
-            packed[1 : k + 2] = ids
-            packed[k + 2 :] = targets
+        # packed = [n, first, d1..dk, t0..tk]: the step's one read
+        n_dev, targets = self.acceptance.accept(xp, drafts, logits)
+        packed[0] = n_dev
+        packed[1 : k + 2] = ids
+        packed[k + 2 :] = targets
         packed = self.device.read(packed).tolist()
         n = packed[0]
         return n, packed[1 : 2 + n], packed[k + 2 + n], ver
@@ -631,12 +384,3 @@ class Engine:
         self.target.rollback(Slot.PRIMARY)
         self._commit(ver, consumed, start)
         self.state.length = start + len(consumed)
-
-
-def own_weights(shared: dict | None, own) -> dict | None:
-    """The shared weights the user's own graph takes: the copy's, less the constants the copy added."""
-    if shared is None or own is None:
-        return shared
-    from mtplab.model.surgery import ADDED
-
-    return {name: value for name, value in shared.items() if not name.startswith(ADDED)}

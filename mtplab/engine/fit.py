@@ -1,36 +1,24 @@
-"""What a run asks of a model, refused before any session is made: the commits the model runs, batches, the KV
-capacity, the memory a batch's state takes."""
+"""What an engine asks of a model, refused before any session is made: the commits the model runs, batches, the
+memory a batch's state takes. (A run's KV capacity, its tokens and prompt: mtplab.experiment.shared.)"""
 
 from __future__ import annotations
 
 import glob
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mtplab.base.memory import meminfo_gib
+from mtplab.engine.spec import EngineSpec
 from mtplab.engine.strategies import COMMITS
-from mtplab.model.config import capacity_problem, k_problem
-from mtplab.model.prompts import run_prompt
+from mtplab.model.config import k_problem
 from mtplab.runtime.device import backend_problem
-
-if TYPE_CHECKING:  # the config sits above the engine: its fields are read only
-    from mtplab.experiment.config import RunConfig
 
 
 def commits_on(desc) -> tuple[list[str], dict[str, str]]:
     """The registered commit strategies this model runs, and {name: why} for those it refuses."""
     refused = {c.name: why for c in COMMITS.values() if (why := c.refusal(desc)) is not None}
     return [name for name in COMMITS.names() if name not in refused], refused
-
-
-def reference_run(run: RunConfig, desc) -> RunConfig:
-    """The run of an engine that only decodes greedily (a reference for another engine): k=1 and a commit the
-    model supports, whatever the run asks of its own engine."""
-    supported, _ = commits_on(desc)
-    commit = run.commit if run.commit in supported else (supported or [run.commit])[0]
-    return run.replace(engine="mtplab", k=1, commit=commit)
 
 
 def batch_problem(batch: int, desc) -> str | None:
@@ -73,7 +61,7 @@ MEMORY_SHARE = 0.5  # of the available memory, for the state buffers: weights, t
 # workspace and the checks' copies take the rest
 
 
-def memory_problem(run: RunConfig, desc) -> str | None:
+def memory_problem(run: EngineSpec, desc) -> str | None:
     """Why the run's state buffers would not fit in this machine's available memory (the CPU backend), or None."""
     available = meminfo_gib("MemAvailable")
     if run.backend != "cpu" or available is None:
@@ -87,21 +75,22 @@ def memory_problem(run: RunConfig, desc) -> str | None:
             f"available: at most about batch={fits} here")
 
 
-def check_run_on_model(run: RunConfig, desc) -> None:
-    """ValueError, before any session is made, if the run asks what the model cannot do."""
-    ours = run.engine == "mtplab"  # the peer engine has no commit, and no transitions to hold
-    problems = [
-        problem
-        for problem in (
-            backend_problem(run.backend, desc),
-            k_problem(run.k, desc.transition_capacity) if ours and desc.transition_capacity else None,
-            COMMITS.get(run.commit).refusal(desc) if ours else None,
-            capacity_problem(len(run_prompt(run, desc.vocab_size)), run.tokens, run.k, desc.capacity,
-                             f"{desc.name}'s KV capacity"),
-            batch_problem(run.batch, desc),
-            memory_problem(run, desc),
-        )
-        if problem is not None
-    ]
-    if problems:
+def spec_problems(spec: EngineSpec, desc, strategies: bool = True, also: tuple = ()) -> list[str]:
+    """Why an engine of this spec cannot run on the model (empty when it can). strategies: whether its k and commit
+    apply (mtplab's own engine; the onnxruntime-genai peer runs neither); also: a caller's problems (or None),
+    named after the spec's own and before its batch's."""
+    problems = (
+        backend_problem(spec.backend, desc),
+        k_problem(spec.k, desc.transition_capacity) if strategies and desc.transition_capacity else None,
+        COMMITS.get(spec.commit).refusal(desc) if strategies else None,
+        *also,
+        batch_problem(spec.batch, desc),
+        memory_problem(spec, desc),
+    )
+    return [problem for problem in problems if problem is not None]
+
+
+def check_spec_on_model(spec: EngineSpec, desc) -> None:
+    """ValueError, before any session is made, if the engine asks what the model cannot do."""
+    if problems := spec_problems(spec, desc):
         raise ValueError("; ".join(problems))

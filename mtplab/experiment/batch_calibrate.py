@@ -23,22 +23,17 @@ from mtplab.base.threads import threads_used
 from mtplab.engine import batch as batching
 from mtplab.engine.engine import Engine
 from mtplab.experiment.calibrate import (
-    FORWARD_SAMPLES,
     GREEDY_TOKENS,
     MAX_M,
     PROMPT_LEN,
     REPEATS,
-    PairedSamples,
-    _block_time,
     _calibration_run,
-    _call_time,
-    _time_after,
     cache_key,
     cache_path,
     calibration_sizes,
     load_or_measure,
-    time_targets,
 )
+from mtplab.experiment.timing import FORWARD_SAMPLES, PairedSamples, block_time, call_time, time_after, time_targets
 from mtplab.measure.result import dumps
 from mtplab.runtime.executor import Slot
 
@@ -84,7 +79,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
             st.lengths[...] = L0
-            times.append(_call_time(commit_once, engine.device.sync))
+            times.append(call_time(commit_once, engine.device.sync))
         return float(np.mean(times[1:]))
 
     from mtplab.engine.fit import commits_on
@@ -94,12 +89,12 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     forward(1), forward(1)  # Primary's plan captured before the first reference sample
     forward(top)  # the Verify slot's largest forward first (time_targets)
     target_fallbacks = 0
-    paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps, sync), "target/1")
+    paired = PairedSamples(lambda: block_time(lambda: forward(1), reps, sync), "target/1")
     add = paired.add
     for _ in range(repeats):
         target_fallbacks += time_targets(engine, forward, add, top, reps)
         for k in range(1, top):
-            add(f"draft/{k}", lambda k=k: _time_after(  # after the verify a step runs before it, as measure() does
+            add(f"draft/{k}", lambda k=k: time_after(  # after the verify a step runs before it, as measure() does
                 lambda: forward(k + 1), lambda: head_work(k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_step() for _ in range(reps)])))

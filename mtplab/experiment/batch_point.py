@@ -18,12 +18,13 @@ import numpy as np
 
 from mtplab.check import flags
 from mtplab.check import verdict as oracle
-from mtplab.check.audit import Trace, engine_problems
+from mtplab.check.audit import engine_problems
 from mtplab.check.batch import checked_batch, timed_problems
+from mtplab.check.trace import Trace
 from mtplab.engine import batch
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
-from mtplab.experiment.shared import acceptance_alpha, check_engine
+from mtplab.experiment.shared import acceptance_alpha, engine_for
 from mtplab.measure import rounds as measure
 from mtplab.measure import stats, theory
 from mtplab.measure.env import environment
@@ -45,9 +46,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     if calibration is not None and calibration.get("batch", 1) != run.batch:
         raise ValueError(f"the calibration given was measured at batch {calibration.get('batch', 1)}; this point runs "
                          f"batch {run.batch}: pass its own (mtplab.experiment.batch_calibrate.load_or_measure_batch)")
-    if engine is not None:
-        check_engine(run, engine, artifact)
-    engine = engine or Engine(run, artifact)
+    engine = engine_for(run, artifact, engine)
     B, k, n = run.batch, run.k, run.tokens
     prompts = batch.prompts(run, engine.desc.vocab_size)
     problems: list[str] = [f"the engine: {p}" for p in engine_problems(engine)]

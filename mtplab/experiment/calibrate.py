@@ -38,7 +38,8 @@ from mtplab.base.paths import cache_root
 from mtplab.base.threads import threads_used
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.config import RunConfig, model_name
-from mtplab.measure import stats, theory
+from mtplab.experiment.timing import FORWARD_SAMPLES, PairedSamples, block_time, call_time, time_after, time_targets
+from mtplab.measure import theory
 from mtplab.measure.env import _cpu_name
 from mtplab.measure.result import dumps
 from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS
@@ -49,9 +50,6 @@ ACCEPTANCE_SEEDS = (1000, 1001, 1002)  # prompts for the head's acceptance; swee
 ACCEPTANCE_K = 4
 PROMPT_LEN = 8
 GREEDY_TOKENS = 16  # decodes per greedy sample of the calibration
-# Samples per repeat of the costs every prediction divides (T(M), greedy's token): cheap beside the commits' and the
-# head's acceptance, and what decides a prediction's noise.
-FORWARD_SAMPLES = 5
 
 
 def model_hash(model: str, int4: bool = False) -> str:
@@ -72,8 +70,9 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 # 7: T(M) for M >= 3 replayed, not eager: the Verify workspace is sized by the largest M first; 8: the draft phase
 # timed after the verify forward a step runs before it, not back to back; 9: each decoding session's first run its
 # one-token warm-up, and a builder graph's GatedDeltaNet state in place; 10: its LinearAttention state in place on the CPU;
-# 11: the draft phase is the head's commit of the verify's k+1 rows and the k - 1 head steps after it).
-MEASURES = 11
+# 11: the draft phase is the head's commit of the verify's k+1 rows and the k - 1 head steps after it; 12: one host
+# path, in Python).
+MEASURES = 12
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
@@ -105,91 +104,6 @@ def cache_path(key: dict) -> Path:
     return root / "calibration" / f"{key['preset']}-{digest}.json"
 
 
-def _block_time(fn, reps: int, sync: Callable[[], None]) -> float:
-    """Seconds per call over `reps` calls in a row, after one untimed call (a slot whose plan the item before left
-    at another size recaptures there): a sample pays the occasional slow call, as a run does (a median of single
-    calls would hide it, and a speculative step's wide forwards are the ones that have it). sync (Device.sync) at
-    both ends: on a device whose runs return once queued, the block holds its calls' device time, queued back to
-    back as a run queues them."""
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / reps
-
-
-def _time_after(before, fn, reps: int, sync: Callable[[], None]) -> float:
-    """Seconds per call of fn over `reps` calls, each right after an untimed call of `before` (what a run does
-    between two of fn's calls), after one untimed pair: a cost in the order a step pays it. A step's draft phase
-    follows the target's forwards, which evict the head's weights from the caches; timed back to back, the head
-    keeps them and reads far cheaper than a step pays."""
-    before(), fn()
-    total = 0.0
-    for _ in range(reps):
-        before()
-        total += _call_time(fn, sync)
-    return total / reps
-
-
-def time_targets(engine, forward, add, top: int, reps: int) -> int:
-    """One repeat's T(M) samples for M = 2..top (each size's first forward untimed: its warm-up and capture), into
-    PairedSamples.add; returns how many forwards the target slots ran eager meanwhile (a declined capture): a
-    calibration times replays (`target_fallbacks`, 0 when T(M) holds replays only). The caller runs forward(top)
-    once before the first repeat: a pinned Verify workspace keeps the size of its first forward, and one sized for
-    M=2 declines every larger M's capture (each larger T(M) would time an eager forward)."""
-    sync = engine.device.sync
-    fallbacks = lambda: sum(c["fallbacks"] for c in engine.target.counters().values())  # noqa: E731
-    before = fallbacks()
-    for M in range(2, top + 1):
-        forward(M)
-        for _ in range(FORWARD_SAMPLES):
-            add(f"target/{M}", lambda M=M: _block_time(lambda: forward(M), reps, sync))
-    return fallbacks() - before
-
-
-def _call_time(fn, sync: Callable[[], None]) -> float:
-    """Seconds of one call of fn, the device's queued work done at both ends (sync: Device.sync)."""
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t0
-
-
-class PairedSamples:
-    """Samples of each cost, each timed beside a sample of a reference cost (T(1)), which goes first for every other
-    sample of the same cost. summary() gives each cost as its median ratio to the reference beside it times the
-    reference's median over every pairing: the machine's drift between items cancels in the ratios that a prediction
-    divides."""
-
-    def __init__(self, reference: Callable[[], float], name: str):
-        self.reference, self.name = reference, name
-        self.references: list[float] = []
-        self.ratios: dict[str, list[float]] = {}
-
-    def add(self, name: str, measure: Callable[[], float]) -> None:
-        """One sample of `name` (seconds from measure()) and one of the reference beside it."""
-        first = len(self.ratios.get(name, ())) % 2 == 0
-        ref = self.reference() if first else None
-        value = measure()
-        ref = ref if first else self.reference()
-        self.references.append(ref)
-        self.ratios.setdefault(name, []).append(value / ref)
-
-    def summary(self) -> dict[str, dict]:
-        """{name: median and CI in seconds, and the ratio to the reference with its CI}; the reference's own entry
-        is summarized from its samples."""
-        t_ref = stats.median(self.references)
-        out = {self.name: stats.summarize(self.references) | {"ratio": 1.0}}
-        for name, ratios in self.ratios.items():
-            s = stats.summarize(ratios)
-            out[name] = {"median": s["median"] * t_ref, "ci": [c * t_ref for c in s["ci"]], "ratio": s["median"],
-                         "ratio_ci": s["ci"]}
-        return out
-
-
 def calibration_sizes(desc) -> tuple[int, int]:
     """(the largest verify size M, greedy decodes per sample) a calibration of this model measures: MAX_M and
     GREEDY_TOKENS, or fewer where the model's transition capacity or KV capacity holds fewer (a verify of M needs
@@ -208,8 +122,8 @@ def _calibration_run(model: str, threads: int, int4: bool = False, **fields) -> 
     """A RunConfig for measuring `model` (int4: a preset's int4 form) with a commit it supports (the calibration
     measures every supported commit itself; which one the engine starts with does not matter), and the opened
     model."""
-    from mtplab.engine.engine import model_for
     from mtplab.engine.fit import commits_on
+    from mtplab.engine.models import model_for
 
     art = model_for(RunConfig(model=model, threads=threads, int4=int4))
     supported, refused = commits_on(art.description)
@@ -285,26 +199,26 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         engine.save_state()
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
-            times.append(_call_time(lambda: engine.commit(ver, [tok] * n, L0), engine.device.sync))
+            times.append(call_time(lambda: engine.commit(ver, [tok] * n, L0), engine.device.sync))
         return float(np.mean(times[1:]))
 
     strategies, skipped = commits_on(engine.desc)
     sync = engine.device.sync
     target_fallbacks = 0
-    paired = PairedSamples(lambda: _block_time(lambda: forward(1), reps, sync), "target/1")
+    paired = PairedSamples(lambda: block_time(lambda: forward(1), reps, sync), "target/1")
     add = paired.add
     for _ in range(repeats):
         target_fallbacks += time_targets(engine, forward, add, top, reps)
         if engine.primary_desc is not engine.desc:  # Primary runs the user's graph, Verify mtplab's copy
             copy_forward()  # the Verify plan's size changes: untimed
             for _ in range(FORWARD_SAMPLES):
-                add("copy/1", lambda: _block_time(copy_forward, reps, sync))
+                add("copy/1", lambda: block_time(copy_forward, reps, sync))
         for M in range(1, top + 1):
-            add(f"eager/{M}", lambda M=M: _block_time(lambda: eager(M), reps, sync))
+            add(f"eager/{M}", lambda M=M: block_time(lambda: eager(M), reps, sync))
         head()
-        add("head", lambda: _block_time(head, reps, sync))
+        add("head", lambda: block_time(head, reps, sync))
         for k in range(1, top):
-            add(f"draft/{k}", lambda k=k: _time_after(lambda: forward(k + 1), lambda: draft(k), reps, sync))
+            add(f"draft/{k}", lambda k=k: time_after(lambda: forward(k + 1), lambda: draft(k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_token() for _ in range(reps)])))
         engine.start(prompt)  # back to the state the other items are measured from
@@ -388,7 +302,7 @@ def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = F
                                 rounds=1)
     engine, _, forward, greedy_token, top = _on_prompt(run, art)
     sync = engine.device.sync
-    paired = PairedSamples(lambda: _block_time(lambda: forward(1), 3, sync), "target/1")
+    paired = PairedSamples(lambda: block_time(lambda: forward(1), 3, sync), "target/1")
     for _ in range(repeats):
         time_targets(engine, forward, paired.add, top, 3)
         for _ in range(FORWARD_SAMPLES):

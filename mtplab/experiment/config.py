@@ -13,141 +13,38 @@ are refused with any other drafter (the command line and grids refuse them given
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtplab.base.names import canonical
 from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
+from mtplab.engine.spec import EngineSpec, spec_fields
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
+from mtplab.experiment.params import (
+    AUTO_ROUNDS,
+    BACKENDS,
+    ENGINES,
+    GENAI_MAX_DRAFTS,
+    INTEGER_0,
+    INTEGER_1,
+    INTEGER_2,
+    MAX_ROUNDS,
+    MODEL_RULE,
+    NON_NEGATIVE,
+    PROMPT_SET,
+    ROUNDS,
+    ROUNDS_BUDGET,
+    ROUNDS_TARGET,
+    THREADS,
+    TOP_P,
+    UNIT_INTERVAL,
+    integer,
+    param,
+)
 from mtplab.model.config import MAX_TRANSITION_CAPACITY, PRESETS, capacity_problem, k_problem, preset_name
 from mtplab.model.folders import model_folder, shipped_models
 from mtplab.model.prompts import prompt_problem
 from mtplab.runtime.executor import max_recaptures_problem
 from mtplab.runtime.policy import POLICIES
-
-BACKENDS = ("cpu", "cuda")
-ENGINES = ("mtplab", "ort-genai")
-GENAI_MAX_DRAFTS = 16  # onnxruntime-genai's bound on speculative.max_draft_tokens (it refuses more when the run starts)
-GROUPS = ("model", "decoding", "executor", "measurement")
-
-
-INT64_MAX = 2**63 - 1  # a results table's integer columns are 64-bit: a larger value could never be collected
-
-
-def _integer(lo: int):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= INT64_MAX
-
-
-def _boolean(v) -> bool:
-    return isinstance(v, bool)
-
-
-INTEGER_1 = (_integer(1), "an integer >= 1 (at most 2**63 - 1)")
-INTEGER_0 = (_integer(0), "an integer >= 0 (at most 2**63 - 1)")
-INTEGER_2 = (_integer(2), "an integer >= 2 (at most 2**63 - 1)")
-BOOLEAN = (_boolean, "true or false (a boolean)")
-def _number(within):
-    """A rule's test: a real number (not a boolean) that `within` accepts (NaN never is)."""
-    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and within(v)
-
-
-UNIT_INTERVAL = (_number(lambda v: 0.0 <= v <= 1.0), "within [0, 1], a number")
-
-
-NON_NEGATIVE = (_number(lambda v: 0.0 <= v < float("inf")), "a number >= 0")
-TOP_P = (_number(lambda v: 0.0 < v <= 1.0), "within (0, 1], a number")
-
-
-MAX_ROUNDS = 1000
-THREADS_PER_CORE = 4  # intra-op threads a run may ask for, per core of this machine
-
-
-def _cores() -> int:
-    return os.cpu_count() or 1
-
-
-ROUNDS = (lambda v: v == "auto" or (_integer(1)(v) and v <= MAX_ROUNDS), f"an integer in 1..{MAX_ROUNDS}, or 'auto'")
-AUTO_ROUNDS = ("rounds_target", "rounds_budget")  # the fields that size rounds='auto' (and nothing else)
-ROUNDS_TARGET = (_number(lambda v: 0.0 < v < 1.0), "within (0, 1), a number (0.03: within 3% of the speedup)")
-ROUNDS_BUDGET = (_number(lambda v: 0.0 < v < float("inf")), "a number of seconds > 0")
-THREADS = (
-    lambda v: _integer(0)(v) and v <= THREADS_PER_CORE * _cores(),
-    f"an integer in 0..{THREADS_PER_CORE * _cores()} (0: onnxruntime's default; at most {THREADS_PER_CORE} per core "
-    f"of this machine's {_cores()})",
-)
-
-
-def param(
-    default,
-    help: str,
-    *,
-    group: str,
-    choices=None,
-    rule: tuple | None = None,
-    sweep: bool = True,
-    flag: str | None = None,
-    aliases: tuple[str, ...] = (),
-    cli_unset: bool = False,
-    tag: str | None = None,
-    id: tuple | None = None,
-    per_run: bool = False,
-):
-    """A RunConfig field with its metadata.
-
-    group: one of GROUPS (the command line's option groups, the report's parameter table);
-    help: the one help text (the command line, the notebook and the docs read it);
-    choices: the allowed values (a tuple, or a registry's `names` for a strategy), or rule:
-    (accepts(value) -> bool, what is allowed);
-    sweep: whether a grid spec may vary it (a dimension);
-    flag: the command-line option when not `--name-with-dashes` (booleans: `--name` turns on a
-    field defaulting False; a field defaulting True gets `--no-...`); aliases: older option names;
-    cli_unset: the option has no default on the command line (given or not is told apart);
-    id: where a point id names it: ("head" | "body" | "tail", rank, form), form a format string for
-    the canonical value or a function (value, all values) -> text; None for a field its drafter names
-    ("none"); default ("tail", 100, None): tag + the value when not the default (a boolean: the tag alone;
-    tag defaults to the field's name, `no` + the name for a boolean defaulting True). Head and tail
-    parts show only values other than the default; body parts always show.
-    per_run: a supplied Engine may run it with another value (the run's length).
-    """
-    assert group in GROUPS, group
-    if rule is None and choices is None:
-        rule = BOOLEAN if isinstance(default, bool) else None
-    meta = {
-        "group": group,
-        "help": help,
-        "choices": choices,
-        "rule": rule,
-        "sweep": sweep,
-        "flag": flag,
-        "aliases": aliases,
-        "cli_unset": cli_unset,
-        "tag": tag,
-        "id": ("tail", 100, None) if id is None else id,
-        "per_run": per_run,
-    }
-    return dataclasses.field(default=default, metadata=meta)
-
-
-def _model_ok(v) -> bool:
-    if not isinstance(v, str):
-        return False
-    if v in PRESETS:
-        return True
-    folder = model_folder(v)
-    return (folder / "genai_config.json").is_file() or (folder / "manifest.json").is_file()
-
-
-PROMPT_SET = (lambda v: isinstance(v, str) and (v == "" or v.replace("-", "").replace("_", "").isalnum()),
-              "a prompt set's name (letters, digits, - and _), or empty")
-
-MODEL_RULE = (
-    _model_ok,
-    f"a preset name {list(PRESETS)}, a shipped model {shipped_models()}, or a folder holding genai_config.json "
-    "(onnxruntime-genai builder output) or manifest.json (an mtplab artifact)",
-)
 
 
 def model_name(spec: str, int4: bool = False) -> str:
@@ -177,7 +74,7 @@ class RunConfig:
                         choices=ENGINES, id=("head", 1, "{}"))
     # -- decoding
     k: int = param(3, f"drafts per step (the built-in model: 1..{MAX_TRANSITION_CAPACITY - 1})", group="decoding",
-                   rule=(_integer(1), f"an integer >= 1 (1..{MAX_TRANSITION_CAPACITY - 1} for the presets; a folder "
+                   rule=(integer(1), f"an integer >= 1 (1..{MAX_TRANSITION_CAPACITY - 1} for the presets; a folder "
                                       "states its own limit)"), id=("body", 1, "k{}"))
     drafter: str = param("mtp", "who drafts", group="decoding", choices=DRAFTERS.names, id=("body", 2, _drafter_id))
     alpha: float = param(
@@ -260,6 +157,10 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def engine_spec(self) -> EngineSpec:
+        """The spec of the engine this run decodes on (its engine's fields; the measurement's stay here)."""
+        return EngineSpec(**{name: getattr(self, name) for name in spec_fields()})
 
     def group(self, name: str) -> dict:
         """The fields of one group (GROUPS), by name."""
@@ -478,46 +379,6 @@ def batch_problems(cfg: dict) -> list[str]:
         out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: mtplab.engine.batch "
                    "is written for host arrays, its select commit included)")
     return out
-
-
-def point_id(run: RunConfig, repeat: int = 0) -> str:
-    """A point's stable readable id, from the fields' `id` metadata: head parts, body parts, r<repeat>, tail parts."""
-    values = run.to_dict()
-    placed: dict[str, list] = {"head": [], "body": [], "tail": []}
-    for order, f in enumerate(fields()):
-        place, rank, form = f.metadata["id"]
-        value = values[f.name]
-        if place == "none" or not f.metadata["sweep"] or (place != "body" and value == f.default):
-            continue
-        if callable(form):
-            text = form(value, values)
-        elif form is not None:
-            text = form.format(canonical(value))
-        else:
-            text = id_part(f, value)
-        placed[place].append((rank, order, text))
-    parts = [text for _, _, text in sorted(placed["head"])] + [text for _, _, text in sorted(placed["body"])]
-    return folder_safe("-".join(parts + [f"r{repeat}"] + [text for _, _, text in sorted(placed["tail"])]))
-
-
-def folder_safe(name: str, limit: int = 200) -> str:
-    """`name` as a point folder's name: characters outside letters, digits and ``._+=-`` become '_', it starts with a
-    letter or digit (a leading '.' would make it a hidden scratch folder), and a name over `limit` characters keeps
-    its start and a hash of the whole (file systems refuse names over 255 bytes)."""
-    safe = re.sub(r"[^A-Za-z0-9._+=-]", "_", name)
-    if not safe[:1].isalnum():
-        safe = "m" + safe
-    if len(safe) > limit:
-        safe = f"{safe[: limit - 17]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
-    return safe
-
-
-def id_part(f: dataclasses.Field, value) -> str:
-    """A tail field's part of a point id: its tag (+ the value unless a boolean)."""
-    tag = f.metadata.get("tag")
-    if isinstance(value, bool):
-        return tag or (f"no{f.name}" if f.default is True else f.name)
-    return f"{tag or f.name}{canonical(value)}"
 
 
 class ConfigError(ValueError):

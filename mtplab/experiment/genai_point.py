@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from mtplab.base.threads import SETTLE_LIMIT, settle, thread_pool, threads_used
 from mtplab.check import verdict as oracle
-from mtplab.engine.engine import Engine, model_for
-from mtplab.engine.fit import reference_run
+from mtplab.engine.engine import Engine
+from mtplab.engine.models import model_for
 from mtplab.engine.sampling import settings, settings_text
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_builder import builder_peer_folder
 from mtplab.experiment.genai_export import HEAD_THREADS, PEER_FORM, drop_older_forms, export_genai
 from mtplab.experiment.genai_runner import GenaiPeer, genai_version, require_genai
+from mtplab.experiment.shared import check_run_on_model, reference_run
 from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
 from mtplab.measure.result import RunResult
@@ -67,6 +68,7 @@ def run_genai_point(run: RunConfig, artifact: Artifact | None = None) -> RunResu
     checked against mtplab's greedy reference."""
     require_genai()
     art = artifact or model_for(run)
+    check_run_on_model(run, art.description)
     n = run.tokens
     prompt = run_prompt(run, art.description.vocab_size)
     engine = Engine(reference_run(run, art.description), art)

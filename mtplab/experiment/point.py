@@ -10,12 +10,13 @@ import numpy as np
 from mtplab.base.threads import use_global_pool
 from mtplab.check import flags, lossless
 from mtplab.check import verdict as oracle
-from mtplab.check.audit import Audit, Trace, checked_problems, engine_problems
+from mtplab.check.audit import Audit, checked_problems, engine_problems
+from mtplab.check.trace import Trace
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.experiment import config
 from mtplab.experiment.config import RunConfig
-from mtplab.experiment.shared import acceptance_alpha, check_engine
+from mtplab.experiment.shared import acceptance_alpha, engine_for
 from mtplab.measure import rounds as measure
 from mtplab.measure import theory
 from mtplab.measure.env import environment
@@ -126,9 +127,7 @@ def run_mtplab_point(
     """
     if run.batch > 1:
         raise ValueError(f"batch={run.batch}: run_point runs it (mtplab.experiment.batch_point); this runs batch 1")
-    if engine is not None:
-        check_engine(run, engine, artifact)
-    engine = engine or Engine(run, artifact)
+    engine = engine_for(run, artifact, engine)
     desc, k, n = engine.desc, run.k, run.tokens
     prompt = run_prompt(run, desc.vocab_size)
     built = [f"the engine: {p}" for p in engine_problems(engine)]  # it runs what the config says

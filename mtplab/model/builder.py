@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,11 @@ from mtplab.model.onnx_read import (
     consumer,
     data_files,
     graph_io_table,
+    op_counts,
     parameter_count,
+    rotary_rows,
+    unproduced_inputs,
+    weight_format,
 )
 
 # KV capacity mtplab allocates for a builder model, at most its context length.
@@ -172,41 +175,6 @@ def _load_graph(folder: Path, filename: str, role: str) -> onnx.ModelProto:
     return model
 
 
-def unproduced_inputs(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """(node, input) pairs of the top-level graph whose input nothing produces (an invalid graph)."""
-    g = model.graph
-    have = {""} | {i.name for i in g.input} | {t.name for t in g.initializer}
-    have |= {o for n in g.node for o in n.output}
-    return [(n.name or n.op_type, i) for n in g.node for i in n.input if i not in have]
-
-
-def weight_format(model: onnx.ModelProto) -> str:
-    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
-    if not nbits:
-        return ""
-    bits = {attributes(n).get("bits", 4) for n in nbits}
-    level = {attributes(n).get("accuracy_level", 0) for n in nbits}
-    return (f"int{'/'.join(map(str, sorted(bits)))} weights (MatMulNBits x{len(nbits)}"
-            + (", int8 matmul inputs: accuracy_level 4" if 4 in level else "") + ")")
-
-
-def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
-    return dict(Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node))
-
-
-ROTARY_CACHE_INPUT = {"RotaryEmbedding": 2, "MRotaryEmbedding": 2, "GroupQueryAttention": 7}  # com.microsoft's cos_cache
-
-
-def rotary_rows(model: onnx.ModelProto) -> int | None:
-    """The fewest positions any rotary table of the graph holds (the rows of a com.microsoft op's 2-D cos_cache
-    initializer, [max positions, rotary dim / 2]), or None."""
-    inits = {t.name: t for t in model.graph.initializer}
-    rows = [int(t.dims[0]) for n in model.graph.node
-            if n.domain == "com.microsoft" and (i := ROTARY_CACHE_INPUT.get(n.op_type)) is not None and len(n.input) > i
-            and (t := inits.get(n.input[i])) is not None and len(t.dims) == 2]
-    return min(rows) if rows else None
-
-
 def _dims(folder: Path, name: str, dims: tuple, rank: int) -> tuple[int, ...]:
     """A state's shape at batch 1: every dim after the batch must be a number in the graph."""
     if len(dims) != rank or not all(isinstance(d, int) and d > 0 for d in dims[1:]):
@@ -300,7 +268,7 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
     content = hashlib.sha256(blob).hexdigest()[:16]
     desc = select_copy(desc, target_model, content)
     return BuilderModel(
-        folder, desc, config, {"target": _op_counts(target_model), "mtp": _op_counts(mtp_model)},
+        folder, desc, config, {"target": op_counts(target_model), "mtp": op_counts(mtp_model)},
         {"target": parameter_count(target_model), "mtp": parameter_count(mtp_model)}, content, weight_format(target_model),
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import onnx
@@ -118,3 +119,40 @@ def parameter_count(model: onnx.ModelProto) -> int:
                 size *= d
             n += size
     return n
+
+
+def unproduced_inputs(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(node, input) pairs of the top-level graph whose input nothing produces (an invalid graph)."""
+    g = model.graph
+    have = {""} | {i.name for i in g.input} | {t.name for t in g.initializer}
+    have |= {o for n in g.node for o in n.output}
+    return [(n.name or n.op_type, i) for n in g.node for i in n.input if i not in have]
+
+
+def weight_format(model: onnx.ModelProto) -> str:
+    """The graph's quantized weights in words ("" for none)."""
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    if not nbits:
+        return ""
+    bits = {attributes(n).get("bits", 4) for n in nbits}
+    level = {attributes(n).get("accuracy_level", 0) for n in nbits}
+    return (f"int{'/'.join(map(str, sorted(bits)))} weights (MatMulNBits x{len(nbits)}"
+            + (", int8 matmul inputs: accuracy_level 4" if 4 in level else "") + ")")
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each domain:op the top-level graph holds."""
+    return dict(Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node))
+
+
+ROTARY_CACHE_INPUT = {"RotaryEmbedding": 2, "MRotaryEmbedding": 2, "GroupQueryAttention": 7}  # com.microsoft's cos_cache
+
+
+def rotary_rows(model: onnx.ModelProto) -> int | None:
+    """The fewest positions any rotary table of the graph holds (the rows of a com.microsoft op's 2-D cos_cache
+    initializer, [max positions, rotary dim / 2]), or None."""
+    inits = {t.name: t for t in model.graph.initializer}
+    rows = [int(t.dims[0]) for n in model.graph.node
+            if n.domain == "com.microsoft" and (i := ROTARY_CACHE_INPUT.get(n.op_type)) is not None and len(n.input) > i
+            and (t := inits.get(n.input[i])) is not None and len(t.dims) == 2]
+    return min(rows) if rows else None

@@ -8,7 +8,8 @@ import pandas as pd
 import yaml
 
 from mtplab.engine.strategies import DRAFTERS
-from mtplab.experiment.config import AUTO_ROUNDS, drafter_params, fields
+from mtplab.experiment.config import drafter_params, fields
+from mtplab.experiment.params import AUTO_ROUNDS
 
 # Run parameters a sweep can vary or fix: RunConfig's fields (the model by its name, a preset's or a builder
 # folder's: store.load's model_name); rounds and threads have rows of their own.

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from mtplab.runtime.executor import Binding, CaptureDeclined, backend_calls
+from mtplab.runtime.plans import CaptureDeclined, backend_calls
+from mtplab.runtime.signature import Binding
 
 # Run config entries of every run on this backend: a run returns once its work is queued.
 NO_SYNC = "disable_synchronize_execution_providers"
@@ -166,7 +167,7 @@ class CudaGraphBackend:
 # select's state replay as one CUDA kernel per layer: each thread owns one state element and
 # applies the first n transitions in order, with the multiplies and the add rounded separately
 # (no FMA contraction), as numpy's token-by-token form does (`S *= decay; S += delta*key`,
-# mtplab.model.graph.replay_transitions_xp) and the host's compiled form (mtplab.runtime.host_replay).
+# mtplab.model.graph.replay_transitions_xp).
 REPLAY_KERNEL = r"""
 const int dk = i % Dk;
 const int dv = (i / Dk) % Dv;

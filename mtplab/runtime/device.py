@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mtplab.runtime.arena import Arena, to_numpy
-from mtplab.runtime.executor import CpuPlanBackend, PlanBackend
+from mtplab.runtime.plans import CpuPlanBackend, PlanBackend
 from mtplab.runtime.sessions import make_session, shared_initializers
 
 CUDA_HELP = (
@@ -85,40 +85,14 @@ class Device:
 
     def transition_replay(self, layout) -> Callable:
         """select's GatedDeltaNet transition replay (a TransitionLayout), replay(state, transitions row, n): one CuPy
-        kernel per layer on CUDA, one compiled call per layer on the CPU (mtplab.runtime.host_replay); bitwise the
-        same arithmetic."""
+        kernel per layer on CUDA, numpy's closed form on the CPU (mtplab.model.graph)."""
         if self.name == "cuda":
             from mtplab.runtime.cuda import DeviceReplay
 
             return DeviceReplay(layout)
-        if self.xp is np:
-            from mtplab.runtime import host_replay
-
-            return functools.partial(host_replay.replay_state, layout)
-        from mtplab.model.graph import replay_transitions  # another array module's: its own token-by-token ops
+        from mtplab.model.graph import replay_transitions
 
         return functools.partial(replay_transitions, layout)
-
-    def select_layers(self, layout, layers: list) -> Callable | None:
-        """select's update of every layer in one call where this device has one: on the CPU, a compiled call for a
-        batch-1 state (mtplab.runtime.host_replay.SelectLayers: it answers False where it does not apply); else None:
-        transition_replay and conv_rebuild layer by layer."""
-        if self.xp is not np or not layers:
-            return None
-        from mtplab.runtime import held_meta, host_replay
-
-        return host_replay.SelectLayers(layout, layers) if held_meta.ready() else None
-
-    def conv_rebuild(self) -> Callable:
-        """select's conv carry rebuild, rebuild(carry, conv inputs, n, channels_first): compiled on the CPU
-        (mtplab.runtime.host_replay), the array module's own ops elsewhere (mtplab.model.graph)."""
-        if self.xp is np:
-            from mtplab.runtime import host_replay
-
-            return host_replay.rebuild_conv
-        from mtplab.model.graph import rebuild_conv
-
-        return rebuild_conv
 
     def graph_stats(self) -> dict:
         ids = getattr(self.backend, "ids", None)

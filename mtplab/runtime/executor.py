@@ -10,15 +10,14 @@ narrow seam where a plan is captured and replayed: IOBinding on CPU, CUDA graphs
 from __future__ import annotations
 
 import enum
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from mtplab.runtime import held_meta
-from mtplab.runtime.arena import Arena, Block, BufferTooSmall, address, layout_bytes, put
+from mtplab.runtime.arena import Arena, Block, BufferTooSmall, layout_bytes, put
+from mtplab.runtime.plans import CaptureDeclined, CpuPlanBackend, PlanBackend
 from mtplab.runtime.signature import AddressCache, Binding, ReplayCheck, describe_mismatch, signature
 
 
@@ -73,95 +72,6 @@ class SlotCaptureState:
     def activity(self) -> dict[str, int]:
         """The counters plus warm-ups and eager runs: every forward the slot ran is counted once."""
         return {k: getattr(self, k) for k in ACTIVITY_KEYS}
-
-
-class CaptureDeclined(Exception):
-    """Raised by a backend that will not capture this plan; the slot runs eager instead."""
-
-
-class PlanBackend(Protocol):
-    """The capture/replay seam. CPU: IOBinding plans. CUDA: graphs by gpu_graph_id."""
-
-    def eager(self, session: Any, binds: list[Binding], quiet: bool = False) -> None: ...
-    def capture(self, session: Any, binds: list[Binding], owner: str) -> Any: ...
-    def replay(self, session: Any, plan: Any) -> None: ...
-    def drop(self, plan: Any) -> None: ...
-
-
-def backend_calls() -> dict[str, int]:
-    """A backend's own count of the runs it executed, by kind: the executor's slot counters are audited against it."""
-    return {"eager": 0, "capture": 0, "replay": 0}
-
-
-def direct_runner(session: Any, io: Any) -> Any:
-    """A call that runs `io` on `session`: onnxruntime's own C entry where the session and binding expose it.
-
-    The Python wrapper's run_with_iobinding checks WebGPU graph-capture bindings on every call (about
-    3 us on a CPU session, where they never apply) before the same C call. A session whose
-    run_with_iobinding is not onnxruntime's own (replaced on the instance, as a test's recorder, or by a
-    subclass) keeps its own. Decided when the plan is captured: a recorder installed later sees no replays.
-    """
-    import onnxruntime as ort
-
-    c_session, c_io = getattr(session, "_sess", None), getattr(io, "_iobinding", None)
-    own = "run_with_iobinding" not in vars(session) and (
-        getattr(type(session), "run_with_iobinding", None) is ort.InferenceSession.run_with_iobinding)
-    if c_session is None or c_io is None or not own:
-        return functools.partial(session.run_with_iobinding, io)
-    return functools.partial(c_session.run_with_iobinding, c_io, None)
-
-
-@functools.cache
-def quiet_run_options():
-    """Run options under which onnxruntime logs only a fatal error: a run whose failure is expected and handled
-    (a warm-up that leaves a graph to fail where it is used) prints no error line of onnxruntime's."""
-    import onnxruntime as ort
-
-    ro = ort.RunOptions()
-    ro.log_severity_level = 4
-    return ro
-
-
-@dataclass(frozen=True)
-class CpuPlan:
-    """A captured CPU plan: the IOBinding (every input and output bound by raw pointer), and its run."""
-
-    io: Any
-    run: Any
-
-
-class CpuPlanBackend:
-    """A plan is an IOBinding with every input and output bound by raw pointer (a CpuPlan: it and its run)."""
-
-    def __init__(self):
-        self.calls = backend_calls()
-
-    @staticmethod
-    def _binding(session, binds: list[Binding]):
-        io = session.io_binding()
-        for b in binds:
-            bind = io.bind_output if b.output else io.bind_input
-            bind(b.name, "cpu", 0, b.array.dtype, list(b.array.shape), address(b.array))
-        return io
-
-    def eager(self, session, binds: list[Binding], quiet: bool = False) -> None:
-        """An eager run; quiet: onnxruntime logs nothing of its failure (the exception still says it)."""
-        session.run_with_iobinding(self._binding(session, binds), quiet_run_options() if quiet else None)
-        self.calls["eager"] += 1
-
-    def capture(self, session, binds: list[Binding], owner: str = "slot") -> CpuPlan:
-        io = self._binding(session, binds)
-        plan = CpuPlan(io, direct_runner(session, io))
-        plan.run()
-        self.calls["capture"] += 1
-        return plan
-
-    def replay(self, session, plan: CpuPlan) -> None:
-        plan.run()
-        self.calls["replay"] += 1
-
-    def drop(self, plan) -> None:
-        pass
 
 
 @dataclass(eq=False)
@@ -260,7 +170,6 @@ class Executor:
         self.retain = retain_decode_graph_across_spec
         self.state = {s: SlotCaptureState() for s in sessions}
         self.address = AddressCache()
-        held_meta.ready()  # the replay check's compiled reads loaded (or found wanting) now, not in a first replay
 
     # -- retarget and lifecycle -------------------------------------------------------------
     def new_generation(self) -> None:
@@ -420,34 +329,6 @@ class Executor:
         def run() -> dict[str, Any]:
             result = checked(st, mem, session, feeds, outputs, bound)
             return result if result is not None else self.run(slot, feeds, outputs, bound)
-
-        return run
-
-    def held_check(self, slot: Slot, feeds: dict, outputs, bound) -> ReplayCheck | None:
-        """The slot's replay check where a run on these objects (feed names, output spec, bindings, memory: check.holds)
-        replays once its table's reads pass: a compiled loop (mtplab.runtime.hot_loop, which also asks that the
-        table's rows hold these very feeds) then stages each run itself and replays with held_replayer's call. None: run the
-        replayer (it decides everything itself). CPU plans only: the loop stages into host memory."""
-        st = self.state.get(slot)
-        check = st.check if st is not None else None
-        if (check is None or st.status is not Status.READY or not isinstance(self.backend, CpuPlanBackend)
-                or not check.holds(self.memory[slot], feeds, outputs, bound)):
-            return None
-        return check
-
-    def held_replayer(self, slot: Slot) -> Callable[[], None]:
-        """A call of no arguments: one replay of the slot's plan (the one it holds at each call), its feeds staged by
-        the caller after the check's table passed (held_check), counted and hazard-checked as Executor.run counts
-        and checks a replay. Made once for a loop of them: the slot's lookups are done here, not per replay. The
-        backend's replay is looked up at each call, so a wrapper put on the backend later (a benchmark's clock) runs."""
-        st, session, backend = self.state[slot], self.sessions[slot], self.backend
-
-        def run() -> None:
-            for blk, owner in st.plan_blocks:
-                if blk.owner != owner:
-                    st.hazards += 1
-            backend.replay(session, st.plan)
-            st.replays += 1
 
         return run
 

@@ -14,9 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mtplab.runtime import held_meta
 from mtplab.runtime.arena import Block, address, put
-from mtplab.runtime.held_meta import DIFFERENT, STAGED
 
 
 class Binding(NamedTuple):
@@ -96,7 +94,6 @@ class OutputSpec(Mapping):
 
 _META = attrgetter("dtype", "shape")
 _ARRAY = itemgetter(1)
-_NDARRAY = {np.ndarray}
 
 
 class ReplayCheck:
@@ -114,11 +111,6 @@ class ReplayCheck:
     - bound: the same (name, direction) and the same array object, read for dtype and shape;
     - every slot buffer (staged feeds, outputs) read for dtype and shape too.
     Anything else, and the run takes the full signature path, unchanged.
-
-    On numpy arrays the dtype and shape reads, and the staging copies, are one compiled call (held_meta) over a
-    table of the feeds and the held arrays: the very dtype object and shape each had when the check was made, the
-    feeds' rows readdressed when the caller passes other feed objects. Where it finds any difference (or cannot
-    apply), Python reads them as above and decides: the table only ever confirms what those reads would.
     """
 
     __slots__ = (
@@ -137,9 +129,6 @@ class ReplayCheck:
         "arrays",
         "meta",
         "result",
-        "table",
-        "seen",
-        "copies",
     )
 
     def __init__(self, memory: Any, feeds: dict, outputs: dict, staged: dict, outs: dict, bound: list):
@@ -162,22 +151,6 @@ class ReplayCheck:
         self.arrays = list({id(a): a for a in arrays}.values())  # each object once (KV is bound twice)
         self.meta = list(map(_META, self.arrays))
         self.result = {n: a for n, (a, _) in outs.items()}
-        self.seen = list(feeds.values())  # the feed objects the table's first rows point at, held; replaced, never changed in place
-        self.table = held_meta.snapshot(self.seen + self.arrays)
-        self.copies = self._copies() if self.table is not None else None
-
-    def _copies(self) -> np.ndarray:
-        """The table's staging copies, feed row to slot buffer row, where each is a plain byte copy (the buffer of
-        the feed's dtype and shape, holding no object references: copying those needs their counts); else none:
-        Python stages."""
-        rows = {id(a): r for r, a in enumerate(self.arrays, start=len(self.seen))}
-        pairs = []
-        for f, ((view, plain), value) in enumerate(zip(self.staging, self.seen)):
-            if not plain or id(view) not in rows or (view.dtype, view.shape) != (value.dtype, value.shape) or (
-                    view.dtype.hasobject):
-                return held_meta.NONE
-            pairs.append((f, rows[id(view)], view.nbytes))
-        return held_meta.copies(pairs)
 
     def holds(self, memory: Any, feeds: dict, outputs: dict, bound: list) -> bool:
         """Whether a run on these objects is the held one but for the arrays' dtypes and shapes (and the feeds'
@@ -201,26 +174,11 @@ class ReplayCheck:
 
     def stage(self, memory: Any, feeds: dict, outputs: dict, bound: list) -> bool:
         """Stage the feeds and return True if this run's signature is the held one; False: take the full path.
-
-        Where the table applies, its compiled reads and copies (held_meta.stage) decide first: STAGED, or CHECKED
-        (Python copies), where these feeds and every held array have the dtype object and shape the table holds,
-        so that Python's reads would find them equal; DIFFERENT decides nothing: Python reads them."""
+        dtype and shape are read from the held objects at every run: an in-place reshape is caught here."""
         if not self.holds(memory, feeds, outputs, bound):
             return False
         values = list(feeds.values())
-        done = DIFFERENT
-        if self.table is not None:
-            if all(map(is_, values, self.seen)):
-                done = held_meta.stage(self.table, self.copies)
-            elif set(map(type, values)) <= _NDARRAY:  # the rows keep the held dtype and shape to read against
-                held_meta.readdress(self.table, values)
-                self.seen = values
-                done = held_meta.stage(self.table, self.copies)
-        if done == STAGED:
-            return True
-        # dtype and shape are read from the held objects at every run (an in-place reshape is caught here).
-        if done == DIFFERENT and (list(map(_META, values)) != self.feed_meta
-                                  or list(map(_META, self.arrays)) != self.meta):
+        if list(map(_META, values)) != self.feed_meta or list(map(_META, self.arrays)) != self.meta:
             return False
         for (view, plain), value in zip(self.staging, values):
             if plain:

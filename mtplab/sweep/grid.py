@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from mtplab.base.names import likeliest
-from mtplab.experiment import config
+from mtplab.experiment import config, point_ids
 from mtplab.experiment.config import RunConfig, field_problem
 from mtplab.model.config import PRESETS
 
@@ -32,7 +32,7 @@ class Point:
 
     @property
     def id(self) -> str:
-        return config.point_id(self.run, self.repeat)
+        return point_ids.point_id(self.run, self.repeat)
 
 
 @dataclass(frozen=True)
@@ -260,8 +260,8 @@ def check_models(spec: GridSpec) -> None:
     """Open every model folder the spec names and hold each point to it: a bad folder, or a point its
     model cannot run (k, commit, tokens, a batch's memory), is refused before any point runs. A preset is checked from
     its config, and opened (built where missing, as its calibration would) for a batch > 1's memory."""
-    from mtplab.engine.engine import model_for
-    from mtplab.engine.fit import check_run_on_model
+    from mtplab.engine.models import model_for
+    from mtplab.experiment.shared import check_run_on_model
 
     problems, opened = [], {}
     for p in spec.points:

@@ -1,0 +1,99 @@
+"""How a calibration times a cost: blocks of calls in a row, a call right after what a step runs before it, and
+each sample paired with a sample of T(1) beside it, so that the machine's drift cancels in the ratios a
+prediction divides."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from mtplab.measure import stats
+
+# Samples per repeat of the costs every prediction divides (T(M), greedy's token): cheap beside the commits' and the
+# head's acceptance, and what decides a prediction's noise.
+FORWARD_SAMPLES = 5
+
+
+def block_time(fn, reps: int, sync: Callable[[], None]) -> float:
+    """Seconds per call over `reps` calls in a row, after one untimed call (a slot whose plan the item before left
+    at another size recaptures there): a sample pays the occasional slow call, as a run does (a median of single
+    calls would hide it, and a speculative step's wide forwards are the ones that have it). sync (Device.sync) at
+    both ends: on a device whose runs return once queued, the block holds its calls' device time, queued back to
+    back as a run queues them."""
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / reps
+
+
+def time_after(before, fn, reps: int, sync: Callable[[], None]) -> float:
+    """Seconds per call of fn over `reps` calls, each right after an untimed call of `before` (what a run does
+    between two of fn's calls), after one untimed pair: a cost in the order a step pays it. A step's draft phase
+    follows the target's forwards, which evict the head's weights from the caches; timed back to back, the head
+    keeps them and reads far cheaper than a step pays."""
+    before(), fn()
+    total = 0.0
+    for _ in range(reps):
+        before()
+        total += call_time(fn, sync)
+    return total / reps
+
+
+def time_targets(engine, forward, add, top: int, reps: int) -> int:
+    """One repeat's T(M) samples for M = 2..top (each size's first forward untimed: its warm-up and capture), into
+    PairedSamples.add; returns how many forwards the target slots ran eager meanwhile (a declined capture): a
+    calibration times replays (`target_fallbacks`, 0 when T(M) holds replays only). The caller runs forward(top)
+    once before the first repeat: a pinned Verify workspace keeps the size of its first forward, and one sized for
+    M=2 declines every larger M's capture (each larger T(M) would time an eager forward)."""
+    sync = engine.device.sync
+    fallbacks = lambda: sum(c["fallbacks"] for c in engine.target.counters().values())  # noqa: E731
+    before = fallbacks()
+    for M in range(2, top + 1):
+        forward(M)
+        for _ in range(FORWARD_SAMPLES):
+            add(f"target/{M}", lambda M=M: block_time(lambda: forward(M), reps, sync))
+    return fallbacks() - before
+
+
+def call_time(fn, sync: Callable[[], None]) -> float:
+    """Seconds of one call of fn, the device's queued work done at both ends (sync: Device.sync)."""
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+class PairedSamples:
+    """Samples of each cost, each timed beside a sample of a reference cost (T(1)), which goes first for every other
+    sample of the same cost. summary() gives each cost as its median ratio to the reference beside it times the
+    reference's median over every pairing: the machine's drift between items cancels in the ratios that a prediction
+    divides."""
+
+    def __init__(self, reference: Callable[[], float], name: str):
+        self.reference, self.name = reference, name
+        self.references: list[float] = []
+        self.ratios: dict[str, list[float]] = {}
+
+    def add(self, name: str, measure: Callable[[], float]) -> None:
+        """One sample of `name` (seconds from measure()) and one of the reference beside it."""
+        first = len(self.ratios.get(name, ())) % 2 == 0
+        ref = self.reference() if first else None
+        value = measure()
+        ref = ref if first else self.reference()
+        self.references.append(ref)
+        self.ratios.setdefault(name, []).append(value / ref)
+
+    def summary(self) -> dict[str, dict]:
+        """{name: median and CI in seconds, and the ratio to the reference with its CI}; the reference's own entry
+        is summarized from its samples."""
+        t_ref = stats.median(self.references)
+        out = {self.name: stats.summarize(self.references) | {"ratio": 1.0}}
+        for name, ratios in self.ratios.items():
+            s = stats.summarize(ratios)
+            out[name] = {"median": s["median"] * t_ref, "ci": [c * t_ref for c in s["ci"]], "ratio": s["median"],
+                         "ratio_ci": s["ci"]}
+        return out
