@@ -223,9 +223,9 @@ class OracleDrafter:
         digest = hashlib.sha256(f"oracle:{seed}:{alpha}".encode()).digest()
         self.rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         self.offset = 0
-        self.tokens = np.asarray(reference, dtype=np.int64)
-        self.uniforms = np.empty(0)
-        self.shifts = np.empty(0, dtype=np.int64)
+        self.tokens = [int(t) for t in reference]
+        self.uniforms: list[float] = []
+        self.shifts: list[int] = []
         self.used = 0
         self._out = np.empty(0, dtype=np.int64)  # the step's drafts
 
@@ -238,8 +238,8 @@ class OracleDrafter:
 
     def _draw(self) -> None:
         """The next block of random numbers (the previous block's unused ones are dropped)."""
-        self.uniforms = self.rng.random(self.DRAWS)
-        self.shifts = (1 + self.rng.integers(self.vocab - 1, size=self.DRAWS)).astype(np.int64)
+        self.uniforms = self.rng.random(self.DRAWS).tolist()
+        self.shifts = (1 + self.rng.integers(self.vocab - 1, size=self.DRAWS)).tolist()
         self.used = 0
 
     def commit(self, hidden, tokens: list[int], start: int) -> None:
@@ -250,7 +250,7 @@ class OracleDrafter:
         """Drafts for the reference tokens after `first` (at position + 1): right with probability alpha."""
         if self.head is not None:
             self.head.draft(first, hidden, position, k)
-        if self.used + k > self.uniforms.shape[0]:
+        if self.used + k > len(self.uniforms):
             self._draw()
             if k > self.DRAWS:
                 raise ValueError(f"the oracle draws {self.DRAWS} numbers at a time: k={k} drafts a step do not fit")
@@ -268,10 +268,12 @@ class OracleDrafter:
 
 def _oracle_drafts(reference, index, uniforms, shifts, j, alpha, vocab, out) -> int:
     """out[i] = reference[index + i] where uniform j + i is below alpha, else that token shifted by shift j + i
-    (mod vocab), while the reference lasts: the drafts made."""
-    made = min(out.shape[0], max(0, reference.shape[0] - index)) if index >= 0 else 0
-    tokens = reference[index : index + made]
-    out[:made] = np.where(uniforms[j : j + made] < alpha, tokens, (tokens + shifts[j : j + made]) % vocab)
+    (mod vocab), while the reference lasts: the drafts made. A plain loop: a step drafts a handful of tokens, where
+    each numpy call costs more than the loop."""
+    made = min(len(out), max(0, len(reference) - index)) if index >= 0 else 0
+    for i in range(made):
+        token = reference[index + i]
+        out[i] = token if uniforms[j + i] < alpha else (token + shifts[j + i]) % vocab
     return made
 
 
