@@ -1,7 +1,11 @@
-"""genai's loops on the export: it loads in genai, and genai's greedy and MTP tokens equal mtplab's greedy."""
+"""genai's loops on the export: it loads in genai, genai's greedy and MTP tokens equal mtplab's greedy, and its sampler
+draws from the distribution mtplab's sampling computes for the same settings."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from mtplab.engine.engine import Engine
@@ -12,8 +16,12 @@ og = pytest.importorskip(
     "onnxruntime_genai", reason="onnxruntime-genai is not installed: pip install 'mtplab[peer]' (make test installs it)"
 )
 
+from mtplab.engine.models import model_for  # noqa: E402
+from mtplab.engine.sampling import Sampling  # noqa: E402
 from mtplab.experiment.genai_export import export_genai  # noqa: E402
+from mtplab.experiment.genai_point import exported  # noqa: E402
 from mtplab.experiment.genai_runner import GenaiPeer  # noqa: E402
+from mtplab.measure import stats  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +52,50 @@ def test_genai_mtp_equals_greedy(peer, reference, k):
     out, _, stats = peer.mtp(prompt, 48, k)
     assert out == tokens[: len(out)] and len(out) >= 40
     assert stats["draft_tokens_evaluated"] > 0
+
+
+PYCODE = Path(__file__).parents[1] / "models" / "pycode"
+DRAWS = 1500  # first tokens per setting; each setting's verdict is fixed by its seeds 0..DRAWS-1
+FALSE_ALARM = 1e-3  # a test of one setting fails where genai's draws are this unlikely under mtplab's distribution
+
+
+def _fit_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson's goodness of fit of counts to probs (cells expecting fewer than 5 pooled); a draw where probs has
+    no mass fails it outright."""
+    if counts[probs == 0].sum():
+        return 0.0
+    expected = probs * counts.sum()
+    big = expected >= 5
+    e, o = np.append(expected[big], expected[~big].sum()), np.append(counts[big], counts[~big].sum())
+    e, o = e[e > 0], o[e > 0]
+    return stats.chi2_sf(float(((o - e) ** 2 / e).sum()), len(e) - 1)
+
+
+@pytest.fixture(scope="module")
+def pycode_row():
+    """pycode's logits at the end of a held-out prompt, and the prompt: a trained head's peaked distribution."""
+    art = model_for(RunConfig(model=str(PYCODE)))
+    prompt = prompt_tokens(art.description.vocab_size, 8, 3)
+    logits = np.array(Engine(RunConfig(model=str(PYCODE), k=1), art).start(prompt)["logits"][0, -1])
+    return art, prompt, logits
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.8), (0, 1.0), (5, 0.8)])
+def test_genais_sampler_draws_from_mtplabs_distribution(pycode_row, top_k, top_p):
+    """At temperature 0.7 genai's first sampled token follows Sampling.probs for the same top_k and top_p (top-p
+    keeps the token whose cumulative probability reaches p, in both)."""
+    art, prompt, logits = pycode_row
+    settings = {"temperature": 0.7, "top_k": top_k, "top_p": top_p, "sample_seed": 0}
+    peer = GenaiPeer(exported(art, 1), settings)
+    counts = np.bincount([peer.first_token(prompt, seed) for seed in range(DRAWS)], minlength=logits.shape[0])
+    probs = Sampling(0.7, top_k, top_p).probs(np, logits[None])[0]
+    assert _fit_p(counts, probs) > FALSE_ALARM
+
+
+def test_genais_default_top_k_of_50_is_told_apart(pycode_row):
+    """The test above has power: genai left to its own top_k (50) at top_p 0.8 is not mtplab's top_k 0."""
+    art, prompt, logits = pycode_row
+    peer = GenaiPeer(exported(art, 1), {"temperature": 0.7, "top_k": 0, "top_p": 0.8, "sample_seed": 0})
+    peer.vocab_size = 50  # test double of the peer before the fix: genai's default top_k
+    counts = np.bincount([peer.first_token(prompt, seed) for seed in range(DRAWS)], minlength=logits.shape[0])
+    assert _fit_p(counts, Sampling(0.7, 0, 0.8).probs(np, logits[None])[0]) < FALSE_ALARM

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -29,13 +30,18 @@ class GenaiPeer:
     """og.Generator (greedy, or plain sampling) and og.MtpGenerator (MTP, real head) on an exported model.
 
     sampling: {"temperature", "top_k", "top_p", "sample_seed"} (RunConfig's fields) to sample, None for greedy;
-    genai's own sampler and its own speculative acceptance run then, seeded by sample_seed.
+    genai's own sampler and its own speculative acceptance run then, seeded by sample_seed. Its top-p rule is
+    mtplab's (the token whose cumulative probability reaches p is kept); its top_k when none is set is not: genai
+    keeps the 50 most likely tokens (its search.top_k default), so mtplab's top_k 0 (off) is passed as the whole
+    vocabulary.
     """
 
     def __init__(self, folder: str | Path, sampling: dict | None = None):
         og = self.og = require_genai()
         self.main, self.head = og.Model(str(Path(folder) / "target")), og.Model(str(Path(folder) / "mtp"))
         self.sampling = sampling
+        config = json.loads((Path(folder) / "target" / "genai_config.json").read_text())
+        self.vocab_size = int(config["model"]["vocab_size"])
 
     def _params(self, total: int, k: int | None = None):
         params = self.og.GeneratorParams(self.main)
@@ -45,14 +51,24 @@ class GenaiPeer:
             s = self.sampling
             options = {"max_length": total, "do_sample": True, "temperature": float(s["temperature"]),
                        "random_seed": int(s["sample_seed"])}
-            if s["top_k"]:
-                options["top_k"] = int(s["top_k"])
+            options["top_k"] = int(s["top_k"]) or self.vocab_size  # 0: off, every token (genai's default is 50)
             if s["top_p"] < 1:
                 options["top_p"] = float(s["top_p"])
             params.set_search_options(**options)
         if k is not None:
             params.set_speculative_options(max_draft_tokens=k)
         return params
+
+    def first_token(self, prompt: list[int], seed: int) -> int:
+        """The token og.Generator chooses after `prompt` with its sampler seeded by `seed` (the peer's sampling
+        settings otherwise): one draw from its distribution at the prompt's end."""
+        params = self._params(len(prompt) + 2)
+        if self.sampling is not None:
+            params.set_search_options(random_seed=int(seed))
+        gen = self.og.Generator(self.main, params)
+        gen.append_tokens(np.asarray(prompt, dtype=np.int32))
+        gen.generate_next_token()
+        return int(gen.get_next_tokens()[0])
 
     def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float]:
         """n tokens; the time covers the n - 1 after the prefill's token, as mtplab's greedy."""
