@@ -2,6 +2,11 @@
 
 1. The rule alone, exactly: the distribution of the token one accept-or-resample step emits is p, for
    any draft distribution q (no sampling: `step_distribution` sums over the draft).
+1b. One verify, position by position, statistically: at k = 3 and 4, with temperature, top-k, top-p and both,
+   the token emitted at each position a verify reaches (kept drafts, then the resample or the bonus) against that
+   position's target distribution from a reference transform written out in the test, 3000 verifies each; five
+   planted bugs (a residual wrong from draft position 2 on, or only after the 4th verify, the bonus from row
+   k - 1, top-p dropped on the verify side, top-p cut before top-k) each caught.
 2. The whole loop, statistically: on a tiny model with an 8-token vocabulary, the joint distribution of the
    first 3 tokens after a fixed prompt (at k = 1 and the fused schedule: the prefill's token and the first
    verify's two, a kept or resampled draft and then the bonus or the next step's), from speculative sampling
@@ -34,7 +39,7 @@ from mtplab.engine.engine import Engine
 from mtplab.engine.sampling import Sampling, step_distribution
 from mtplab.experiment.config import ConfigError, RunConfig
 from mtplab.measure import theory
-from mtplab.measure.stats import two_sample_chi_square
+from mtplab.measure.stats import chi2_sf, two_sample_chi_square
 from mtplab.model import build_model, preset
 from mtplab.model.prompts import prompt_tokens
 
@@ -93,6 +98,133 @@ def test_the_transform_applies_temperature_then_top_k_then_top_p():
     np.testing.assert_allclose(Sampling(1.0, top_p=0.71).probs(np, logits), [4 / 9, 3 / 9, 2 / 9, 0])
     rows = Sampling(1.0, top_k=3, top_p=0.9).probs(np, np.stack([logits, logits[::-1]]))
     np.testing.assert_allclose(rows[1], rows[0][::-1])  # row by row
+
+
+def test_top_k_cuts_before_top_p_does():
+    """top-k then top-p: of [0.4, 0.3, 0.2, 0.1], the top 2 renormalized hold 4/7 in the first, which alone reaches
+    p = 0.5; top-p first would keep two tokens and top-k then both."""
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1]))
+    np.testing.assert_allclose(Sampling(1.0, top_k=2, top_p=0.5).probs(np, logits), [1, 0, 0, 0])
+
+
+# -- 1b. one verify, position by position -----------------------------------------------------------
+# The emitted token at each position a verify reaches (its kept drafts, then the resample or the bonus) has that
+# position's target distribution, whatever the drafts' distributions: with target and draft rows fixed per position
+# (no context), each position's tokens over many verifies are a sample of p_j. Each position's histogram is held to
+# the reference transform below by Pearson's goodness of fit (cells expecting fewer than 5 pooled) at FALSE_ALARM;
+# the seeds are fixed, so a build passes or fails every time.
+VERIFY_V, VERIFIES = 6, 3000
+VERIFY_SETTINGS = {  # name: (k, temperature, top_k, top_p, the logits' scale)
+    "k=4, T=0.8": (4, 0.8, 0, 1.0, 1.5),
+    "k=4, top-k 3": (4, 1.0, 3, 1.0, 1.5),
+    "k=4, top-p 0.7": (4, 1.0, 0, 0.7, 1.5),
+    "k=3, top-k 4 then top-p 0.8": (3, 0.9, 4, 0.8, 0.5),  # flat rows: the order of the two cuts matters
+}
+
+
+def _reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """The transform written out once more, row by row: softmax at the temperature, the top_k largest kept, then the
+    fewest largest whose mass reaches top_p."""
+    out = []
+    for row in np.atleast_2d(logits):
+        p = np.exp((row - row.max()) / temperature)
+        p /= p.sum()
+        order = np.argsort(-p, kind="stable")
+        if top_k:
+            p[order[top_k:]] = 0.0
+            p /= p.sum()
+        if top_p < 1.0:
+            mass = np.cumsum(p[order])
+            p[order[int(np.searchsorted(mass, top_p)) + 1:]] = 0.0
+            p /= p.sum()
+        out.append(p)
+    return np.array(out)
+
+
+def _by_position(setting: str, plant=None) -> tuple[np.ndarray, np.ndarray]:
+    """(counts [k+1, V] of the emitted token at each position over VERIFIES verifies, the reference p [k+1, V])."""
+    k, temperature, top_k, top_p, scale = VERIFY_SETTINGS[setting]
+    rng = np.random.default_rng(list(VERIFY_SETTINGS).index(setting))
+    target = scale * rng.standard_normal((k + 1, VERIFY_V))
+    draft = target[:k] + 0.5 * scale * rng.standard_normal((k, VERIFY_V))  # a head near the target: most kept
+    rule = sampling.SampledRun(Sampling(temperature, top_k, top_p), seed=7, xp=np)
+    if plant is not None:
+        plant(rule)
+    counts = np.zeros((k + 1, VERIFY_V), dtype=np.int64)
+    for _ in range(VERIFIES):
+        drafts = np.array([rule.draft_token(np, draft[i]) for i in range(k)], dtype=np.int64)
+        n, targets = rule.accept(np, drafts, target)
+        counts[np.arange(n + 1), [*drafts[:n], targets[n]]] += 1
+    return counts, _reference_probs(target, temperature, top_k, top_p)
+
+
+def _worst_position(counts: np.ndarray, reference: np.ndarray) -> tuple[int, float]:
+    """(the position, its p-value) that fits its reference worst; a draw where the reference has no mass: p 0."""
+    worst = (0, 1.0)
+    for j, (c, p) in enumerate(zip(counts, reference)):
+        if c[p == 0].sum():
+            return j, 0.0
+        e = p * c.sum()
+        big = e >= 5
+        e2, o2 = np.append(e[big], e[~big].sum()), np.append(c[big], c[~big].sum())
+        e2, o2 = e2[e2 > 0], o2[e2 > 0]
+        value = chi2_sf(float(((o2 - e2) ** 2 / e2).sum()), max(len(e2) - 1, 1)) if len(e2) > 1 else 1.0
+        worst = min(worst, (j, value), key=lambda t: t[1])
+    return worst
+
+
+@pytest.mark.parametrize("setting", list(VERIFY_SETTINGS))
+def test_every_position_a_verify_emits_has_its_targets_distribution(setting):
+    counts, reference = _by_position(setting)
+    assert counts[-1].sum() > 50 and counts[1].sum() < VERIFIES  # the bonus and the resample both carry weight
+    position, p_value = _worst_position(counts, reference)
+    assert p_value > FALSE_ALARM / counts.shape[0], (position, p_value)
+
+
+VERIFY_BUGS = {  # name: (setting, plant)
+    "the residual drawn from p at draft positions 2 and after": ("k=4, T=0.8", "residual from position 2"),
+    "the residual drawn from p only after the 4th verify": ("k=4, T=0.8", "residual after 4 verifies"),
+    "the bonus drawn from p[k-1]": ("k=3, top-k 4 then top-p 0.8", "bonus from k-1"),
+    "top-p dropped on the verify side": ("k=4, top-p 0.7", "verify without top-p"),
+    "top-p before top-k": ("k=3, top-k 4 then top-p 0.8", "top-p first"),
+}
+
+
+class _TopPFirst(Sampling):
+    """Test double of the transform with its two cuts swapped (top-p, then top-k)."""
+
+    def probs(self, xp, logits):
+        p = Sampling(self.temperature, 0, self.top_p).probs(xp, logits)
+        return Sampling(1.0, self.top_k).probs(xp, np.log(np.where(p > 0, p, 1e-300)))
+
+
+@pytest.mark.parametrize("bug", list(VERIFY_BUGS))
+def test_the_position_test_catches_a_planted_bug(bug, monkeypatch):
+    setting, kind = VERIFY_BUGS[bug]
+    real_residual = sampling.residual
+    verifies = []
+
+    def residual_from(j):
+        return lambda xp, p, q: xp.concatenate([real_residual(xp, p[:j], q[:j]), p[j:q.shape[0]]])
+
+    def plant(rule):
+        if kind == "residual from position 2":
+            monkeypatch.setattr(sampling, "residual", residual_from(1))  # rows 1.. are draft positions 2..
+        elif kind == "residual after 4 verifies":
+            def counted(xp, p, q):
+                verifies.append(1)
+                return (real_residual if len(verifies) <= 4 else residual_from(0))(xp, p, q)
+            monkeypatch.setattr(sampling, "residual", counted)
+        elif kind == "bonus from k-1":
+            monkeypatch.setattr(sampling, "bonus", lambda xp, p, q: p[-2:-1])
+        elif kind == "verify without top-p":
+            rule.sampling = Sampling(rule.sampling.temperature, rule.sampling.top_k, 1.0)
+        else:
+            rule.sampling = rule.draft_sampling = _TopPFirst(rule.sampling.temperature, rule.sampling.top_k,
+                                                             rule.sampling.top_p)
+    counts, reference = _by_position(setting, plant)
+    position, p_value = _worst_position(counts, reference)
+    assert p_value < FALSE_ALARM / counts.shape[0], (bug, position, p_value)
 
 
 @pytest.mark.parametrize("values, message", [
