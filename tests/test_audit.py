@@ -508,6 +508,21 @@ def test_a_published_interval_or_efficiency_that_is_not_the_rounds_is_caught(tin
     _run_check_failed(_point(tiny), "efficiency 1 is not its rounds' speedups over the prediction")
 
 
+@pytest.mark.parametrize("plant, words", [
+    ("the median taken as the largest round", "the published numbers: speedup"),
+    ("the bootstrap at a 50% level", "is not its rounds' bootstrap CI"),
+])
+def test_a_changed_statistics_helper_is_caught_by_the_rechecks_own_statistics(tiny, monkeypatch, plant, words):
+    from mtplab.measure import stats
+
+    if plant.startswith("the median"):
+        monkeypatch.setattr(stats, "median", lambda samples: float(max(s for s in samples if s == s)))
+    else:
+        real = stats.bootstrap_ci
+        monkeypatch.setattr(stats, "bootstrap_ci", lambda samples, confidence=0.95, **kw: real(samples, 0.5, **kw))
+    _run_check_failed(_point(tiny), words)
+
+
 def test_an_oracle_that_drafts_at_another_alpha_is_flagged(tiny, monkeypatch):
     real = OracleDrafter.__init__
     monkeypatch.setattr(OracleDrafter, "__init__", lambda self, reference, alpha, *a, **kw: real(
