@@ -265,6 +265,44 @@ def test_a_result_whose_field_has_another_kind_of_value_is_corrupt(smoke, tmp_pa
         assert store.corrupt_reason(folder) == f"invalid result.json: {name} is {value!r}: it takes {words}"
 
 
+@pytest.mark.parametrize("edit, words", [
+    ({"speedup": float("nan")}, "speedup nan is not the median of its rounds"),
+    ({"speedup": 9.88}, "speedup 9.88 is not the median of its rounds"),
+    ({"tokens_per_s": "double"}, "tokens_per_s"),
+    ({"speedup_ci": [1.0, 1.01]}, "speedup_ci [1.0, 1.01] is not its rounds' bootstrap CI"),
+])
+def test_a_result_edited_on_disk_is_refused_named_and_not_published(smoke, tmp_path, edit, words):
+    import shutil
+
+    sweep_dir = tmp_path / "smoke"
+    shutil.copytree(smoke, sweep_dir)
+    point = store.point_folders(sweep_dir / "points")[0]
+    data = json.loads((point / "result.json").read_text())
+    if edit.get("tokens_per_s") == "double":
+        edit = {"tokens_per_s": 2 * data["tokens_per_s"]}
+    before = (point / "result.json").stat()
+    (point / "result.json").write_text(json.dumps(data | edit))
+    os.utime(point / "result.json", ns=(before.st_atime_ns, before.st_mtime_ns))  # an edit that kept the file's time
+    os.utime(point, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert words in store.corrupt_reason(point)  # a resumed sweep moves it aside and runs it again
+    row = next(r for r in store.point_rows(sweep_dir) if r["point_id"] == point.name)
+    assert row["status"] == "failed" and words in row["error"] and "speedup" not in row  # no number of it published
+    with pytest.raises(ValueError, match=f"point {point.name}'s status is 'ok' in the table and 'failed' in its folder"):
+        store.load(sweep_dir)  # the table collected before the edit says otherwise than the folder now
+
+
+def test_a_results_table_edited_on_disk_is_refused_naming_the_point(smoke, tmp_path):
+    import shutil
+
+    sweep_dir = tmp_path / "smoke"
+    shutil.copytree(smoke, sweep_dir)
+    table = pd.read_parquet(sweep_dir / "results.parquet")
+    table.loc[0, "speedup"] = 9.88
+    table.to_parquet(sweep_dir / "results.parquet", index=False)
+    with pytest.raises(ValueError, match=f"point {table.point_id[0]}'s speedup is 9.88 in the table and"):
+        store.load(sweep_dir)
+
+
 def test_a_corrupt_point_is_named_moved_aside_and_run_again(smoke, tmp_path, capsys):
     import shutil
 

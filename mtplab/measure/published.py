@@ -41,15 +41,16 @@ def _stable(ci: list[float], centre: float) -> bool:
     return all(math.isfinite(v) for v in (lo, hi, centre)) and centre != 0 and (hi - lo) / 2 / abs(centre) <= STABLE
 
 
-def result_problems(result, n: int, k: int, generated: int) -> list[str]:
+def result_problems(result, n: int, k: int, generated: int | None) -> list[str]:
     """Every published rate and count of a point recomputed from its rounds and accepted counts: each round's rates
     from its counts and seconds, the medians of the finite rounds, the CIs with the same seeded bootstrap, the
-    stable flag, the efficiency and its CI, the acceptance fields. (The seconds fields are what the rates are made
-    of, and are not published as a finding.)"""
+    stable flag, the efficiency and its CI, the acceptance fields (tokens per step where `generated`, the tokens the
+    timed runs made, is given). A stored result holds null for what was NaN. (The seconds fields are what the rates
+    are made of, and are not published as a finding.)"""
     out, samples = [], result.round_samples
 
     def off(a, b) -> bool:
-        a, b = float(a), float(b)
+        a, b = (float("nan") if v is None else float(v) for v in (a, b))
         return not (a == b or (np.isnan(a) and np.isnan(b)) or abs(a - b) <= 1e-9 * max(abs(a), abs(b)))
 
     def ratio(a, b) -> float:
@@ -93,7 +94,7 @@ def result_problems(result, n: int, k: int, generated: int) -> list[str]:
             "drafted": steps * k,
             "draft_acceptance": acc.sum() / (steps * k),
             "acceptance_length": 1 + acc.mean(),
-            "tokens_per_step": generated / steps,
+            **({"tokens_per_step": generated / steps} if generated is not None else {}),
         }
         for name, value in expect.items():
             if off(getattr(result, name), value):

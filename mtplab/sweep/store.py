@@ -61,6 +61,26 @@ def result_status(result: dict) -> str:
     return "ok" if result.get("lossless", True) else "mismatch"
 
 
+def published_problem(data: dict) -> str | None:
+    """Why a stored result's published numbers cannot be published (None when they can): a speedup, rate, interval,
+    efficiency or acceptance figure that its own rounds and accepted counts do not give (mtplab.measure.published:
+    a result.json edited, or written by other code), or a value that is not a number where one belongs."""
+    from mtplab.measure.published import result_problems
+    from mtplab.measure.result import RunResult
+
+    config = data.get("config") or {}
+    if config.get("engine", "mtplab") != "mtplab":  # the peer's points publish genai's own rounds
+        return None
+    try:
+        problems = result_problems(RunResult(**data), int(config["tokens"]), int(config["k"]), None)
+    except (TypeError, ValueError, KeyError) as err:
+        return f"its numbers do not read as a result's ({type(err).__name__}: {err})"
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"its published numbers are not its rounds': {problems[0]}{more}"
+
+
 def point_folders(points_dir: Path) -> list[Path]:
     """Installed point folders (hidden scratch and .corrupt left out), sorted by id."""
     if not points_dir.exists():
@@ -104,6 +124,8 @@ def corrupt_reason(folder: Path, config: dict | None = None) -> str | None:
         return f"invalid {name}: {err}"
     if problem := type_problem(data):
         return f"invalid {name}: {problem}"
+    if problem := published_problem(data):
+        return f"invalid {name}: {problem}"
     if config is not None and not same_config(data["config"], config):
         return f"invalid {name}: its config is not this point's"
     return None
@@ -134,8 +156,12 @@ def point_rows(sweep_dir: Path) -> list[dict]:
     for point in point_folders(sweep_dir / "points"):
         if (point / RESULT).exists():
             result = json.loads((point / RESULT).read_text())
-            row = flatten(result)
-            row |= {"point_id": point.name, "status": result_status(result), "error": None}
+            if problem := published_problem(result):  # refused, named: never published as it stands
+                row = {f"config.{k}": v for k, v in result.get("config", {}).items()}
+                row |= {"point_id": point.name, "status": "failed", "error": f"{RESULT} refused: {problem}"}
+            else:
+                row = flatten(result)
+                row |= {"point_id": point.name, "status": result_status(result), "error": None}
         elif (point / ERROR).exists():
             err = json.loads((point / ERROR).read_text())
             row = {f"config.{k}": v for k, v in err.get("config", {}).items()}
@@ -251,6 +277,9 @@ def load(sweep_dir: str | Path) -> pd.DataFrame:
         df = pd.read_parquet(path)
     except Exception as err:  # noqa: BLE001 - pyarrow's errors for a damaged file: name the file instead
         raise _unreadable(path, err) from err
+    if problem := table_problem(df, point_rows(sweep_dir)):
+        raise ValueError(f"{path}: {problem}: the table is collected from the point folders; `mtplab sweep <spec> "
+                         f"--name {sweep_dir.name} --resume` writes it again")
     # The generated token ids would collide with config.tokens (how many to generate).
     df = df.rename(columns={"tokens": "generated_tokens"})
     # The result's model record (JSON) would collide with config.model (the folder or preset it names).
@@ -260,6 +289,38 @@ def load(sweep_dir: str | Path) -> pd.DataFrame:
     # A sweep whose every point failed has no result columns: they are there, empty, as a failed row leaves them.
     missing = {c: float("nan") for c in RESULT_COLUMNS if c not in df and c not in ("tokens", "model")}
     return df.assign(model_info=info, model_name=model_names(df, info), batch=batch, **missing)
+
+
+PUBLISHED = ("status", "speedup", "tokens_per_s", "greedy_tokens_per_s", "efficiency", "stable")  # what a table may
+# not say otherwise than its point folders
+
+
+def table_problem(df: pd.DataFrame, rows: list[dict]) -> str | None:
+    """Where a results table says otherwise than its point folders' rows (point_rows) in a published column: the
+    first point and column that differ, or None."""
+    if "point_id" not in df:
+        return None
+    fresh = {row["point_id"]: row for row in rows}
+    for table_row in df.to_dict("records"):
+        row = fresh.get(table_row["point_id"], {})
+        for column in PUBLISHED:
+            a, b = table_row.get(column), row.get(column)
+            if not _same_value(a, b):
+                return f"point {table_row['point_id']}'s {column} is {a!r} in the table and {b!r} in its folder"
+    return None
+
+
+def _same_value(a, b) -> bool:
+    """Equal, or both missing (None or NaN), or numbers within a rounding of each other."""
+    missing = [v is None or (isinstance(v, float) and v != v) for v in (a, b)]
+    if all(missing) or a == b:
+        return True
+    if any(missing) or isinstance(a, str) or isinstance(b, str):
+        return False
+    try:
+        return abs(float(a) - float(b)) <= 1e-12 * max(abs(float(a)), abs(float(b)))
+    except (TypeError, ValueError):
+        return False
 
 
 def model_names(df: pd.DataFrame, info: pd.Series) -> list[str]:
