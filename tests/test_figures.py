@@ -15,6 +15,7 @@ def test_a_figure_the_sweep_cannot_fill_shows_nothing(capsys):
     for recipe in (
         figures.head_by_k,
         figures.speedup_vs_alpha,
+        figures.every_point,
         figures.tokens_per_s_vs_alpha,
         figures.acceptance,
         figures.per_position,
@@ -72,3 +73,16 @@ def test_the_heads_speedup_by_k_draws_a_line_per_schedule_labelled_with_its_acce
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["decode-verify", "fused"]
     assert sorted(t.get_text() for t in ax.texts if t.get_text().endswith("%")) == sorted(["95%", "90%", "85%"] * 2)
     assert figures.head_by_k(pd.DataFrame(rows).assign(k=3)) is None  # one k: nothing to draw against
+
+
+def test_every_point_draws_a_row_per_timed_point_named_by_what_varies(capsys):
+    rows = [{"engine": "mtplab", "drafter": "oracle", "k": k, "alpha": a, "policy": "sibling-pinned", "commit": "select",
+             "schedule": "fused", "speedup": s, "speedup_ci": [s - 0.05, s + 0.05], "stable": s > 1}
+            for k, a, s in ((1, 0.5, 0.9), (3, 0.5, 1.2), (3, 0.9, 1.6))]
+    rows.append(rows[0] | {"k": 2, "speedup": float("nan"), "speedup_ci": [None, None]})  # a failed point: not drawn
+    fig = figures.every_point(pd.DataFrame(rows))
+    assert "Markdown" in capsys.readouterr().out  # its caption
+    ax = fig.axes[0]
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    assert names == ["k=1, alpha=0.5", "k=3, alpha=0.5", "k=3, alpha=0.9"]  # slowest at the bottom, fastest on top
+    assert figures.every_point(pd.DataFrame(rows[:1] + rows[3:])) is None  # one timed point: no figure

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtplab.report import baseline, batches, findings, plots, plots_sampling, provenance, selection, tables
+from mtplab.report import (
+    baseline,
+    batches,
+    findings,
+    plots,
+    plots_points,
+    plots_sampling,
+    provenance,
+    selection,
+    tables,
+)
 
 
 def _markdown(text: str) -> None:
@@ -90,6 +100,14 @@ def head_by_k(ok: pd.DataFrame):
     return _captioned(ok, "head_by_k", "## The MTP head at its own acceptance\n"
                       "Speedup over greedy by k (95% CI), the model's own head drafting; each point labelled with the "
                       "share of its drafts the verify kept.", plots.speedup_by_k)
+
+
+def every_point(ok: pd.DataFrame):
+    """Each point's speedup with its interval, a row each, fastest first."""
+    return _captioned(ok, "every_point", "## Every point\n"
+                      "Each point's speedup over greedy (the median of its paired rounds, 95% CI), fastest on top, "
+                      "named by what varies between the points; hollow: not stable (CI half-width above 5%).",
+                      plots_points.every_point)
 
 
 def tokens_per_s_vs_alpha(ok: pd.DataFrame):
@@ -232,7 +250,7 @@ batch.all_batches = True
 
 
 # The report's figures, in the order it shows them (notebooks/report.ipynb shows each for every model).
-STANDARD = (head_by_k, speedup_vs_alpha, tokens_per_s_vs_alpha, acceptance, per_position, temperature, sampled_acceptance,
+STANDARD = (head_by_k, speedup_vs_alpha, every_point, tokens_per_s_vs_alpha, acceptance, per_position, temperature, sampled_acceptance,
             slot_counters, counters_table, time_split, memory, peer, batch)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 
 from mtplab.engine.strategies import DRAFTERS
@@ -153,6 +154,16 @@ def sampled_rows(df: pd.DataFrame) -> pd.DataFrame:
     return own_engine(df)[lambda d: d[col].notna()] if col in df and len(df) else df.iloc[:0]
 
 
+EVERY_POINT_MAX = 60  # rows the every-point figure holds readably; a larger sweep is read from its tables
+
+
+def timed_points(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a finite speedup (what the every-point figure draws)."""
+    if "speedup" not in df or not len(df):
+        return df.iloc[:0]
+    return df[np.isfinite(pd.to_numeric(df.speedup, errors="coerce").astype(float))]
+
+
 def figures_for(df: pd.DataFrame) -> dict[str, bool]:
     """Which standard figures this sweep's points can fill (a report shows only those: no empty panels)."""
     own = own_engine(df)
@@ -161,6 +172,7 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
     split = set_acceptance(own[own.schedule == SCHEDULE])
     return {
         "alpha_grid": g.alpha.nunique() >= 2,  # a curve against alpha needs two alphas at least
+        "every_point": 2 <= len(timed_points(batch_one(df))) <= EVERY_POINT_MAX,
         "acceptance": len(g) > 0 or len(own_head(own)) > 0,
         "head_by_k": own_head(own).k.nunique() >= 2 if len(own) else False,
         "per_position": len(g[g.k == top_k]) > 0 or len(own_head(own)[lambda m: m.k == top_k]) > 0,
