@@ -138,6 +138,12 @@ def test_a_batch_point_reports_rows_and_its_prediction(tiny):
     assert result.predicted["speedup"] > 0 and result.theory["batch"] == 2
     assert all(s["counted"] == 2 * (24 - 1) == s["greedy_counted"] for s in result.round_samples)
     assert "batch of 2" in result_text(result) and result.identity["timed_audit"]["problems"] == []
+    # a step of the batch runs both rows: the time split per step is per batch step, as the step time beside it
+    assert result.steps == sum(r["steps"] for r in detail["per_row"]) > detail["steps"] == max(
+        r["steps"] for r in detail["per_row"])
+    line = next(t for t in result_text(result).splitlines() if "time split, ms per step" in t)
+    printed = sum(float(part.split("=")[1]) for part in line.split(":")[1].split())
+    assert printed == pytest.approx(sum(result.time_split.values()) / detail["steps"] * 1e3, rel=1e-2)
 
 
 @pytest.mark.parametrize("plant, words", [

@@ -119,6 +119,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
         extra={
             "batch": {
                 "rows": B,
+                "steps": spec.steps,  # the batch's steps per timed run (each runs every row); `steps` counts row-steps
                 "per_row": per_row,
                 "step_seconds": stats.median([s["seconds"] / s["steps"] for s in samples if s.get("steps")]),
                 "pooled_acceptance_length": acceptance["acceptance_length"],

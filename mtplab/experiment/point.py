@@ -21,7 +21,7 @@ from mtplab.measure import rounds as measure
 from mtplab.measure import theory
 from mtplab.measure.env import environment
 from mtplab.measure.published import result_problems
-from mtplab.measure.result import RunResult
+from mtplab.measure.result import RunResult, engine_steps
 from mtplab.model import Artifact
 from mtplab.model.prompts import run_prompt
 from mtplab.runtime.executor import Slot
@@ -327,8 +327,9 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
                   f"{p['steps']} steps, acceptance length {p['acceptance_length']:.2f}"
                   + ("" if p["lossless"] else "   NOT LOSSLESS") for p in rows]
     if r.time_split:
-        per_step = 1e3 / r.steps if r.steps else 1e3
-        lines.append(f"  time split, ms per {'step' if r.steps else 'run'}: "
+        steps = engine_steps(r)
+        per_step = 1e3 / steps if steps else 1e3
+        lines.append(f"  time split, ms per {'step' if steps else 'run'}: "
                      + " ".join(f"{k}={v * per_step:.3f}" for k, v in r.time_split.items()))
     if r.slots and r.extra.get("batch"):
         lines.append("  slot counters of the checked pass (its greedy reference and speculative run, every row):")

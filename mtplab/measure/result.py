@@ -92,6 +92,15 @@ def type_problem(data: dict) -> str | None:
     return None
 
 
+def engine_steps(result) -> int:
+    """The speculative steps one timed run made (a RunResult or its dict): a batch point's own (each step runs every
+    row at once; its `steps` counts row-steps, the unit of its pooled acceptance), else `steps`. What a time split
+    per step divides by."""
+    get = result.get if isinstance(result, dict) else lambda name, default=None: getattr(result, name, default)
+    batch = (get("extra") or {}).get("batch") or {}
+    return int(batch.get("steps") or get("steps") or 0)
+
+
 JSON_COLUMNS = (
     "prompt",
     "tokens",

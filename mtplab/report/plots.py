@@ -9,6 +9,7 @@ from matplotlib.ticker import MaxNLocator
 
 from mtplab.experiment.config import model_name, upgrade
 from mtplab.experiment.point import drafter_text
+from mtplab.measure.result import engine_steps
 from mtplab.report.selection import (
     SCHEDULE,
     alpha_grid,
@@ -350,7 +351,7 @@ def point_figure(result: dict):
         fig.tight_layout()
         return fig
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
-    steps = max(1, result["steps"])
+    steps = max(1, engine_steps(result))
     split = {p: v / steps * 1e3 for p, v in result["time_split"].items()}
     a.bar(list(split), list(split.values()), color=[PHASE_COLORS[p] for p in split])
     a.set_ylabel("ms per step")
