@@ -59,8 +59,9 @@ def test_load_or_measure_reuses_the_cache_and_says_when_it_measures(calib, tmp_p
     said = []
     assert calibrate.load_or_measure("tiny", say=said.append) == cached and said == []
     monkeypatch.setattr(calibrate, "measure", lambda preset, **kw: calib | {"key": calibrate.cache_key(preset, 1)})
-    calibrate.load_or_measure("tiny", say=said.append, threads=1)  # another thread count: another calibration
-    assert said and "measuring" in said[0]
+    fresh = calibrate.load_or_measure("tiny", say=said.append, threads=1)  # another thread count: another calibration
+    assert said and "measuring" in said[0] and fresh["source"].startswith("measured now")  # a result says so
+    assert "source" not in json.loads(calibrate.cache_path(fresh["key"]).read_text())  # the cache holds no story
 
 
 def test_a_calibration_of_other_repeats_is_kept_apart_from_the_one_runs_use():
