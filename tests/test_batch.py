@@ -190,6 +190,19 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
     assert words in problems, problems
 
 
+def test_rows_given_row_0s_prompt_are_caught_naming_the_row(tiny, monkeypatch):
+    from mtplab.engine import batch as batch_mod
+    from mtplab.experiment.point import run_point
+
+    real = batch_mod.prompts
+    monkeypatch.setattr(batch_mod, "prompts", lambda run, vocab: np.repeat(real(run, vocab)[:1], run.batch, axis=0))
+    result = run_point(batch_run(2).replace(rounds=1, tokens=16), tiny)
+    assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: row 1 decoded another prompt than its "
+                                                             "seed's (1)"), result.verdict
+    rows = result.extra["batch"]["per_row"]
+    assert rows[0]["prompt"] == rows[1]["prompt"] and len(rows[1]["tokens"]) == 16  # what each row was given, kept
+
+
 def test_a_batch_oracle_drafting_at_another_alpha_is_flagged(tiny, monkeypatch):
     from mtplab.engine.drafters import OracleDrafter
     from mtplab.experiment.point import run_point

@@ -30,6 +30,7 @@ from mtplab.measure import stats, theory
 from mtplab.measure.env import environment
 from mtplab.measure.published import result_problems
 from mtplab.measure.result import RunResult
+from mtplab.model.prompts import run_prompt
 
 
 def _counters(engine: Engine) -> dict:
@@ -38,6 +39,15 @@ def _counters(engine: Engine) -> dict:
 
 def _record(sample: dict, side: str, rows: list[list[int]], n: int, seconds: float) -> None:
     measure.record_counted(sample, side, sum(measure.counted(t, n) for t in rows), seconds)
+
+
+def row_prompt_problems(run: RunConfig, prompts: np.ndarray, vocab: int) -> list[str]:
+    """Where a row's prompt is not the batch-1 prompt of its own seed (seed + row): the check would follow the rows
+    through the prompts the engine was given, so each is held to the one a batch-1 run of its seed takes."""
+    own = [run_prompt(run, vocab, run.seed + b) for b in range(run.batch)]
+    return [f"row {b} decoded another prompt than its seed's ({run.seed + b}): {list(map(int, prompts[b]))[:6]}... "
+            f"where a batch-1 run of that seed takes {own[b][:6]}..." for b in range(run.batch)
+            if list(map(int, prompts[b])) != own[b]]
 
 
 def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
@@ -50,6 +60,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     B, k, n = run.batch, run.k, run.tokens
     prompts = batch.prompts(run, engine.desc.vocab_size)
     problems: list[str] = [f"the engine: {p}" for p in engine_problems(engine)]
+    problems += row_prompt_problems(run, prompts, engine.desc.vocab_size)
     before = _counters(engine)
     checked = checked_batch(engine, prompts, n)
     slots = {s: {c: v - before.get(s, {}).get(c, 0) for c, v in cs.items()} for s, cs in _counters(engine).items()}
@@ -95,6 +106,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     per_row = [{
         "row": b,
         "seed": run.seed + b,
+        "prompt": [int(t) for t in prompts[b]],
+        "tokens": checked.greedy.tokens[b][:n],
         "steps": len(spec.accepted[b]),
         "acceptance_length": 1.0 + (float(np.mean(spec.accepted[b])) if spec.accepted[b] else 0.0),
         "tokens_per_s": stats.median([measure.rate(n - 1, s) for s in row_seconds[b]]),
