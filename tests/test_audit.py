@@ -308,7 +308,7 @@ def test_a_timed_only_state_drift_is_a_mismatch(tiny, monkeypatch):
     assert not r.lossless and "timed round 0, speculative" in r.verdict
 
 
-def test_a_greedy_clock_that_includes_the_prefill_is_flagged(tiny, monkeypatch):
+def test_a_greedy_clock_that_includes_the_prefill_is_a_mismatch(tiny, monkeypatch):
     def from_before_the_prefill(real, self, p, n):
         t = time.perf_counter()
         g = real(self, p, n, margins=False)
@@ -316,10 +316,10 @@ def test_a_greedy_clock_that_includes_the_prefill_is_flagged(tiny, monkeypatch):
         return g
 
     _timed_greedy(monkeypatch, from_before_the_prefill)
-    assert "opened" in _warned(_point(tiny), "clock")
+    _run_check_failed(_point(tiny), "before the untimed setup (the prefill) ended", where="timed round 0, greedy")
 
 
-def test_untimed_commits_are_flagged(tiny, monkeypatch):
+def test_untimed_commits_are_a_mismatch(tiny, monkeypatch):
     real = Engine.speculative
 
     def speculative(self, *a, **kw):
@@ -329,8 +329,8 @@ def test_untimed_commits_are_flagged(tiny, monkeypatch):
 
     monkeypatch.setattr(Engine, "speculative", speculative)
     r = _point(tiny, rounds=2)
-    assert "before its last forward ended" in _warned(r, "clock")
-    assert "phases timed outside the clock" in _warned(r, "unaccounted")
+    _run_check_failed(r, "before its last forward ended")
+    assert "phases timed outside the clock" in next(w["message"] for w in r.warnings if w["name"] == "unaccounted")
 
 
 def test_a_speculative_side_counting_its_overshoot_is_a_mismatch(tiny, monkeypatch):

@@ -152,12 +152,35 @@ def test_a_batch_point_reports_rows_and_its_prediction(tiny):
     ("faster tokens/s", "the published numbers: round 0's tokens_per_s"),
     ("free drafts", "its config makes {'verify/M=4': "),  # the head never runs, in the checked run too
     ("timed head skipped", "round 0, speculative: the speculative run's forwards"),  # in the timed runs only
+    ("clock shifted", "round 0, greedy: the timed window opened"),  # a third of the greedy run left uncounted
+    ("timed state drift", "round 0, speculative: row 1's state it ends in differs from the checked run's"),
 ])
 def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, monkeypatch, plant, words):
     from mtplab.experiment import batch_point
     from mtplab.experiment.point import run_point
 
-    if plant == "greedy twice":  # the timed greedy (no margins) does its work twice
+    if plant == "timed state drift":  # the timed runs (after the checked pass) leave row 1's recurrent state off
+        real_spec, runs = batch.speculative, []
+
+        def drifting(engine, *a, **kw):
+            out = real_spec(engine, *a, **kw)
+            runs.append(1)
+            if len(runs) > 1:
+                next(iter(engine.state.recurrent().values()))[1] *= 1.001
+            return out
+
+        monkeypatch.setattr(batch, "speculative", drifting)
+    elif plant == "clock shifted":
+        real = batch.greedy
+
+        def shifted(e, p, n, margins=False):
+            g = real(e, p, n, margins=margins)
+            if not margins:  # the timed runs'
+                g.started, g.seconds = g.started + g.seconds / 3, g.seconds * 2 / 3
+            return g
+
+        monkeypatch.setattr(batch, "greedy", shifted)
+    elif plant == "greedy twice":  # the timed greedy (no margins) does its work twice
         real = batch.greedy
         monkeypatch.setattr(batch, "greedy", lambda e, p, n, margins=False: (
             real(e, p, n, margins=margins) if margins else (real(e, p, n), real(e, p, n))[1]))

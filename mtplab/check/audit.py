@@ -226,19 +226,8 @@ class Audit:
             pass
         elif not (seconds > 0 and rate is not None and abs(rate * seconds - (n - 1)) <= 1e-9 * (n - 1)):
             self._problem(r, side, f"tokens/s {rate} is not {n - 1} tokens / {seconds:.6g} s")
-        opened, first, last = self.engine.opened, self.engine.first_forward, self.engine.last_forward
-        if started < opened:
-            self._warn("clock", r, side, f"the timed window opened {1e3 * (opened - started):.3f} ms before the "
-                                         "untimed setup (the prefill) ended")
-        elif started + seconds > returned + 1e-6:
-            self._warn("clock", r, side, f"{1e3 * (started + seconds - returned):.3f} ms more than the call took "
-                                         "were counted")
-        elif first is not None and started > first + 1e-9:
-            self._warn("clock", r, side, f"the timed window opened {1e3 * (started - first):.3f} ms after its first "
-                                         "forward began")
-        elif last is not None and started + seconds < last - 1e-9:
-            self._warn("clock", r, side, f"the timed window closed {1e3 * (last - started - seconds):.3f} ms before its "
-                                         "last forward ended: time spent in the run went uncounted")
+        for text in clock_problems(self.engine, started, seconds, returned):
+            self._problem(r, side, text)
 
     def summary(self) -> dict:
         """What the RunResult keeps: the problems, and each warning's first message and count."""
@@ -275,6 +264,24 @@ def engine_problems(engine) -> list[str]:
         if getattr(engine.target, name) != want:
             out.append(f"its executor has {name}={getattr(engine.target, name)!r}, the config says {want!r}")
     return out
+
+
+def clock_problems(engine, started: float, seconds: float, returned: float) -> list[str]:
+    """Where a timed run's window does not hold exactly its own work: it opened before the untimed setup (the
+    prefill) ended or after its first forward began, closed before its last forward ended, or counted more than
+    the call took. Each moves a rate by time that is not the run's (perf_counter stamps the engine keeps)."""
+    opened, first, last = engine.opened, engine.first_forward, engine.last_forward
+    if started < opened:
+        return [f"the timed window opened {1e3 * (opened - started):.3f} ms before the untimed setup (the prefill) "
+                "ended"]
+    if started + seconds > returned + 1e-6:
+        return [f"{1e3 * (started + seconds - returned):.3f} ms more than the call took were counted"]
+    if first is not None and started > first + 1e-9:
+        return [f"the timed window opened {1e3 * (started - first):.3f} ms after its first forward began"]
+    if last is not None and started + seconds < last - 1e-9:
+        return [f"the timed window closed {1e3 * (last - started - seconds):.3f} ms before its last forward ended: "
+                "time spent in the run went uncounted"]
+    return []
 
 
 def greedy_forwards(prompt_len: int, n: int) -> dict[str, int]:

@@ -17,7 +17,7 @@ import numpy as np
 from mtplab.check.audit import greedy_forwards, head_forwards, nonzero
 from mtplab.check.lossless import Lockstep, Watch
 from mtplab.check.trace import Trace
-from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
+from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, states_difference, token_identity
 from mtplab.engine import batch
 from mtplab.runtime.executor import Slot
 
@@ -28,6 +28,7 @@ class BatchChecked(NamedTuple):
     rows: list[dict]  # per row: token identity and its lockstep summary
     identity: dict  # the rows pooled, in the form mtplab.check.verdict reads (the first failing row's, with "row")
     spec_forwards: dict = {}  # the forwards the checked speculative run made, by "slot/M=m" (the timed runs' too)
+    spec_state: list = []  # per row, the state the checked speculative run left (each timed one must leave it too)
 
 
 def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
@@ -49,11 +50,27 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
         spec_forwards = {key: d for key, v in engine.forwards.items() if (d := v - before.get(key, 0))}
         for b, lock in enumerate(locks):  # what each row left behind (a riding row: as it finished)
             lock.check(spec.steps, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b))
+        left = [engine.state.snapshot(row=b) for b in range(engine.batch)]
     finally:
         engine.watch = None
     rows = [token_identity(spec.tokens[b][:n], greedy.tokens[b][:n], greedy.margins[b]) | locks[b].summary()
             for b in range(engine.batch)]
-    return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite), spec_forwards)
+    return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite), spec_forwards, left)
+
+
+def timed_state_problems(engine, checked: BatchChecked) -> list[str]:
+    """Where a timed speculative run left a row's state (recurrent states, KV rows) other than the checked run left
+    it: the same computation on the same device gives the same bits on the CPU, within the rule's tolerance
+    elsewhere."""
+    same = StateRule(engine.device.name == "cpu", STATE_RTOL.get(engine.desc.precision, STATE_RTOL["fp32"]),
+                     "the timed run repeats the checked run's computation")
+    out = []
+    for b, ref in enumerate(checked.spec_state):
+        got = engine.state.snapshot(copy=False, row=b)
+        diff = states_difference(got, ref, same) if set(got) == set(ref) else {"first_bad": {"tensor": "its tensors"}}
+        if (bad := diff["first_bad"]) is not None:
+            out.append(f"row {b}'s state it ends in differs from the checked run's: {bad['tensor']}")
+    return out
 
 
 def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, checked: BatchChecked) -> list[str]:

@@ -20,8 +20,9 @@ Each warning is {"name", "message"}; the names are stable (the report counts the
 - the timed-round audit's own (mtplab.check.audit): timed_fallbacks (a timed round ran eager where the checked run
   replayed: a declined capture, or its own recapture budget spent at another step), timed_invalidations (a timed
   round invalidated more plans than the checked run: an unpinned policy's workspace moved more often, or it spent
-  its budget), timed_state_not_bitwise, clock. Each lets a timed round only do costlier work than the checked run,
-  never cheaper.
+  its budget), timed_state_not_bitwise. Each lets a timed round only do costlier work than the checked run,
+  never cheaper. (A timed window that does not hold exactly its run's work is a problem, not a warning:
+  mtplab.check.audit.clock_problems.)
 """
 
 from __future__ import annotations

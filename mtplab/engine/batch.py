@@ -46,6 +46,7 @@ class BatchGreedy:
     margins: list[list[float]]  # per row, greedy's top-2 margin at each token (empty when not asked for)
     seconds: float
     decodes: int  # timed [B, 1] forwards (n - 1: the first tokens are the prefill's)
+    started: float = float("nan")  # perf_counter when the timed window opened
 
 
 @dataclass
@@ -56,6 +57,7 @@ class BatchRun:
     seconds: float
     finished: list[float]  # per row, seconds from the start until it had its n tokens
     split: dict = field(default_factory=dict)  # seconds per phase: decode, draft, verify, commit
+    started: float = float("nan")  # perf_counter when the timed window opened
 
 
 def _margins(rows: np.ndarray) -> np.ndarray:
@@ -101,7 +103,7 @@ def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False) -> 
     seconds = time.perf_counter() - t0
     host = np.stack(tokens, axis=1)
     gap = np.stack(gaps, axis=1) if margins else np.zeros((engine.batch, 0))
-    return BatchGreedy(host.tolist(), gap.tolist(), seconds, n - 1)
+    return BatchGreedy(host.tolist(), gap.tolist(), seconds, n - 1, t0)
 
 
 class RowKeeper:
@@ -336,4 +338,4 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             frozen_rows.put_back(riding)
             st.lengths[riding] = frozen_len[riding]
         phases.append((*stamps, time.perf_counter()))  # and the commit's
-    return BatchRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds)
+    return BatchRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds, t0)

@@ -18,8 +18,8 @@ import numpy as np
 
 from mtplab.check import flags
 from mtplab.check import verdict as oracle
-from mtplab.check.audit import engine_problems
-from mtplab.check.batch import checked_batch, timed_problems
+from mtplab.check.audit import clock_problems, engine_problems
+from mtplab.check.batch import checked_batch, timed_problems, timed_state_problems
 from mtplab.check.trace import Trace
 from mtplab.engine import batch
 from mtplab.engine.engine import Engine
@@ -76,24 +76,29 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
         for side in order:
             trace = Trace.begin(engine)
             if side == "greedy":
-                g = batch.greedy(engine, prompts, n)
+                g = timed = batch.greedy(engine, prompts, n)
+                returned = time.perf_counter()
                 trace.end(engine, g.tokens[0])
                 _record(sample, side, g.tokens, n, g.seconds)
                 if g.tokens != [t[:n] for t in checked.greedy.tokens]:
                     problems.append(f"round {r}: a timed greedy run's tokens differ from the checked run's")
             else:
-                spec = batch.speculative(engine, prompts, n, references=checked.greedy.tokens)
+                spec = timed = batch.speculative(engine, prompts, n, references=checked.greedy.tokens)
+                returned = time.perf_counter()
                 trace.end(engine, spec.tokens[0])
                 _record(sample, side, spec.tokens, n, spec.seconds)
                 sample["steps"] = spec.steps
                 split = {key: split.get(key, 0.0) + v for key, v in spec.split.items()}
                 for b, s in enumerate(spec.finished):
                     row_seconds[b].append(s)
+                problems += [f"round {r}, speculative: {p}" for p in timed_state_problems(engine, checked)]
                 if spec.tokens != checked.spec.tokens or spec.accepted != checked.spec.accepted:
                     problems.append(f"round {r}: a timed speculative run's tokens or accepted counts differ from the "
                                     "checked run's")
             problems += [f"round {r}, {side}: {p}" for p in timed_problems(engine, side, trace, n, prompts.shape[1],
                                                                             checked)]
+            problems += [f"round {r}, {side}: {p}" for p in clock_problems(engine, timed.started, timed.seconds,
+                                                                            returned)]
         samples.append(measure.close_round(sample))
     calibration = calibration if calibration is not None else calibration_for_batch(run)
     alpha, alpha_source = acceptance_alpha(run, calibration)
