@@ -168,6 +168,16 @@ def test_a_missing_weights_file_is_refused_naming_it(copy):
         open_builder(copy)
 
 
+def test_a_weights_file_cut_short_is_refused_naming_it_and_its_size(copy):
+    data = copy / "model.onnx.data"
+    size = data.stat().st_size
+    with open(data, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(ValueError, match=rf"model\.onnx\.data holds {size // 2:,} bytes, but model\.onnx's weights "
+                                         rf"reach {size:,} into it: the file is cut short"):
+        open_builder(copy)
+
+
 def test_a_folder_without_genai_config_is_refused(copy):
     (copy / "genai_config.json").unlink()
     with pytest.raises(ValueError, match="missing file genai_config.json"):

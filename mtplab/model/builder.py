@@ -25,6 +25,7 @@ from mtplab.model.onnx_read import (
     attention_head_size,
     attributes,
     consumer,
+    data_extents,
     data_files,
     graph_io_table,
     op_counts,
@@ -163,6 +164,10 @@ def _load_graph(folder: Path, filename: str, role: str) -> onnx.ModelProto:
     missing = sorted(f for f in data_files(model) if not (folder / f).is_file())
     if missing:
         raise _fail(folder, f"missing file {', '.join(missing)} (external weights of {filename})")
+    for name, need in sorted(data_extents(model).items()):
+        if (size := (folder / name).stat().st_size) < need:
+            raise _fail(folder, f"{name} holds {size:,} bytes, but {filename}'s weights reach {need:,} into it: the "
+                                "file is cut short (copy it again from where the model was built)")
     dangling = unproduced_inputs(model)
     if dangling:
         node, name = dangling[0]

@@ -6,6 +6,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 ELEM_NAMES = {1: "float32", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64"}
@@ -75,6 +76,23 @@ def data_files(model: onnx.ModelProto) -> set[str]:
         for e in t.external_data
         if e.key == "location"
     }
+
+
+def data_extents(model: onnx.ModelProto) -> dict[str, int]:
+    """Per external data file, the bytes the model's initializers reach into it (offset + length, the furthest)."""
+    reach: dict[str, int] = {}
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        entry = {e.key: e.value for e in t.external_data}
+        if "length" in entry:
+            length = int(entry["length"])
+        else:
+            size = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            length = size * int(np.prod(t.dims, dtype=np.int64))
+        file = entry.get("location", "")
+        reach[file] = max(reach.get(file, 0), int(entry.get("offset", 0)) + length)
+    return reach
 
 
 def copy_data_files(model: onnx.ModelProto, source: Path, dest: Path) -> None:
