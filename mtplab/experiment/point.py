@@ -311,6 +311,8 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
            if "tokens_per_step" in r.theory else "")
         + "   acceptance length "
         f"{r.acceptance_length:.2f}   draft acceptance {r.draft_acceptance:.1%}",
+        "    (tokens/step: tokens emitted per step, a decode-verify step's decode included; acceptance length: 1 + the"
+        " drafts a verify keeps, vLLM's measure; draft acceptance: drafts kept / drafted)",
     ]
     if r.acceptance_per_position:  # the peer reports neither
         lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position))
