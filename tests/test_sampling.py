@@ -455,7 +455,9 @@ def test_a_sampled_oracle_point_reports_expected_beside_measured_acceptance():
     assert sa["judged"] > 0 and 0.6 - 1e-9 <= sa["expected"] < 1
     assert r.theory["alpha_source"].startswith("measured in the checked run")
     assert "oracle_acceptance" not in {w["name"] for w in r.warnings}  # alpha^i is greedy's law, not the mixture's
-    assert "against an expected sum(min(p, q))" in result_text(r)
+    text = result_text(r)
+    assert "against an expected sum(min(p, q))" in text
+    assert "\n  sampling T=1  " in text and "\n  greedy " not in text  # the baseline named for what it is
 
 
 def test_a_tiny_temperature_is_greedy_not_nan():

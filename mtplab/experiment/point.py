@@ -275,6 +275,8 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
     """One RunResult as text: throughput, acceptance, per-slot counters in the seed's form, identity (verbose: the
     identity check's details under its one line)."""
     c = r.config
+    # the baseline is what the target alone decodes: greedy, or plain sampling at the run's temperature
+    baseline = f"sampling T={c['temperature']:g}" if c.get("temperature", 0) > 0 else "greedy"
     lines = [
         f"mtplab run  engine={c['engine']} model={r.model.get('name', config.upgrade(c)['model'])} k={c['k']} "
         f"drafter={drafter_text(c)}"
@@ -283,8 +285,8 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         + (f" batch={c['batch']}" if c.get("batch", 1) > 1 else "")
         + (f" acceptance={c['acceptance']} temperature={c['temperature']:g} top_k={c['top_k']} top_p={c['top_p']:g} "
            f"sample_seed={c['sample_seed']}" if c.get("temperature", 0) > 0 else ""),
-        f"  greedy      {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
-        f"  speculative {r.tokens_per_s:8.1f} tok/s {_ci(r.tokens_per_s_ci, '.1f')}",
+        f"  {baseline:<16} {r.greedy_tokens_per_s:8.1f} tok/s {_ci(r.greedy_tokens_per_s_ci, '.1f')}",
+        f"  {'speculative':<16} {r.tokens_per_s:8.1f} tok/s {_ci(r.tokens_per_s_ci, '.1f')}",
         f"  speedup {r.speedup:.2f}x {_ci(r.speedup_ci, '.2f')}   {len(r.round_samples)} paired "
         + ("round" if len(r.round_samples) == 1 else "rounds")
         + ("" if r.stable else "   no CI from one round" if len(r.round_samples) < 2
