@@ -588,7 +588,7 @@ def test_the_results_index_lists_an_unreadable_sweep_json_and_still_lists_the_ot
     assert "<td>binary</td><td colspan='6'>unreadable sweep.json:" in page
 
 
-def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_said(tmp_path, capsys):
+def test_a_model_whose_weights_are_cut_short_stops_the_sweep_before_any_calibration(tmp_path, capsys):
     import shutil
 
     from mtplab.cli.main import main
@@ -602,9 +602,28 @@ def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_
                                                                 "commit": "readvance-m1", "tokens": 8}, "k": [1]}))
     assert main(["sweep", str(path), "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert f"the calibration failed (exit 2) before any point ran: `mtplab calibrate --model {folder} --threads" in err
-    assert "External data length" in err and "[E:onnxruntime" not in err
-    assert not list((tmp_path / "r" / "cut" / "points").iterdir())
+    assert "model.onnx.data holds 1,000 bytes, but model.onnx's weights reach" in err and "calibrat" not in err
+    assert not (tmp_path / "r" / "cut" / "points").exists() or not list((tmp_path / "r" / "cut" / "points").iterdir())
+
+
+def test_a_calibration_that_fails_stops_the_sweep_before_any_point_with_what_it_said(tmp_path, capsys, monkeypatch):
+    import types
+
+    from mtplab.cli.main import main
+    from mtplab.sweep import calibration as sweep_calibration
+
+    fake = tmp_path / "fake-python"  # test double of the calibration's process: onnxruntime's noise, then its error
+    fake.write_text("#!/bin/sh\necho '[E:onnxruntime:, inference_session.cc:1] a long log line' >&2\n"
+                    "echo 'mtplab calibrate: the model does not run here' >&2\nexit 2\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sweep_calibration, "sys", types.SimpleNamespace(executable=str(fake), stderr=sys.stderr))
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"name": "fails", "defaults": {"model": "tiny", "tokens": 8}, "k": [1]}))
+    assert main(["sweep", str(path), "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "the calibration failed (exit 2) before any point ran: `mtplab calibrate --model tiny --threads" in err
+    assert "said:\n  mtplab calibrate: the model does not run here" in err and "[E:onnxruntime" not in err
+    assert not list((tmp_path / "r" / "fails" / "points").iterdir())
 
 
 def test_the_recheck_at_the_sweeps_end_runs_in_a_process_of_its_own_and_compares_the_cost_ratios(
