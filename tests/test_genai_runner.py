@@ -59,18 +59,6 @@ DRAWS = 1500  # first tokens per setting; each setting's verdict is fixed by its
 FALSE_ALARM = 1e-3  # a test of one setting fails where genai's draws are this unlikely under mtplab's distribution
 
 
-def _fit_p(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson's goodness of fit of counts to probs (cells expecting fewer than 5 pooled); a draw where probs has
-    no mass fails it outright."""
-    if counts[probs == 0].sum():
-        return 0.0
-    expected = probs * counts.sum()
-    big = expected >= 5
-    e, o = np.append(expected[big], expected[~big].sum()), np.append(counts[big], counts[~big].sum())
-    e, o = e[e > 0], o[e > 0]
-    return stats.chi2_sf(float(((o - e) ** 2 / e).sum()), len(e) - 1)
-
-
 @pytest.fixture(scope="module")
 def pycode_row():
     """pycode's logits at the end of a held-out prompt, and the prompt: a trained head's peaked distribution."""
@@ -89,7 +77,7 @@ def test_genais_sampler_draws_from_mtplabs_distribution(pycode_row, top_k, top_p
     peer = GenaiPeer(exported(art, 1), settings)
     counts = np.bincount([peer.first_token(prompt, seed) for seed in range(DRAWS)], minlength=logits.shape[0])
     probs = Sampling(0.7, top_k, top_p).probs(np, logits[None])[0]
-    assert _fit_p(counts, probs) > FALSE_ALARM
+    assert stats.goodness_of_fit(counts, probs) > FALSE_ALARM
 
 
 def test_genais_default_top_k_of_50_is_told_apart(pycode_row):
@@ -98,4 +86,4 @@ def test_genais_default_top_k_of_50_is_told_apart(pycode_row):
     peer = GenaiPeer(exported(art, 1), {"temperature": 0.7, "top_k": 0, "top_p": 0.8, "sample_seed": 0})
     peer.vocab_size = 50  # test double of the peer before the fix: genai's default top_k
     counts = np.bincount([peer.first_token(prompt, seed) for seed in range(DRAWS)], minlength=logits.shape[0])
-    assert _fit_p(counts, Sampling(0.7, 0, 0.8).probs(np, logits[None])[0]) < FALSE_ALARM
+    assert stats.goodness_of_fit(counts, Sampling(0.7, 0, 0.8).probs(np, logits[None])[0]) < FALSE_ALARM

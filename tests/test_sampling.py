@@ -39,7 +39,7 @@ from mtplab.engine.engine import Engine
 from mtplab.engine.sampling import Sampling, step_distribution
 from mtplab.experiment.config import ConfigError, RunConfig
 from mtplab.measure import theory
-from mtplab.measure.stats import chi2_sf, two_sample_chi_square
+from mtplab.measure.stats import goodness_of_fit, two_sample_chi_square
 from mtplab.model import build_model, preset
 from mtplab.model.prompts import prompt_tokens
 
@@ -159,18 +159,8 @@ def _by_position(setting: str, plant=None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _worst_position(counts: np.ndarray, reference: np.ndarray) -> tuple[int, float]:
-    """(the position, its p-value) that fits its reference worst; a draw where the reference has no mass: p 0."""
-    worst = (0, 1.0)
-    for j, (c, p) in enumerate(zip(counts, reference)):
-        if c[p == 0].sum():
-            return j, 0.0
-        e = p * c.sum()
-        big = e >= 5
-        e2, o2 = np.append(e[big], e[~big].sum()), np.append(c[big], c[~big].sum())
-        e2, o2 = e2[e2 > 0], o2[e2 > 0]
-        value = chi2_sf(float(((o2 - e2) ** 2 / e2).sum()), max(len(e2) - 1, 1)) if len(e2) > 1 else 1.0
-        worst = min(worst, (j, value), key=lambda t: t[1])
-    return worst
+    """(the position, its p-value) that fits its reference worst (stats.goodness_of_fit)."""
+    return min(((j, goodness_of_fit(c, p)) for j, (c, p) in enumerate(zip(counts, reference))), key=lambda t: t[1])
 
 
 @pytest.mark.parametrize("setting", list(VERIFY_SETTINGS))

@@ -54,3 +54,12 @@ def test_two_sample_chi_square_tells_one_distribution_from_two():
     c = rng.multinomial(4000, [0.45, 0.35, 0.15, 0.05] + [0.0] * 4)
     assert stats.two_sample_chi_square(a, b)[2] > 0.01 and stats.two_sample_chi_square(a, c)[2] < 1e-6
     assert stats.two_sample_chi_square(a, b)[1] == 3  # four cells with counts, the empty ones dropped
+
+
+def test_goodness_of_fit_tells_its_distribution_from_another_and_fails_a_draw_where_it_has_no_mass():
+    rng = np.random.default_rng(0)
+    p = np.array([0.5, 0.3, 0.15, 0.04, 0.01, 0.0])
+    assert stats.goodness_of_fit(rng.multinomial(4000, p), p) > 0.01
+    assert stats.goodness_of_fit(rng.multinomial(4000, [0.45, 0.35, 0.15, 0.04, 0.01, 0.0]), p) < 1e-6
+    assert stats.goodness_of_fit([10, 0, 0, 0, 0, 1], p) == 0.0  # a draw where p is 0
+    assert stats.goodness_of_fit([0, 0, 0, 0, 0, 0], p) == 1.0  # nothing drawn: nothing to test

@@ -199,20 +199,11 @@ class Audit:
 
     def _state(self, r: int, side: str, got: dict, ref: dict, rule: StateRule, whose: str,
                bitwise_or_problem: bool = False) -> None:
-        if set(got) != set(ref):
-            self._problem(r, side, f"the committed state's tensors differ from {whose}: {sorted(set(got) ^ set(ref))}")
-            return
-        diff = states_difference(got, ref, StateRule(False, self.rtol, rule.why))
-        if diff["first_bad"] is not None:
-            bad = diff["first_bad"]
-            self._problem(r, side, f"the state it ends in differs from {whose}: {bad['tensor']} max abs diff "
-                                   f"{bad['max_abs_diff']:.3g}, relative {bad['max_rel_diff']:.3g}")
-        elif rule.bitwise and not diff["bitwise"] and bitwise_or_problem:  # the CPU kernels are deterministic
-            self._problem(r, side, f"the state it ends in is within {diff['max_rel_diff']:.2g} relative of {whose}, "
-                                   f"not bitwise: on the CPU the same computation gives the same bits")
-        elif rule.bitwise and not diff["bitwise"]:
-            self._warn("timed_state_not_bitwise", r, side, f"the state it ends in is within "
-                       f"{diff['max_rel_diff']:.2g} relative of {whose}, not bitwise ({rule.why})")
+        problem, warning = state_problem(got, ref, rule, self.rtol, whose, bitwise_or_problem)
+        if problem:
+            self._problem(r, side, problem)
+        elif warning:
+            self._warn("timed_state_not_bitwise", r, side, warning)
 
     def _clock(self, r: int, side: str, sample: dict, prefix: str, started: float, seconds: float,
                returned: float) -> None:
@@ -264,6 +255,25 @@ def engine_problems(engine) -> list[str]:
         if getattr(engine.target, name) != want:
             out.append(f"its executor has {name}={getattr(engine.target, name)!r}, the config says {want!r}")
     return out
+
+
+def state_problem(got: dict, ref: dict, rule: StateRule, rtol: float, whose: str,
+                  bitwise_or_problem: bool = False) -> tuple[str | None, str | None]:
+    """(problem, warning) of the state a timed run ends in against `whose`: other tensors, or a difference beyond
+    the precision's rtol, is a problem; not bitwise where the rule is, a problem where the same computation gives
+    the same bits (bitwise_or_problem: the CPU), else a warning."""
+    if set(got) != set(ref):
+        return f"the committed state's tensors differ from {whose}: {sorted(set(got) ^ set(ref))}", None
+    diff = states_difference(got, ref, StateRule(False, rtol, rule.why))
+    if (bad := diff["first_bad"]) is not None:
+        return (f"the state it ends in differs from {whose}: {bad['tensor']} max abs diff {bad['max_abs_diff']:.3g}, "
+                f"relative {bad['max_rel_diff']:.3g}"), None
+    if rule.bitwise and not diff["bitwise"]:
+        text = f"the state it ends in is within {diff['max_rel_diff']:.2g} relative of {whose}, not bitwise"
+        if bitwise_or_problem:  # the CPU kernels are deterministic
+            return text + ": on the CPU the same computation gives the same bits", None
+        return None, f"{text} ({rule.why})"
+    return None, None
 
 
 def clock_problems(engine, started: float, seconds: float, returned: float) -> list[str]:

@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mtplab.check.audit import greedy_forwards, head_forwards, nonzero
+from mtplab.check.audit import greedy_forwards, head_forwards, nonzero, state_problem
 from mtplab.check.lossless import Lockstep, Watch
 from mtplab.check.trace import Trace
-from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, states_difference, token_identity
+from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch
 from mtplab.runtime.executor import Slot
 
@@ -60,16 +60,15 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
 
 def timed_state_problems(engine, checked: BatchChecked) -> list[str]:
     """Where a timed speculative run left a row's state (recurrent states, KV rows) other than the checked run left
-    it: the same computation on the same device gives the same bits on the CPU, within the rule's tolerance
-    elsewhere."""
-    same = StateRule(engine.device.name == "cpu", STATE_RTOL.get(engine.desc.precision, STATE_RTOL["fp32"]),
-                     "the timed run repeats the checked run's computation")
+    it (audit.state_problem: the same computation on the same device gives the same bits on the CPU)."""
+    same = StateRule(True, 0.0, "the timed run repeats the checked run's computation")
+    rtol = STATE_RTOL.get(engine.desc.precision, STATE_RTOL["fp32"])
     out = []
     for b, ref in enumerate(checked.spec_state):
-        got = engine.state.snapshot(copy=False, row=b)
-        diff = states_difference(got, ref, same) if set(got) == set(ref) else {"first_bad": {"tensor": "its tensors"}}
-        if (bad := diff["first_bad"]) is not None:
-            out.append(f"row {b}'s state it ends in differs from the checked run's: {bad['tensor']}")
+        problem, _ = state_problem(engine.state.snapshot(copy=False, row=b), ref, same, rtol, "the checked run's",
+                                   bitwise_or_problem=engine.device.name == "cpu")
+        if problem:
+            out.append(f"row {b}'s " + problem.removeprefix("the "))
     return out
 
 

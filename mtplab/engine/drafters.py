@@ -143,9 +143,9 @@ class MtpDrafter:
         if tokens.shape[0] != k + 1:  # [first, d1..dk], reused: the drafts are its view, read before the next draft
             tokens = self._tokens = np.empty(k + 1, dtype=np.int64)
         tokens[0] = token
-        i = done = 0
+        done = 0
         try:
-            while i < k:
+            for i in range(k):
                 hot.ids[...] = token
                 length_feeds(self.desc.mtp, position + i, 1, self.desc.capacity, feeds)
                 if i:
@@ -154,8 +154,7 @@ class MtpDrafter:
                 done += 1
                 token = self.choose(np, out[hot.logits][0, 0])
                 hidden = out[hot.hidden_out][0, 0]
-                i += 1
-                tokens[i] = token
+                tokens[i + 1] = token
         finally:  # counted once, and kept true when a step raises
             self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + done
         return tokens[1:]

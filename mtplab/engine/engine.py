@@ -180,7 +180,7 @@ class Engine:
     def _prepared_forward(self, slot: Slot, M: int, in_place: bool, label: str | None = None) -> PreparedForward:
         """The prepared forward of M host tokens on a slot and mode (made again when the state's buffers or the
         executor change): write its `ids`, then _run_prepared it. The forward starts here (first_forward)."""
-        if self.first_forward is None:  # one clock read per forward on the common path (the end stamp in _ran)
+        if self.first_forward is None:  # one clock read per forward on the common path (the end stamp in _after_forward)
             self.first_forward = time.perf_counter()
         state = self.state
         hot = self._prepared_runs.get((slot, M, in_place, label))
@@ -217,8 +217,8 @@ class Engine:
         io = desc.target
         ids = feeds[io.input_ids]
         return PreparedForward(self.state, self.target, self.state.layout(), io, feeds, ids, ids[0], M,
-                          self.target.replayer(slot, feeds, outputs, bound),
-                          tuple(self.state.carries()) if in_place else (), self.forward_key(slot, M, label))
+                               self.target.replayer(slot, feeds, outputs, bound),
+                               tuple(self.state.carries()) if in_place else (), self.forward_key(slot, M, label))
 
     def start(self, prompt: list[int]) -> dict:
         """A new generation: state and plans reset, the prompt prefilled (eager, untimed); the prefill's outputs."""

@@ -104,6 +104,22 @@ def two_sample_chi_square(a, b, min_expected: float = 5.0) -> tuple[float, int, 
     return statistic, df, chi2_sf(statistic, df)
 
 
+def goodness_of_fit(counts, probs, min_expected: float = 5.0) -> float:
+    """The p-value of Pearson's test that counts were drawn from the distribution probs (cells expecting fewer than
+    min_expected pooled into one); 0 where a draw fell where probs has no mass, 1 where there is nothing to test
+    (one cell, or no draws)."""
+    counts, probs = np.asarray(counts, dtype=float), np.asarray(probs, dtype=float)
+    if counts[probs == 0].sum():
+        return 0.0
+    expected = probs * counts.sum()
+    big = expected >= min_expected
+    e, o = np.append(expected[big], expected[~big].sum()), np.append(counts[big], counts[~big].sum())
+    e, o = e[e > 0], o[e > 0]
+    if len(e) < 2:
+        return 1.0
+    return chi2_sf(float(((o - e) ** 2 / e).sum()), len(e) - 1)
+
+
 # Student t 97.5% quantiles by degrees of freedom (1.96 beyond the table)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}

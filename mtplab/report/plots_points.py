@@ -3,15 +3,13 @@ form no grid (a figure over alpha draws one slice of them), and the demo's point
 
 from __future__ import annotations
 
-import math
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from mtplab.report.plots import _ci_err
 from mtplab.report.provenance import blank_inapplicable, fixed_and_varied
 from mtplab.report.selection import timed_points
-from mtplab.report.tables import ci_pair
 
 
 def labels(df: pd.DataFrame) -> list[str]:
@@ -28,9 +26,8 @@ def every_point(df: pd.DataFrame):
     rows = rows.assign(label=labels(rows)).sort_values("speedup")
     n = len(rows)
     fig, ax = plt.subplots(figsize=(10.0, 0.3 * n + 1.6))
-    ci = np.array([ci_pair(v) for v in rows.speedup_ci], dtype=float).reshape(-1, 2)
     centre = rows.speedup.to_numpy(float)
-    err = np.nan_to_num(np.abs(np.vstack([centre - ci[:, 0], ci[:, 1] - centre])))
+    err = _ci_err(rows.speedup, rows.speedup_ci)  # 0 where a point has no interval
     stable = rows.stable.fillna(False).astype(bool).to_numpy() if "stable" in rows else np.zeros(n, dtype=bool)
     y = np.arange(n)
     for mask, face, name in ((stable, "C0", "stable (CI half-width at most 5%)"), (~stable, "white", "not stable")):
@@ -41,8 +38,7 @@ def every_point(df: pd.DataFrame):
     ax.set_yticks(y, rows.label)
     ax.set_ylim(-0.7, n - 0.3)
     ax.set_xlabel("speedup over greedy (x), median of paired rounds, 95% CI")
-    lo = min(1.0, np.nanmin(ci[:, 0]) if np.isfinite(ci[:, 0]).any() else math.inf, np.nanmin(centre))
-    hi = max(1.0, np.nanmax(ci[:, 1]) if np.isfinite(ci[:, 1]).any() else -math.inf, np.nanmax(centre))
+    lo, hi = min(1.0, float(np.min(centre - err[0]))), max(1.0, float(np.max(centre + err[1])))
     pad = 0.05 * (hi - lo or 1.0)
     ax.set_xlim(lo - pad, hi + pad)
     ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False, fontsize=8)  # above: covers no row
