@@ -49,7 +49,7 @@ test-full: $(STAMP)
 
 # Trains models/pycode again (torch lives only in .venv-train, never in make test or make demo): data, training
 # (resumable: a stopped run continues from train/work/ckpt.pt), export with its checks, the model card, the prompt sets.
-TRAIN_MINUTES ?= 45
+TRAIN_MINUTES ?= 22
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 .venv-train/.installed: train/requirements.txt
 	$(PY) -m venv .venv-train

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: mtplab
 #     language: python
@@ -20,7 +20,8 @@
 # (`mtplab sweep --grid study`) and its calibration: (1) the seed's path reproduced stage by stage, with the
 # slot counters each fix moved; (2) the break-even acceptance of each commit strategy and schedule, predicted
 # by the calibrated cost model with the measured points on top; (3) the same prediction for your hardware's
-# costs, set in the parameters below.
+# costs, set in the parameters below; (4) the same questions at the acceptance a trained head gives, on the
+# shipped `pycode` model (its own sweeps, `mtplab sweep --grid pycode` and `--grid pycode-context`).
 
 # %% tags=["parameters"]
 results = "study"  # a study sweep under results/ (`mtplab sweep --grid study` makes it; missing: the quick form), or a path
@@ -36,6 +37,10 @@ restore_ms = 0.1  # restoring the recurrent state before a re-advance (assumed)
 greedy_ms = None  # greedy's cost per token (None: t1_ms)
 alpha = 0.67  # your drafter's per-position acceptance
 ks = [1, 2, 3, 4]
+# Part 4, the trained model: its sweeps under results/ (missing: the part says which command makes them).
+trained = "pycode"  # `mtplab sweep --grid pycode`: k 1..4 x T {0, 0.7} x every commit, and the peer
+context = "pycode-context"  # `mtplab sweep --grid pycode-context`: acceptance by context length
+policies = "pycode-k-policy"  # `mtplab sweep --grid pycode-k-policy`: draft-length policies against every fixed K
 
 # %%
 from IPython.display import Markdown, display
@@ -109,3 +114,25 @@ display(study.break_even_wide(yours, ks))
 display(study.cost_ratios(yours, ks))
 display(Markdown("\n".join(study.closed_forms(yours))))
 fig = study.curves(yours, ks=ks)
+
+# %% [markdown]
+# ## 4. At the acceptance a trained head gives
+# `pycode` (models/pycode, trained here on the Python standard library) drafts with its own trained MTP head on
+# held-out source, so acceptance is what the text gives, not a parameter: it varies with the kind of text, the draft
+# position, the context length and the temperature. Each figure has its interval; the table holds every point,
+# onnxruntime-genai's MtpGenerator on the same prompts beside mtplab. Last, choosing K as the step goes (probe,
+# goodput, confidence) against the best fixed K.
+
+# %%
+from mtplab.report import figures
+
+for name in (trained, context, policies):
+    folder = workspace.made_sweep(name)
+    if folder is None:
+        continue
+    head = store.load(folder)
+    head = head[head.status == "ok"]
+    print(f"{folder}: {len(head)} points")
+    for figure in (figures.head_prediction, figures.head_points, figures.by_kind, figures.by_context,
+                   figures.temperature, figures.peer, figures.k_policies):
+        figures.show(figure, head)

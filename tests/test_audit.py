@@ -423,6 +423,8 @@ def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, mon
     r = _point(tiny)
     if bug == "no head":  # the head's KV, never written, is what the check finds first
         assert not r.lossless and "the MTP head's KV differs from a teacher-forced head's" in r.verdict, r.verdict
+    elif bug == "k-1 drafts":  # the fixed policy drafts k every step: replayed on the run's counts, it says so first
+        _run_check_failed(r, "the checked speculative run: it drafted 2 at step 1, where k_policy='fixed' chooses 3")
     else:
         _run_check_failed(r, "the checked speculative run: its forwards are not what")
 

@@ -145,7 +145,7 @@ def test_a_prompt_set_of_the_models_folder_gives_the_prompt_and_names_the_point(
     from mtplab.model.prompts import run_prompt
 
     sets = json.loads((SHIPPED / "pycode" / "prompts.json").read_text())["kinds"]
-    assert sorted(sets) == ["code", "comments", "data", "docstrings"] and all(len(v) >= 20 for v in sets.values())
+    assert sorted(sets) == ["code", "comments", "context", "data", "docstrings"] and all(len(v) >= 20 for v in sets.values())
     run = RunConfig(model="pycode", drafter="mtp", prompts="docstrings", seed=len(sets["docstrings"]) + 1)
     assert run_prompt(run, 2048) == sets["docstrings"][1]["tokens"]  # row seed % its size
     assert "prompts-docstrings" in point_ids.point_id(run)
@@ -155,3 +155,24 @@ def test_a_prompt_set_of_the_models_folder_gives_the_prompt_and_names_the_point(
         RunConfig(model="pycode", prompts="nope")
     with pytest.raises(config.ConfigError, match="prompts='code': tiny ships no prompt sets"):
         RunConfig(model="tiny", prompts="code")
+
+
+def test_context_cuts_a_prompt_sets_rows_to_their_last_tokens_so_every_length_continues_the_same_text():
+    import json
+
+    from mtplab.model.folders import SHIPPED
+    from mtplab.model.prompts import run_prompt
+
+    row = json.loads((SHIPPED / "pycode" / "prompts.json").read_text())["kinds"]["context"][3]["tokens"]
+    whole = RunConfig(model="pycode", prompts="context", seed=3)
+    assert run_prompt(whole, 2048) == row and len(row) == 1024
+    cut = whole.replace(context=100)
+    assert run_prompt(cut, 2048) == row[-100:]
+    assert "ctx100" in point_ids.point_id(cut) and "ctx" not in point_ids.point_id(whole)
+    with pytest.raises(config.ConfigError, match=r"context=2000: pycode's prompt set 'context' holds 1024 tokens a "
+                                                 r"row \(allowed: 0 for whole rows, or 1..1024\)"):
+        whole.replace(context=2000)
+    with pytest.raises(config.ConfigError, match=r"context=49: pycode's prompt set 'code' holds 48"):
+        RunConfig(model="pycode", prompts="code", context=49)
+    with pytest.raises(config.ConfigError, match="context=64: it cuts a prompt set's rows; give prompts"):
+        RunConfig(model="pycode", context=64)

@@ -24,7 +24,10 @@
    rows flattened (q at temperature 10: rejection sampling is exact for any q it draws from, and this one is
    rejected half the time, so the resample and bonus paths carry weight), also at k = 2 (the second
    draft judged after the first in one verify); T = 0.5 with top-k 2 on the decode-verify schedule; the
-   oracle at T = 1 (its mixture of the target's distribution and a distractor, alpha 0.5, k = 2).
+   oracle at T = 1 (its mixture of the target's distribution and a distractor, alpha 0.5, k = 2); two draft-length
+   policies at k = 3 (mtplab.engine.k_policies): confidence (a step's drafting ends on the head's own top
+   probability: K depends on the drafts, 1, 2 or 3 here) and goodput on tokens 3-5 (K chosen from the first step's
+   acceptance).
 3. Planted bugs, each caught by the same test at the same N (among them a uniform drawn again by the next step).
 """
 
@@ -36,6 +39,7 @@ import pytest
 from mtplab.check import flags
 from mtplab.engine import sampling
 from mtplab.engine.engine import Engine
+from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.sampling import Sampling, step_distribution
 from mtplab.experiment.config import ConfigError, RunConfig
 from mtplab.measure import theory
@@ -242,6 +246,8 @@ def _engine(art, flat_drafts: bool = False, **changes) -> Engine:
     values = {"temperature": 1.0, "schedule": "fused", "k": K} | changes
     run = RunConfig(model="tiny", tokens=COUNTED, acceptance="rejection-sampling", commit="select", **values)
     engine = Engine(run, art)
+    # prices of a step at K drafts for a policy that weighs them (made up: the verify grows with K)
+    engine.k_costs = StepCosts({j: 1.0 + 0.1 * j for j in range(1, run.k + 1)}, {n: 0.1 for n in range(1, run.k + 2)}, 1)
     if flat_drafts:
         engine.acceptance.draft_sampling = Sampling(10.0)
     return engine
@@ -279,6 +285,10 @@ SETTINGS = {  # name: (the target's sampling, the speculative run's changes)
     "T=1, flat drafts, k=2": ({"temperature": 1.0}, {"flat_drafts": True, "k": 2}),  # two drafts judged in one verify
     "T=0.5, top-k 2": ({"temperature": 0.5, "top_k": 2}, {"schedule": "decode-verify"}),
     "T=1, mixture oracle": ({"temperature": 1.0}, {"drafter": "oracle", "alpha": 0.5, "k": 2}),
+    # draft-length policies: K chosen per step from the drafts' confidence, or from past acceptance and prices
+    "T=1, confidence policy, k=3": ({"temperature": 1.0}, {"k": 3, "k_policy": "confidence", "k_confidence": 0.5}),
+    # tokens 3-5: from the second step on, where goodput's K follows the first step's acceptance
+    "T=1, goodput policy, k=3, tokens 3-5": ({"temperature": 1.0}, {"k": 3, "k_policy": "goodput", "start": 3}),
 }
 TRUTHS = {"T=1": ({"temperature": 1.0}, 0), "T=0.5, top-k 2": ({"temperature": 0.5, "top_k": 2}, 0),
           "T=1, tokens 3-5": ({"temperature": 1.0}, 3)}  # name: (the target's sampling, the first token counted)

@@ -476,12 +476,15 @@ def test_an_engine_whose_package_is_missing_is_refused_with_the_install_line(tmp
     assert not (tmp_path / "results").exists()
 
 
-def test_default_grid_covers_every_policy_commit_k_and_alpha():
+def test_default_grid_covers_every_policy_commit_k_and_alpha_and_the_trained_head():
     pts = grid.load(preset="default").points
     runs = [p.run for p in pts]
     assert {r.policy for r in runs} == {"shared-jit", "shared-max", "sibling", "sibling-pinned"}
     assert {r.commit for r in runs} == {"readvance-batched", "readvance-m1", "select"}
     assert {r.k for r in runs} == {1, 2, 3, 4} and {0.5, 0.7, 0.9} <= {r.alpha for r in runs}
+    head = [r for r in runs if r.drafter == "mtp"]  # the trained head on held-out text, mtplab's and the peer's
+    assert head and all(r.model.endswith("pycode") and r.prompts == "code" for r in head)
+    assert {r.engine for r in head} == {"mtplab", "ort-genai"}
     assert len({p.id for p in pts}) == len(pts)
 
 

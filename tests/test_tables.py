@@ -52,3 +52,23 @@ def test_the_header_says_which_pages_the_processes_ran_on():
     assert pages_text({"transparent": "madvise", "malloc_hugetlb": None}) == "4 KiB pages"
     assert pages_text({"transparent": "always", "malloc_hugetlb": None}).startswith("huge pages")
     assert pages_text(None) == "pages not recorded"  # a sweep from before mtplab recorded them
+
+
+def test_the_head_table_puts_the_peer_under_mtplab_and_says_what_each_points_tokens_were_checked_against():
+    from mtplab.report.tables import head_table
+
+    base = {"drafter": "mtp", "k": 2, "prompts": "code", "tokens_per_step": 2.0, "draft_acceptance": 0.5,
+            "speedup_ci": [0.7, 0.9], "speedup": 0.8, "lossless": True, "efficiency": 0.6, "commit": "select"}
+    rows = pd.DataFrame([
+        base | {"engine": "ort-genai", "temperature": 0.0, "acceptance_per_position": "[]", "efficiency": float("nan")},
+        base | {"engine": "mtplab", "temperature": 0.7, "acceptance_per_position": "[0.5, 0.25]"},
+        base | {"engine": "mtplab", "temperature": 0.0, "acceptance_per_position": "[0.75, 0.5]", "lossless": False},
+        base | {"engine": "mtplab", "drafter": "oracle", "temperature": 0.0, "acceptance_per_position": "[1, 1]"},
+        base | {"engine": "mtplab", "temperature": 0.0, "acceptance_per_position": "[1, 1]", "speedup": float("nan")},
+    ])
+    table = head_table(rows)
+    assert list(table.engine) == ["mtplab", "ort-genai", "mtplab"]  # no oracle row, no row without a speedup
+    assert list(table["P(acc >= i), i = 1..k"]) == ["0.75 0.50", "n/a", "0.50 0.25"]
+    assert list(table.tokens) == ["DIFFER from greedy", "identical to greedy", "sampled: state and KV follow them"]
+    assert list(table.commit) == ["select", "(genai's)", "select"]
+    assert list(table.efficiency) == ["0.60", "n/a", "0.60"] and table["speedup [95% CI]"][0] == "0.80 [0.70, 0.90]"

@@ -157,6 +157,10 @@ def main() -> None:
     ap.add_argument("--head-rows", type=int, default=128, help="held-out rows for the head agreement")
     ap.add_argument("--run-dir", type=Path, default=WORK, help="where log.csv, run.json, export_checks.json are")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--rerun-of", type=Path, default=None,
+                    help="a shipped model_card.json: evaluate this checkpoint as a rerun of it, print the differences "
+                         "against its rerun tolerance, add them to its `reruns` (and its MODEL_CARD.md), and write "
+                         "nothing else; exits 1 beyond the tolerance")
     args = ap.parse_args()
     out = args.out
     torch.set_num_threads(2)
@@ -203,7 +207,7 @@ def main() -> None:
                      "weight decay 0.1 on matrices, grad clip 1.0", "lr": run["args"]["lr"],
                      "schedule": f"linear warmup {run['args']['warmup']} steps, cosine to "
                                  f"{run['args']['min_lr_frac']} x lr over the wall-clock budget",
-                     "batch": f"{run['args']['batch']} x {SEQ} tokens", "seed": run["args"]["seed"],
+                     "batch": f"{run['args']['batch']} x {SEQ} tokens", "context_tokens": SEQ, "seed": run["args"]["seed"],
                      "budget_minutes": run["args"]["minutes"], "steps": run["steps"],
                      "tokens_seen": run["tokens_seen"], "train_seconds": run["train_seconds"],
                      "wall_segments": run["segments"], "threads": run["args"]["threads"],
@@ -215,16 +219,41 @@ def main() -> None:
                                           "chained_form_vs_plain_causal_max_abs_logit_diff": bf},
         "export": checks,
         "folder_bytes": size,
-        "rerun_tolerance": "a rerun with the same seed and --minutes on a similar 2-core machine should give a "
-                           "held-out next-token loss within 0.05 (the step count depends on the machine's speed and "
-                           "load, and the schedule follows wall-clock time); the export checks must pass as stated",
+        "rerun_tolerance": (
+            "the same seed and step count give the same batches and learning-rate schedule (train.py --steps N): "
+            "such a rerun should land within 0.05 of the held-out next-token loss (stated, not yet measured). With a "
+            "wall-clock budget (--minutes, as the shipped run) the step count follows the machine's speed and load: "
+            "the rerun below, at load ~2 beside other work, made 1207 of the shipped run's 1352 steps in the same 22 "
+            "minutes and landed +0.077 (outside 0.05); the export checks must pass as stated"),
     }
+    if args.rerun_of:
+        raise SystemExit(record_rerun(args.rerun_of, card))
     out.mkdir(parents=True, exist_ok=True)
     (out / "model_card.json").write_text(json.dumps(card, indent=1) + "\n")
     shutil.copy2(args.run_dir / "log.csv", out / "training_log.csv")
     plot(log_rows, out / "loss_curve.png")
     write_md(card, out)
     print(json.dumps({"heldout": card["heldout"], "head": head, "params": card["parameters"]}, indent=1))
+
+
+RERUN_LOSS_TOLERANCE = 0.05  # held-out next-token loss, as the card's rerun_tolerance states
+
+
+def record_rerun(shipped: Path, rerun: dict) -> int:
+    """Add a rerun's figures beside the shipped card's (its `reruns`, and MODEL_CARD.md); 0 within the tolerance."""
+    card = json.loads(shipped.read_text())
+    t, h, a = rerun["training"], rerun["heldout"], rerun["head_agreement_teacher_forced"]
+    delta = h["main_loss"] - card["heldout"]["main_loss"]
+    entry = {"budget_minutes": t["budget_minutes"], "steps": t["steps"], "tokens_seen": t["tokens_seen"],
+             "train_seconds": t["train_seconds"], "uptime_start": t["uptime_start"], "uptime_end": t["uptime_end"],
+             "heldout_main_loss": h["main_loss"], "heldout_mtp_loss": h["mtp_loss"],
+             "head_vs_trunk_argmax": [a[f"position_{j}"]["vs_trunk_argmax"] for j in range(1, DEPTH + 1)],
+             "main_loss_minus_shipped": delta, "within_tolerance": abs(delta) <= RERUN_LOSS_TOLERANCE}
+    card["reruns"] = [*card.get("reruns", []), entry]
+    shipped.write_text(json.dumps(card, indent=1) + "\n")
+    write_md(card, shipped.parent)
+    print(json.dumps(entry, indent=1))
+    return 0 if entry["within_tolerance"] else 1
 
 
 def write_md(c: dict, out: Path) -> None:
@@ -296,6 +325,14 @@ def write_md(c: dict, out: Path) -> None:
             "",
         ]
     lines += [f"Folder size: {c['folder_bytes'] / 1e6:.1f} MB.", "", f"Rerun tolerance: {c['rerun_tolerance']}.", ""]
+    for r in c.get("reruns", []):
+        lines += [f"- Rerun ({r['budget_minutes']} min budget, {r['steps']} steps, `uptime` `{r['uptime_start']}` ->"
+                  f" `{r['uptime_end']}`): held-out next-token loss {r['heldout_main_loss']:.3f}"
+                  f" ({r['main_loss_minus_shipped']:+.3f} against the shipped weights:"
+                  f" {'within' if r['within_tolerance'] else 'OUTSIDE'} the tolerance), MTP loss"
+                  f" {r['heldout_mtp_loss']:.3f}, head agreement with the trunk's argmax by position"
+                  f" {' / '.join(f'{v:.3f}' for v in r['head_vs_trunk_argmax'])}."]
+    lines += [""] if c.get("reruns") else []
     (out / "MODEL_CARD.md").write_text("\n".join(lines))
 
 

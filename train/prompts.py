@@ -10,6 +10,10 @@ categories: the text before a point in a held-out file, cut where a kind of text
 Each prompt is the PROMPT_TOKENS tokens ending at the cut, from held-out files only (data_split.json), the files in
 sorted order, at most PER_FILE prompts of a kind per file; the first PER_KIND of each kind are kept. Deterministic.
 
+A fifth set, `context`, is for acceptance by context length: code cuts with at least CONTEXT_TOKENS tokens of their
+file before them, each row the CONTEXT_TOKENS tokens ending at the cut; a run's `context` field takes the last n of
+them, so that every context length continues the same text.
+
     .venv-train/bin/python train/prompts.py
 """
 
@@ -24,10 +28,11 @@ from tokenizers import Tokenizer
 
 OUT = Path(__file__).resolve().parent.parent / "models" / "pycode"
 PROMPT_TOKENS, PER_KIND, PER_FILE = 48, 20, 3
+CONTEXT_TOKENS = 1024  # four times the training rows (train/common.py SEQ = 256)
 
 
-def cuts(source: str) -> dict[str, list[int]]:
-    """Character offsets where each kind's prompt ends, in one file."""
+def cuts(source: str, per_file: int = PER_FILE) -> dict[str, list[int]]:
+    """Character offsets where each kind's prompt ends, in one file (the first per_file of each kind)."""
     lines = source.splitlines(keepends=True)
     starts = [0]
     for line in lines:
@@ -56,14 +61,14 @@ def cuts(source: str) -> dict[str, list[int]]:
     for i, line in enumerate(lines[1:], start=1):
         if re.match(r"\s*# \w+ \w+ \w+", line) and not lines[i - 1].lstrip().startswith("#"):
             out["comments"].append(starts[i] + line.index("#") + 2 + len(" ".join(line.split()[1:3])))
-    return {kind: sorted(set(offsets))[:PER_FILE] for kind, offsets in out.items()}
+    return {kind: sorted(set(offsets))[:per_file] for kind, offsets in out.items()}
 
 
 def main() -> None:
     split = json.loads((OUT / "data_split.json").read_text())
     tok = Tokenizer.from_file(str(OUT / "tokenizer.json"))
     root = Path(split["stdlib"])
-    kinds: dict[str, list[dict]] = {"code": [], "docstrings": [], "comments": [], "data": []}
+    kinds: dict[str, list[dict]] = {"code": [], "docstrings": [], "comments": [], "data": [], "context": []}
     for name in sorted(split["heldout_files"]):
         source = (root / name).read_text(encoding="utf-8")
         for kind, offsets in cuts(source).items():
@@ -72,12 +77,19 @@ def main() -> None:
                 if len(ids) >= PROMPT_TOKENS and len(kinds[kind]) < PER_KIND:
                     line = source[:end].count("\n") + 1
                     kinds[kind].append({"file": name, "line": line, "tokens": ids[-PROMPT_TOKENS:]})
+        for end in cuts(source, per_file=len(source))["code"]:  # every code cut, for the long ones
+            if len(kinds["context"]) < PER_KIND and len(ids := tok.encode(source[:end]).ids) >= CONTEXT_TOKENS:
+                line = source[:end].count("\n") + 1
+                kinds["context"].append({"file": name, "line": line, "tokens": ids[-CONTEXT_TOKENS:]})
+                break  # one a file: twenty files, not one long file's functions
     for kind, prompts in kinds.items():
         print(f"{kind}: {len(prompts)} prompts from {len({p['file'] for p in prompts})} held-out files")
         assert len(prompts) == PER_KIND, kind
     doc = {"about": "held-out prompt sets of models/pycode (train/prompts.py): the last tokens before a cut where a "
-                    "kind of text begins; a run continues the text", "python": split["python_version"],
-           "tokens_per_prompt": PROMPT_TOKENS, "kinds": kinds}
+                    "kind of text begins; a run continues the text. `context`: code cuts with context_tokens tokens "
+                    "of their file before them, for acceptance by context length (a run's `context` takes the last n)",
+           "python": split["python_version"], "tokens_per_prompt": PROMPT_TOKENS, "context_tokens": CONTEXT_TOKENS,
+           "kinds": kinds}
     (OUT / "prompts.json").write_text(json.dumps(doc, indent=None, separators=(",", ":")) + "\n")
     print(f"wrote {OUT / 'prompts.json'}")
 

@@ -1,7 +1,7 @@
 """Train the pycode model: a Qwen3.5-style hybrid trunk (3 Gated-DeltaNet + 1 full-attention layers) plus one
 MTP layer, loss = next-token + 0.3 x token-after-next, on the CPU, within a wall-clock budget.
 
-    nice -n 19 .venv-train/bin/python train/train.py --minutes 45 [--resume]
+    nice -n 19 .venv-train/bin/python train/train.py --minutes 22 [--resume]
 
 The learning rate follows a cosine over the wall-clock budget (or over --steps when given); a checkpoint is
 written every --ckpt-minutes to train/work/ckpt.pt, and --resume continues from it (same batches: a batch is
@@ -53,7 +53,7 @@ def evaluate(trunk, mtp, windows) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=45.0, help="wall-clock training budget (all resumes together)")
+    ap.add_argument("--minutes", type=float, default=22.0, help="wall-clock training budget (all resumes together)")
     ap.add_argument("--steps", type=int, default=None, help="stop after this many steps (cosine over steps)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)

@@ -30,8 +30,9 @@ bitwise off the CPU (on the CPU the same computation gives the same bits: a prob
 window that does not hold the run's forwards.
 
 Before any of it, `engine_problems` holds the built engine to its config (threads, policy, slot
-flags) and `checked_problems` holds the checked speculative run to what its config implies: the
-forwards by (slot, M) that its schedule, drafter and commit strategy make for its accepted counts.
+flags) and `mtplab.check.expected.checked_problems` holds the checked speculative run to what its config implies:
+the forwards by (slot, M) that its schedule, drafter and commit strategy make for its accepted counts, and the K its
+draft-length policy chooses for them.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mtplab.base.threads import thread_pool, threads_used
+from mtplab.check.expected import forwards_diff, greedy_forwards
 from mtplab.check.trace import Trace, off_plan, runs, slot_states
 from mtplab.check.verdict import StateRule, states_difference
-from mtplab.engine.strategies import COMMITS, DRAFTERS, SCHEDULES
 from mtplab.runtime.executor import Slot
 
 # The forwards a slot may spend setting its plan up again at the start of a run (a warm-up and a capture): the
@@ -123,13 +124,17 @@ class Audit:
         self._tokens(r, side, trace.tokens, checked.tokens if self.engine.acceptance.samples else None)
         for text in trace.honesty_problems():
             self._problem(r, side, text)
+        if trace.ks != checked.ks:
+            first = next((i for i, (a, b) in enumerate(zip(trace.ks or [], checked.ks or [])) if a != b), None)
+            self._problem(r, side, f"its draft lengths differ from the checked run's from step {(first or 0) + 1} "
+                                   "(a draft-length policy must choose alike for the same tokens)")
         if trace.accepted != checked.accepted:
             first = next((i for i, (a, b) in enumerate(zip(trace.accepted, checked.accepted)) if a != b),
                          min(len(trace.accepted), len(checked.accepted)))
             self._problem(r, side, f"accepted counts differ from the checked run's from step {first + 1} "
                                    f"({len(trace.accepted)} steps, checked {len(checked.accepted)})")
         if trace.forwards != checked.forwards:
-            diff = _forwards_diff(trace.forwards, checked.forwards)
+            diff = forwards_diff(trace.forwards, checked.forwards)
             self._problem(r, side, f"forwards differ from the checked run's, (timed, checked): {diff}")
         for slot, want in checked.activity.items():
             got = trace.activity.get(slot, {})
@@ -188,8 +193,8 @@ class Audit:
         return None
 
     def _fallbacks(self, r: int, side: str, slot: str, text: str, budget: str | None = None) -> None:
-        st = next((s for lbl, s in slot_states(self.engine) if lbl == slot), None)
-        reason = st.reason if st is not None else ""
+        reason = next((ex.state[s].reason for ex in (self.engine.target, self.engine.mtp) for s, lbl in ex.labels.items()
+                       if lbl == slot), "")  # the state the slot ran last (its plan of the last shape it ran)
         if reason.startswith("capture declined"):
             self._warn("timed_fallbacks", r, side, f"the {slot} slot: {text} ({reason})")
         elif budget is not None:
@@ -294,50 +299,6 @@ def clock_problems(engine, started: float, seconds: float, returned: float) -> l
     return []
 
 
-def greedy_forwards(prompt_len: int, n: int) -> dict[str, int]:
-    """The forwards by (slot, M) a greedy run of n tokens makes: the prefill, then n - 1 M=1 decodes (n >= 2)."""
-    return {f"prefill/M={prompt_len}": 1, "primary/M=1": n - 1}
-
-
-def head_forwards(run, steps: int) -> dict[str, int]:
-    """The MTP head's forwards over `steps` speculative steps where the run's drafter runs it: each step's head steps
-    (Schedule.head_steps) and its commit of the verify's k+1 rows; none where the head does not run."""
-    if not DRAFTERS.get(run.drafter).uses_head(run):
-        return {}
-    return {"mtp/M=1": SCHEDULES.get(run.schedule).head_steps(run.k) * steps, f"mtp-commit/M={run.k + 1}": steps}
-
-
-def expected_forwards(run, prompt_len: int, accepted: list[int]) -> dict[str, int]:
-    """The forwards by (slot, M) a speculative run of these accepted counts makes, from its config alone:
-    the prefill, the schedule's decodes and one verify per step, the head's if the drafter runs it, the commits'."""
-    k, steps = run.k, len(accepted)
-    want: dict[str, int] = {f"prefill/M={prompt_len}": 1, f"verify/M={k + 1}": steps,
-                            "primary/M=1": SCHEDULES.get(run.schedule).decodes * steps}
-    if DRAFTERS.get(run.drafter).uses_head(run):  # the head's prefill (M = the prompt), then its steps'
-        want[f"mtp/M={prompt_len}"] = 1
-    for part in (head_forwards(run, steps), COMMITS.get(run.commit).forwards(accepted)):
-        for key, n in part.items():
-            want[key] = want.get(key, 0) + n
-    return {key: v for key, v in want.items() if v}
-
-
-def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
-    """Where the checked speculative run did not do what its config implies (the timed runs are held to it)."""
-    run, accepted, out = engine.spec, trace.accepted or [], []
-    if any(not 0 <= a <= run.k for a in accepted):
-        out.append(f"accepted counts outside 0..{run.k}: {sorted(set(a for a in accepted if not 0 <= a <= run.k))}")
-    per_step = SCHEDULES.get(run.schedule).extra_tokens  # tokens a step makes beyond its accepted drafts
-    made = 1 + sum(a + per_step for a in accepted)
-    if len(trace.tokens) != made:
-        out.append(f"it made {len(trace.tokens)} tokens, its {len(accepted)} steps account for {made}")
-    want = expected_forwards(run, prompt_len, accepted)
-    if trace.forwards != want:
-        diff = _forwards_diff(trace.forwards, want)
-        out.append(f"its forwards are not what {run.schedule}, drafter {run.drafter} and commit {run.commit} make "
-                   f"for its accepted counts, (ran, expected): {diff}")
-    return out + trace.honesty_problems()
-
-
 def _budget_problems(engine) -> list[str]:
     """Slots whose run went eager for a recapture budget other than the config's: a generation invalidates
     max_recaptures + 1 plans before its slot runs eager."""
@@ -369,11 +330,6 @@ def _start_words(trace: Trace, slot: str, primary: bool) -> str:
         return "no plan ready on that slot"
     m = trace.primary_tokens_before if primary else None
     return "a plan ready" if m is None else f"its plan at M={m} ready"
-
-
-def _forwards_diff(ran: dict, want: dict) -> dict[str, tuple[int, int]]:
-    """{forward key: (ran, wanted)} where the two counts differ."""
-    return {k: (ran.get(k, 0), want.get(k, 0)) for k in sorted(set(ran) | set(want)) if ran.get(k, 0) != want.get(k, 0)}
 
 
 def nonzero(c: dict) -> str:

@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mtplab.check.audit import greedy_forwards, head_forwards, nonzero, state_problem
+from mtplab.check.audit import nonzero, state_problem
+from mtplab.check.expected import greedy_forwards, head_forwards
 from mtplab.check.lossless import Lockstep, Watch
 from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity

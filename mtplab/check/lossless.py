@@ -108,10 +108,12 @@ class HeadCheck:
         if diff["first_bad"] is not None and self.first_divergence is None:
             self.first_divergence = {"step": step, "length": length} | diff["first_bad"]
 
-    def check_drafts(self, step: int, p: int, n: int, sequence: list[int], hidden: np.ndarray) -> None:
-        """A step that drafted from row p and kept n drafts: the reference chained from row p on the text's tokens
-        must draft the text's token exactly at the positions the run accepted (rounding decides near-ties only)."""
-        steps = min(n + 1, self.k)
+    def check_drafts(self, step: int, p: int, n: int, sequence: list[int], hidden: np.ndarray,
+                     drafted: int | None = None) -> None:
+        """A step that drafted from row p and kept n of its drafts: the reference chained from row p on the text's
+        tokens must draft the text's token exactly at the positions the run accepted (rounding decides near-ties
+        only)."""
+        steps = min(n + 1, self.k if drafted is None else drafted)
         rows = self.head.chain(p, sequence[p + 1 : p + 1 + steps], hidden)
         margin = DISAGREEMENT_MARGIN[self.head.desc.precision]
         for j, row in enumerate(rows):
@@ -192,10 +194,11 @@ class Lockstep:
                     )
 
     def check(self, step: int, length: int, state: dict[str, np.ndarray], head_kv: tuple | None = None,
-              extra_tokens: int | None = None) -> None:
+              extra_tokens: int | None = None, drafted: int | None = None) -> None:
         """Compare the committed state and KV rows at `length` with the reference's; keep the first divergence.
         head_kv: the MTP head's KV, held to the teacher-forced head's rows; extra_tokens: the tokens a step makes
-        beyond its accepted drafts (the schedule's), where this check follows a step: its drafts are judged."""
+        beyond its accepted drafts (the schedule's), where this check follows a step: its drafts are judged
+        (drafted: how many the step made, the head's k where not given)."""
         self.commits += 1
         previous, self.last_length = self.last_length, length
         if length > len(self.sequence):  # a commit kept more tokens than were ever emitted: nothing to step to
@@ -211,9 +214,10 @@ class Lockstep:
                                   np.stack(self.hidden[reference.length : length]))
             self.head.check_kv(step, length, head_kv)
             n = length - previous - (extra_tokens or 0)
-            if self.head.judge and extra_tokens is not None and 0 <= n <= self.head.k:
+            drafted = self.head.k if drafted is None else drafted
+            if self.head.judge and extra_tokens is not None and 0 <= n <= drafted:
                 p = length - n - 2  # the row the step drafted from
-                self.head.check_drafts(step, p, n, self.sequence, self.hidden[p])
+                self.head.check_drafts(step, p, n, self.sequence, self.hidden[p], drafted)
         diff = states_difference(state, self.stepper.snapshot(), self.rule)
         self.max_abs_diff = max(self.max_abs_diff, diff["max_abs_diff"])
         self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
@@ -316,14 +320,14 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
             if sampled:
                 lock.sequence = list(prompt) + list(emitted)
             lock.check(step, length, engine.state.snapshot(copy=False), engine.mtp_state.kv,
-                       extra if after_step else None)
+                       extra if after_step else None, engine.last_k)
             checks[0] += time.perf_counter() - t
 
         trace = Trace.begin(engine)
         engine.acceptance.track(run.k)  # a sampling rule sums sum(min(p, q)) over the judged drafts
         spec = engine.speculative(prompt, n, reference=greedy.tokens, on_commit=on_commit)
         spec["expected_acceptance"] = engine.acceptance.tracked()
-        trace.end(engine, spec["tokens"], spec["accepted"])
+        trace.end(engine, spec["tokens"], spec["accepted"], spec["k"])
         # what the run left behind, after its last commit
         on_commit(len(spec["accepted"]), engine.state.length, spec["tokens"], after_step=False)
         lock.advance_to(len(prompt) + n - 1)

@@ -29,21 +29,25 @@ class Trace:
     calls_before: dict
     ready_before: dict  # slot label -> whether it held a plan ready to replay when the run began
     primary_tokens_before: int | None = None  # the token count M of the Primary plan held when the run began
+    plans_before: dict = field(default_factory=dict)  # slot label -> (capture states, of them ready) at the start
+    plans_after: dict = field(default_factory=dict)  # slot label -> capture states at the end (one per shape used)
     forwards: dict = field(default_factory=dict)
     activity: dict = field(default_factory=dict)
     calls: dict = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)
     accepted: list[int] | None = None
+    ks: list[int] | None = None  # the drafts each step made (a draft-length policy's K_t)
     validated: bool = True  # the executors check every replay's signature (a hazard is then a bug)
 
     @classmethod
     def begin(cls, engine) -> Trace:
-        ready = {label: st.status is Status.READY for label, st in slot_states(engine)}
+        plans = plan_counts(engine)
+        ready = {label: n_ready > 0 for label, (_, n_ready) in plans.items()}
         return cls(dict(engine.forwards), activity(engine), dict(engine.device.backend.calls), ready,
                    plan_tokens(engine.target.state[Slot.PRIMARY], engine.primary_desc.target.input_ids),
-                   validated=engine.target.validate and engine.mtp.validate)
+                   plans_before=plans, validated=engine.target.validate and engine.mtp.validate)
 
-    def end(self, engine, tokens: list[int], accepted: list[int] | None = None) -> Trace:
+    def end(self, engine, tokens: list[int], accepted: list[int] | None = None, ks: list[int] | None = None) -> Trace:
         before = self.forwards_before
         self.forwards = {k: d for k, v in engine.forwards.items() if (d := v - before.get(k, 0))}
         self.activity = {
@@ -52,6 +56,8 @@ class Trace:
         }
         self.calls = {k: v - self.calls_before.get(k, 0) for k, v in engine.device.backend.calls.items()}
         self.tokens, self.accepted = list(tokens), None if accepted is None else list(accepted)
+        self.ks = None if ks is None else list(ks)
+        self.plans_after = {label: n for label, (n, _) in plan_counts(engine).items()}
         return self
 
     def honesty_problems(self) -> list[str]:
@@ -66,10 +72,13 @@ class Trace:
             if runs(c) != counted.get(slot, 0):
                 out.append(f"the {slot} slot ran {runs(c)} forwards, the engine counted {counted.get(slot, 0)} on it")
         for slot, c in self.activity.items():
-            allowed = c.get("invalidations", 0) + (0 if self.ready_before.get(slot) else 1)
-            if c.get("captures", 0) > allowed:
+            # a capture replaces an invalidated plan, or makes a plan the slot did not hold ready at the start (one
+            # per shape where the slot keeps a plan per shape)
+            states, ready = self.plans_before.get(slot, (1, int(bool(self.ready_before.get(slot)))))
+            fresh = self.plans_after.get(slot, states) - ready
+            if c.get("captures", 0) > c.get("invalidations", 0) + fresh:
                 out.append(f"the {slot} slot captured {c['captures']} plans with {c.get('invalidations', 0)} "
-                           f"invalidations{'' if self.ready_before.get(slot) else ' and no plan ready at its start'}")
+                           f"invalidations and {fresh} plan{'s' if fresh != 1 else ''} not ready at its start")
             if self.validated and c.get("hazards", 0):
                 out.append(f"the {slot} slot replayed a plan into memory another owner held {c['hazards']} times "
                            "(hazards) with the signature check on: replays the check should have refused")
@@ -108,7 +117,20 @@ def plan_tokens(st, input_ids: str) -> int | None:
 
 
 def slot_states(engine):
-    """(label, SlotCaptureState) of every slot of the engine's two executors."""
+    """(label, SlotCaptureState) of every capture state of the engine's two executors (a slot with a plan per shape
+    gives its own state and one per shape)."""
     for ex in (engine.target, engine.mtp):
-        for slot, st in ex.state.items():
-            yield ex.labels[slot], st
+        for slot in ex.state:
+            for st in ex.slot_states(slot):
+                yield ex.labels[slot], st
+
+
+def plan_counts(engine) -> dict[str, tuple[int, int]]:
+    """{slot label: (the capture states that hold its plans, how many of them are ready)}: one state per slot, or one
+    per shape where the slot keeps a plan per shape (its own state then holds no plan)."""
+    out = {}
+    for ex in (engine.target, engine.mtp):
+        for slot in ex.state:
+            states = list(ex.shaped[slot].values()) if slot in ex.shaped else [ex.state[slot]]
+            out[ex.labels[slot]] = (len(states), sum(st.status is Status.READY for st in states))
+    return out

@@ -59,6 +59,7 @@ class MtpDrafter:
         self._tokens = np.empty(0, dtype=np.int64)  # on the host: [first, d1..dk], the drafts its view
         self._ready: HeadRow | None = None  # the last commit's row a draft from its position may start from
         self._commit_out: dict | None = None  # that commit's outputs (the Verify slot's buffers)
+        self.stop: Callable | None = None  # stop(logits row) after a draft: end the step's drafting there
 
     def prefill(self, tokens: list[int], hidden) -> None:
         """Fill the head's KV cache for the prompt: entry j pairs token j+1 with the target's hidden j (its last
@@ -109,8 +110,12 @@ class MtpDrafter:
         io, xp, out = self.desc.mtp, self.xp, self._commit_out
         drafts = xp.empty(k, dtype=np.int64)
         drafts[0] = self.choose(xp, out[io.logits][0, index])
+        if k > 1 and self.stop is not None and self.stop(_host(out[io.logits][0, index])):
+            return drafts[:1]
         if k > 1:
-            drafts[1:] = self._draft(drafts[0], out[io.hidden][0, index], position + 1, k - 1)
+            rest = self._draft(drafts[0], out[io.hidden][0, index], position + 1, k - 1)
+            drafts = drafts[: 1 + rest.shape[0]]  # fewer where the policy stopped drafting early
+            drafts[1:] = rest
         return drafts
 
     def _draft(self, first, hidden, position: int, k: int):
@@ -126,6 +131,8 @@ class MtpDrafter:
             token = pick(xp, out[io.logits][0, 0])
             hidden = out[io.hidden][0, 0]
             drafts[i] = token
+            if i + 1 < k and self.stop is not None and self.stop(_host(out[io.logits][0, 0])):
+                return drafts[: i + 1]
         return drafts
 
     def _draft_on_host(self, token, hidden, position: int, k: int) -> np.ndarray:
@@ -140,7 +147,7 @@ class MtpDrafter:
         buffer[...] = hidden  # as mtp_io feeds it: [1, 1, H], of the target's hidden dtype
         feeds[hot.hidden_name] = buffer
         tokens = self._tokens
-        if tokens.shape[0] != k + 1:  # [first, d1..dk], reused: the drafts are its view, read before the next draft
+        if tokens.shape[0] < k + 1:  # [first, d1..dk], reused: the drafts are its view, read before the next draft
             tokens = self._tokens = np.empty(k + 1, dtype=np.int64)
         tokens[0] = token
         done = 0
@@ -155,9 +162,11 @@ class MtpDrafter:
                 token = self.choose(np, out[hot.logits][0, 0])
                 hidden = out[hot.hidden_out][0, 0]
                 tokens[i + 1] = token
+                if i + 1 < k and self.stop is not None and self.stop(out[hot.logits][0, 0]):
+                    break
         finally:  # counted once, and kept true when a step raises
             self.forwards["mtp/M=1"] = self.forwards.get("mtp/M=1", 0) + done
-        return tokens[1:]
+        return tokens[1 : 1 + done]
 
     def _head_steps(self, token, hidden, position: int) -> HeadSteps:
         """The head's M=1 step as _draft_on_host runs it, made for mtp_io's feeds (one object while the KV buffers
@@ -168,6 +177,11 @@ class MtpDrafter:
         self._hot = HeadSteps(feeds, self.executor, self.executor.replayer(Slot.PRIMARY, feeds, outputs, bound),
                               feeds[io.input_ids], buffer, io.hidden_input, io.logits, io.hidden)
         return self._hot
+
+def _host(row) -> np.ndarray:
+    """A logits row on the host (a device array copied: the confidence policy's read, once per draft)."""
+    return row.get() if hasattr(row, "get") else np.asarray(row)
+
 
 def head_executor(desc: ModelDescription, dev, state: MtpState, run, path, arenas: dict) -> tuple[Executor, tuple]:
     """The MTP head's executor on its own session: Slot.PRIMARY a draft step (M=1, label "mtp"), Slot.VERIFY its
@@ -186,7 +200,9 @@ def head_executor(desc: ModelDescription, dev, state: MtpState, run, path, arena
     session = dev.session(path)
     executor = Executor({Slot.PRIMARY: session, Slot.VERIFY: session}, memory,
                         labels={Slot.PRIMARY: "mtp", Slot.VERIFY: "mtp-commit"}, backend=dev.backend,
-                        max_recaptures=run.max_recaptures, validate=run.validate)
+                        max_recaptures=run.max_recaptures, validate=run.validate,
+                        # its commit runs at the verify's M: a plan per M where the Verify slot keeps one per M
+                        plan_per_shape=frozenset({Slot.VERIFY}) if run.verify_plans == "per-length" else frozenset())
     return executor, draft_io
 
 
@@ -287,6 +303,7 @@ class DrafterKind:
     peer: the onnxruntime-genai peer runs this drafter too.
     samples: it drafts through the acceptance rule (draft_token or draft_from), so a sampling rule has its
     distributions.
+    confident: it can end a step's drafting early on its own top probability (k_policy='confidence').
     """
 
     name: str = ""
@@ -296,6 +313,7 @@ class DrafterKind:
     peer: bool = False  # the onnxruntime-genai peer runs it too (its MtpGenerator runs the model's MTP head)
     samples: bool = False  # drafts through the acceptance rule (a sampling rule gets its distributions)
     needs_reference: bool = False
+    confident: bool = False
 
     def reads_reference(self, run) -> bool:
         """Whether this run's drafter reads the greedy reference's tokens."""
@@ -324,6 +342,7 @@ class MtpKind(DrafterKind):
     acceptance = "calibration"
     peer = True
     samples = True
+    confident = True
 
     def uses_head(self, run) -> bool:
         return True

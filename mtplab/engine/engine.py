@@ -20,6 +20,7 @@ from mtplab.engine.drafters import MtpDrafter, head_executor
 from mtplab.engine.fit import check_spec_on_model
 from mtplab.engine.forwards import PreparedForward, host_count
 from mtplab.engine.greedy import Greedy
+from mtplab.engine.k_policies import Fixed, StepCosts
 from mtplab.engine.models import model_for, own_weights
 from mtplab.engine.spec import EngineSpec
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS
@@ -29,6 +30,12 @@ from mtplab.runtime.executor import Executor, Slot
 from mtplab.runtime.policy import policy, slot_memory
 from mtplab.runtime.sessions import refused_run
 from mtplab.runtime.state import MtpState, TargetState, checked_length, fixed_io, target_io
+
+
+def verify_plans(spec) -> frozenset:
+    """The slots that keep a plan per input shape (Executor.plan_per_shape): the Verify slot's, one per M, unless the
+    spec asks for one plan (verify_plans='one')."""
+    return frozenset({Slot.VERIFY}) if spec.verify_plans == "per-length" else frozenset()
 
 
 class Engine:
@@ -71,6 +78,7 @@ class Engine:
             max_recaptures=run.max_recaptures,
             validate=run.validate,
             retain_decode_graph_across_spec=run.retain_decode_graph_across_spec,
+            plan_per_shape=verify_plans(run),
         )
         self.mtp_state = MtpState.allocate(desc, self.main, batch=B)
         self.mtp, draft_io = head_executor(desc, dev, self.mtp_state, run, self.art.mtp, self.arenas)
@@ -88,6 +96,9 @@ class Engine:
         self.first_forward: float | None = None
         self.last_forward: float | None = None
         self.acceptance = ACCEPTANCE.get(run.acceptance).for_run(run, self.xp)
+        self.k_costs: StepCosts | None = None  # what a draft-length policy prices a step at K with (the calibration's)
+        self.k_chooser = Fixed(run.k)  # the generation's draft-length chooser (speculative.generate makes it)
+        self.last_k = run.k  # the drafts the last verify judged
         self.head = MtpDrafter(desc, self.mtp, self.mtp_state, self.forwards, self.acceptance.draft_token)
         self.snapshot = [
             self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())
@@ -341,6 +352,7 @@ class Engine:
         consumed = [first, d1..dn]: the tokens whose state the commit keeps. The step's one host read.
         """
         xp, k, in_place = self.xp, int(drafts.shape[0]), self.commit_strategy.verify_in_place
+        self.last_k = k
         if in_place:
             self.save_state()
         self._verify_start = self.state.length
@@ -364,6 +376,7 @@ class Engine:
         packed[k + 2 :] = targets
         packed = self.device.read(packed).tolist()
         n = packed[0]
+        self.k_chooser.observe(k, n)
         return n, packed[1 : 2 + n], packed[k + 2 + n], ver
 
     def save_state(self) -> None:

@@ -5,8 +5,9 @@ decode's hidden state, verify [g, d1..dk]. fused (vLLM, SGLang): no decode; draf
 pending token and the hidden state of the last committed position, and the verify [pending,
 d1..dk] yields the next step's hidden state.
 
-A step appends what it emits to `emitted`, its stamps to `phases` and returns the number of drafts
-accepted. Its commit is the drafter's (the head's KV rows for the emitted tokens and the verify's hidden states)
+A step drafts as many tokens as the run's draft-length policy says (engine.k_chooser: k for the fixed policy,
+mtplab.engine.k_policies), appends what it emits to `emitted`, its stamps to `phases` and returns the number of
+drafts accepted. Its commit is the drafter's (the head's KV rows for the emitted tokens and the verify's hidden states)
 and the target's (the recurrent state), the drafter's first: a re-advance may reuse the verify's buffers. Until the verify's one host read, tokens stay on the device.
 A schedule is an object in `mtplab.engine.strategies.SCHEDULES`.
 """
@@ -53,7 +54,7 @@ def decode_verify_step(engine, emitted: list[int], drafter, phases: Phases) -> i
     hidden = engine.begin_step()
     first = engine.decode(emitted[-1], hidden)  # the decode's token, on the device; its hidden state in `hidden`
     t1 = clock()
-    drafts = drafter.draft(first, hidden, engine.state.length - 1, engine.k)
+    drafts = drafter.draft(first, hidden, engine.state.length - 1, engine.k_chooser.next_k())
     t2 = clock()
     n, consumed, bonus, ver = engine.verify(first, drafts)
     emitted += consumed + [bonus]  # consumed[0] is the decode's token
@@ -71,7 +72,7 @@ def fused_step(engine, emitted: list[int], drafter, phases: Phases) -> int:
     hidden = engine.begin_step(engine.last_hidden)  # the hidden state of the last committed position
     first = emitted[-1]
     t1 = clock()
-    drafts = drafter.draft(first, hidden, engine.state.length - 1, engine.k)
+    drafts = drafter.draft(first, hidden, engine.state.length - 1, engine.k_chooser.next_k())
     t2 = clock()
     n, consumed, bonus, ver = engine.verify(first, drafts)
     emitted += consumed[1:] + [bonus]  # consumed[0] was emitted by the previous step

@@ -17,6 +17,8 @@ class EngineSpec:
     backend: str
     threads: int
     k: int
+    k_policy: str
+    k_confidence: float
     drafter: str
     alpha: float
     oracle_free_drafts: bool
@@ -33,6 +35,7 @@ class EngineSpec:
     validate: bool
     retain_decode_graph_across_spec: bool
     max_recaptures: int
+    verify_plans: str
 
     def replace(self, **changes) -> EngineSpec:
         return dataclasses.replace(self, **changes)

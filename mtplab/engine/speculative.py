@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 
 from mtplab.engine.drafters import Drafter
+from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.schedules import Phases
-from mtplab.engine.strategies import DRAFTERS, SCHEDULES
+from mtplab.engine.strategies import DRAFTERS, K_POLICIES, SCHEDULES
 from mtplab.model.description import beyond_capacity
 
 
@@ -22,6 +23,18 @@ def drafter_for(engine, reference: list[int] | None) -> Drafter:
     return kind.build(engine, reference)
 
 
+def k_chooser(engine):
+    """The run's draft-length chooser for one generation (mtplab.engine.k_policies); a policy that prices steps reads
+    engine.k_costs (the point runner sets them from the calibration)."""
+    policy = K_POLICIES.get(engine.spec.k_policy)
+    costs: StepCosts | None = engine.k_costs
+    if policy.needs_costs and costs is None:
+        raise ValueError(f"k_policy={policy.name!r} prices each step's K with the cost-model calibration: run it "
+                         "through run_point or `mtplab run` (which load it), or set engine.k_costs "
+                         "(mtplab.engine.k_policies.StepCosts)")
+    return policy.make(engine.spec, costs)
+
+
 def check_reference(engine, reference: list[int] | None, n: int) -> None:
     """A reference-reading drafter reads up to k + 1 tokens past the n a run makes (its last step's drafts)."""
     run, need = engine.spec, n + engine.k + 1
@@ -32,8 +45,9 @@ def check_reference(engine, reference: list[int] | None, n: int) -> None:
 
 def generate(engine, prompt: list[int], n: int, reference: list[int] | None = None,
              on_commit: Callable | None = None) -> dict:
-    """Speculative decoding until at least n tokens: tokens, seconds, accepted counts per step, the phases' time
-    split and when the timed window opened.
+    """Speculative decoding until at least n tokens: tokens, seconds, accepted counts and drafts per step ("k": what
+    the draft-length policy chose, or fewer where the drafter stopped early), the phases' time split and when the
+    timed window opened.
 
     on_commit(step, length, emitted), when given, is called after every commit (the checked pass compares the
     committed state there; timed runs pass nothing).
@@ -42,6 +56,9 @@ def generate(engine, prompt: list[int], n: int, reference: list[int] | None = No
     if len(prompt) + n + engine.k > engine.desc.capacity:  # its last verify's reach, at most (the head's is less)
         raise beyond_capacity(len(prompt) + n + engine.k, engine.desc.capacity)
     drafter = drafter_for(engine, reference)
+    chooser = engine.k_chooser = k_chooser(engine)
+    if chooser.stop is not None:
+        drafter.stop = chooser.stop
     out = engine.start(prompt)
     emitted = [int(engine.device.read(engine.acceptance.token(engine.xp, out["logits"][0, -1])))]
     engine.prompt, engine.emitted = list(prompt), emitted
@@ -50,10 +67,13 @@ def generate(engine, prompt: list[int], n: int, reference: list[int] | None = No
     engine.setup_done()  # the head's prefill is untimed setup too
     step, phases = SCHEDULES.get(engine.spec.schedule).step, Phases()
     accepted: list[int] = []
+    ks: list[int] = []
     t_start = time.perf_counter()
     while len(emitted) < n:
         accepted.append(step(engine, emitted, drafter, phases))
+        ks.append(engine.last_k)
         if on_commit is not None:
             on_commit(len(accepted), engine.state.length, emitted)
     seconds = time.perf_counter() - t_start
-    return {"tokens": emitted, "seconds": seconds, "accepted": accepted, "split": phases.seconds, "started": t_start}
+    return {"tokens": emitted, "seconds": seconds, "accepted": accepted, "k": ks, "split": phases.seconds,
+            "started": t_start}

@@ -1,4 +1,5 @@
-"""Registries of the engine's strategies: commit strategies, drafters, step schedules, acceptance rules.
+"""Registries of the engine's strategies: commit strategies, drafters, step schedules, acceptance rules, draft-length
+policies.
 
 A strategy is an object registered under its name (papermill's engine registry is the model):
 RunConfig's allowed values, the checks, the cost model and the report ask the registry what a
@@ -100,3 +101,4 @@ COMMITS: Registry = Registry("commit strategy")
 DRAFTERS: Registry = Registry("drafter")
 SCHEDULES: Registry = Registry("schedule")
 ACCEPTANCE: Registry = Registry("acceptance rule")
+K_POLICIES: Registry = Registry("draft-length policy")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.spec import EngineSpec, spec_fields
-from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, SCHEDULES
+from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, K_POLICIES, SCHEDULES
+from mtplab.experiment.combinations import batch_problems, k_policy_problems, rounds_problems, sampling_problems
 from mtplab.experiment.params import (
     AUTO_ROUNDS,
     BACKENDS,
@@ -37,6 +38,7 @@ from mtplab.experiment.params import (
     THREADS,
     TOP_P,
     UNIT_INTERVAL,
+    VERIFY_PLANS,
     integer,
     param,
 )
@@ -76,6 +78,12 @@ class RunConfig:
     k: int = param(3, f"drafts per step (the built-in model: 1..{MAX_TRANSITION_CAPACITY - 1})", group="decoding",
                    rule=(integer(1), f"an integer >= 1 (1..{MAX_TRANSITION_CAPACITY - 1} for the presets; a folder "
                                       "states its own limit)"), id=("body", 1, "k{}"))
+    k_policy: str = param("fixed", "draft-length policy: how many drafts each step makes, at most k "
+                          "(mtplab.engine.k_policies)", group="decoding", choices=K_POLICIES.names, tag="kp-",
+                          id=("tail", 16, None))
+    k_confidence: float = param(0.4, "k_policy='confidence': drafting stops after a draft whose top probability is "
+                                "below this, in [0, 1]", group="decoding", rule=UNIT_INTERVAL, tag="kc",
+                                id=("tail", 17, None))
     drafter: str = param("mtp", "who drafts", group="decoding", choices=DRAFTERS.names, id=("body", 2, _drafter_id))
     alpha: float = param(
         0.8, "oracle drafter acceptance per position, in [0, 1] (the oracle's parameter; at temperature > 0 the "
@@ -114,6 +122,11 @@ class RunConfig:
         3, "invalidations before a slot falls back for good", group="executor",
         rule=(lambda v: max_recaptures_problem(v) is None, "an integer >= 0"), tag="mr", id=("tail", 6, None),
     )
+    verify_plans: str = param(
+        "per-length", "the Verify slot's plans: per-length (one per M, each captured once: a K that changes from step "
+        "to step replays them all) or one (a changed M invalidates it: the thrash CUDA-graph engines report)",
+        group="executor", choices=VERIFY_PLANS, tag="vp-", id=("tail", 18, None),
+    )
     # -- measurement
     tokens: int = param(128, "tokens to generate (>= 2: the prefill makes the first, the timed decodes the rest)",
                         group="measurement", rule=INTEGER_2, id=("body", 6, "t{}"),
@@ -125,6 +138,10 @@ class RunConfig:
                          "models/pycode's code, docstrings, comments, data), its row seed % its size; empty: prompt_len "
                          "random tokens from the seed", group="measurement", rule=PROMPT_SET, tag="prompts-",
                          id=("tail", 4, None))
+    context: int = param(0, "with a prompt set: the last `context` tokens of its row, which ends where the text to "
+                         "continue begins (0: the whole row; models/pycode's `context` set holds 1024 a row, for "
+                         "acceptance by context length)", group="measurement", rule=INTEGER_0, tag="ctx",
+                         id=("tail", 5, None), per_run=True)
     rounds: int | str = param(
         3, f"paired greedy/speculative timed rounds (1..{MAX_ROUNDS}), timed after the untimed checked pass; 'auto': "
            "5 rounds, then more until the speedup's 95% interval half-width is within rounds_target of its centre, "
@@ -248,7 +265,8 @@ def drafter_param_problems(drafter: str, given: dict) -> list[str]:
 
 
 # mtplab's own engine's settings: onnxruntime-genai's MtpGenerator (engine='ort-genai') runs its own decoder
-ENGINE_ONLY = ("policy", "commit", "schedule", "validate", "retain_decode_graph_across_spec", "max_recaptures")
+ENGINE_ONLY = ("policy", "commit", "schedule", "validate", "retain_decode_graph_across_spec", "max_recaptures",
+               "k_policy", "k_confidence", "verify_plans")
 
 
 def engine_param_problems(engine: str, given: dict, spell=lambda name, value: f"{name}={value!r}") -> list[str]:
@@ -272,9 +290,9 @@ def run_problems(values: dict) -> list[str]:
     if bad:  # the checks across fields need valid fields: those whose fields are all valid still run
         problems = list(bad.values())
         if not bad.keys() & {*SAMPLING_FIELDS, "acceptance", "drafter"}:
-            problems += sampling_problems(cfg)
+            problems += sampling_problems(cfg, defaults())
         if not bad.keys() & {"rounds", *AUTO_ROUNDS}:
-            problems += rounds_problems(cfg)
+            problems += rounds_problems(cfg, defaults())
         if not bad.keys() & {"k", "model"} and (k_refused := _preset_k_problem(cfg)):
             problems.append(k_refused)
         return problems
@@ -288,9 +306,10 @@ def run_problems(values: dict) -> list[str]:
     if cfg["engine"] == "ort-genai" and cfg["k"] > GENAI_MAX_DRAFTS:
         problems.append(f"k={cfg['k']} with engine='ort-genai': its MtpGenerator drafts at most {GENAI_MAX_DRAFTS} tokens "
                         "a step (speculative.max_draft_tokens)")
-    problems += sampling_problems(cfg)
-    problems += rounds_problems(cfg)
-    problems += batch_problems(cfg)
+    problems += sampling_problems(cfg, defaults())
+    problems += rounds_problems(cfg, defaults())
+    problems += batch_problems(cfg, defaults())
+    problems += k_policy_problems(cfg, defaults())
     commit = COMMITS.get(cfg["commit"])
     if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
         others = [c.name for c in COMMITS.values() if not c.primary_multi_token]
@@ -310,8 +329,11 @@ def run_problems(values: dict) -> list[str]:
             "int4=True with a model folder: int4 builds a preset's weights as int4; a folder's weights are as it was "
             "exported (the model builder's -p int4)"
         )
-    if cfg["prompts"] and (problem := prompt_problem(cfg["model"], cfg["prompts"])):
+    if cfg["prompts"] and (problem := prompt_problem(cfg["model"], cfg["prompts"], cfg["context"])):
         problems.append(problem)
+    if cfg["context"] and not cfg["prompts"]:
+        problems.append(f"context={cfg['context']}: it cuts a prompt set's rows; give prompts (a set of the model's "
+                        "folder), or prompt_len for random tokens")
     k = cfg["k"]
     k_refused = _preset_k_problem(cfg)
     if k_refused:
@@ -328,57 +350,6 @@ def run_problems(values: dict) -> list[str]:
 def _preset_k_problem(cfg: dict) -> str | None:
     """Why a preset cannot verify k drafts, or None (a folder's own limit is checked when it is opened)."""
     return None if cfg["model"] not in PRESETS else k_problem(cfg["k"])
-
-
-def rounds_problems(cfg: dict) -> list[str]:
-    """The auto rounds' target and budget belong to rounds='auto'."""
-    if cfg["rounds"] == "auto":
-        return []
-    set_apart = [f"{n}={cfg[n]!r}" for n in AUTO_ROUNDS if cfg[n] != _field(n).default]
-    if not set_apart:
-        return []
-    these = "they size" if len(set_apart) > 1 else "it sizes"
-    return [f"{', '.join(set_apart)} with rounds={cfg['rounds']!r}"
-            f"{' (the default)' if cfg['rounds'] == _field('rounds').default else ''}: {these} "
-            f"rounds='auto' only (drop {'them' if len(set_apart) > 1 else 'it'}, or give rounds='auto')"]
-
-
-def sampling_problems(cfg: dict) -> list[str]:
-    """Temperature, top-k/top-p, the acceptance rule, the drafter and the engine must agree on sampling."""
-    rule, sampled, out = ACCEPTANCE.get(cfg["acceptance"]), cfg["temperature"] > 0, []
-    sampling_rules = [r.name for r in ACCEPTANCE.values() if r.samples]
-    if sampled and not rule.samples:
-        out.append(f"temperature={cfg['temperature']!r} samples, but acceptance={rule.name!r} decodes greedily: use "
-                   f"acceptance in {sampling_rules}, or temperature 0")
-    if rule.samples and not sampled:
-        out.append(f"acceptance={rule.name!r} samples: give temperature > 0 (temperature 0 is greedy decoding, "
-                   "acceptance='greedy-match')")
-    shaping = [f"{n}={cfg[n]!r}" for n in SAMPLING_FIELDS if n != "temperature" and cfg[n] != _field(n).default]
-    if not sampled and shaping:
-        out.append(f"{', '.join(shaping)}: {'they shape' if len(shaping) > 1 else 'it shapes'} sampling, which needs "
-                   "temperature > 0")
-    drafter = DRAFTERS.get(cfg["drafter"])
-    if sampled and not drafter.samples:
-        out.append(f"drafter={drafter.name!r} has no distribution to draft from, which rejection sampling needs: at "
-                   f"temperature > 0 use drafter in {[d.name for d in DRAFTERS.values() if d.samples]}")
-    return out
-
-
-def batch_problems(cfg: dict) -> list[str]:
-    """What a batch > 1 cannot be combined with (this version: greedy acceptance, mtplab's engine, the CPU)."""
-    if cfg["batch"] == 1:
-        return []
-    out = []
-    if cfg["engine"] != "mtplab":
-        out.append(f"batch={cfg['batch']} with engine={cfg['engine']!r}: onnxruntime-genai's MtpGenerator refuses any "
-                   "batch size but 1; run batch > 1 with engine='mtplab'")
-    if cfg["temperature"] > 0 or cfg["acceptance"] != "greedy-match":
-        out.append(f"batch={cfg['batch']} decodes greedily: needs temperature=0 and acceptance='greedy-match' (got "
-                   f"temperature={cfg['temperature']:g}, acceptance={cfg['acceptance']!r})")
-    if cfg["backend"] != "cpu":
-        out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: mtplab.engine.batch "
-                   "is written for host arrays, its select commit included)")
-    return out
 
 
 class ConfigError(ValueError):

@@ -10,10 +10,12 @@ import numpy as np
 from mtplab.base.threads import use_global_pool
 from mtplab.check import flags, lossless
 from mtplab.check import verdict as oracle
-from mtplab.check.audit import Audit, checked_problems, engine_problems
+from mtplab.check.audit import Audit, engine_problems
+from mtplab.check.expected import checked_problems
 from mtplab.check.trace import Trace
 from mtplab.engine.engine import Engine
-from mtplab.engine.strategies import DRAFTERS
+from mtplab.engine.k_policies import StepCosts
+from mtplab.engine.strategies import DRAFTERS, K_POLICIES, SCHEDULES
 from mtplab.experiment import config
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.shared import acceptance_alpha, engine_for
@@ -71,7 +73,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.Rounds
         oracle.state_rule(None, engine.desc.precision, engine.device.name == "cpu"),
         oracle.STATE_RTOL[engine.desc.precision],
     )
-    samples, split, accepted, generated = [], {}, [], 0
+    samples, split, accepted, ks, generated = [], {}, [], [], 0
     for r in plan.rounds(samples):
         order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
         sample = measure.paired_round(r, order)
@@ -87,13 +89,13 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.Rounds
                 returned = time.perf_counter()
                 measure.record_side(sample, side, spec["tokens"], n, spec["seconds"])
                 sample["steps"] = len(spec["accepted"])
-                audit.speculative(r, trace.end(engine, spec["tokens"], spec["accepted"]), sample, spec["started"],
+                accepted, ks = spec["accepted"], spec.get("k", [engine.k] * len(spec["accepted"]))
+                audit.speculative(r, trace.end(engine, spec["tokens"], accepted, ks), sample, spec["started"],
                                   spec["seconds"], returned)
                 split = {key: split.get(key, 0.0) + v for key, v in spec["split"].items()}
-                accepted = spec["accepted"]
                 generated = len(spec["tokens"]) - 1  # after the prefill's token, overshoot included
         samples.append(measure.close_round(sample))
-    return {"samples": samples, "audit": audit, "split": split, "accepted": accepted, "generated": generated}
+    return {"samples": samples, "audit": audit, "split": split, "accepted": accepted, "ks": ks, "generated": generated}
 
 
 def calibration_for(run: RunConfig, say=print) -> dict:
@@ -130,6 +132,9 @@ def run_mtplab_point(
     engine = engine_for(run, artifact, engine)
     desc, k, n = engine.desc, run.k, run.tokens
     prompt = run_prompt(run, desc.vocab_size)
+    if K_POLICIES.get(run.k_policy).needs_costs:  # the policy prices each K with the calibration, before any run
+        calibration = calibration if calibration is not None else calibration_for(run)
+        engine.k_costs = step_costs(run, calibration if not engine.primary_runs_copy else theory.on_the_copy(calibration))
     built = [f"the engine: {p}" for p in engine_problems(engine)]  # it runs what the config says
     # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
     checked = lossless.checked_pass(engine, prompt, n)
@@ -166,13 +171,14 @@ def run_mtplab_point(
         alpha is not None and theory.covers(calibration, k, run.commit)) else None
     # the efficiency's prediction: the same costs for the steps the timed rounds made (the audit holds every round
     # to the checked run's accepted counts)
-    priced = theory.predict_steps(timed["accepted"], k, run.schedule, run.commit, calibration, n, share) if (
+    varied = timed["ks"] if any(j != k for j in timed["ks"]) else k  # each step priced at its own K
+    priced = theory.predict_steps(timed["accepted"], varied, run.schedule, run.commit, calibration, n, share) if (
         predicted and timed["accepted"] and n > 1) else None
     tracked = checked.spec.get("expected_acceptance")  # a sampled run's sum(min(p, q)) per judged draft
     sampled = theory.sampled_acceptance(checked.spec["accepted"], k, tracked, run.schedule) if tracked else None
     split = {key: v / len(samples) for key, v in timed["split"].items()}  # per speculative run
     acceptance = measure.acceptance(
-        steps, int(sum(timed["accepted"])), steps * k, timed["generated"], timed["accepted"], k
+        steps, int(sum(timed["accepted"])), int(sum(timed["ks"])), timed["generated"], timed["accepted"], k, timed["ks"]
     )
     result = measure.run_result(
         samples,
@@ -218,13 +224,33 @@ def run_mtplab_point(
     if not ok:
         oracle.shout(verdict)
     result.lossless, result.verdict = ok, verdict
+    # the acceptance warnings' laws are a fixed k's: a draft-length policy's steps are not held to them
+    fixed_k = not any(j != k for j in checked.spec["k"])
     result.warnings = flags.point_warnings(
-        result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter, checked.spec["accepted"], k,
+        result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter,
+        checked.spec["accepted"] if fixed_k else [], k,
         None if run.temperature > 0 else calibration, audit,  # the calibration's acceptance is greedy's
         alpha=run.alpha, sampled=sampled,  # sampled: alpha bounds the mixture's acceptance; else alpha^i is its law
         greedy_decode_seconds=measure.rate(1, result.greedy_tokens_per_s),
     )
     return result
+
+
+def k_histogram_text(ks: list[int]) -> str:
+    """A run's drafts per step as counts: 'K=1 x3, K=4 x11'."""
+    return ", ".join(f"K={j} x{ks.count(j)}" for j in sorted(set(ks)))
+
+
+def step_costs(run: RunConfig, calibration: dict) -> StepCosts:
+    """What a draft-length policy prices a step at K (1..k) with: the calibration's decode, draft and verify at K and
+    its commit of n tokens (ValueError where it did not measure k + 1 tokens)."""
+    if not theory.covers(calibration, run.k, run.commit):
+        raise ValueError(f"k_policy={run.k_policy!r} prices steps of up to k={run.k} drafts, beyond what the "
+                         f"calibration measured (its verify sizes {sorted(int(m) for m in calibration['target'])}): "
+                         "give a smaller k, or k_policy='fixed'")
+    commits = {int(m): float(s) for m, s in calibration["commit"][run.commit].items()}
+    return StepCosts({j: theory.step_seconds(j, run.schedule, run.commit, calibration) for j in range(1, run.k + 1)},
+                     commits, SCHEDULES.get(run.schedule).extra_tokens)
 
 
 def eager_share(slots: dict, labels: dict) -> dict:
@@ -279,7 +305,8 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
     baseline = f"sampling T={c['temperature']:g}" if c.get("temperature", 0) > 0 else "greedy"
     lines = [
         f"mtplab run  engine={c['engine']} model={r.model.get('name', config.upgrade(c)['model'])} k={c['k']} "
-        f"drafter={drafter_text(c)}"
+        + (f"k_policy={c['k_policy']} " if c.get("k_policy", "fixed") != "fixed" else "")
+        + f"drafter={drafter_text(c)}"
         + (f" policy={c['policy']} commit={c['commit']} schedule={c['schedule']}" if c["engine"] == "mtplab" else "")
         + f" tokens={c['tokens']} backend={c['backend']}"
         + (f" batch={c['batch']}" if c.get("batch", 1) > 1 else "")
@@ -317,7 +344,11 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         " drafts a verify keeps, vLLM's measure; draft acceptance: drafts kept / drafted)",
     ]
     if r.acceptance_per_position:  # the peer reports neither
-        lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position))
+        lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position)
+                     + (" (over the steps that drafted position i)" if r.k_per_step else ""))
+    if r.k_per_step:
+        lines.append(f"  drafts per step (k_policy {c.get('k_policy')}, last timed run): {k_histogram_text(r.k_per_step)};"
+                     f" mean K {sum(r.k_per_step) / len(r.k_per_step):.2f}")
     if sa := r.theory.get("sampled_acceptance"):
         lines.append(f"  rejection sampling (checked run): kept {sa['kept']} of {sa['judged']} judged drafts (a draft is "
                      "judged when the ones before it were kept: the per-position rate), "

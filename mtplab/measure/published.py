@@ -87,19 +87,22 @@ def result_problems(result, n: int, k: int, generated: int | None) -> list[str]:
             out.append(f"efficiency_ci {result.efficiency_ci} is not its rounds' bootstrap CI {ci}")
     acc = np.asarray(result.accepted_per_step, dtype=float)
     steps = len(acc)
-    if steps:
+    ks = np.asarray(result.k_per_step or [k] * steps, dtype=float)  # a draft-length policy's K per step
+    if steps and len(ks) != steps:
+        out.append(f"k_per_step holds {len(ks)} steps, accepted_per_step {steps}")
+    elif steps:
         expect = {
             "steps": steps,
             "accepted": acc.sum(),
-            "drafted": steps * k,
-            "draft_acceptance": acc.sum() / (steps * k),
+            "drafted": ks.sum(),
+            "draft_acceptance": acc.sum() / ks.sum(),
             "acceptance_length": 1 + acc.mean(),
             **({"tokens_per_step": generated / steps} if generated is not None else {}),
         }
         for name, value in expect.items():
             if off(getattr(result, name), value):
                 out.append(f"{name} {getattr(result, name):.6g}, its accepted counts give {value:.6g}")
-        per_position = [float((acc >= i).mean()) for i in range(1, k + 1)]
+        per_position = [float((acc[ks >= i] >= i).mean()) if (ks >= i).any() else 0.0 for i in range(1, k + 1)]
         if len(result.acceptance_per_position) != k or any(
                 off(a, b) for a, b in zip(result.acceptance_per_position, per_position)):
             out.append(f"per-position acceptance {result.acceptance_per_position}, its accepted counts give {per_position}")

@@ -42,6 +42,7 @@ class RunResult:
     verdict: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     accepted_per_step: list[int] = field(default_factory=list)
+    k_per_step: list[int] = field(default_factory=list)  # each step's drafts where they varied (a draft-length policy)
     # Paired timed rounds: every round's samples, medians' 95% bootstrap CIs, stable = CI half-width <= 5%.
     round_samples: list[dict] = field(default_factory=list)
     speedup_ci: list[float] = field(default_factory=list)

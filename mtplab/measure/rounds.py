@@ -76,10 +76,12 @@ def paired_ratio(a: list[float], b: list[float]) -> dict:
 
 
 def acceptance(
-    steps: int, accepted: int, drafted: int, generated: int, per_step: list[int] | None = None, k: int = 0
+    steps: int, accepted: int, drafted: int, generated: int, per_step: list[int] | None = None, k: int = 0,
+    ks: list[int] | None = None,
 ) -> dict:
-    """The RunResult's acceptance fields; per-position acceptance only where every step's count is known."""
-    per_position = [] if per_step is None else theory.measured_per_position(per_step, k)
+    """The RunResult's acceptance fields; per-position acceptance only where every step's count is known (ks: each
+    step's drafts where a draft-length policy chose them)."""
+    per_position = [] if per_step is None else theory.measured_per_position(per_step, k, ks)
     return {
         "steps": steps,
         "tokens_per_step": generated / steps if steps else float("nan"),
@@ -89,6 +91,7 @@ def acceptance(
         "drafted": drafted,
         "accepted": accepted,
         "accepted_per_step": [int(a) for a in per_step or []],
+        "k_per_step": [int(j) for j in ks] if ks is not None and any(j != k for j in ks) else [],
     }
 
 

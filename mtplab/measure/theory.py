@@ -30,10 +30,12 @@ def per_position(alpha: float, k: int) -> list[float]:
     return [alpha**i for i in range(1, k + 1)]
 
 
-def measured_per_position(accepted, k: int) -> list[float]:
-    """P(accepted >= i) for i = 1..k over steps' accepted counts (0.0 each when there are no steps)."""
+def measured_per_position(accepted, k: int, ks=None) -> list[float]:
+    """P(accepted >= i) for i = 1..k over the steps that drafted position i (ks: each step's drafts, k where not
+    given; 0.0 where no step drafted it)."""
     acc = np.asarray(accepted, dtype=float)
-    return [float((acc >= i).mean()) if len(acc) else 0.0 for i in range(1, k + 1)]
+    drafted = np.full(len(acc), k) if ks is None else np.asarray(ks)
+    return [float((acc[drafted >= i] >= i).mean()) if (drafted >= i).any() else 0.0 for i in range(1, k + 1)]
 
 
 def sampled_acceptance(accepted, k: int, tracked: dict, schedule: str = "decode-verify") -> dict:
@@ -203,7 +205,12 @@ def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: 
     return greedy_seconds(calibration), parts, calibration["commit"][commit]
 
 
-def predict_steps(accepted: list[int], k: int, schedule: str, commit: str, calibration: dict, tokens: int,
+def step_seconds(k: int, schedule: str, commit: str, calibration: dict) -> float:
+    """A step's decode, draft and verify at k drafts, priced by the calibration (its commit apart)."""
+    return float(sum(_prices(k, schedule, commit, calibration, None)[1].values()))
+
+
+def predict_steps(accepted: list[int], k, schedule: str, commit: str, calibration: dict, tokens: int,
                   eager_share: dict | None = None) -> dict:
     """The speedup the calibration prices for the steps a run made: len(accepted) steps, each committing its
     accepted count + 1, against greedy's tokens - 1 tokens. predict's costs at the acceptance a run realized, not
@@ -224,13 +231,19 @@ def predict_steps(accepted: list[int], k: int, schedule: str, commit: str, calib
             "greedy_seconds_per_token": greedy, "speedup": counted * greedy / (steps * step)}
 
 
-def step_prices(accepted: list[int], k: int, schedule: str, commit: str, calibration: dict,
+def step_prices(accepted: list[int], k, schedule: str, commit: str, calibration: dict,
                 eager_share: dict | None = None) -> dict:
     """What the calibration prices the steps a run made at, in seconds: each phase per step ("decode", "draft",
-    "verify"; "commit", the mean of the commits of each step's accepted count + 1) and greedy per token ("greedy"):
-    predict_steps' costs, which the report also sets each timed phase against. ValueError for a commit count the
-    calibration did not measure."""
-    greedy, parts, commits = _prices(k, schedule, commit, calibration, eager_share)
+    "verify", each step at its own K where k is a list of them, a draft-length policy's; "commit", the mean of the
+    commits of each step's accepted count + 1) and greedy per token ("greedy"): predict_steps' costs, which the
+    report also sets each timed phase against. ValueError for a commit count the calibration did not measure."""
+    if not isinstance(k, int):  # a K per step: each distinct K priced once, the phases averaged over the steps
+        ks = [int(j) for j in k]
+        priced = {j: _prices(j, schedule, commit, calibration, eager_share) for j in set(ks)}
+        greedy, _, commits = priced[ks[0]]
+        parts = {p: sum(priced[j][1][p] for j in ks) / len(ks) for p in priced[ks[0]][1]}
+    else:
+        greedy, parts, commits = _prices(k, schedule, commit, calibration, eager_share)
     if missing := sorted({int(j) + 1 for j in accepted} - {int(n) for n in commits}):
         raise ValueError(f"the calibration prices commits of {sorted(int(n) for n in commits)} tokens, not of {missing}")
     return parts | {"commit": sum(commits[str(int(j) + 1)] for j in accepted) / len(accepted), "greedy": greedy}

@@ -28,10 +28,14 @@ def prompt_sets(model: str) -> dict[str, tuple[tuple[int, ...], ...]]:
     return _sets(str(model_folder(model).resolve()))
 
 
-def prompt_problem(model: str, kind: str) -> str | None:
-    """Why a model has no prompt set of that kind, or None."""
+def prompt_problem(model: str, kind: str, context: int = 0) -> str | None:
+    """Why a model has no prompt set of that kind, or none whose rows hold `context` tokens (0: whole rows), or None."""
     sets = prompt_sets(model)
     if kind in sets:
+        shortest = min(len(row) for row in sets[kind])
+        if context > shortest:
+            return (f"context={context}: {Path(model).name}'s prompt set {kind!r} holds {shortest} tokens a row "
+                    f"(allowed: 0 for whole rows, or 1..{shortest})")
         return None
     if not sets:
         return (f"prompts={kind!r}: {Path(model).name} ships no prompt sets (a model folder's {PROMPTS_FILE}, as "
@@ -39,10 +43,10 @@ def prompt_problem(model: str, kind: str) -> str | None:
     return f"prompts={kind!r}: {Path(model).name} has no such prompt set (allowed: {sorted(sets)})"
 
 
-def prompt_from_set(model: str, kind: str, seed: int) -> list[int]:
-    """Row seed % n of the model's prompt set `kind`."""
+def prompt_from_set(model: str, kind: str, seed: int, context: int = 0) -> list[int]:
+    """Row seed % n of the model's prompt set `kind`: its last `context` tokens (0: all of it)."""
     rows = prompt_sets(model)[kind]
-    return list(rows[seed % len(rows)])
+    return list(rows[seed % len(rows)][-context:] if context else rows[seed % len(rows)])
 
 
 def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
@@ -51,9 +55,9 @@ def prompt_tokens(vocab: int, length: int, seed: int) -> list[int]:
 
 
 def run_prompt(run, vocab: int, seed: int | None = None) -> list[int]:
-    """A run's prompt: row seed % n of its model's prompt set `run.prompts`, else prompt_len random tokens from the
-    seed (run.seed unless given: a batch's row b takes seed + b)."""
+    """A run's prompt: row seed % n of its model's prompt set `run.prompts` (its last run.context tokens, 0: all),
+    else prompt_len random tokens from the seed (run.seed unless given: a batch's row b takes seed + b)."""
     seed = run.seed if seed is None else seed
     if run.prompts:
-        return prompt_from_set(run.model, run.prompts, seed)
+        return prompt_from_set(run.model, run.prompts, seed, run.context)
     return prompt_tokens(vocab, run.prompt_len, seed)

@@ -16,6 +16,8 @@ from mtplab.report import (
     batches,
     findings,
     plots,
+    plots_head,
+    plots_k,
     plots_points,
     plots_sampling,
     provenance,
@@ -135,11 +137,13 @@ def slot_counters(ok: pd.DataFrame):
     """Both slots' counters under each arena policy, a panel per slot and commit strategy."""
     if not _fills(ok, "counters"):
         return None
-    grid = selection.policy_grid(ok)
+    grid = selection.own_engine(selection.policy_grid(ok))  # the peer counts no slots
+    ks = sorted(grid.k.unique())
     _markdown(
         "## The two slots under each arena policy\n"
         "Counts per run, one panel per slot and commit strategy (nothing averaged across strategies), "
-        f"for the {provenance.plural(len(grid), 'point')} at k={grid.k.iloc[0]}"
+        f"for the {provenance.plural(len(grid), 'point')} "
+        + (f"at k={ks[0]}" if len(ks) == 1 else f"at k={', '.join(map(str, ks))} (means per run over them)")
         + (f", alpha={grid.alpha.iloc[0]:g}" if len(selection.set_acceptance(grid)) == len(grid) else "")
         + "."
     )
@@ -189,6 +193,74 @@ def greedy_draw(ok: pd.DataFrame):
             "quality above gives it with its CI; `benchmarks/process_spread.py` runs one point in fresh processes to "
             "show the draw)."
         )
+    return fig
+
+
+def by_context(ok: pd.DataFrame):
+    """The head's per-position acceptance against the context length before the text it continues."""
+    return _captioned(
+        ok, "by_context",
+        "## The head against context length\n"
+        "Each prompt is the last n tokens before the same cut in a held-out file, so every length continues the same "
+        "text; P(accepted >= i) pooled over the prompts at each length, 95% interval from resampling the prompts. "
+        "Dashed: the length of the rows the model was trained on (its card's), past which its attention layer meets "
+        "positions it never saw.",
+        plots_head.by_context,
+    )
+
+
+def by_kind(ok: pd.DataFrame):
+    """The head's per-position acceptance on each kind of held-out text."""
+    return _captioned(
+        ok, "by_kind",
+        "## The head on each kind of text\n"
+        "P(accepted >= i) by draft position on each prompt set (held-out text cut where a kind of text begins), "
+        "each kind's verify steps pooled at its largest k; 95% Wilson interval over steps (steps of one text are "
+        "not independent: the interval is a lower bound on the uncertainty).",
+        plots_head.by_kind,
+    )
+
+
+def head_prediction(ok: pd.DataFrame):
+    """The head's measured speedups against the cost model's price at the acceptance it gave, per commit."""
+    return _captioned(
+        ok, "head_prediction",
+        "## The head at its own acceptance, against the cost model\n"
+        "Predicted: the calibration's costs (measured apart from any point) priced for the steps each run made, so "
+        "the head's acceptance as it fell; measured: the median of the paired rounds (95% CI). Below the diagonal "
+        "a point ran slower than its parts cost (efficiency < 1).",
+        plots_head.against_prediction,
+    )
+
+
+def head_points(ok: pd.DataFrame) -> None:
+    """Every MTP-head point as a table row, the peer's under mtplab's."""
+    if not _fills(ok, "head_table"):
+        return
+    from IPython.display import HTML, display
+
+    _markdown("**Every MTP-head point** (mtplab's and onnxruntime-genai's, each speedup over its own engine's greedy or "
+              "plain sampling). The peer reports no per-position acceptance and no efficiency, and its draft "
+              "acceptance is genai's accepted / evaluated (the kept drafts and the first rejected one), not accepted / "
+              "drafted: set the engines side by side by tokens/step. At T > 0 mtplab's sampled distribution is tested "
+              "apart (`docs/sampling.md`).")
+    display(HTML(tables.head_table(ok).to_html(index=False, classes="counters")))
+
+
+def k_policies(ok: pd.DataFrame):
+    """Draft-length policies against the best fixed K, and the K each chose."""
+    if not _fills(ok, "k_policies"):
+        return None
+    from IPython.display import HTML, display
+
+    _markdown("## Choosing K\n"
+              "Each draft-length policy (mtplab.engine.k_policies: probe, onnxruntime-genai's adaptive K; goodput, the "
+              "K of the most expected tokens per second; confidence, drafting until the head's top probability falls "
+              "below a threshold) against the fixed K of the same sweep, the best of them (found in hindsight, on the "
+              "same prompts and temperature) dashed; right, the share of steps the policy drafted K tokens. One "
+              "Verify plan per M: K changing from step to step replays plans captured once (the slot counters).")
+    fig = plots_k.policies(ok)
+    display(HTML(plots_k.policy_table(ok).to_html(index=False, classes="counters")))
     return fig
 
 
@@ -250,7 +322,8 @@ batch.all_batches = True
 
 
 # The report's figures, in the order it shows them (notebooks/report.ipynb shows each for every model).
-STANDARD = (head_by_k, speedup_vs_alpha, every_point, tokens_per_s_vs_alpha, acceptance, per_position, temperature, sampled_acceptance,
+STANDARD = (head_by_k, by_kind, by_context, head_prediction, head_points, k_policies, speedup_vs_alpha, every_point, tokens_per_s_vs_alpha, acceptance, per_position,
+            temperature, sampled_acceptance,
             slot_counters, counters_table, time_split, memory, peer, batch)
 
 

@@ -75,6 +75,9 @@ def peer_comparison(df: pd.DataFrame):
         _empty(ax, "onnxruntime-genai rows")
         return fig
     own = own_head_beside_peer(df)
+    if "prompts" in peer and peer.prompts.fillna("").nunique() > 1:  # the prompt set the peer ran most
+        pick = peer.prompts.fillna("").value_counts().index[0]
+        peer, own = peer[peer.prompts.fillna("") == pick], own[own.prompts.fillna("") == pick]
     series = [(f"mtplab {s}", own[own.schedule == s]) for s in sorted(own.schedule.unique())]
     series.append(("onnxruntime-genai MtpGenerator", peer))
     ks = sorted(set(peer.k))
@@ -224,6 +227,7 @@ def speedup_by_k(df: pd.DataFrame):
     mtp = own_head(df)
     mtp = mtp.assign(prompts=mtp.prompts.fillna("") if "prompts" in mtp else "")
     by = ["schedule", "prompts"] if mtp.prompts.nunique() > 1 else ["schedule"]
+    by += ["commit"] if "commit" in mtp and mtp.commit.nunique() > 1 else []
     fig, ax = plt.subplots(figsize=(7.4, 3.8))
     for key, s in mtp.groupby(by):
         label = ", ".join(v or "random prompts" for v in (key if isinstance(key, tuple) else (key,)))

@@ -8,13 +8,14 @@ import numpy as np
 import pandas as pd
 
 from mtplab.report.plots import _ci_err, _k_color
-from mtplab.report.selection import SAMPLED, sampled_rows, temperature_rows, temperatures
+from mtplab.report.plots_head import wilson
+from mtplab.report.selection import SAMPLED, one_series, sampled_rows, temperature_rows, temperatures
 
 
 def vs_temperature(df: pd.DataFrame):
     """Draft acceptance and speedup against the sampling temperature, a line per k: mtplab's MTP head solid,
     onnxruntime-genai's MtpGenerator dashed (temperature 0 is greedy decoding)."""
-    rows = temperature_rows(df)
+    rows, shown = one_series(temperature_rows(df))
     rows = rows.assign(temperature=temperatures(rows))
     engine = rows.engine if "engine" in rows else pd.Series("mtplab", index=rows.index)
     fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8))
@@ -27,15 +28,18 @@ def vs_temperature(df: pd.DataFrame):
                 s = mine[mine.k == k].sort_values("temperature")
                 label = f"k={k}" + (" onnxruntime-genai" if who == "ort-genai" else "")
                 if metric == "speedup" and "speedup_ci" in s:
-                    ax.errorbar(s.temperature, s[metric], yerr=_ci_err(s[metric], s.speedup_ci), fmt=style, ms=4,
-                                color=_k_color(k), capsize=2, label=label)
+                    err = _ci_err(s[metric], s.speedup_ci)
+                elif {"accepted", "drafted"} <= set(s):  # 95% Wilson interval over the drafts judged
+                    err = np.abs(wilson(s.accepted.to_numpy(float), s.drafted.to_numpy(float)) - s[metric].to_numpy())
                 else:
-                    ax.plot(s.temperature, s[metric], style, ms=4, color=_k_color(k), label=label)
+                    err = None
+                ax.errorbar(s.temperature, s[metric], yerr=None if err is None else np.nan_to_num(err), fmt=style,
+                            ms=4, color=_k_color(k), capsize=2, label=label)
         if metric == "speedup":
             ax.axhline(1.0, color="gray", lw=1)
         ax.set_xlabel("temperature (0: greedy; > 0: rejection sampling)")
         ax.set_ylabel(ylabel)
-    axes[0].set_title("Draft acceptance against temperature")
+    axes[0].set_title("Draft acceptance against temperature" + (f"\n({shown})" if shown else ""))
     axes[1].set_title("Speedup against temperature")
     handles, labels = axes[1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)

@@ -102,7 +102,8 @@ def phase_table(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
     token over its calibrated cost, per policy, commit and schedule: medians over the batch-1 points. 1 where a
     phase ran as calibrated; greedy's column is how far the machine itself moved. The prices are the ones the
     point's efficiency used (`predicted.phases`); an older result's are made again from the calibration, at plans
-    alone. Diagnosis only: the efficiency reads no time of the point's own."""
+    alone. Diagnosis only: the efficiency reads no time of the point's own. A phase none of the points has (the
+    fused schedule's decode) has no column."""
     if "engine" not in df or "time_split" not in df:
         return pd.DataFrame()
     rows = []
@@ -123,7 +124,7 @@ def phase_table(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
     by = ["policy", "commit", "schedule"]
     table = t.groupby(by)[[c for c in t.columns if c.endswith(" / calibrated")]].median().round(2)
     table.insert(0, "points", t.groupby(by).size())
-    return table
+    return table.dropna(axis=1, how="all")  # a phase no point's schedule has (the fused schedule's decode)
 
 
 def _parsed(value):

@@ -55,10 +55,15 @@ def own_engine(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def own_head(df: pd.DataFrame) -> pd.DataFrame:
-    """mtplab's own greedy-decoding runs with the model's own MTP head (not the onnxruntime-genai peer; sampled rows
-    are drawn against temperature)."""
+    """mtplab's own greedy-decoding runs with the model's own MTP head at a fixed k (not the onnxruntime-genai peer;
+    sampled rows are drawn against temperature, draft-length policies against the fixed K: k_policy_rows)."""
     engine = df.engine if "engine" in df else pd.Series("mtplab", index=df.index)
-    return measured_acceptance(greedy_decoding(df[engine == "mtplab"]))
+    return measured_acceptance(greedy_decoding(fixed_k(df[engine == "mtplab"])))
+
+
+def fixed_k(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that drafted k every step (the fixed draft-length policy; every row of a sweep from before policies)."""
+    return df[df.k_policy.fillna("fixed") == "fixed"] if "k_policy" in df else df
 
 
 def greedy_decoding(df: pd.DataFrame) -> pd.DataFrame:
@@ -73,9 +78,27 @@ def peer_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def own_head_beside_peer(df: pd.DataFrame) -> pd.DataFrame:
-    """mtplab's greedy-decoding MTP-head rows shown next to the peer: the pinned policy's when the sweep has it."""
+    """mtplab's greedy-decoding MTP-head rows shown next to the peer: the pinned policy's when the sweep has it, and
+    one commit's where it ran several (one_series)."""
     own = own_head(df)
-    return own[own.policy == PINNED] if PINNED in set(own.policy) else own
+    own = own[own.policy == PINNED] if PINNED in set(own.policy) else own
+    if "commit" in own and own.commit.nunique() > 1:
+        own = own[own.commit == ("select" if "select" in set(own.commit) else own.commit.value_counts().index[0])]
+    return own
+
+
+def one_series(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The rows of one commit and one prompt set, where a sweep ran several (the default commit, else the one with
+    the most rows; the same for prompt sets), and those choices in words ("" when there was nothing to choose)."""
+    said = []
+    for col, prefer in (("commit", "select"), ("prompts", "")):
+        if col in rows and rows[col].fillna("").nunique() > 1:
+            values = rows[col].fillna("")
+            pick = prefer if prefer in set(values) else values.value_counts().index[0]
+            rows = rows[values == pick]
+            said.append(f"{'prompt set' if col == 'prompts' else col} {pick or 'random'}")
+    return rows, ", ".join(said)
+
 
 
 def alpha_grid(df: pd.DataFrame) -> pd.DataFrame:
@@ -145,6 +168,41 @@ def temperature_rows(df: pd.DataFrame) -> pd.DataFrame:
     return head if temperatures(head).nunique() >= 2 else head.iloc[:0]
 
 
+def context_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The MTP head's greedy rows on a prompt set cut to a context length, where the sweep varies that length."""
+    if "context" not in df or "accepted_per_step" not in df:
+        return df.iloc[:0]
+    head = own_head(df)
+    head = head[head.context.fillna(0) > 0]
+    return head if head.context.nunique() >= 2 else head.iloc[:0]
+
+
+def kind_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The MTP head's greedy rows on whole rows of a model's prompt sets, where the sweep runs two kinds or more."""
+    if "prompts" not in df or "accepted_per_step" not in df:
+        return df.iloc[:0]
+    head = own_head(df)
+    context = head.context.fillna(0) if "context" in head else pd.Series(0, index=head.index)
+    head = head[(head.prompts.fillna("") != "") & (context == 0)]
+    return head if head.prompts.nunique() >= 2 else head.iloc[:0]
+
+
+def k_policy_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """mtplab's timed rows where the sweep ran a draft-length policy other than fixed (with the fixed rows beside)."""
+    if "k_policy" not in df or "accepted_per_step" not in df:
+        return df.iloc[:0]
+    own = timed_points(own_engine(df)).assign(k_policy=lambda d: d.k_policy.fillna("fixed"))
+    return own if (own.k_policy != "fixed").any() else own.iloc[:0]
+
+
+def head_prediction_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The MTP head's greedy rows with a measured speedup and the cost model's price for the steps they made."""
+    if "predicted.speedup" not in df:
+        return df.iloc[:0]
+    head = timed_points(own_head(df))
+    return head[np.isfinite(pd.to_numeric(head["predicted.speedup"], errors="coerce").astype(float))]
+
+
 SAMPLED = "theory.sampled_acceptance."  # a sampled point's expected and measured acceptance (its checked run)
 
 
@@ -181,6 +239,11 @@ def figures_for(df: pd.DataFrame) -> dict[str, bool]:
         "memory": len(own) > 0 and "arena" in own,
         "peer": len(peer_rows(df)) > 0,
         "temperature": len(temperature_rows(df)) > 0,
+        "by_context": len(context_rows(df)) > 0,
+        "by_kind": len(kind_rows(df)) > 0,
+        "head_prediction": len(head_prediction_rows(df)) >= 2,
+        "head_table": len(timed_points(measured_acceptance(df))) >= 2,
+        "k_policies": len(k_policy_rows(df)) > 0,
         "sampled_acceptance": len(sampled_rows(df)) > 0,
         "batch": len(batch_rows(df)) > 0,
     }

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from mtplab.report.provenance import blank_inapplicable, fixed_and_varied
-from mtplab.report.selection import COUNTERS
+from mtplab.report.selection import COUNTERS, measured_acceptance, timed_points
 
 METRICS = {
     "greedy_tokens_per_s": "greedy tok/s",
@@ -126,3 +126,52 @@ def counters_html(long: pd.DataFrame) -> str:
         cells += "".join(f"<td>{'' if pd.isna(v) else count_text(v)}</td>" for v in r)
         rows.append(f"<tr>{cells}</tr>")
     return CSS + f"<table class='counters'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def head_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The MTP head's points, mtplab's and the onnxruntime-genai peer's, a row each: prompt set, temperature, k,
+    engine, commit; acceptance per position, tokens/step, draft acceptance, speedup [95% CI], efficiency, and what
+    the tokens were checked against. Sorted so that a peer row sits under mtplab's at the same text, T and k."""
+    rows = timed_points(measured_acceptance(df))
+    if not len(rows):
+        return pd.DataFrame()
+    engine = rows.engine if "engine" in rows else pd.Series("mtplab", index=rows.index)
+    temperature = rows.temperature.fillna(0.0) if "temperature" in rows else pd.Series(0.0, index=rows.index)
+    prompts = rows.prompts.fillna("") if "prompts" in rows else pd.Series("", index=rows.index)
+    peer = engine != "mtplab"
+    positions = rows.acceptance_per_position.map(lambda v: json.loads(v) if isinstance(v, str) else v)
+    drafted = [_deepest(ks, k) for ks, k in zip(rows.get("k_per_step", pd.Series(None, index=rows.index)), rows.k)]
+    out = pd.DataFrame({
+        "text": prompts.replace("", "random"),
+        "T": temperature.map(lambda t: f"{t:g}"),
+        "k": rows.k.astype(int),
+        "engine": engine,
+        "commit": rows.commit.where(~peer, "(genai's)"),
+        "P(acc >= i), i = 1..k": [" ".join(f"{v:.2f}" if i < deepest else "-" for i, v in enumerate(p)) if len(p)
+                                  else "n/a" for p, deepest in zip(positions, drafted)],
+        "tokens/step": rows.tokens_per_step.map(lambda v: f"{v:.2f}"),
+        "draft accept.": rows.draft_acceptance.map(lambda v: f"{v:.0%}"),
+        "speedup [95% CI]": [f"{s:.2f} [{lo:.2f}, {hi:.2f}]" for s, (lo, hi) in
+                             zip(rows.speedup, map(ci_pair, rows.speedup_ci))],
+        "efficiency": [f"{e:.2f}" if np.isfinite(e) else "n/a" for e in pd.to_numeric(rows.efficiency, errors="coerce")
+                       .astype(float)] if "efficiency" in rows else "n/a",
+        "tokens": [_tokens_text(t, ok, p) for t, ok, p in zip(temperature, rows.lossless.fillna(False).astype(bool),
+                                                               peer)],
+    })
+    if "k_policy" in rows and (rows.k_policy.fillna("fixed") != "fixed").any():  # K chosen per step: say by whom
+        named = [f"{kp} {c:g}" if kp == "confidence" else kp for kp, c in
+                 zip(rows.k_policy.fillna("fixed"), rows.get("k_confidence", pd.Series(0.0, index=rows.index)))]
+        out.insert(3, "k_policy", pd.Series(named, index=rows.index).where(~peer, "-").to_numpy())
+    return out.sort_values(["text", "T", "k", "engine", "commit"], kind="stable").reset_index(drop=True)
+
+
+def _deepest(ks, k: int) -> int:
+    """The deepest draft position a point's steps reached (its k_per_step's largest; k where it stores none)."""
+    ks = json.loads(ks) if isinstance(ks, str) else ks
+    return max(ks) if isinstance(ks, list) and ks else int(k)
+
+
+def _tokens_text(temperature: float, lossless: bool, peer: bool) -> str:
+    if temperature > 0:
+        return "sampled: not compared (genai's sampler)" if peer else "sampled: state and KV follow them"
+    return "identical to greedy" if lossless else "DIFFER from greedy"

@@ -3,7 +3,9 @@
 Slot.PRIMARY holds the M=1 decode plan and Slot.VERIFY the M=k+1 verify plan, on ONE executor.
 Each slot runs: eager warm-up -> capture -> replay while the binding signature matches. A
 mismatch invalidates and recaptures (bounded by max_recaptures per generation, then eager); a
-binding that cannot be made (buffer too small) declines into an eager run. The backend is the
+binding that cannot be made (buffer too small) declines into an eager run. A slot named in
+`plan_per_shape` keeps one such plan per input shape (the Verify slot when K changes from step to
+step: one plan per M, each captured once), its counters summed over them. The backend is the
 narrow seam where a plan is captured and replayed: IOBinding on CPU, CUDA graphs on GPU.
 """
 
@@ -58,6 +60,7 @@ class SlotCaptureState:
     reason: str = ""
     generation_invalidations: int = 0
     spent_budget: int | None = None  # this generation: the max_recaptures its slot ran out of (None: it did not)
+    plan_bytes: int = 0  # the slot buffers (staged feeds, outputs) its plan binds; the caller's state not counted
     captures: int = 0
     replays: int = 0
     fallbacks: int = 0
@@ -91,7 +94,8 @@ class SlotMemory:
     host_inputs: frozenset[str] = frozenset()
     block: Block | None = None
     views: dict[tuple, Any] = field(default_factory=dict)
-    host: dict[str, np.ndarray] = field(default_factory=dict)
+    host: dict[tuple, np.ndarray] = field(default_factory=dict)
+    reserve_bytes: int = 0  # a step-scoped block is taken at least this large (the largest forward's outputs)
 
     def _view(self, name: str, shape: tuple[int, ...], dtype) -> Any:
         key = (name, shape, dtype)
@@ -104,10 +108,11 @@ class SlotMemory:
         """Copy the feeds into this slot's input buffers (stable addresses) and return those."""
         views = {}
         for name, value in feeds.items():
-            if name in self.host_inputs:
-                view = self.host.get(name)
-                if view is None or view.shape != value.shape or view.dtype != value.dtype:
-                    view = self.host[name] = np.empty(value.shape, value.dtype)
+            if name in self.host_inputs:  # one buffer per shape, as the arena's views: each plan keeps its own
+                key = (name, value.shape, value.dtype)
+                view = self.host.get(key)
+                if view is None:
+                    view = self.host[key] = np.empty(value.shape, value.dtype)
             else:
                 view = self._view(f"feed.{name}", value.shape, value.dtype)
             put(view, value)
@@ -130,7 +135,7 @@ class SlotMemory:
         if scoped:
             need = layout_bytes(scoped)
             if self.block is None:
-                self.block = self.pool.acquire(self.owner, need)
+                self.block = self.pool.acquire(self.owner, max(need, self.reserve_bytes))
             if self.block.nbytes < need:
                 raise BufferTooSmall(f"{self.owner} workspace: needs {need} bytes, block holds {self.block.nbytes}")
             for name, view in self.block.carve(scoped).items():
@@ -158,6 +163,7 @@ class Executor:
         max_recaptures: int = 3,
         validate: bool = True,
         retain_decode_graph_across_spec: bool = True,
+        plan_per_shape: frozenset[Slot] = frozenset(),
     ):
         if problem := max_recaptures_problem(max_recaptures):
             raise ValueError(problem)
@@ -169,12 +175,36 @@ class Executor:
         self.validate = validate
         self.retain = retain_decode_graph_across_spec
         self.state = {s: SlotCaptureState() for s in sessions}
+        # a slot with a plan per input shape: its capture state per shape; self.state[slot] is the one it ran last
+        # (what its status, plan and reason say), its first state kept for the eager runs before any shape ran
+        self.shaped: dict[Slot, dict[tuple, SlotCaptureState]] = {s: {} for s in plan_per_shape if s in sessions}
+        self._first = {s: self.state[s] for s in self.shaped}
         self.address = AddressCache()
+
+    def _state_for(self, slot: Slot, feeds: dict) -> SlotCaptureState:
+        """The capture state a run of these feeds uses: the slot's, or its shape's where it keeps a plan per shape."""
+        shaped = self.shaped.get(slot)
+        if shaped is None:
+            return self.state[slot]
+        st = self.state[slot] = shaped.setdefault(tuple(np.shape(v) for v in feeds.values()), SlotCaptureState())
+        return st
+
+    def slot_states(self, slot: Slot) -> list[SlotCaptureState]:
+        """Every capture state of a slot: its one, or its first and one per shape where it keeps a plan per shape."""
+        if slot not in self.shaped:
+            return [self.state[slot]]
+        return [self._first[slot], *self.shaped[slot].values()]
+
+    def plans(self, slot: Slot) -> list[dict]:
+        """A slot's plans (one per shape where it keeps them so): feed shapes, captures, replays, bytes it binds."""
+        shaped = self.shaped.get(slot, {0: self.state[slot]})
+        return [{"shapes": [list(s) for s in key] if isinstance(key, tuple) else None, "captures": st.captures,
+                 "replays": st.replays, "plan_bytes": st.plan_bytes} for key, st in shaped.items()]
 
     # -- retarget and lifecycle -------------------------------------------------------------
     def new_generation(self) -> None:
         """Start a generation: per-generation recapture budgets reset; counters and plans stay."""
-        for st in self.state.values():
+        for st in (st for slot in self.state for st in self.slot_states(slot)):
             st.generation_invalidations, st.spent_budget = 0, None
             if st.status is Status.UNSUPPORTED:
                 st.status = Status.NEEDS_WARMUP
@@ -186,8 +216,11 @@ class Executor:
             mem.end_step()
 
     def invalidate(self, slot: Slot, reason: str) -> None:
-        """Throw the slot's plan away (counted); the next run recaptures, or runs eager at the cap."""
-        st = self.state[slot]
+        """Throw the slot's plans away (counted); the next run recaptures, or runs eager at the cap."""
+        for st in self.slot_states(slot):
+            self._invalidate(st, reason)
+
+    def _invalidate(self, st: SlotCaptureState, reason: str) -> None:
         if st.plan is None:
             return
         self.backend.drop(st.plan)
@@ -233,7 +266,7 @@ class Executor:
         """The slot's warm-up (Status.NEEDS_WARMUP's run), where it is still to run, on these feeds and buffers as
         run() would run it, with onnxruntime's error log silenced; False where the graph does not run (the slot
         stays to be warmed up, and fails where it is used, loudly)."""
-        st, mem = self.state[slot], self.memory[slot]
+        st, mem = self._state_for(slot, feeds), self.memory[slot]
         if st.status is not Status.NEEDS_WARMUP:
             return True
         try:
@@ -262,7 +295,7 @@ class Executor:
         """
         if slot not in self.sessions:  # each run names its slot: that is the whole retarget
             raise ValueError(f"slot {slot!r} is not configured on this executor: it has {list(self.sessions)}")
-        st, mem, session = self.state[slot], self.memory[slot], self.sessions[slot]
+        st, mem, session = self._state_for(slot, feeds), self.memory[slot], self.sessions[slot]
         result = self._checked_replay(st, mem, session, feeds, outputs, bound)
         if result is not None:
             return dict(result)
@@ -282,7 +315,7 @@ class Executor:
             return result
         if st.status is Status.READY:
             if self.validate and sig != st.signature:
-                self.invalidate(slot, describe_mismatch(st.signature, sig))
+                self._invalidate(st, describe_mismatch(st.signature, sig))
                 if st.status is Status.UNSUPPORTED:
                     self.backend.eager(session, binds)
                     st.fallbacks += 1
@@ -309,6 +342,7 @@ class Executor:
             return result
         st.signature = sig
         st.plan_blocks = [(b.block, b.block.owner) for b in binds if b.block is not None]
+        st.plan_bytes = sum(int(a.nbytes) for a in (*staged.values(), *result.values()))
         st.check = ReplayCheck(mem, feeds, outputs, staged, outs, bound)
         st.captures += 1
         st.status = Status.READY
@@ -324,9 +358,12 @@ class Executor:
         """
         if slot not in self.sessions:
             raise ValueError(f"slot {slot!r} is not configured on this executor: it has {list(self.sessions)}")
-        st, mem, session, checked = self.state[slot], self.memory[slot], self.sessions[slot], self._checked_replay
+        st, mem, session = self._state_for(slot, feeds), self.memory[slot], self.sessions[slot]
+        checked, states = self._checked_replay, self.state if slot in self.shaped else None
 
         def run() -> dict[str, Any]:
+            if states is not None:  # the slot's state is the plan it runs now (a plan per shape)
+                states[slot] = st
             result = checked(st, mem, session, feeds, outputs, bound)
             return result if result is not None else self.run(slot, feeds, outputs, bound)
 
@@ -348,14 +385,20 @@ class Executor:
     # -- reporting -------------------------------------------------------------------------
     def counters(self) -> dict[str, dict[str, int]]:
         """{slot label: {captures, replays, fallbacks, invalidations, hazards}}."""
-        return {self.labels[s]: st.counters() for s, st in self.state.items()}
+        return {self.labels[s]: _summed(st.counters() for st in self.slot_states(s)) for s in self.state}
 
     def activity(self) -> dict[str, dict[str, int]]:
         """{slot label: counters plus warm-ups and eager runs}: what the timed-round audit compares."""
-        return {self.labels[s]: st.activity() for s, st in self.state.items()}
+        return {self.labels[s]: _summed(st.activity() for st in self.slot_states(s)) for s in self.state}
 
     def format_counters(self) -> str:
         """The seed's form: `primary: captures=1 replays=127 fallbacks=0 invalidations=0 hazards=0`."""
         return "\n".join(
             f"{label}: " + " ".join(f"{k}={v}" for k, v in c.items()) for label, c in self.counters().items()
         )
+
+
+def _summed(counts) -> dict[str, int]:
+    """Counters of several capture states (a slot's plans) added up."""
+    dicts = list(counts)
+    return {k: sum(c[k] for c in dicts) for k in dicts[0]}

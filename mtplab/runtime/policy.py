@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtplab.runtime.arena import layout_bytes
+
 
 @dataclass(frozen=True)
 class ArenaPolicy:
@@ -73,7 +75,10 @@ def slot_memory(pol: ArenaPolicy, device, main, specs, host_inputs=frozenset(), 
     memory = {
         Slot.PRIMARY: SlotMemory(primary, host_inputs=host_inputs),
         Slot.VERIFY: SlotMemory(
-            private, pool=main, step_scoped=scoped, pinned=pol.pin_workspace, owner="verify", host_inputs=host_inputs
+            private, pool=main, step_scoped=scoped, pinned=pol.pin_workspace, owner="verify", host_inputs=host_inputs,
+            # the largest verify's outputs: a pinned block then holds every M's (one Verify plan per M)
+            reserve_bytes=max((layout_bytes({n: o for n, o in outputs.items() if n in scoped})
+                               for _, outputs, _ in specs), default=0),
         ),
     }
     return memory, {"primary": primary, "verify": private}

@@ -135,7 +135,7 @@ class ReplayCheck:
         self.memory = memory
         self.feed_names = tuple(feeds)
         self.feed_meta = list(map(_META, feeds.values()))
-        self.host_views = [(n, staged[n]) for n in feeds if n in memory.host_inputs]
+        self.host_views = [((n, v.shape, v.dtype), staged[n]) for n, v in feeds.items() if n in memory.host_inputs]
         # (buffer, whether a plain numpy assignment stages into it) per feed, in feed order
         self.staging = [(staged[n], isinstance(staged[n], np.ndarray)) for n in feeds]
         self.out_names = tuple(outputs)
@@ -167,8 +167,8 @@ class ReplayCheck:
             # Every bound array is the held object, so comparing the triples compares names and directions only.
             if tuple(bound) != self.bound:
                 return False
-        for name, view in self.host_views:
-            if memory.host.get(name) is not view:
+        for key, view in self.host_views:
+            if memory.host.get(key) is not view:
                 return False
         return True
 

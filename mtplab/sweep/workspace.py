@@ -44,6 +44,16 @@ def sweep_folder(results: str, quick: bool = False) -> Path:
     return _smoke_sweep()
 
 
+def made_sweep(results: str) -> Path | None:
+    """results/<results> (or a path) where that sweep has been run, else None, said with the command that makes it
+    (a notebook's optional part: it shows nothing rather than another sweep's points)."""
+    folder = Path(results) if "/" in results or results.startswith(".") else results_root() / results
+    if (folder / "results.parquet").exists():
+        return folder
+    print(f"{folder}: no sweep there yet (`{make_command(folder.name)}` makes it); this part shows nothing.")
+    return None
+
+
 def _smoke_sweep() -> Path:
     """results/smoke, run first where it is missing."""
     folder = results_root() / SMOKE

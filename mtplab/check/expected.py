@@ -1,0 +1,90 @@
+"""What a run's config implies it executes: the forwards by (slot, M) of a greedy or speculative run, the K its
+draft-length policy chooses, and the checked speculative run held to them (the timed runs are then held to it,
+mtplab.check.audit)."""
+
+from __future__ import annotations
+
+from mtplab.check.trace import Trace
+from mtplab.engine.strategies import COMMITS, DRAFTERS, K_POLICIES, SCHEDULES
+
+
+def greedy_forwards(prompt_len: int, n: int) -> dict[str, int]:
+    """The forwards by (slot, M) a greedy run of n tokens makes: the prefill, then n - 1 M=1 decodes (n >= 2)."""
+    return {f"prefill/M={prompt_len}": 1, "primary/M=1": n - 1}
+
+
+def head_forwards(run, steps: int, ks: list[int] | None = None) -> dict[str, int]:
+    """The MTP head's forwards over `steps` speculative steps where the run's drafter runs it: each step's head steps
+    (Schedule.head_steps) and its commit of the verify's K+1 rows (ks: each step's drafts; k each where not given);
+    none where the head does not run."""
+    if not DRAFTERS.get(run.drafter).uses_head(run):
+        return {}
+    ks = [run.k] * steps if ks is None else ks
+    out = {"mtp/M=1": sum(SCHEDULES.get(run.schedule).head_steps(k) for k in ks)}
+    for k in ks:
+        out[f"mtp-commit/M={k + 1}"] = out.get(f"mtp-commit/M={k + 1}", 0) + 1
+    return out
+
+
+def expected_forwards(run, prompt_len: int, accepted: list[int], ks: list[int] | None = None) -> dict[str, int]:
+    """The forwards by (slot, M) a speculative run of these accepted counts (and drafts per step, ks: k each where not
+    given) makes, from its config alone: the prefill, the schedule's decodes and one verify per step, the head's if
+    the drafter runs it, the commits'."""
+    steps = len(accepted)
+    ks = [run.k] * steps if ks is None else ks
+    want: dict[str, int] = {f"prefill/M={prompt_len}": 1, "primary/M=1": SCHEDULES.get(run.schedule).decodes * steps}
+    for k in ks:
+        want[f"verify/M={k + 1}"] = want.get(f"verify/M={k + 1}", 0) + 1
+    if DRAFTERS.get(run.drafter).uses_head(run):  # the head's prefill (M = the prompt), then its steps'
+        want[f"mtp/M={prompt_len}"] = 1
+    for part in (head_forwards(run, steps, ks), COMMITS.get(run.commit).forwards(accepted)):
+        for key, n in part.items():
+            want[key] = want.get(key, 0) + n
+    return {key: v for key, v in want.items() if v}
+
+
+def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
+    """Where the checked speculative run did not do what its config implies (the timed runs are held to it)."""
+    run, accepted, out = engine.spec, trace.accepted or [], []
+    ks = trace.ks if trace.ks is not None else [run.k] * len(accepted)
+    if len(ks) != len(accepted) or any(not 1 <= k <= run.k for k in ks):
+        out.append(f"draft lengths outside 1..{run.k} or not one a step: {len(ks)} for {len(accepted)} steps, "
+                   f"{sorted(set(ks))}")
+        ks = [run.k] * len(accepted)
+    if any(not 0 <= a <= k for a, k in zip(accepted, ks)):
+        bad = sorted({(a, k) for a, k in zip(accepted, ks) if not 0 <= a <= k})
+        out.append(f"accepted counts outside 0..K of their step, (accepted, K): {bad}")
+    out += chosen_problems(engine, accepted, ks)
+    per_step = SCHEDULES.get(run.schedule).extra_tokens  # tokens a step makes beyond its accepted drafts
+    made = 1 + sum(a + per_step for a in accepted)
+    if len(trace.tokens) != made:
+        out.append(f"it made {len(trace.tokens)} tokens, its {len(accepted)} steps account for {made}")
+    want = expected_forwards(run, prompt_len, accepted, ks)
+    if trace.forwards != want:
+        diff = forwards_diff(trace.forwards, want)
+        out.append(f"its forwards are not what {run.schedule}, drafter {run.drafter} and commit {run.commit} make "
+                   f"for its accepted counts, (ran, expected): {diff}")
+    return out + trace.honesty_problems()
+
+
+def chosen_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
+    """Where a run drafted other than its draft-length policy chooses: the policy replayed on the run's own accepted
+    counts must choose each step's K (a policy that stops drafting on the drafter's confidence: at most k)."""
+    run = engine.spec
+    policy = K_POLICIES.get(run.k_policy)
+    if policy.needs_confidence:
+        return []
+    chooser, want = policy.make(run, engine.k_costs), []
+    for k, a in zip(ks, accepted):
+        want.append(chooser.next_k())
+        chooser.observe(k, a)
+    if want == ks:
+        return []
+    first = next(i for i, (a, b) in enumerate(zip(ks, want)) if a != b)
+    return [f"it drafted {ks[first]} at step {first + 1}, where k_policy={policy.name!r} chooses {want[first]} for its "
+            f"accepted counts ({sum(a != b for a, b in zip(ks, want))} of {len(ks)} steps differ)"]
+
+
+def forwards_diff(ran: dict, want: dict) -> dict[str, tuple[int, int]]:
+    """{forward key: (ran, wanted)} where the two counts differ."""
+    return {k: (ran.get(k, 0), want.get(k, 0)) for k in sorted(set(ran) | set(want)) if ran.get(k, 0) != want.get(k, 0)}

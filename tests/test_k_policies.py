@@ -1,0 +1,99 @@
+"""Draft-length policies: each rule on its own (probe, goodput, confidence), then on the engine: lossless at every
+commit with K changing from step to step, one Verify plan per M captured once (no invalidation), and the one-plan
+executor thrashing where K changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtplab.check.expected import checked_problems
+from mtplab.check.lossless import checked_pass
+from mtplab.engine.engine import Engine
+from mtplab.engine.k_policies import Confidence, Goodput, Probe, StepCosts
+from mtplab.experiment.config import ConfigError, RunConfig
+from mtplab.model.prompts import prompt_tokens
+from mtplab.runtime.executor import Slot
+
+# Prices of a step at K drafts, and of committing n tokens (seconds): a made-up cost model, verify growing with K.
+COSTS = StepCosts(step={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3}, commit={n: 0.1 for n in range(1, 6)}, extra=1)
+
+
+def test_probe_climbs_while_drafts_are_kept_and_holds_the_floor_when_they_are_not():
+    probe = Probe(4, COSTS)
+    assert probe.next_k() == 2  # start and floor: min(2, k), genai's advised min_adaptive_k
+    seen = []
+    for _ in range(20):  # every draft kept: each probe up keeps acceptance and gains throughput
+        k = probe.next_k()
+        probe.observe(k, k)
+        seen.append(k)
+    assert seen[0] == 2 and max(seen) == 4 and seen == sorted(seen)
+    for _ in range(60):  # nothing kept: down to the floor (once the smoothed throughput of K=4 has caught up)
+        k = probe.next_k()
+        probe.observe(k, 0)
+        seen.append(k)
+    assert probe.next_k() == 2 and min(seen) == 2
+
+
+def test_a_probe_that_loses_throughput_is_dropped_at_once_and_waits_six_steps():
+    probe = Probe(3, COSTS)
+    probe.observe(2, 2)  # all kept at K=2: the probe to K=3 starts
+    assert probe.next_k() == 3 and probe.probe is not None
+    probe.observe(3, 0)  # at K=3 nothing kept: throughput falls below 80% of K=2's
+    assert probe.next_k() == 2 and probe.probe is None and probe.wait == 6
+
+
+def test_goodput_drafts_deep_when_drafts_are_kept_and_one_when_they_are_not():
+    good = Goodput(4, COSTS)
+    for _ in range(30):
+        good.observe(good.next_k(), good.next_k())  # every draft kept
+    assert good.next_k() == 4
+    bad = Goodput(4, COSTS)
+    for _ in range(30):
+        bad.observe(bad.next_k(), 0)
+    assert bad.next_k() == 1
+    assert 0.9 < good.conditional()[0] <= 1 and bad.conditional()[0] < 0.1
+
+
+def test_confidence_stops_after_a_draft_whose_top_probability_is_below_the_threshold():
+    rule = Confidence(4, 0.5, temperature=0.0)
+    assert rule.stop(np.array([0.0, 0.0, 0.0])) and not rule.stop(np.array([5.0, 0.0, 0.0]))
+    assert Confidence(4, 0.5, temperature=10.0).stop(np.array([5.0, 0.0, 0.0]))  # flat at T=10
+
+
+@pytest.mark.parametrize("commit", ["select", "readvance-m1", "readvance-batched"])
+def test_k_changing_every_few_steps_stays_lossless_with_one_verify_plan_per_m(tiny, commit):
+    run = RunConfig(model="tiny", drafter="mtp", k=4, k_policy="confidence", k_confidence=0.9, commit=commit,
+                    schedule="fused", tokens=40)
+    engine = Engine(run, tiny)
+    prompt = prompt_tokens(tiny.description.vocab_size, 8, 0)
+    checked = checked_pass(engine, prompt, run.tokens)
+    ks = checked.spec["k"]
+    assert len(set(ks)) >= 2  # the threshold splits the head's drafts: K varies
+    assert checked.identity["token_identical"] and checked.identity["state_first_divergence"] is None
+    assert checked_problems(engine, checked.spec_trace, len(prompt)) == []
+    verify = checked.spec_trace.activity["verify"]
+    assert verify["captures"] == len(set(ks)) and verify["invalidations"] == 0  # one plan per M, each once
+    plans = engine.target.plans(Slot.VERIFY)
+    assert len(plans) == len(set(ks)) and all(p["captures"] == 1 and p["plan_bytes"] > 0 for p in plans)
+
+
+def test_one_verify_plan_is_invalidated_whenever_m_changes(tiny):
+    run = RunConfig(model="tiny", drafter="mtp", k=4, k_policy="confidence", k_confidence=0.9, schedule="fused",
+                    tokens=40, verify_plans="one", max_recaptures=100)
+    engine = Engine(run, tiny)
+    checked = checked_pass(engine, prompt_tokens(tiny.description.vocab_size, 8, 0), run.tokens)
+    ks = checked.spec["k"]
+    changes = sum(a != b for a, b in zip(ks, ks[1:]))
+    assert changes >= 2 and checked.identity["token_identical"]
+    assert checked.spec_trace.activity["verify"]["invalidations"] == changes  # the thrash
+
+
+def test_a_policy_that_prices_steps_needs_the_calibration_and_one_that_reads_confidence_needs_the_head(tiny):
+    engine = Engine(RunConfig(model="tiny", k=3, k_policy="goodput"), tiny)
+    with pytest.raises(ValueError, match=r"k_policy='goodput' prices each step's K with the cost-model calibration"):
+        engine.speculative(prompt_tokens(tiny.description.vocab_size, 8, 0), 8)
+    with pytest.raises(ConfigError, match=r"k_policy='confidence' stops drafting on the drafter's own top probability"):
+        RunConfig(model="tiny", k=3, k_policy="confidence", drafter="oracle")
+    with pytest.raises(ConfigError, match=r"k_policy='probe' with k=1: k is the most drafts a step may make"):
+        RunConfig(model="tiny", k=1, k_policy="probe")
