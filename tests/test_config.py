@@ -174,5 +174,5 @@ def test_context_cuts_a_prompt_sets_rows_to_their_last_tokens_so_every_length_co
         whole.replace(context=2000)
     with pytest.raises(config.ConfigError, match=r"context=49: pycode's prompt set 'code' holds 48"):
         RunConfig(model="pycode", prompts="code", context=49)
-    with pytest.raises(config.ConfigError, match="context=64: it cuts a prompt set's rows; give prompts"):
+    with pytest.raises(config.ConfigError, match="context=64: it cuts a prompt set's rows, so it needs prompts"):
         RunConfig(model="pycode", context=64)

@@ -131,3 +131,14 @@ def test_batch_commit_cost_follows_each_strategys_rows():
     assert theory.batch_commit_seconds(alpha, k, "readvance-batched", table, 1) == pytest.approx(one)
     # B rows: one forward per distinct count, at most every count once
     assert theory.batch_commit_seconds(alpha, k, "readvance-batched", table, 10**6) == pytest.approx(sum(table.values()))
+
+
+def test_a_position_a_step_did_not_draft_is_not_judged():
+    # K per step (a draft-length policy): 2, 2, 4; accepted 2, 0, 1. Position 3 was drafted once (the last step),
+    # where its turn never came (1 kept): judged drafts are 3 at position 1 and 2 at 2, kept 2 and 1.
+    tracked = {"expected": [0.5, 0.5, 0.5, 0.5]}
+    out = theory.sampled_acceptance([2, 0, 1], 4, tracked, "fused", ks=[2, 2, 4])
+    assert (out["judged"], out["kept"]) == (5, 3)
+    assert out["measured_per_position"] == [2 / 3, 1 / 2, None, None]
+    assert theory.measured_per_position([2, 0, 1], 4, [2, 2, 4]) == [2 / 3, 1 / 3, 0.0, 0.0]
+    assert theory.sampled_acceptance([2, 0, 1], 4, tracked, "fused")["judged"] == 6  # K=4 every step: 3 + 2 + 1

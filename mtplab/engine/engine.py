@@ -44,7 +44,8 @@ class Engine:
     def __init__(self, spec, artifact=None, device: Device | None = None):
         """spec: an EngineSpec, or a run configuration that gives one (RunConfig.engine_spec())."""
         run = self.spec = spec if isinstance(spec, EngineSpec) else spec.engine_spec()
-        dev = self.device = device or device_for(run.backend, run.max_recaptures, threads=run.threads)
+        dev = self.device = device or device_for(run.backend, run.max_recaptures, threads=run.threads,
+                                                 plans=run.k if verify_plans(run) else 1)
         self.art = artifact or model_for(run)
         # its states in place where the device's kernels allow it (the builder's LinearAttention state on the CPU)
         desc = self.desc = self.art.description.on_provider(dev.provider_name)

@@ -14,7 +14,8 @@ drafting early: stop(row) after each draft but the last, on the head's logits ro
   clock, so that the same seed gives the same K sequence (the checked pass and the timed rounds decode alike).
 - goodput: each step the K that maximises expected tokens per second, E[tokens | K] / E[cost | K], from the
   calibration's prices and a running estimate of the acceptance at each position given the one before it (counts
-  decayed by 0.95 a step, Laplace's prior; a position not yet tried takes the one before it).
+  decayed by 0.95 a step; each position's estimate shrunk toward the one before it with a weight of two steps, the
+  first toward 0.5: a position seldom or never tried reads as its neighbour, not as a coin).
 - confidence: draft until the head's top probability falls below `k_confidence` (Hugging Face's assisted
   generation, its assistant_confidence_threshold, default 0.4); the first draft is always made.
 At temperature > 0 each is lossless in distribution: a step's length depends only on what came before the verify
@@ -127,13 +128,15 @@ class Goodput:
         self.kmax, self.costs = kmax, costs
         self.hits = [0.0] * kmax
         self.trials = [0.0] * kmax
-        self.tried = 0  # the deepest position judged so far
 
     def conditional(self) -> list[float]:
-        """P(draft i kept | draft i-1 kept), i = 1..k (Laplace's prior; untried positions take the last tried one)."""
-        a = [(h + 1) / (t + 2) for h, t in zip(self.hits, self.trials)]
-        last = a[self.tried - 1] if self.tried else a[0]
-        return a[: self.tried] + [last] * (self.kmax - self.tried)
+        """P(draft i kept | draft i-1 kept), i = 1..k: each position's decayed counts with a prior of two steps at
+        the estimate of the position before it (0.5 for the first)."""
+        out, prior = [], 0.5
+        for h, t in zip(self.hits, self.trials):
+            prior = (h + 2 * prior) / (t + 2)
+            out.append(prior)
+        return out
 
     def next_k(self) -> int:
         reach, best, best_rate = [1.0], 1, -1.0  # reach[i] = P(accepted >= i)
@@ -152,7 +155,6 @@ class Goodput:
         for i in range(self.kmax):
             self.hits[i] = DECAY * self.hits[i] + (i < accepted)
             self.trials[i] = DECAY * self.trials[i] + (i < judged)
-        self.tried = max(self.tried, judged)
 
 
 class Confidence:

@@ -119,7 +119,8 @@ class RunConfig:
         group="executor", flag="--no-retain", tag="noretain", id=("tail", 5, None),
     )
     max_recaptures: int = param(
-        3, "invalidations before a slot falls back for good", group="executor",
+        3, "invalidations in a generation before a slot's plan falls back for good (each M's plan where the Verify slot "
+           "keeps one per M)", group="executor",
         rule=(lambda v: max_recaptures_problem(v) is None, "an integer >= 0"), tag="mr", id=("tail", 6, None),
     )
     verify_plans: str = param(
@@ -332,8 +333,8 @@ def run_problems(values: dict) -> list[str]:
     if cfg["prompts"] and (problem := prompt_problem(cfg["model"], cfg["prompts"], cfg["context"])):
         problems.append(problem)
     if cfg["context"] and not cfg["prompts"]:
-        problems.append(f"context={cfg['context']}: it cuts a prompt set's rows; give prompts (a set of the model's "
-                        "folder), or prompt_len for random tokens")
+        problems.append(f"context={cfg['context']}: it cuts a prompt set's rows, so it needs prompts (a set of the "
+                        "model's folder, e.g. pycode's context); random-token prompts take prompt_len instead")
     k = cfg["k"]
     k_refused = _preset_k_problem(cfg)
     if k_refused:

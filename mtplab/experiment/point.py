@@ -164,7 +164,7 @@ def run_mtplab_point(
     calibration = calibration if calibration is not None else calibration_for(run)
     if engine.primary_runs_copy:
         calibration = theory.on_the_copy(calibration)
-    alpha, alpha_source = acceptance_alpha(run, calibration, checked.spec["accepted"])
+    alpha, alpha_source = acceptance_alpha(run, calibration, checked.spec["accepted"], checked.spec["k"])
     # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction
     share = eager_share(slots, engine.target.labels)
     predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n, eager_share=share) if (
@@ -175,7 +175,8 @@ def run_mtplab_point(
     priced = theory.predict_steps(timed["accepted"], varied, run.schedule, run.commit, calibration, n, share) if (
         predicted and timed["accepted"] and n > 1) else None
     tracked = checked.spec.get("expected_acceptance")  # a sampled run's sum(min(p, q)) per judged draft
-    sampled = theory.sampled_acceptance(checked.spec["accepted"], k, tracked, run.schedule) if tracked else None
+    sampled = theory.sampled_acceptance(checked.spec["accepted"], k, tracked, run.schedule,
+                                        checked.spec["k"]) if tracked else None
     split = {key: v / len(samples) for key, v in timed["split"].items()}  # per speculative run
     acceptance = measure.acceptance(
         steps, int(sum(timed["accepted"])), int(sum(timed["ks"])), timed["generated"], timed["accepted"], k, timed["ks"]
@@ -335,7 +336,7 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         )
     lines += [
         f"  tokens/step {r.tokens_per_step:.2f}"
-        + (f" (theory {r.theory['tokens_per_step']:.2f}"
+        + (f" (theory{' at K=k every step' if r.k_per_step else ''} {r.theory['tokens_per_step']:.2f}"
            + (", from the alpha fitted to this run" if "sampled_acceptance" in r.theory else "") + ")"
            if "tokens_per_step" in r.theory else "")
         + "   acceptance length "
@@ -344,7 +345,9 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         " drafts a verify keeps, vLLM's measure; draft acceptance: drafts kept / drafted)",
     ]
     if r.acceptance_per_position:  # the peer reports neither
-        lines.append("  per position P(accepted>=i): " + " ".join(f"{p:.2f}" for p in r.acceptance_per_position)
+        deepest = max(r.k_per_step) if r.k_per_step else len(r.acceptance_per_position)  # "-": no step drafted it
+        lines.append("  per position P(accepted>=i): " + " ".join(
+            f"{p:.2f}" if i < deepest else "-" for i, p in enumerate(r.acceptance_per_position))
                      + (" (over the steps that drafted position i)" if r.k_per_step else ""))
     if r.k_per_step:
         lines.append(f"  drafts per step (k_policy {c.get('k_policy')}, last timed run): {k_histogram_text(r.k_per_step)};"

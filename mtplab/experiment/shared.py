@@ -54,13 +54,15 @@ def check_engine(run: RunConfig, engine: Engine, artifact: Artifact | None) -> N
         raise ValueError(f"the engine was built for another config than this run ({detail}): build one for this run")
 
 
-def acceptance_alpha(run: RunConfig, calibration: dict, accepted: list[int] | None = None) -> tuple[float | None, str]:
+def acceptance_alpha(run: RunConfig, calibration: dict, accepted: list[int] | None = None,
+                     ks: list[int] | None = None) -> tuple[float | None, str]:
     """The per-position acceptance a prediction uses, and where it comes from (the run's drafter says; a sampled
-    run's own, measured: the calibration measures greedy acceptance, and sampling accepts otherwise)."""
+    run's own, measured: the calibration measures greedy acceptance, and sampling accepts otherwise; ks: each step's
+    drafts where a draft-length policy chose them)."""
     if run.temperature > 0:
         if not accepted:
             return None, "none (a sampled run's acceptance is its own, and it has no steps)"
-        per_position = theory.measured_per_position(accepted, run.k)
+        per_position = theory.measured_per_position(accepted, run.k, ks)
         return theory.fit_alpha(per_position), f"measured in the checked run (temperature {run.temperature:g})"
     source = DRAFTERS.get(run.drafter).acceptance
     if source == "setting":

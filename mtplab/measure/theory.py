@@ -38,17 +38,19 @@ def measured_per_position(accepted, k: int, ks=None) -> list[float]:
     return [float((acc[drafted >= i] >= i).mean()) if (drafted >= i).any() else 0.0 for i in range(1, k + 1)]
 
 
-def sampled_acceptance(accepted, k: int, tracked: dict, schedule: str = "decode-verify") -> dict:
+def sampled_acceptance(accepted, k: int, tracked: dict, schedule: str = "decode-verify", ks=None) -> dict:
     """Rejection sampling's acceptance, expected against measured, over the drafts the verifies judged.
 
     A judged draft x ~ q is kept with probability sum(min(p, q)) at its position (tracked: the verify's p and the
     drafter's q, per judged draft), so the kept share of the judged drafts estimates their mean expected
     acceptance; draft i is judged when the i - 1 before it were kept. The expected tokens per step come from the
     expected per-position acceptance e_i as 1 + sum_i prod_{j <= i} e_j (plus the schedule's decodes), the
-    closed form with e_i in place of a common alpha (exact when acceptance is independent of the context).
+    closed form with e_i in place of a common alpha (exact when acceptance is independent of the context). ks: each
+    step's drafts where a draft-length policy chose them (a position a step did not draft is not judged).
     """
     acc = np.asarray(accepted, dtype=int)
-    judged = [int((acc >= i - 1).sum()) for i in range(1, k + 1)]
+    drafted = np.full(len(acc), k) if ks is None else np.asarray(ks, dtype=int)
+    judged = [int(((acc >= i - 1) & (drafted >= i)).sum()) for i in range(1, k + 1)]
     kept = [int((acc >= i).sum()) for i in range(1, k + 1)]
     expected = tracked["expected"]
     total = sum(judged)

@@ -260,7 +260,8 @@ def capacity_problem(prompt_len: int, tokens: int, k: int, capacity: int, what: 
     headroom = 2 * (k + 1)
     if prompt_len + headroom >= capacity:
         return (
-            f"prompt_len={prompt_len}: the prompt and 2*(k+1) = {headroom} tokens of verify headroom leave no room "
+            f"a prompt of {prompt_len} tokens (prompt_len, or a prompt set's row cut to context): the prompt and "
+            f"2*(k+1) = {headroom} tokens of verify headroom leave no room "
             f"for tokens in {what} {capacity}"
         )
     need = prompt_len + tokens + headroom

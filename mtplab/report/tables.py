@@ -158,11 +158,14 @@ def head_table(df: pd.DataFrame) -> pd.DataFrame:
         "tokens": [_tokens_text(t, ok, p) for t, ok, p in zip(temperature, rows.lossless.fillna(False).astype(bool),
                                                                peer)],
     })
+    if "schedule" in rows and rows.schedule[~peer].nunique() > 1:  # the peer runs genai's own step
+        out.insert(4, "schedule", rows.schedule.where(~peer, "-").to_numpy())
     if "k_policy" in rows and (rows.k_policy.fillna("fixed") != "fixed").any():  # K chosen per step: say by whom
         named = [f"{kp} {c:g}" if kp == "confidence" else kp for kp, c in
                  zip(rows.k_policy.fillna("fixed"), rows.get("k_confidence", pd.Series(0.0, index=rows.index)))]
         out.insert(3, "k_policy", pd.Series(named, index=rows.index).where(~peer, "-").to_numpy())
-    return out.sort_values(["text", "T", "k", "engine", "commit"], kind="stable").reset_index(drop=True)
+    order = [c for c in ("text", "T", "k", "engine", "schedule", "commit") if c in out]
+    return out.sort_values(order, kind="stable").reset_index(drop=True)
 
 
 def _deepest(ks, k: int) -> int:

@@ -179,13 +179,14 @@ def _process_stream():
     return cupy.cuda.Stream(non_blocking=True)
 
 
-def device_for(backend: str, max_recaptures: int = 3, threads: int = 0) -> Device:
-    """The Device for a RunConfig backend; CUDA gets max_recaptures + 1 graph ids per slot.
+def device_for(backend: str, max_recaptures: int = 3, threads: int = 0, plans: int = 1) -> Device:
+    """The Device for a RunConfig backend; CUDA gets max_recaptures + 1 graph ids per plan a slot keeps (plans: one
+    per M where the Verify slot keeps a plan per M, k of them).
 
     threads: the sessions' intra-op threads (RunConfig.threads; 0: onnxruntime's default).
     """
     if backend == "cpu":
         return cpu_device(threads)
     if backend == "cuda":
-        return cuda_device(max_recaptures + 1, threads)
+        return cuda_device((max_recaptures + 1) * plans, threads)
     raise ValueError(f"unknown backend {backend!r}: allowed values are ['cpu', 'cuda']")
