@@ -49,7 +49,7 @@ test-full: $(STAMP)
 
 # Trains models/pycode again (torch lives only in .venv-train, never in make test or make demo): data, training
 # (resumable: a stopped run continues from train/work/ckpt.pt), export with its checks, the model card, the prompt sets.
-TRAIN_MINUTES ?= 22
+TRAIN_STEPS ?= 1352
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 .venv-train/.installed: train/requirements.txt
 	$(PY) -m venv .venv-train
@@ -59,7 +59,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 train: .venv-train/.installed
 	.venv-train/bin/python train/data.py
-	nice -n 19 .venv-train/bin/python train/train.py --minutes $(TRAIN_MINUTES) --resume
+	nice -n 19 .venv-train/bin/python train/train.py --steps $(TRAIN_STEPS) --resume
 	.venv-train/bin/python train/export.py
 	.venv-train/bin/python train/card.py
 	.venv-train/bin/python train/prompts.py

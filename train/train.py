@@ -53,7 +53,7 @@ def evaluate(trunk, mtp, windows) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=22.0, help="wall-clock training budget (all resumes together)")
+    ap.add_argument("--minutes", type=float, default=22.0, help="wall-clock training budget (all resumes together); ignored with --steps")
     ap.add_argument("--steps", type=int, default=None, help="stop after this many steps (cosine over steps)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
@@ -126,7 +126,7 @@ def main() -> None:
     while True:
         if args.steps and step >= args.steps:
             break
-        if elapsed >= budget:
+        if not args.steps and elapsed >= budget:  # with --steps the step count decides, not the clock
             break
         t0 = time.time()
         lr = lr_at(step, elapsed)
