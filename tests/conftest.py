@@ -18,9 +18,10 @@ def pytest_unconfigure(config):
 
 from mtplab.model import build_model, preset  # noqa: E402
 from mtplab.runtime.arena import Arena  # noqa: E402 - after the cache is set
-from mtplab.runtime.executor import Executor, Slot, SlotMemory  # noqa: E402
+from mtplab.runtime.executor import Executor, Slot  # noqa: E402
 from mtplab.runtime.plans import CpuPlanBackend  # noqa: E402
 from mtplab.runtime.sessions import make_session  # noqa: E402
+from mtplab.runtime.slot_memory import SlotMemory  # noqa: E402
 from mtplab.runtime.state import TargetState, target_io  # noqa: E402
 
 

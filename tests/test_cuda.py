@@ -15,7 +15,8 @@ from mtplab.model.graph import replay_transitions, replay_transitions_xp, transi
 from mtplab.runtime import cuda
 from mtplab.runtime.arena import Arena, address
 from mtplab.runtime.device import Device
-from mtplab.runtime.executor import Binding, Executor, Slot, SlotMemory, Status
+from mtplab.runtime.executor import Binding, Executor, Slot, Status
+from mtplab.runtime.slot_memory import SlotMemory
 
 
 class FakeRunOptions:

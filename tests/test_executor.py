@@ -13,9 +13,10 @@ from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import Arena
-from mtplab.runtime.executor import COUNTER_KEYS, Executor, Slot, SlotMemory, Status
+from mtplab.runtime.executor import COUNTER_KEYS, Executor, Slot, Status
 from mtplab.runtime.policy import policy
 from mtplab.runtime.sessions import make_session
+from mtplab.runtime.slot_memory import SlotMemory
 from mtplab.runtime.state import TargetState, target_io
 
 

@@ -66,8 +66,9 @@ def test_the_cpu_linear_attention_kernel_on_one_buffer_computes_bitwise_what_it_
     forward after forward, at M=1 and M>1 (a prefill, decodes, verify-sized chunks)."""
     from mtplab.model.builder import open_builder
     from mtplab.model.prompts import prompt_tokens
-    from mtplab.runtime.executor import Executor, Slot, SlotMemory
+    from mtplab.runtime.executor import Executor, Slot
     from mtplab.runtime.sessions import make_session
+    from mtplab.runtime.slot_memory import SlotMemory
 
     art = open_builder(Path(__file__).parent / "data" / "builder-tiny")
     session = make_session(art.description.target.path)

@@ -131,6 +131,6 @@ def plan_counts(engine) -> dict[str, tuple[int, int]]:
     out = {}
     for ex in (engine.target, engine.mtp):
         for slot in ex.state:
-            states = list(ex.shaped[slot].values()) if slot in ex.shaped else [ex.state[slot]]
+            states = ex.plan_states(slot).values()
             out[ex.labels[slot]] = (len(states), sum(st.status is Status.READY for st in states))
     return out

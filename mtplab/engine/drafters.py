@@ -25,9 +25,10 @@ from mtplab.engine.mixture import MixtureDrafter
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.description import ModelDescription, length_feeds
 from mtplab.runtime.arena import array_module
-from mtplab.runtime.executor import Executor, Slot, SlotMemory
+from mtplab.runtime.executor import Executor, Slot
 from mtplab.runtime.policy import presize
 from mtplab.runtime.sessions import refused_run
+from mtplab.runtime.slot_memory import SlotMemory
 from mtplab.runtime.state import MtpState, mtp_io
 
 
@@ -201,8 +202,7 @@ def head_executor(desc: ModelDescription, dev, state: MtpState, run, path, arena
     executor = Executor({Slot.PRIMARY: session, Slot.VERIFY: session}, memory,
                         labels={Slot.PRIMARY: "mtp", Slot.VERIFY: "mtp-commit"}, backend=dev.backend,
                         max_recaptures=run.max_recaptures, validate=run.validate,
-                        # its commit runs at the verify's M: a plan per M where the Verify slot keeps one per M
-                        plan_per_shape=frozenset({Slot.VERIFY}) if run.verify_plans == "per-length" else frozenset())
+                        plan_per_shape=run.plan_per_shape)  # its commit runs at the verify's M
     return executor, draft_io
 
 

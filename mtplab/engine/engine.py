@@ -32,12 +32,6 @@ from mtplab.runtime.sessions import refused_run
 from mtplab.runtime.state import MtpState, TargetState, checked_length, fixed_io, target_io
 
 
-def verify_plans(spec) -> frozenset:
-    """The slots that keep a plan per input shape (Executor.plan_per_shape): the Verify slot's, one per M, unless the
-    spec asks for one plan (verify_plans='one')."""
-    return frozenset({Slot.VERIFY}) if spec.verify_plans == "per-length" else frozenset()
-
-
 class Engine:
     """Sessions, arenas, executors and state for one EngineSpec on one model and device."""
 
@@ -45,7 +39,7 @@ class Engine:
         """spec: an EngineSpec, or a run configuration that gives one (RunConfig.engine_spec())."""
         run = self.spec = spec if isinstance(spec, EngineSpec) else spec.engine_spec()
         dev = self.device = device or device_for(run.backend, run.max_recaptures, threads=run.threads,
-                                                 plans=run.k if verify_plans(run) else 1)
+                                                 plans=run.k if run.plan_per_shape else 1)
         self.art = artifact or model_for(run)
         # its states in place where the device's kernels allow it (the builder's LinearAttention state on the CPU)
         desc = self.desc = self.art.description.on_provider(dev.provider_name)
@@ -79,7 +73,7 @@ class Engine:
             max_recaptures=run.max_recaptures,
             validate=run.validate,
             retain_decode_graph_across_spec=run.retain_decode_graph_across_spec,
-            plan_per_shape=verify_plans(run),
+            plan_per_shape=run.plan_per_shape,
         )
         self.mtp_state = MtpState.allocate(desc, self.main, batch=B)
         self.mtp, draft_io = head_executor(desc, dev, self.mtp_state, run, self.art.mtp, self.arenas)

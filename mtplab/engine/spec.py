@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from mtplab.runtime.executor import Slot
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -36,6 +38,12 @@ class EngineSpec:
     retain_decode_graph_across_spec: bool
     max_recaptures: int
     verify_plans: str
+
+    @property
+    def plan_per_shape(self) -> frozenset:
+        """The slots that keep a plan per input shape (Executor.plan_per_shape), on the target's executor and the
+        head's alike: the Verify slot, one plan per M, unless verify_plans='one'."""
+        return frozenset({Slot.VERIFY}) if self.verify_plans == "per-length" else frozenset()
 
     def replace(self, **changes) -> EngineSpec:
         return dataclasses.replace(self, **changes)

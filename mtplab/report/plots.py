@@ -14,6 +14,7 @@ from mtplab.report.selection import (
     SCHEDULE,
     alpha_grid,
     measured_acceptance,
+    one_of,
     own_head,
     own_head_beside_peer,
     parse_json,
@@ -75,9 +76,9 @@ def peer_comparison(df: pd.DataFrame):
         _empty(ax, "onnxruntime-genai rows")
         return fig
     own = own_head_beside_peer(df)
-    if "prompts" in peer and peer.prompts.fillna("").nunique() > 1:  # the prompt set the peer ran most
-        pick = peer.prompts.fillna("").value_counts().index[0]
-        peer, own = peer[peer.prompts.fillna("") == pick], own[own.prompts.fillna("") == pick]
+    peer, pick = one_of(peer, "prompts")  # the prompt set the peer ran most
+    if pick is not None:
+        own = own[own.prompts.fillna("") == pick]
     series = [(f"mtplab {s}", own[own.schedule == s]) for s in sorted(own.schedule.unique())]
     series.append(("onnxruntime-genai MtpGenerator", peer))
     ks = sorted(set(peer.k))

@@ -18,6 +18,7 @@ COUNTERS = ("captures", "replays", "fallbacks", "invalidations", "hazards")
 SLOTS = ("primary", "verify", "mtp")
 PINNED = defaults()["policy"]  # the policy a figure of one policy shows when the sweep has it
 SCHEDULE = defaults()["schedule"]  # the schedule figures of one schedule show
+COMMIT = defaults()["commit"]  # the commit figures of one commit show when the sweep has it
 
 
 def ran(df: pd.DataFrame) -> pd.DataFrame:
@@ -82,21 +83,28 @@ def own_head_beside_peer(df: pd.DataFrame) -> pd.DataFrame:
     one commit's where it ran several (one_series)."""
     own = own_head(df)
     own = own[own.policy == PINNED] if PINNED in set(own.policy) else own
-    if "commit" in own and own.commit.nunique() > 1:
-        own = own[own.commit == ("select" if "select" in set(own.commit) else own.commit.value_counts().index[0])]
-    return own
+    return one_of(own, "commit", COMMIT)[0]
+
+
+def one_of(rows: pd.DataFrame, col: str, prefer: str = "") -> tuple[pd.DataFrame, str | None]:
+    """The rows of one value of `col` where a sweep ran several (`prefer` when it ran it, else the value with the most
+    rows), and that value (None when there was nothing to choose)."""
+    if col not in rows or rows[col].fillna("").nunique() <= 1:
+        return rows, None
+    values = rows[col].fillna("")
+    pick = prefer if prefer in set(values) else values.value_counts().index[0]
+    return rows[values == pick], pick
 
 
 def one_series(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """The rows of one commit and one prompt set, where a sweep ran several (the default commit, else the one with
-    the most rows; the same for prompt sets), and those choices in words ("" when there was nothing to choose)."""
+    the most rows; the prompt set with the most rows), and those choices in words ("" when there was nothing to
+    choose)."""
     said = []
-    for col, prefer in (("commit", "select"), ("prompts", "")):
-        if col in rows and rows[col].fillna("").nunique() > 1:
-            values = rows[col].fillna("")
-            pick = prefer if prefer in set(values) else values.value_counts().index[0]
-            rows = rows[values == pick]
-            said.append(f"{'prompt set' if col == 'prompts' else col} {pick or 'random'}")
+    for col, prefer, name in (("commit", COMMIT, "commit"), ("prompts", "", "prompt set")):
+        rows, pick = one_of(rows, col, prefer)
+        if pick is not None:
+            said.append(f"{name} {pick or 'random'}")
     return rows, ", ".join(said)
 
 

@@ -1,12 +1,11 @@
 """The two-slot executor: per-slot capture state, pure retarget, and per-slot counters.
 
-Slot.PRIMARY holds the M=1 decode plan and Slot.VERIFY the M=k+1 verify plan, on ONE executor.
-Each slot runs: eager warm-up -> capture -> replay while the binding signature matches. A
-mismatch invalidates and recaptures (bounded by max_recaptures per generation, then eager); a
-binding that cannot be made (buffer too small) declines into an eager run. A slot named in
-`plan_per_shape` keeps one such plan per input shape (the Verify slot when K changes from step to
-step: one plan per M, each captured once), its counters summed over them. The backend is the
-narrow seam where a plan is captured and replayed: IOBinding on CPU, CUDA graphs on GPU.
+Slot.PRIMARY holds the M=1 decode plan and Slot.VERIFY the M=k+1 verify plan, on ONE executor. Each slot runs:
+eager warm-up -> capture -> replay while the binding signature matches. A mismatch invalidates and recaptures
+(bounded by max_recaptures per generation, then eager); a binding that cannot be made (buffer too small) declines
+into an eager run. A slot in `plan_per_shape` keeps such a plan per input shape (Verify, when K changes from step
+to step: a plan per M), its counters summed over them. The backend is the narrow seam where a plan is captured
+and replayed: IOBinding on CPU, CUDA graphs on GPU.
 """
 
 from __future__ import annotations
@@ -18,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from mtplab.runtime.arena import Arena, Block, BufferTooSmall, layout_bytes, put
+from mtplab.runtime.arena import Block, BufferTooSmall
 from mtplab.runtime.plans import CaptureDeclined, CpuPlanBackend, PlanBackend
 from mtplab.runtime.signature import AddressCache, Binding, ReplayCheck, describe_mismatch, signature
+from mtplab.runtime.slot_memory import SlotMemory
 
 
 class Slot(enum.IntEnum):
@@ -77,80 +77,6 @@ class SlotCaptureState:
         return {k: getattr(self, k) for k in ACTIVITY_KEYS}
 
 
-@dataclass(eq=False)
-class SlotMemory:
-    """Where a slot's staged inputs and outputs live.
-
-    Named buffers come from `arena`. Outputs listed in `step_scoped` instead come from a block of
-    `pool`, acquired per step; unpinned, the block goes back to the pool at end_step(). Feeds in
-    `host_inputs` stay in host memory whatever the arena's device (inputs an op reads on the CPU).
-    """
-
-    arena: Arena
-    pool: Arena | None = None
-    step_scoped: frozenset[str] = frozenset()
-    pinned: bool = True
-    owner: str = ""
-    host_inputs: frozenset[str] = frozenset()
-    block: Block | None = None
-    views: dict[tuple, Any] = field(default_factory=dict)
-    host: dict[tuple, np.ndarray] = field(default_factory=dict)
-    reserve_bytes: int = 0  # a step-scoped block is taken at least this large (the largest forward's outputs)
-
-    def _view(self, name: str, shape: tuple[int, ...], dtype) -> Any:
-        key = (name, shape, dtype)
-        view = self.views.get(key)
-        if view is None:
-            view = self.views[key] = self.arena.view(name, shape, dtype)
-        return view
-
-    def stage(self, feeds: dict[str, Any]) -> dict[str, Any]:
-        """Copy the feeds into this slot's input buffers (stable addresses) and return those."""
-        views = {}
-        for name, value in feeds.items():
-            if name in self.host_inputs:  # one buffer per shape, as the arena's views: each plan keeps its own
-                key = (name, value.shape, value.dtype)
-                view = self.host.get(key)
-                if view is None:
-                    view = self.host[key] = np.empty(value.shape, value.dtype)
-            else:
-                view = self._view(f"feed.{name}", value.shape, value.dtype)
-            put(view, value)
-            views[name] = view
-        return views
-
-    def temporaries(self, feeds: dict[str, Any], outputs: dict[str, tuple]) -> tuple[dict, dict]:
-        """Fresh buffers for an eager run outside the slot's plan: (staged feeds, outputs)."""
-        xp = self.arena.xp
-        staged = {}
-        for name, value in feeds.items():
-            host = name in self.host_inputs or xp is np
-            staged[name] = np.ascontiguousarray(value) if host else xp.ascontiguousarray(xp.asarray(value))
-        outs = {n: (xp.empty(shape, dtype), None) for n, (shape, dtype) in outputs.items()}
-        return staged, outs
-
-    def outputs(self, spec: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, tuple[Any, Block | None]]:
-        scoped = {n: s for n, s in spec.items() if n in self.step_scoped and self.pool is not None}
-        out: dict[str, tuple[Any, Block | None]] = {}
-        if scoped:
-            need = layout_bytes(scoped)
-            if self.block is None:
-                self.block = self.pool.acquire(self.owner, max(need, self.reserve_bytes))
-            if self.block.nbytes < need:
-                raise BufferTooSmall(f"{self.owner} workspace: needs {need} bytes, block holds {self.block.nbytes}")
-            for name, view in self.block.carve(scoped).items():
-                out[name] = (view, self.block)
-        for name, (shape, dtype) in spec.items():
-            if name not in out:
-                out[name] = (self._view(name, shape, dtype), None)
-        return out
-
-    def end_step(self) -> None:
-        if self.block is not None and not self.pinned:
-            self.pool.release(self.block)
-            self.block = None
-
-
 class Executor:
     """One executor, up to two slots, each with its own session, memory and SlotCaptureState."""
 
@@ -175,8 +101,7 @@ class Executor:
         self.validate = validate
         self.retain = retain_decode_graph_across_spec
         self.state = {s: SlotCaptureState() for s in sessions}
-        # a slot with a plan per input shape: its capture state per shape; self.state[slot] is the one it ran last
-        # (what its status, plan and reason say), its first state kept for the eager runs before any shape ran
+        # a capture state per input shape where a slot keeps a plan per shape; self.state[slot]: the one it ran last
         self.shaped: dict[Slot, dict[tuple, SlotCaptureState]] = {s: {} for s in plan_per_shape if s in sessions}
         self._first = {s: self.state[s] for s in self.shaped}
         self.address = AddressCache()
@@ -186,20 +111,27 @@ class Executor:
         shaped = self.shaped.get(slot)
         if shaped is None:
             return self.state[slot]
-        st = self.state[slot] = shaped.setdefault(tuple(np.shape(v) for v in feeds.values()), SlotCaptureState())
+        key = tuple(np.shape(v) for v in feeds.values())
+        if key not in shaped:
+            shaped[key] = SlotCaptureState()
+        st = self.state[slot] = shaped[key]
         return st
 
+    def plan_states(self, slot: Slot) -> dict[tuple, SlotCaptureState]:
+        """The capture states that hold a slot's plans, by feed shapes: one per shape where it keeps a plan per shape,
+        else its one (under the key ())."""
+        return dict(self.shaped[slot]) if slot in self.shaped else {(): self.state[slot]}
+
     def slot_states(self, slot: Slot) -> list[SlotCaptureState]:
-        """Every capture state of a slot: its one, or its first and one per shape where it keeps a plan per shape."""
-        if slot not in self.shaped:
-            return [self.state[slot]]
-        return [self._first[slot], *self.shaped[slot].values()]
+        """Every capture state of a slot: its plans', and its first where it keeps a plan per shape (the eager runs
+        before any shape ran)."""
+        first = [self._first[slot]] if slot in self.shaped else []
+        return first + list(self.plan_states(slot).values())
 
     def plans(self, slot: Slot) -> list[dict]:
-        """A slot's plans (one per shape where it keeps them so): feed shapes, captures, replays, bytes it binds."""
-        shaped = self.shaped.get(slot, {0: self.state[slot]})
-        return [{"shapes": [list(s) for s in key] if isinstance(key, tuple) else None, "captures": st.captures,
-                 "replays": st.replays, "plan_bytes": st.plan_bytes} for key, st in shaped.items()]
+        """A slot's plans: feed shapes, captures, replays and the bytes of slot buffers each binds."""
+        return [{"shapes": key, "captures": st.captures, "replays": st.replays, "plan_bytes": st.plan_bytes}
+                for key, st in self.plan_states(slot).items()]
 
     # -- retarget and lifecycle -------------------------------------------------------------
     def new_generation(self) -> None:
@@ -385,20 +317,17 @@ class Executor:
     # -- reporting -------------------------------------------------------------------------
     def counters(self) -> dict[str, dict[str, int]]:
         """{slot label: {captures, replays, fallbacks, invalidations, hazards}}."""
-        return {self.labels[s]: _summed(st.counters() for st in self.slot_states(s)) for s in self.state}
+        return {self.labels[s]: self._summed(s, COUNTER_KEYS) for s in self.state}
 
     def activity(self) -> dict[str, dict[str, int]]:
         """{slot label: counters plus warm-ups and eager runs}: what the timed-round audit compares."""
-        return {self.labels[s]: _summed(st.activity() for st in self.slot_states(s)) for s in self.state}
+        return {self.labels[s]: self._summed(s, ACTIVITY_KEYS) for s in self.state}
+
+    def _summed(self, slot: Slot, keys: tuple[str, ...]) -> dict[str, int]:
+        return {k: sum(getattr(st, k) for st in self.slot_states(slot)) for k in keys}  # over the slot's plans
 
     def format_counters(self) -> str:
         """The seed's form: `primary: captures=1 replays=127 fallbacks=0 invalidations=0 hazards=0`."""
         return "\n".join(
             f"{label}: " + " ".join(f"{k}={v}" for k, v in c.items()) for label, c in self.counters().items()
         )
-
-
-def _summed(counts) -> dict[str, int]:
-    """Counters of several capture states (a slot's plans) added up."""
-    dicts = list(counts)
-    return {k: sum(c[k] for c in dicts) for k in dicts[0]}

@@ -58,7 +58,8 @@ def slot_memory(pol: ArenaPolicy, device, main, specs, host_inputs=frozenset(), 
     presizes); primary_specs: the Primary slot's own, where a sibling policy runs it on another graph.
     scoped: the Verify slot's step-scoped outputs (its logits and hidden state).
     """
-    from mtplab.runtime.executor import Slot, SlotMemory
+    from mtplab.runtime.executor import Slot
+    from mtplab.runtime.slot_memory import SlotMemory
 
     if not pol.sibling_session:
         arena = device.arena("shared")
