@@ -31,7 +31,8 @@ from pathlib import Path
 
 from mtplab.experiment.calibrate import sweep_calibration
 from mtplab.experiment.config import RunConfig
-from mtplab.experiment.point import dedicate_process, result_text, run_point
+from mtplab.experiment.point import dedicate_process, run_point
+from mtplab.experiment.result_text import result_text
 from mtplab.report import plots
 from mtplab.sweep import workspace
 from mtplab.sweep.grid import Point

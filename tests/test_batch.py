@@ -128,7 +128,8 @@ def test_batch_one_keeps_its_point_id():
 
 
 def test_a_batch_point_reports_rows_and_its_prediction(tiny):
-    from mtplab.experiment.point import result_text, run_point
+    from mtplab.experiment.point import run_point
+    from mtplab.experiment.result_text import result_text
 
     run = batch_run(2).replace(rounds=2, tokens=24)
     result = run_point(run, tiny)

@@ -235,7 +235,7 @@ def test_cli_run_on_the_folder_is_lossless_and_records_the_model(tmp_path, capsy
 
     out = tmp_path / "r.json"
     code = main(["run", "--model", str(FIXTURE), "--drafter", "oracle", "--alpha", "0.7", "--k", "2", "--tokens", "24",
-                 "--rounds", "1", "--commit", "select", "--out", str(out)])
+                 "--rounds", "1", "--commit", "select", "--out", str(out), "--allow-suspect"])
     assert code == 0, capsys.readouterr().err
     result = json.loads(out.read_text())
     assert result["lossless"] and result["model"]["name"] == "builder-tiny" and result["model"]["kind"] == "builder"
@@ -383,7 +383,8 @@ def test_a_short_context_runs_and_calibrates_within_it(copy, capsys):
     cfg["model"]["context_length"] = 24  # the calibration's own sizes (k up to 7, 16 greedy decodes) do not fit
     (copy / "genai_config.json").write_text(json.dumps(cfg))
     assert open_builder(copy).description.capacity == 24
-    run = ["run", "--model", str(copy), "--drafter", "oracle", "--alpha", "0.7", "--k", "1", "--rounds", "1"]
+    run = ["run", "--model", str(copy), "--drafter", "oracle", "--alpha", "0.7", "--k", "1", "--rounds", "1",
+           "--allow-suspect"]
     assert main([*run, "--tokens", "8"]) == 0, capsys.readouterr().err
     from mtplab.base.threads import threads_used
     from mtplab.experiment.calibrate import cache_key, cache_path
@@ -446,7 +447,7 @@ def test_a_k_beyond_the_calibrated_verify_sizes_runs_without_a_prediction(capsys
     from mtplab.cli.main import main
 
     code = main(["run", "--model", str(FIXTURE), "--k", "9", "--tokens", "24", "--rounds", "2", "--drafter", "oracle",
-                 "--commit", "readvance-m1", "--json"])
+                 "--commit", "readvance-m1", "--json", "--allow-suspect"])
     assert code == 0
     r = json.loads(capsys.readouterr().out)
     assert r["lossless"] and r["config"]["k"] == 9 and not r.get("predicted")

@@ -48,14 +48,14 @@ def test_cuda_backend_without_a_gpu_says_what_is_missing_with_the_bad_options_be
 
 
 def test_json_prints_exactly_one_object(tiny, capsys):
-    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "24", "--json"]) == 0
+    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "24", "--json", "--allow-suspect"]) == 0
     out = capsys.readouterr().out
     obj = json.loads(out)
     assert obj["config"]["k"] == 2 and obj["lossless"] is True
 
 
 def test_human_summary_has_counters_in_the_seed_form(tiny, capsys):
-    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "24", "--policy", "shared-max"]) == 0
+    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "24", "--policy", "shared-max", "--allow-suspect"]) == 0
     out = capsys.readouterr().out
     assert "speedup" in out and "verify: captures=1 replays=" in out and "OK: identical to greedy" in out
 
@@ -120,9 +120,12 @@ def test_bad_sweep_options_are_reported_together(tmp_path, capsys):
 
 
 def test_json_never_contains_nan(tiny, capsys):
-    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "2", "--rounds", "1", "--json"]) == 0
+    # --allow-suspect: a busy machine may hold a 1-token side beyond its timing floor's band (exit 3, more rounds)
+    assert main(["run", "--preset", "tiny", "--k", "2", "--tokens", "2", "--rounds", "1", "--json", "--allow-suspect"]) == 0
     obj = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    assert obj["steps"] == 1 and obj["speedup_ci"] == [None, None]  # one round has no interval: NaN, written as null
+    assert obj["steps"] == 1
+    if obj["extra"]["rounds"]["floor_rounds"] == 0:  # one round has no interval: NaN, written as null
+        assert obj["speedup_ci"] == [None, None]
 
 
 def test_the_unvalidated_batched_readvance_is_refused_with_the_reason(capsys):

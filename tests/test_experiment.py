@@ -36,7 +36,8 @@ def _calibration(t1: float = 1e-3) -> dict:
 def test_paired_rounds_count_the_same_tokens_on_both_sides(tiny):
     run = RunConfig(model="tiny", k=2, tokens=20, drafter="oracle", alpha=0.7, rounds=3)
     r = run_point(run, tiny, calibration=_calibration())
-    assert len(r.round_samples) == 3 and [s["order"] for s in r.round_samples] == [
+    more = r.extra["rounds"]["floor_rounds"]  # rounds a side beyond its timing floor's band adds (a busy machine)
+    assert len(r.round_samples) == 3 + more and [s["order"] for s in r.round_samples][:3] == [
         "greedy-speculative",
         "speculative-greedy",
         "greedy-speculative",
@@ -92,13 +93,13 @@ def test_an_mtp_point_predicts_from_the_acceptance_calibration(tiny):
 
 
 def test_a_point_with_rounds_auto_says_how_its_rounds_ended(tiny):
-    from mtplab.experiment.point import result_text
+    from mtplab.experiment.result_text import result_text
     from mtplab.measure.rounds import AUTO_MAX_ROUNDS
 
     run = RunConfig(model="tiny", k=2, tokens=16, drafter="oracle", alpha=0.7, rounds="auto", rounds_budget=2.0)
     r = run_point(run, tiny, calibration=_calibration())
     plan = r.extra["rounds"]
-    assert plan["mode"] == "auto" and plan["rounds"] == len(r.round_samples) >= 1
+    assert plan["mode"] == "auto" and plan["rounds"] + plan["floor_rounds"] == len(r.round_samples) >= 1
     # how it ended depends on the machine's noise (the rule itself is tested on injected clocks in test_measure)
     assert plan["stopped"] in ("within target", "budget spent", f"cap of {AUTO_MAX_ROUNDS} rounds reached")
     assert (plan["stopped"] == "within target") == (plan["half_width"] <= 0.03)  # the default target

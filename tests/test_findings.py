@@ -108,3 +108,16 @@ def test_the_report_answers_first_with_the_real_heads_best_point_its_interval_an
     assert findings.answer(df[df.engine == "ort-genai"]).startswith("**No speculative point of mtplab's own engine")
     first = findings.sweep_findings(df.assign(**{"theory.alpha": 0.7})).splitlines()[0]
     assert first.startswith("- Real MTP head:")  # the answer heads the findings; how sure and the caveats follow
+
+
+def test_suspect_points_are_named_with_why_in_how_sure():
+    import pandas as pd
+
+    from mtplab.report.findings import suspect_findings
+
+    df = pd.DataFrame({"point_id": ["a", "b"], "status": ["ok", "suspect"],
+                       "suspect": ["[]", '["greedy: 40.0 us a token beyond the bare replays"]']})
+    (line,) = suspect_findings(df)
+    assert line.startswith("- **Suspect timing**: 1 point had a timed side beyond its timing floor's band")
+    assert "`b`: greedy: 40.0 us a token" in line and "`a`" not in line
+    assert suspect_findings(df[df.status == "ok"]) == []

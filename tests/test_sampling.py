@@ -446,7 +446,8 @@ def test_sampled_acceptance_far_from_its_expectation_is_flagged():
 def test_a_sampled_oracle_point_reports_expected_beside_measured_acceptance():
     from conftest import synthetic_calibration
 
-    from mtplab.experiment.point import result_text, run_mtplab_point
+    from mtplab.experiment.point import run_mtplab_point
+    from mtplab.experiment.result_text import result_text
 
     r = run_mtplab_point(RunConfig(model="tiny", drafter="oracle", alpha=0.6, temperature=1.0, k=3, tokens=48,
                                    rounds=2, acceptance="rejection-sampling"), calibration=synthetic_calibration())

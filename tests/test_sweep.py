@@ -36,10 +36,10 @@ def test_smoke_sweep_writes_one_row_per_point(smoke):
     spec = grid.load(preset="smoke")
     df = pd.read_parquet(smoke / "results.parquet")
     assert sorted(df.point_id) == sorted(p.id for p in spec.points)
-    assert (df.status == "ok").all() and df.lossless.all()
+    assert df.status.isin(store.LOSSLESS).all() and df.lossless.all()
     assert {"speedup", "slots.verify.replays", "theory.speedup", "config.k"} <= set(df.columns)
     s = json.loads((smoke / "sweep.json").read_text())
-    assert (s["ok"], s["failed"], s["points"]) == (len(spec.points), 0, len(spec.points))
+    assert (s["ok"] + s["suspect"], s["failed"], s["points"]) == (len(spec.points), 0, len(spec.points))
     ran = sorted({int(t) for t in df["config.threads"]})  # what the points ran, as the header tells it
     assert s["threads_per_point"] == (ran[0] if len(ran) == 1 else ran)
     for p in spec.points:
@@ -138,7 +138,7 @@ def assert_resume_runs_exactly_the_missing_points(cmd, points: Path, total: int)
     after = finished_points(points)
     assert len(after) == total and all(after[p] == t for p, t in before.items())
     df = pd.read_parquet(points.parent / "results.parquet")
-    assert df.point_id.is_unique and len(df) == total and (df.status == "ok").all()
+    assert df.point_id.is_unique and len(df) == total and df.status.isin(store.LOSSLESS).all()
     assert not [p for p in points.iterdir() if p.name.startswith(".")]
 
 
@@ -173,7 +173,7 @@ def test_sigint_finishes_running_points_collects_and_resume_runs_the_rest(tmp_pa
     assert len(finished) == 1, "the running point finishes, no other starts"
     assert not [p for p in points.iterdir() if p.name.startswith(".")], "scratch folders left behind"
     s = json.loads((points.parent / "sweep.json").read_text())
-    assert s["interrupted"] and s["ok"] == 1
+    assert s["interrupted"] and s["ok"] + s["suspect"] == 1
     assert sorted(pd.read_parquet(points.parent / "results.parquet").point_id) == sorted(finished)
     assert_resume_runs_exactly_the_missing_points(cmd, points, 2)
 
@@ -228,7 +228,7 @@ def test_a_second_sweep_on_the_same_folder_is_refused_naming_the_holder(tmp_path
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     df = pd.read_parquet(tmp_path / "results" / "quick" / "results.parquet")
-    assert df.point_id.is_unique and len(df) == 1 and (df.status == "ok").all()
+    assert df.point_id.is_unique and len(df) == 1 and df.status.isin(store.LOSSLESS).all()
 
 
 @pytest.mark.parametrize("damage, words", [
@@ -291,6 +291,18 @@ def test_a_result_edited_on_disk_is_refused_named_and_not_published(smoke, tmp_p
         store.load(sweep_dir)  # the table collected before the edit says otherwise than the folder now
 
 
+def test_a_suspect_flag_edited_on_disk_either_way_is_refused(smoke, tmp_path):
+    import shutil
+
+    sweep_dir = tmp_path / "smoke"
+    shutil.copytree(smoke, sweep_dir)
+    point = store.point_folders(sweep_dir / "points")[0]
+    data = json.loads((point / "result.json").read_text())
+    flipped = [] if data["suspect"] else ["greedy: planted"]  # cleared where its rounds say suspect, else set
+    (point / "result.json").write_text(json.dumps(data | {"suspect": flipped}))
+    assert f"suspect={flipped!r}, but its rounds' timing floors say" in store.corrupt_reason(point)
+
+
 def test_a_results_table_edited_on_disk_is_refused_naming_the_point(smoke, tmp_path):
     import shutil
 
@@ -321,7 +333,7 @@ def test_a_corrupt_point_is_named_moved_aside_and_run_again(smoke, tmp_path, cap
     assert f"point {bad}: unreadable result.json" in err and "it runs again" in err
     assert (sweep_dir / "points" / ".corrupt" / bad / "result.json").read_text() == truncated
     assert json.loads(result.read_text())["lossless"] is True
-    assert (store.load(sweep_dir).status == "ok").all()
+    assert store.load(sweep_dir).status.isin(store.LOSSLESS).all()
 
 
 def test_a_point_that_fails_its_lossless_check_is_a_mismatch_and_fails_the_sweep(
@@ -535,8 +547,9 @@ def test_the_sweep_writes_its_calibration_and_the_quality_view_reads_it(smoke):
     assert all(isinstance(summary[k], float) for k in ("load_start", "load_end"))
     df = store.load(smoke)
     assert (df.rounds == 3).all()  # the table's `rounds` is the config's; result.json keeps every round
-    for point in (smoke / "points").iterdir():
-        assert len(json.loads((point / "result.json").read_text())["round_samples"]) == 3
+    for point in (smoke / "points").iterdir():  # and the rounds a side beyond its timing floor's band added
+        result = json.loads((point / "result.json").read_text())
+        assert len(result["round_samples"]) == 3 + result["extra"]["rounds"]["floor_rounds"]
     text = quality.quality_markdown(df, summary, calibration)
     assert "of 6 stable" in text and "T(M)/T(1)" in text and "Threads per point" in text
     assert "onnxruntime-genai rows included" not in text  # the smoke sweep has none
@@ -586,9 +599,9 @@ def test_the_results_index_lists_an_unreadable_sweep_json_and_still_lists_the_ot
         (tmp_path / name / "sweep.json").write_text(text, encoding="latin-1" if name == "binary" else "utf-8")
     page = store.write_index(tmp_path).read_text()
     assert "<td>good</td><td>2026-12-04</td>" in page and "<td>3</td>" in page
-    assert "<td>broken</td><td colspan='6'>unreadable sweep.json: Expecting property name" in page
-    assert "<td>alist</td><td colspan='6'>unreadable sweep.json: a JSON list, not an object" in page
-    assert "<td>binary</td><td colspan='6'>unreadable sweep.json:" in page
+    assert "<td>broken</td><td colspan='7'>unreadable sweep.json: Expecting property name" in page
+    assert "<td>alist</td><td colspan='7'>unreadable sweep.json: a JSON list, not an object" in page
+    assert "<td>binary</td><td colspan='7'>unreadable sweep.json:" in page
 
 
 def test_a_model_whose_weights_are_cut_short_stops_the_sweep_before_any_calibration(tmp_path, capsys):

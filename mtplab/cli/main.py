@@ -113,7 +113,8 @@ def _run(args) -> int:
     if problems:
         print("mtplab run: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
         return 2
-    from mtplab.experiment.point import dedicate_process, result_text, run_point
+    from mtplab.experiment.point import dedicate_process, run_point
+    from mtplab.experiment.result_text import result_text
 
     if args.own_process:  # this process runs this point only: its sessions share one thread pool
         dedicate_process(run)
@@ -142,6 +143,8 @@ def _run(args) -> int:
     print(result.to_json() if args.json else result_text(result, args.verbose))
     if not result.lossless and not args.allow_mismatch:
         return 1
+    if result.suspect and not args.allow_suspect:
+        return 3
     return 0
 
 
@@ -300,6 +303,8 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="greedy baseline vs speculative decoding, one point", **fmt)
     add_run_options(r)
     r.add_argument("--allow-mismatch", action="store_true", help="exit 0 even if the lossless check fails")
+    r.add_argument("--allow-suspect", action="store_true",
+                   help="exit 0 even if a timed side is beyond its timing floor's band (else exit 3)")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object")
     r.add_argument("--verbose", action="store_true", help="the identity check's details under its one-line verdict")
     r.add_argument("--out", help="also save the RunResult JSON here")

@@ -25,8 +25,9 @@ from mtplab.engine import batch
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.shared import acceptance_alpha, engine_for
+from mtplab.experiment.timing import floor_seconds, held_plans
+from mtplab.measure import floor, stats, theory
 from mtplab.measure import rounds as measure
-from mtplab.measure import stats, theory
 from mtplab.measure.env import environment
 from mtplab.measure.published import result_problems
 from mtplab.measure.result import RunResult
@@ -67,14 +68,14 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     forwards = dict(engine.forwards)
     plan = measure.RoundsPlan.of(run)
     samples: list[dict] = []
-    split: dict = {}
     row_seconds: list[list[float]] = [[] for _ in range(B)]
-    spec = checked.spec
-    for r in plan.rounds(samples):
+    got = {"spec": checked.spec, "split": {}}
+
+    def paired(r: int) -> dict:
         order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
         sample = measure.paired_round(r, order)
         for side in order:
-            trace = Trace.begin(engine)
+            trace, plans = Trace.begin(engine), held_plans(engine)
             if side == "greedy":
                 g = timed = batch.greedy(engine, prompts, n)
                 returned = time.perf_counter()
@@ -83,23 +84,33 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                 if g.tokens != [t[:n] for t in checked.greedy.tokens]:
                     problems.append(f"round {r}: a timed greedy run's tokens differ from the checked run's")
             else:
-                spec = timed = batch.speculative(engine, prompts, n, references=checked.greedy.tokens)
+                spec = got["spec"] = timed = batch.speculative(engine, prompts, n, references=checked.greedy.tokens)
                 returned = time.perf_counter()
                 trace.end(engine, spec.tokens[0])
                 _record(sample, side, spec.tokens, n, spec.seconds)
                 sample["steps"] = spec.steps
-                split = {key: split.get(key, 0.0) + v for key, v in spec.split.items()}
+                got["split"] = {key: got["split"].get(key, 0.0) + v for key, v in spec.split.items()}
                 for b, s in enumerate(spec.finished):
                     row_seconds[b].append(s)
-                problems += [f"round {r}, speculative: {p}" for p in timed_state_problems(engine, checked)]
+                problems.extend(f"round {r}, speculative: {p}" for p in timed_state_problems(engine, checked))
                 if spec.tokens != checked.spec.tokens or spec.accepted != checked.spec.accepted:
                     problems.append(f"round {r}: a timed speculative run's tokens or accepted counts differ from the "
                                     "checked run's")
-            problems += [f"round {r}, {side}: {p}" for p in timed_problems(engine, side, trace, n, prompts.shape[1],
-                                                                            checked)]
-            problems += [f"round {r}, {side}: {p}" for p in clock_problems(engine, timed.started, timed.seconds,
-                                                                            returned)]
-        samples.append(measure.close_round(sample))
+            problems.extend(f"round {r}, {side}: {p}" for p in timed_problems(engine, side, trace, n, prompts.shape[1],
+                                                                               checked))
+            problems.extend(f"round {r}, {side}: {p}" for p in clock_problems(engine, timed.started, timed.seconds,
+                                                                               returned))
+            sample["greedy_floor_seconds" if side == "greedy" else "floor_seconds"] = floor_seconds(engine, plans)
+        return measure.close_round(sample)
+
+    for r in plan.rounds(samples):
+        samples.append(paired(r))
+    confirming = 0  # as at batch 1: a side beyond its timing floor's band runs more rounds before it is suspect
+    while confirming < floor.CONFIRM_ROUNDS and floor.floor_problems(samples):
+        samples.append(paired(len(samples)))
+        confirming += 1
+    plan.outcome["floor_rounds"] = confirming
+    spec, split = got["spec"], got["split"]
     calibration = calibration if calibration is not None else calibration_for_batch(run)
     alpha, alpha_source = acceptance_alpha(run, calibration)
     predicted = theory.predict_batch(alpha, k, run.schedule, run.commit, calibration, n, B) if (
@@ -147,8 +158,10 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
             "calibration_measured": {"at": calibration.get("measured_at"), "load": calibration.get("load"),
                                      "source": calibration.get("source", "cached on this machine")},
             "rounds": plan.outcome,
+            "floor": {side: floor.side_summary(samples, side) for side in floor.SIDES},
         },
     )
+    result.suspect = floor.floor_problems(samples)
     problems += [f"the published numbers: {p}" for p in result_problems(result, n, k, generated)]
     result.identity["timed_audit"] = {"problems": problems, "problem_count": len(problems)}
     ok, text = oracle.verdict(checked.identity)

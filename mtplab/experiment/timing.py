@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from mtplab.measure import stats
+from mtplab.measure import floor, stats
 
 # Samples per repeat of the costs every prediction divides (T(M), greedy's token): cheap beside the commits' and the
 # head's acceptance, and what decides a prediction's noise.
@@ -97,3 +97,35 @@ class PairedSamples:
             out[name] = {"median": s["median"] * t_ref, "ci": [c * t_ref for c in s["ci"]], "ratio": s["median"],
                          "ratio_ci": s["ci"]}
         return out
+
+
+def held_plans(engine) -> dict:
+    """Every plan the engine's executors hold now, with its replays since its capture (a side's floor reads the
+    change)."""
+    return {(name, *key): held for name, ex in (("target", engine.target), ("mtp", engine.mtp))
+            for key, held in ex.held_plans().items()}
+
+
+def floor_seconds(engine, before: dict) -> float:
+    """A side's floor (mtplab.measure.floor), timed now, right after the side: each plan it replayed (held then and
+    now), replayed bare once per FLOOR_SHARE of its replays (at least twice), priced at the side's replay count.
+    A plan captured during the side counts its replays since; replays of a plan dropped meanwhile are not priced
+    (the floor stays a lower bound), nor those of a plan whose pooled buffers were given back since. 0.0 where the side
+    replayed nothing."""
+    executors = {"target": engine.target, "mtp": engine.mtp}
+    sync, total = engine.device.sync, 0.0
+    for (name, slot, key), (plan, replays) in held_plans(engine).items():
+        old = before.get((name, slot, key))
+        count = replays - old[1] if old is not None and old[0] is plan else replays
+        if count <= 0:
+            continue
+        reps = max(2, -(-count // floor.FLOOR_SHARE))
+        ex = executors[name]
+        if not ex.replay_bare(slot, key, 1):  # the plan's memory back in the caches, as the side had it
+            continue
+        sync()
+        t0 = time.perf_counter()
+        ex.replay_bare(slot, key, reps)
+        sync()
+        total += count * (time.perf_counter() - t0) / reps
+    return total

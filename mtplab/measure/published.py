@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from mtplab.measure.floor import floor_problems
+
 LEVEL, RESAMPLES, SEED, STABLE = 0.95, 2000, 0, 0.05  # what a published interval and its stable flag are
 
 
@@ -44,7 +46,7 @@ def _stable(ci: list[float], centre: float) -> bool:
 def result_problems(result, n: int, k: int, generated: int | None) -> list[str]:
     """Every published rate and count of a point recomputed from its rounds and accepted counts: each round's rates
     from its counts and seconds, the medians of the finite rounds, the CIs with the same seeded bootstrap, the
-    stable flag, the efficiency and its CI, the acceptance fields (tokens per step where `generated`, the tokens the
+    stable flag, whether it is suspect (mtplab.measure.floor), the efficiency and its CI, the acceptance fields (tokens per step where `generated`, the tokens the
     timed runs made, is given). A stored result holds null for what was NaN. (The seconds fields are what the rates
     are made of, and are not published as a finding.)"""
     out, samples = [], result.round_samples
@@ -76,6 +78,10 @@ def result_problems(result, n: int, k: int, generated: int | None) -> list[str]:
             out.append(f"{name}_ci {getattr(result, f'{name}_ci')} is not its rounds' bootstrap CI {ci}")
         if name == "speedup" and bool(result.stable) != _stable(ci, centre):
             out.append(f"stable={result.stable}, but its rounds' CI {ci} around {centre:.6g} says otherwise")
+    floors = floor_problems(samples)  # a suspect point stays one: its rounds' floors say so, whatever its fields say
+    if bool(floors) != bool(getattr(result, "suspect", None)):
+        out.append(f"suspect={getattr(result, 'suspect', None)!r}, but its rounds' timing floors say "
+                   + (f"{floors[0]!r}" if floors else "every side is within its band"))
     predicted = (result.predicted or {}).get("speedup")
     if predicted is not None:
         efficiency = [ratio(s["speedup"], predicted) for s in samples]

@@ -56,6 +56,8 @@ class RunResult:
     efficiency_ci: list[float] = field(default_factory=list)
     # Named warnings (mtplab.check.flags): what is not an error but a reader must be told; [] in older results.
     warnings: list[dict] = field(default_factory=list)
+    # Why its timing is suspect (mtplab.measure.floor: a side beyond its band of its bare replays); [] in older results.
+    suspect: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

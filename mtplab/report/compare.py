@@ -130,8 +130,9 @@ def _ratio_figure(both: pd.DataFrame, label: pd.Series) -> str:
         none = pd.Series([None] * len(both), index=both.index)
         cis = [rounds_interval(r) or _interval(c)
                for r, c in zip(both.get(f"round_samples_{side}", none), both.get(f"speedup_ci_{side}", none))]
-        lo = [v - c[0] if c else 0.0 for v, c in zip(values, cis)]
-        hi = [c[1] - v if c else 0.0 for v, c in zip(values, cis)]
+        # the rounds' t interval is centred on their mean: a median outside it draws no bar on that side
+        lo = [max(0.0, v - c[0]) if c else 0.0 for v, c in zip(values, cis)]
+        hi = [max(0.0, c[1] - v) if c else 0.0 for v, c in zip(values, cis)]
         ax.errorbar(values, y + dy, xerr=[lo, hi], fmt="o", color=color, ms=4, capsize=2, label=side.upper())
     for i, changed in enumerate(both.speedup_changed):
         if changed:

@@ -48,7 +48,19 @@ def stability_findings(df: pd.DataFrame) -> list[str]:
         text += (f"; mtplab's greedy ran {g.min():.1f}-{g.max():.1f} tok/s across the sweep's points (a spread of "
                  f"{g.max() / g.min() - 1:.0%}: why every figure is a ratio from paired rounds, which cancel the drift "
                  "both sides of a point share)")
-    return [text + "."] + baseline.finding(df)
+    return [text + "."] + suspect_findings(own) + baseline.finding(df)
+
+
+def suspect_findings(df: pd.DataFrame) -> list[str]:
+    """The points whose timing is suspect (mtplab.measure.floor), each with why: their speedups are no finding."""
+    if "status" not in df or not (df.status == "suspect").any():
+        return []
+    rows = df[df.status == "suspect"]
+    why = selection.parse_json(rows["suspect"]) if "suspect" in rows else [[]] * len(rows)
+    named = "; ".join(f"`{p}`: {w[0] if w else 'a side beyond its band'}" for p, w in zip(rows.point_id, why))
+    return [f"- **Suspect timing**: {plural(len(rows), 'point')} had a timed side beyond its timing floor's band (its "
+            f"own plans replayed bare, timed right after it): drawn as not stable, no finding - {named}."]
+
 
 
 DRIFT_TOLD = 0.10  # greedy's cost moving more than this between the calibration and the sweep's end is a finding

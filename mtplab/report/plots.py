@@ -8,7 +8,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from mtplab.experiment.config import model_name, upgrade
-from mtplab.experiment.point import drafter_text
+from mtplab.experiment.result_text import drafter_text
 from mtplab.measure.result import engine_steps
 from mtplab.report.selection import (
     SCHEDULE,

@@ -104,7 +104,7 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
     env = sweep.get("env", {})
     spec = sweep.get("spec") or {}
     fixed, varied = fixed_and_varied(df)
-    counts = ", ".join(f"{sweep.get(s, 0)} {s}" for s in ("ok", "mismatch", "failed"))
+    counts = ", ".join(f"{sweep.get(s, 0)} {s}" for s in ("ok", "suspect", "mismatch", "failed") if s != "suspect" or sweep.get(s))
     spec_name = spec.get("name", sweep["name"])
     title = f"mtplab sweep <code>{html.escape(sweep['name'])}</code>" + (
         f" (spec <code>{html.escape(str(spec_name))}</code>)" if spec_name != sweep["name"] else ""

@@ -160,6 +160,9 @@ class CudaGraphBackend:
         session.run_with_iobinding(plan.io, plan.run_options)
         self.calls["replay"] += 1
 
+    def bare(self, session, plan: CudaPlan) -> None:
+        session.run_with_iobinding(plan.io, plan.run_options)
+
     def drop(self, plan: CudaPlan) -> None:
         self.ids.retire(plan.gid)
 

@@ -61,6 +61,7 @@ class SlotCaptureState:
     generation_invalidations: int = 0
     spent_budget: int | None = None  # this generation: the max_recaptures its slot ran out of (None: it did not)
     plan_bytes: int = 0  # the slot buffers (staged feeds, outputs) its plan binds; the caller's state not counted
+    plan_replays: int = 0  # replays of the plan it holds now (since its capture): what a timing floor replays bare
     captures: int = 0
     replays: int = 0
     fallbacks: int = 0
@@ -256,6 +257,7 @@ class Executor:
                 st.hazards += sum(1 for blk, owner in st.plan_blocks if blk.owner != owner)
                 self.backend.replay(session, st.plan)
                 st.replays += 1
+                st.plan_replays += 1
                 if sig == st.signature:  # new objects with the plan's signature: check those from now on
                     st.check = ReplayCheck(mem, feeds, outputs, staged, outs, bound)
                 return result
@@ -277,6 +279,7 @@ class Executor:
         st.plan_bytes = sum(int(a.nbytes) for a in (*staged.values(), *result.values()))
         st.check = ReplayCheck(mem, feeds, outputs, staged, outs, bound)
         st.captures += 1
+        st.plan_replays = 0
         st.status = Status.READY
         return result
 
@@ -312,7 +315,27 @@ class Executor:
                 st.hazards += 1
         self.backend.replay(session, st.plan)
         st.replays += 1
+        st.plan_replays += 1
         return check.result
+
+    # -- timing floors ----------------------------------------------------------------------
+    def held_plans(self) -> dict[tuple, tuple[Any, int]]:
+        """Every plan held now, by (slot, feed shapes): (the plan, its replays since its capture)."""
+        return {(slot, key): (st.plan, st.plan_replays) for slot in self.sessions
+                for key, st in self.plan_states(slot).items() if st.plan is not None}
+
+    def replay_bare(self, slot: Slot, key: tuple, reps: int) -> bool:
+        """Replay a held plan (see held_plans) `reps` times with nothing around it, its last feeds staged again first
+        (a slot sharing its buffers may have staged others since): no counter, no backend count. A timing floor's;
+        the state it runs on is left for the next generation's reset. False where the plan's buffers are no longer
+        its own (a pooled workspace given back): nothing ran."""
+        st, mem = self.plan_states(slot)[key], self.memory[slot]
+        check = st.check
+        if check is None or not check.stage(mem, check.feeds, check.out_spec, check.bound):
+            return False
+        for _ in range(reps):
+            self.backend.bare(self.sessions[slot], st.plan)
+        return True
 
     # -- reporting -------------------------------------------------------------------------
     def counters(self) -> dict[str, dict[str, int]]:

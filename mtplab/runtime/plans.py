@@ -21,6 +21,7 @@ class PlanBackend(Protocol):
     def eager(self, session: Any, binds: list[Binding], quiet: bool = False) -> None: ...
     def capture(self, session: Any, binds: list[Binding], owner: str) -> Any: ...
     def replay(self, session: Any, plan: Any) -> None: ...
+    def bare(self, session: Any, plan: Any) -> None: ...  # a replay nothing counts (a timing floor's)
     def drop(self, plan: Any) -> None: ...
 
 
@@ -95,6 +96,9 @@ class CpuPlanBackend:
     def replay(self, session, plan: CpuPlan) -> None:
         plan.run()
         self.calls["replay"] += 1
+
+    def bare(self, session, plan: CpuPlan) -> None:
+        plan.run()
 
     def drop(self, plan) -> None:
         pass

@@ -115,6 +115,7 @@ class ReplayCheck:
 
     __slots__ = (
         "memory",
+        "feeds",
         "feed_names",
         "feed_meta",
         "host_views",
@@ -133,6 +134,7 @@ class ReplayCheck:
 
     def __init__(self, memory: Any, feeds: dict, outputs: dict, staged: dict, outs: dict, bound: list):
         self.memory = memory
+        self.feeds = feeds  # the objects themselves: a timing floor stages their values again (Executor.replay_bare)
         self.feed_names = tuple(feeds)
         self.feed_meta = list(map(_META, feeds.values()))
         self.host_views = [((n, v.shape, v.dtype), staged[n]) for n, v in feeds.items() if n in memory.host_inputs]

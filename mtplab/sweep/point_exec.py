@@ -11,7 +11,7 @@ from pathlib import Path
 from mtplab.sweep import grid, store
 from mtplab.sweep.kernel import ensure_kernel
 
-Outcome = tuple[str, str, str | None]  # (point id, status, error or lossless verdict)
+Outcome = tuple[str, str, str | None]  # (point id, status, error, lossless verdict or why it is suspect)
 
 
 def notebooks_dir() -> Path:
@@ -62,7 +62,8 @@ def _run_notebook(point: grid.Point, tmp: Path, points_dir: str, timeout: int, t
 
 
 def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int) -> Outcome:
-    """Run one point through papermill into points/<id>/; returns (id, ok|mismatch|failed, error or verdict).
+    """Run one point through papermill into points/<id>/; returns (id, ok|suspect|mismatch|failed, error,
+    verdict or why it is suspect).
 
     threads: the intra-op threads of the point's sessions, unless its spec fixes them (RunConfig.threads).
     """
@@ -83,7 +84,8 @@ def execute_point(point: grid.Point, points_dir: str, timeout: int, threads: int
             store.write_error(tmp, asdict(point_run(point, threads)), error)
             return point.id, "failed", error
         result = json.loads((tmp / store.RESULT).read_text())
-    return point.id, store.result_status(result), result.get("verdict")
+    status = store.result_status(result)
+    return point.id, status, "; ".join(result["suspect"]) if status == "suspect" else result.get("verdict")
 
 
 def record_failure(points_dir: Path, point: grid.Point, error: str) -> None:

@@ -240,8 +240,10 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
 
 
 def progress(counts: dict) -> str:
-    """`N ok, M mismatch, F failed`: the counts the progress line and the summary show."""
-    return ", ".join(f"{counts.get(status, 0)} {status}" for status in store.STATUSES)
+    """`N ok, M mismatch, F failed` (and `S suspect` where a point was): the counts the progress line and the summary
+    show."""
+    return ", ".join(f"{counts.get(status, 0)} {status}" for status in store.STATUSES
+                     if status != "suspect" or counts.get(status))
 
 
 def exit_status(summary: dict, allow_mismatch: bool) -> int:
@@ -310,7 +312,7 @@ def main(args) -> int:
         print(f"mtplab sweep: {err}", file=sys.stderr)
         return 2
     s = store.read_summary(sweep_dir)
-    finished = s["ok"] + s["mismatch"] + s["failed"]
+    finished = sum(s.get(status, 0) for status in store.STATUSES)
     print(f"{sweep_dir}: {progress(s)} of {s['points']} points in {s['wall_seconds']}s")
     if s["interrupted"]:
         print(

@@ -21,7 +21,9 @@ from mtplab.measure.result import RESULT_COLUMNS, flatten
 RESULT = "result.json"
 ERROR = "error.json"
 CORRUPT = ".corrupt"  # points/.corrupt/: unreadable or incomplete points moved aside on resume
-STATUSES = ("ok", "mismatch", "failed")  # mismatch: ran, but the lossless check failed (result kept)
+STATUSES = ("ok", "suspect", "mismatch", "failed")  # suspect: lossless, but a timed side beyond its timing floor's
+# band (mtplab.measure.floor); mismatch: ran, but the lossless check failed (result kept)
+LOSSLESS = ("ok", "suspect")  # the points that ran and passed their lossless check
 
 
 @contextmanager
@@ -57,8 +59,11 @@ def write_error(folder: Path, config: dict, error: str) -> None:
 
 
 def result_status(result: dict) -> str:
-    """ok, or mismatch when the point ran but its lossless check failed."""
-    return "ok" if result.get("lossless", True) else "mismatch"
+    """ok; mismatch when the point ran but its lossless check failed; suspect when it was lossless but a timed side
+    was beyond its timing floor's band."""
+    if not result.get("lossless", True):
+        return "mismatch"
+    return "suspect" if result.get("suspect") else "ok"
 
 
 def published_problem(data: dict) -> str | None:
@@ -249,7 +254,8 @@ def _unreadable(path: Path, err: BaseException) -> ValueError:
                       "point folders: `mtplab sweep <spec> --resume` writes it again")
 
 
-SUMMARY_KEYS = ("name", "points", *STATUSES, "interrupted")  # what every reader of sweep.json takes from it
+SUMMARY_KEYS = ("name", "points", "ok", "mismatch", "failed", "interrupted")  # what every reader of sweep.json takes
+# from it (a sweep from before suspect points counts none)
 
 
 def read_summary(sweep_dir: str | Path) -> dict:
@@ -263,6 +269,7 @@ def read_summary(sweep_dir: str | Path) -> dict:
     if missing:
         raise ValueError(f"{path}: not a sweep's summary (it lacks {', '.join(missing)}); `mtplab sweep <spec> --resume` "
                          "writes it again")
+    summary.setdefault("suspect", 0)
     return summary
 
 
@@ -288,6 +295,8 @@ def load(sweep_dir: str | Path) -> pd.DataFrame:
     batch = df["batch"].fillna(1).astype(int) if "batch" in df else 1  # sweeps from before batches: 1
     # A sweep whose every point failed has no result columns: they are there, empty, as a failed row leaves them.
     missing = {c: float("nan") for c in RESULT_COLUMNS if c not in df and c not in ("tokens", "model")}
+    if "status" in df and "stable" in df:  # a suspect point's speedup is no finding: it reads as not stable
+        df["stable"] = df["stable"].where(df["status"] != "suspect", False)
     return df.assign(model_info=info, model_name=model_names(df, info), batch=batch, **missing)
 
 
@@ -349,7 +358,7 @@ def write_index(results_root: str | Path) -> Path:
             if not isinstance(s, dict):
                 raise ValueError(f"a JSON {type(s).__name__}, not an object")
         except (OSError, UnicodeDecodeError, ValueError) as err:
-            rows.append(f"<tr><td>{html.escape(sj.parent.name)}</td><td colspan='6'>unreadable sweep.json: "
+            rows.append(f"<tr><td>{html.escape(sj.parent.name)}</td><td colspan='{len(STATUSES) + 3}'>unreadable sweep.json: "
                         f"{html.escape(str(err))}</td></tr>")
             continue
         env = s.get("env") if isinstance(s.get("env"), dict) else {}
@@ -359,13 +368,13 @@ def write_index(results_root: str | Path) -> Path:
         rows.append(
             f"<tr><td>{html.escape(str(s.get('name', sj.parent.name)))}</td><td>{html.escape(str(s.get('finished', '')))}</td>"
             f"<td>{html.escape(str(env.get('device', '')))} / onnxruntime {html.escape(str(env.get('onnxruntime', '')))}</td>"
-            "".join(f"<td>{html.escape(str(s.get(c, 0)))}</td>" for c in ("ok", "mismatch", "failed")) + f"<td>{link}</td></tr>"
+            + "".join(f"<td>{html.escape(str(s.get(c, 0)))}</td>" for c in STATUSES) + f"<td>{link}</td></tr>"
         )
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>mtplab results</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 12px;text-align:left}</style></head><body>"
-        "<h1>mtplab sweeps</h1><table><tr><th>sweep</th><th>finished</th><th>environment</th><th>ok</th>"
-        "<th>mismatch</th><th>failed</th><th></th></tr>" + "".join(rows) + "</table></body></html>"
+        "<h1>mtplab sweeps</h1><table><tr><th>sweep</th><th>finished</th><th>environment</th>" + "".join(f"<th>{s}</th>" for s in STATUSES)
+        + "<th></th></tr>" + "".join(rows) + "</table></body></html>"
     )
     path = root / "index.html"
     write_atomic(path, page)

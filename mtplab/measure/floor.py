@@ -1,0 +1,85 @@
+"""Each timed side held against its floor: the same plans it replayed, replayed bare right after it (no engine,
+no check, no counter around them), priced at the side's own replay counts.
+
+A side's host time is its seconds minus its floor. The greedy baseline does little besides its forwards (an argmax
+and a few feeds per token), so its host time per token must stay within GREEDY_BAND: a slower greedy would make
+every speedup look better than it is. A speculative step's host work (drafting, acceptance, commit) is what the
+experiment measures, so its band is wide: it flags gross waste only. Either side faster than LOW times its floor
+did not run its forwards inside its own clock window. A point with a side beyond its band is suspect: its numbers
+are kept, its speedup is not a finding, `mtplab run` exits non-zero.
+
+A round's floor is timed right after its side. The band holds the side's fastest round against the floor's median:
+a floor is a short block that a busy machine seldom interrupts, a side a long one that it nearly always does, so a
+median side would read the machine's load as host time; a side's fastest round still pays all of its own work.
+A point beyond a band runs up to CONFIRM_ROUNDS more paired rounds (a moment of load passes; waste in the decoder
+stays) before it is called suspect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FLOOR_SHARE = 8  # a side's plans are replayed bare once per this many replays it made (at least twice each)
+CONFIRM_ROUNDS = 8  # paired rounds more a point runs while a side is beyond its band, before it is called suspect
+LOW = 0.8  # a side below this share of its floor did not hold its forwards in its clock window
+
+
+@dataclass(frozen=True)
+class Band:
+    """How much host time a side may spend beyond its floor: a share of the floor, an allowance per unit (a greedy
+    token, a speculative step) and one per run (its loop's set-up and its last read)."""
+
+    share: float
+    allowance_s: float
+    per_run_s: float
+    unit: str
+
+    def allowed(self, floor_per_unit: float, units: float) -> float:
+        """Seconds per unit allowed beyond a floor of floor_per_unit, in a run of `units`."""
+        return self.share * floor_per_unit + self.allowance_s + self.per_run_s / units
+
+    def text(self) -> str:
+        return (f"{self.share:.0%} of the floor + {self.allowance_s * 1e6:.0f} us a {self.unit} + "
+                f"{self.per_run_s * 1e6:.0f} us a run")
+
+
+GREEDY_BAND = Band(0.10, 16e-6, 50e-6, "token")
+SPECULATIVE_BAND = Band(1.0, 2e-3, 1e-3, "step")
+
+SIDES = {"greedy": ("greedy_seconds", "greedy_floor_seconds", "greedy_counted", GREEDY_BAND),
+         "speculative": ("seconds", "floor_seconds", "steps", SPECULATIVE_BAND)}
+
+
+def side_summary(samples: list[dict], side: str) -> dict | None:
+    """A side's medians over the rounds that timed its floor: seconds and floor per unit, host time per unit beyond
+    the floor, the band's allowance, side / floor; None where no round timed one."""
+    seconds_key, floor_key, unit_key, band = SIDES[side]
+    rows = [s for s in samples if s.get(floor_key) and s.get(unit_key)]
+    if not rows:
+        return None
+    per = np.array([[s[seconds_key] / s[unit_key], s[floor_key] / s[unit_key]] for s in rows], dtype=np.float64)
+    fastest, floor_per = float(per[:, 0].min()), float(np.median(per[:, 1]))
+    return {"rounds": len(rows), "fastest_per_unit": fastest, "floor_per_unit": floor_per,
+            "host_per_unit": fastest - floor_per,
+            "allowed_per_unit": band.allowed(floor_per, float(np.median([s[unit_key] for s in rows]))), "ratio": float(np.median(per[:, 0] / per[:, 1])),
+            "unit": band.unit, "band": band.text()}
+
+
+def floor_problems(samples: list[dict]) -> list[str]:
+    """Why a point's timing is suspect (empty when each side is within its band of its floor)."""
+    out = []
+    for side in SIDES:
+        s = side_summary(samples, side)
+        if s is None:
+            continue
+        us = 1e6
+        if s["host_per_unit"] > s["allowed_per_unit"]:
+            out.append(f"{side}: {s['host_per_unit'] * us:.1f} us a {s['unit']} beyond the bare replays of its plans in its "
+                       f"fastest of {s['rounds']} rounds (the floor's median {s['floor_per_unit'] * us:.1f} us), more than "
+                       f"its band of {s['band']} ({s['allowed_per_unit'] * us:.1f} us): time its decoder does not spend")
+        elif s["ratio"] < LOW:
+            out.append(f"{side}: it took {s['ratio']:.2f}x the bare replays of its own plans (median of {s['rounds']} "
+                       f"rounds), below {LOW}: its clock window did not hold its forwards")
+    return out
