@@ -525,12 +525,23 @@ def test_a_changed_statistics_helper_is_caught_by_the_rechecks_own_statistics(ti
     _run_check_failed(_point(tiny), words)
 
 
-def test_an_oracle_that_drafts_at_another_alpha_is_flagged(tiny, monkeypatch):
-    real = OracleDrafter.__init__
-    monkeypatch.setattr(OracleDrafter, "__init__", lambda self, reference, alpha, *a, **kw: real(
-        self, reference, 0.98, *a, **kw))
-    r = _point(tiny, alpha=0.5, tokens=96)
-    assert "it does not draft as configured" in _warned(r, "oracle_acceptance")
+@pytest.mark.parametrize("plant", ["another alpha", "sqrt(alpha)"])
+def test_an_oracle_accepting_otherwise_than_its_seeded_draws_fails_the_run_check(tiny, monkeypatch, plant):
+    """Its accepted counts are replayed exactly from its seeded draws (check.expected.oracle_problems): no false alarm,
+    and a rate off its alpha is caught at any run length (the binomial warning needs many steps)."""
+    from mtplab.engine import drafters
+
+    if plant == "another alpha":
+        real = OracleDrafter.__init__
+        monkeypatch.setattr(OracleDrafter, "__init__", lambda self, reference, alpha, *a, **kw: real(
+            self, reference, 0.98, *a, **kw))
+    else:
+        real_drafts = drafters._oracle_drafts
+        monkeypatch.setattr(drafters, "_oracle_drafts", lambda reference, index, uniforms, shifts, j, alpha, vocab, out:
+                            real_drafts(reference, index, uniforms, shifts, j, alpha ** 0.5, vocab, out))
+    r = _point(tiny, alpha=0.5, tokens=24)
+    _run_check_failed(r, "the oracle (alpha 0.5, seed 0) accepted", "where its seeded draws keep",
+                      where="the checked speculative run")
 
 
 def test_a_greedy_baseline_off_its_calibrated_cost_is_flagged():

@@ -4,6 +4,10 @@ mtplab.check.audit)."""
 
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
+
 from mtplab.check.trace import Trace
 from mtplab.engine.strategies import COMMITS, DRAFTERS, K_POLICIES, SCHEDULES
 
@@ -55,6 +59,7 @@ def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
         bad = sorted({(a, k) for a, k in zip(accepted, ks) if not 0 <= a <= k})
         out.append(f"accepted counts outside 0..K of their step, (accepted, K): {bad}")
     out += chosen_problems(engine, accepted, ks)
+    out += oracle_problems(engine, accepted, ks)
     per_step = SCHEDULES.get(run.schedule).extra_tokens  # tokens a step makes beyond its accepted drafts
     made = 1 + sum(a + per_step for a in accepted)
     if len(trace.tokens) != made:
@@ -83,6 +88,45 @@ def chosen_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
     first = next(i for i, (a, b) in enumerate(zip(ks, want)) if a != b)
     return [f"it drafted {ks[first]} at step {first + 1}, where k_policy={policy.name!r} chooses {want[first]} for its "
             f"accepted counts ({sum(a != b for a, b in zip(ks, want))} of {len(ks)} steps differ)"]
+
+
+ORACLE_DRAWS = 4096  # the oracle's contract (OracleDrafter): uniforms, then shifts, drawn a block at a time
+
+
+def oracle_uniforms(seed: int, alpha: float, vocab: int):
+    """The oracle's uniforms in the order its drafts read them, block after block, each block's rest dropped where a
+    step does not fit (yields (block, used) readers): its stream, from the contract alone."""
+    digest = hashlib.sha256(f"oracle:{seed}:{alpha}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    while True:
+        block = rng.random(ORACLE_DRAWS)
+        rng.integers(vocab - 1, size=ORACLE_DRAWS)  # the block's shifts: the wrong tokens, not read here
+        yield block
+
+
+def oracle_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
+    """Where a greedy run's oracle accepted other than its seeded draws say: draft i of a step is the reference's token
+    exactly when its uniform is below alpha, and a greedy verify keeps the leading right ones. Exact, so a correct run
+    is never flagged, and an oracle accepting at another rate than its alpha is, at any run length. (The last step may
+    keep fewer, where the reference ends.)"""
+    run = engine.spec
+    if run.drafter != "oracle" or engine.acceptance.samples:
+        return []
+    blocks = oracle_uniforms(run.seed, run.alpha, engine.desc.vocab_size)
+    block, used, want = next(blocks), 0, []
+    for k in ks:
+        if used + k > ORACLE_DRAWS:
+            block, used = next(blocks), 0
+        right = block[used : used + k] < run.alpha
+        want.append(int(right.argmin()) if not right.all() else k)
+        used += k
+    off = [i for i, (a, w) in enumerate(zip(accepted, want)) if a != w and not (i == len(want) - 1 and a < w)]
+    if not off:
+        return []
+    i = off[0]
+    return [f"the oracle (alpha {run.alpha:g}, seed {run.seed}) accepted {accepted[i]} drafts at step {i + 1}, where "
+            f"its seeded draws keep {want[i]} ({len(off)} of {len(want)} steps differ; accepted "
+            f"{sum(accepted)}, its draws {sum(want)})"]
 
 
 def forwards_diff(ran: dict, want: dict) -> dict[str, tuple[int, int]]:
