@@ -108,7 +108,8 @@ def held_plans(engine) -> dict:
 
 def floor_seconds(engine, before: dict) -> float:
     """A side's floor (mtplab.measure.floor), timed now, right after the side: each plan it replayed (held then and
-    now), replayed bare once per FLOOR_SHARE of its replays (at least twice), priced at the side's replay count.
+    now), replayed bare once per FLOOR_SHARE of its replays (at least once; after an untimed one where it made
+    2 x FLOOR_SHARE or more), priced at the side's replay count.
     A plan captured during the side counts its replays since; replays of a plan dropped meanwhile are not priced
     (the floor stays a lower bound), nor those of a plan whose pooled buffers were given back since. 0.0 where the side
     replayed nothing."""
@@ -119,13 +120,14 @@ def floor_seconds(engine, before: dict) -> float:
         count = replays - old[1] if old is not None and old[0] is plan else replays
         if count <= 0:
             continue
-        reps = max(2, -(-count // floor.FLOOR_SHARE))
-        ex = executors[name]
-        if not ex.replay_bare(slot, key, 1):  # the plan's memory back in the caches, as the side had it
+        reps, ex = max(1, count // floor.FLOOR_SHARE), executors[name]
+        # one untimed first where it costs little beside the side (its memory back in the caches, as the side had it)
+        if count >= 2 * floor.FLOOR_SHARE and not ex.replay_bare(slot, key, 1):
             continue
         sync()
         t0 = time.perf_counter()
-        ex.replay_bare(slot, key, reps)
+        if not ex.replay_bare(slot, key, reps):
+            continue
         sync()
         total += count * (time.perf_counter() - t0) / reps
     return total
