@@ -336,3 +336,22 @@ def test_a_head_kv_left_with_its_own_drafts_is_caught(tiny, monkeypatch, schedul
     run = RunConfig(model="tiny", k=3, drafter="mtp", schedule=schedule, tokens=32, rounds=1)
     r = run_point(run, tiny)
     assert not r.lossless and "the MTP head's KV differs from a teacher-forced head's" in r.verdict, r.verdict
+
+
+def test_a_head_whose_last_draft_is_always_wrong_is_caught_at_that_position(tiny, monkeypatch):
+    """Planted: the head's last draft of every step replaced by another token. The head check judges each draft
+    against a teacher-forced head chained on the same rows: a kept or rejected draft where that head drafts otherwise
+    fails the point, naming the draft position."""
+    from mtplab.engine.drafters import MtpDrafter
+
+    real = MtpDrafter.draft
+
+    def last_wrong(self, first, hidden, position, k):
+        drafts = np.array(real(self, first, hidden, position, k))
+        if k > 1:
+            drafts[-1] = (drafts[-1] + 1) % self.desc.vocab_size
+        return drafts
+
+    monkeypatch.setattr(MtpDrafter, "draft", last_wrong)
+    r = run_point(RunConfig(model="tiny", k=3, drafter="mtp", tokens=32, rounds=1), tiny)
+    assert not r.lossless and "the MTP head's draft 3 at step" in r.verdict, r.verdict

@@ -100,7 +100,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                                                                                checked))
             problems.extend(f"round {r}, {side}: {p}" for p in clock_problems(engine, timed.started, timed.seconds,
                                                                                returned))
-            sample["greedy_floor_seconds" if side == "greedy" else "floor_seconds"] = floor_seconds(engine, plans)
+            prefix = "greedy_" if side == "greedy" else ""
+            sample[f"{prefix}floor_seconds"], sample[f"{prefix}floor_share"] = floor_seconds(engine, plans)
         return measure.close_round(sample)
 
     for r in plan.rounds(samples):

@@ -88,7 +88,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.Rounds
                 returned = time.perf_counter()
                 measure.record_side(sample, side, g.tokens, n, g.seconds)
                 audit.greedy(r, trace.end(engine, g.tokens), sample, g, returned)
-                sample["greedy_floor_seconds"] = floor_seconds(engine, plans)
+                sample["greedy_floor_seconds"], sample["greedy_floor_share"] = floor_seconds(engine, plans)
             else:
                 spec = engine.speculative(prompt, n, reference=checked.greedy.tokens)
                 returned = time.perf_counter()
@@ -97,7 +97,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.Rounds
                 got["accepted"], got["ks"] = spec["accepted"], spec.get("k", [engine.k] * len(spec["accepted"]))
                 audit.speculative(r, trace.end(engine, spec["tokens"], got["accepted"], got["ks"]), sample,
                                   spec["started"], spec["seconds"], returned)
-                sample["floor_seconds"] = floor_seconds(engine, plans)
+                sample["floor_seconds"], sample["floor_share"] = floor_seconds(engine, plans)
                 got["split"] = {key: got["split"].get(key, 0.0) + v for key, v in spec["split"].items()}
                 got["generated"] = len(spec["tokens"]) - 1  # after the prefill's token, overshoot included
         return measure.close_round(sample)

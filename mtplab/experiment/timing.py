@@ -100,24 +100,37 @@ class PairedSamples:
 
 
 def held_plans(engine) -> dict:
-    """Every plan the engine's executors hold now, with its replays since its capture (a side's floor reads the
-    change)."""
-    return {(name, *key): held for name, ex in (("target", engine.target), ("mtp", engine.mtp))
-            for key, held in ex.held_plans().items()}
+    """Every capture state of the engine's executors: its plan (None: none held), its replays since its capture and
+    its other runs so far (Executor.held_plans), and under None the forwards
+    their slots ran through their plans in all (replays, captures, warm-ups, fallbacks; not the eager prefills, which
+    no timed window holds): a side's floor reads the change."""
+    executors = (("target", engine.target), ("mtp", engine.mtp))
+    return {(name, *key): held for name, ex in executors for key, held in ex.held_plans().items()} | {
+        None: sum(c[k] for _, ex in executors for c in ex.activity().values() for k in IN_PLAN)}
 
 
-def floor_seconds(engine, before: dict) -> float:
+IN_PLAN = ("replays", "captures", "warmups", "fallbacks")
+
+
+def floor_seconds(engine, before: dict) -> tuple[float, float]:
     """A side's floor (mtplab.measure.floor), timed now, right after the side: each plan it replayed (held then and
     now), replayed bare once per FLOOR_SHARE of its replays (at least once; after an untimed one where it made
     2 x FLOOR_SHARE or more), priced at the side's replay count.
-    A plan captured during the side counts its replays since; replays of a plan dropped meanwhile are not priced
-    (the floor stays a lower bound), nor those of a plan whose pooled buffers were given back since. 0.0 where the side
-    replayed nothing."""
+    A plan captured during the side counts its replays since, and its state's captures, warm-ups and fallbacks in the
+    side; replays of a plan dropped meanwhile are not priced
+    (the floor stays a lower bound), nor those of a plan whose pooled buffers were given back since. Returns the floor's
+    seconds (0.0 where the side replayed nothing) and the share of the side's forwards it prices (1.0: all of them; a
+    capture, a warm-up or an eager run is priced by none)."""
     executors = {"target": engine.target, "mtp": engine.mtp}
-    sync, total = engine.device.sync, 0.0
-    for (name, slot, key), (plan, replays) in held_plans(engine).items():
-        old = before.get((name, slot, key))
-        count = replays - old[1] if old is not None and old[0] is plan else replays
+    sync, total, priced = engine.device.sync, 0.0, 0
+    now = held_plans(engine)
+    replayed = now.pop(None) - before.get(None, 0)
+    for (name, slot, key), (plan, replays, others) in now.items():
+        if plan is None:
+            continue
+        old = before.get((name, slot, key), (None, 0, 0))
+        # a plan captured during the side: the runs that set it up (its capture, a warm-up) priced as replays too
+        count = replays - old[1] if old[0] is plan else replays + others - old[2]
         if count <= 0:
             continue
         reps, ex = max(1, count // floor.FLOOR_SHARE), executors[name]
@@ -130,4 +143,5 @@ def floor_seconds(engine, before: dict) -> float:
             continue
         sync()
         total += count * (time.perf_counter() - t0) / reps
-    return total
+        priced += count
+    return total, priced / replayed if replayed else 1.0

@@ -12,6 +12,7 @@ import pandas as pd
 from mtplab.report.plots import _ci_err, _k_color
 from mtplab.report.selection import batch_rows
 from mtplab.report.selection import batches as selection_batches
+from mtplab.sweep import store
 
 SERIES = ["setting", "k", "schedule", "commit"]  # one line per series, drawn against B
 PANEL = ["setting", "schedule", "commit"]
@@ -92,7 +93,7 @@ def findings(df: pd.DataFrame) -> str:
         parts = [f"k={r.k}: {r['measured break-even']} (predicted {r['predicted break-even']})" for _, r in t.iterrows()]
         more = "".join(f", {c}={v}" for c, v in zip(panel_cols[3:], panel[3:]))
         lines.append(f"- **{panel[0]}**, {panel[1]}, {panel[2]}{more}: MTP stops beating greedy at " + "; ".join(parts))
-    failed = df[(selection_batches(df) > 1) & (df.status != "ok")] if "status" in df else df.iloc[:0]
+    failed = df[(selection_batches(df) > 1) & ~df.status.isin(store.LOSSLESS)] if "status" in df else df.iloc[:0]
     if len(failed):
         lines.append(f"- **{len(failed)} batch point(s) did not pass** (left out of the figure): "
                      + ", ".join(f"`{p}` ({st})" for p, st in zip(failed.point_id, failed.status)))

@@ -19,7 +19,7 @@ from mtplab.sweep import store
 def per_model(findings, df: pd.DataFrame) -> str:
     """Findings of each model of the sweep under its name (one model: the findings alone)."""
     # the batch figure states its own findings; a batch point that failed or mismatched is counted here still
-    df = df[(selection.batches(df) == 1) | (df.status != "ok")] if "status" in df else selection.batch_one(df)
+    df = df[(selection.batches(df) == 1) | ~df.status.isin(store.LOSSLESS)] if "status" in df else selection.batch_one(df)
     names = selection.models(df)
     if len(names) <= 1:
         return findings(df)

@@ -319,10 +319,11 @@ class Executor:
         return check.result
 
     # -- timing floors ----------------------------------------------------------------------
-    def held_plans(self) -> dict[tuple, tuple[Any, int]]:
-        """Every plan held now, by (slot, feed shapes): (the plan, its replays since its capture)."""
-        return {(slot, key): (st.plan, st.plan_replays) for slot in self.sessions
-                for key, st in self.plan_states(slot).items() if st.plan is not None}
+    def held_plans(self) -> dict[tuple, tuple[Any, int, int]]:
+        """Every capture state by (slot, feed shapes): (the plan it holds or None, its replays since its capture, the
+        forwards it ran otherwise so far: captures, warm-ups, fallbacks)."""
+        return {(slot, key): (st.plan, st.plan_replays, st.captures + st.warmups + st.fallbacks)
+                for slot in self.sessions for key, st in self.plan_states(slot).items()}
 
     def replay_bare(self, slot: Slot, key: tuple, reps: int) -> bool:
         """Replay a held plan (see held_plans) `reps` times with nothing around it, its last feeds staged again first
