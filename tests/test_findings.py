@@ -121,3 +121,20 @@ def test_suspect_points_are_named_with_why_in_how_sure():
     assert line.startswith("- **Suspect timing**: 1 point had a timed side beyond its timing floor's band")
     assert "`b`: greedy: 40.0 us a token" in line and "`a`" not in line
     assert suspect_findings(df[df.status == "ok"]) == []
+
+
+def test_timing_floors_say_how_close_each_side_came_to_its_band_and_where_a_floor_priced_part_of_it():
+    import json
+
+    import pandas as pd
+
+    from mtplab.report.findings import floor_findings
+
+    def extra(host: float, share: float) -> str:
+        side = {"host_per_unit": host, "allowed_per_unit": 20.0, "priced_share": share}
+        return json.dumps({"floor": {"greedy": side, "speculative": side}})
+
+    (line,) = floor_findings(pd.DataFrame({"extra": [extra(5.0, 1.0), extra(15.0, 1.0), extra(30.0, 0.5)]}))
+    assert "greedy held to its band at 2 of 3 points (its host time at most 75% of the band), priced in part at the " \
+           "other 1" in line
+    assert floor_findings(pd.DataFrame({"extra": [json.dumps({})]})) == []

@@ -97,3 +97,24 @@ def test_a_policy_that_prices_steps_needs_the_calibration_and_one_that_reads_con
         RunConfig(model="tiny", k=3, k_policy="confidence", drafter="oracle")
     with pytest.raises(ConfigError, match=r"k_policy='probe' with k=1: k is the most drafts a step may make"):
         RunConfig(model="tiny", k=1, k_policy="probe")
+
+
+@pytest.mark.parametrize("k_policy", ["fixed", "probe"])
+def test_a_policy_that_peeks_beyond_its_observed_counts_fails_the_run_check(tiny, monkeypatch, k_policy):
+    """Planted: the chooser reads the text so far (anything besides the counts it observed: the target's tokens, a
+    future draft) to choose K. The check replays the policy on the run's own accepted counts, so the choice it cannot
+    explain names its first step."""
+    from mtplab.engine import speculative
+    from mtplab.experiment.point import run_point
+
+    real = speculative.k_chooser
+
+    def peeking(engine):
+        chooser = real(engine)
+        chooser.next_k = lambda: 1 + len(engine.emitted) % engine.k
+        return chooser
+
+    monkeypatch.setattr(speculative, "k_chooser", peeking)
+    r = run_point(RunConfig(model="tiny", k=3, k_policy=k_policy, drafter="oracle", alpha=0.7, tokens=24, rounds=1), tiny)
+    assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: the checked speculative run: it drafted"), r.verdict
+    assert f"where k_policy='{k_policy}' chooses" in r.verdict

@@ -48,7 +48,29 @@ def stability_findings(df: pd.DataFrame) -> list[str]:
         text += (f"; mtplab's greedy ran {g.min():.1f}-{g.max():.1f} tok/s across the sweep's points (a spread of "
                  f"{g.max() / g.min() - 1:.0%}: why every figure is a ratio from paired rounds, which cancel the drift "
                  "both sides of a point share)")
-    return [text + "."] + suspect_findings(own) + baseline.finding(df)
+    return [text + "."] + floor_findings(own) + suspect_findings(own) + baseline.finding(df)
+
+
+def floor_findings(df: pd.DataFrame) -> list[str]:
+    """How close each side came to its timing floor's band (mtplab.measure.floor), over the points that timed one."""
+    from mtplab.measure.floor import WHOLE
+
+    extra = selection.parse_json(df["extra"]) if "extra" in df else []
+    floors = [e.get("floor") or {} for e in extra if isinstance(e, dict)]
+    parts = []
+    for side in ("greedy", "speculative"):
+        timed = [f[side] for f in floors if f.get(side)]
+        held = [f for f in timed if f.get("priced_share", 1.0) >= WHOLE]
+        if not timed:
+            continue
+        worst = max((f["host_per_unit"] / f["allowed_per_unit"] for f in held), default=None)
+        parts.append(f"{side} held to its band at {len(held)} of {len(timed)} points"
+                     + (f" (its host time at most {worst:.0%} of the band)" if worst is not None else "")
+                     + (f", priced in part at the other {len(timed) - len(held)}" if len(held) < len(timed) else ""))
+    if not parts:
+        return []
+    return ["- **Timing floors** (each side against the bare replays of its own plans, timed right after it): "
+            + "; ".join(parts) + "."]
 
 
 def suspect_findings(df: pd.DataFrame) -> list[str]:

@@ -129,7 +129,8 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
              + html.escape(over)),
         _row(
             "varied parameters",
-            html.escape("; ".join(f"{_shown(k)}: {', '.join(map(str, v))}" for k, v in varied.items()) or "none"),
+            html.escape("; ".join(f"{_shown(k)}: {', '.join(str(x) if x != '' else 'none' for x in v)}"
+                                  for k, v in varied.items()) or "none"),
         ),
         _row("repeats", f"{spec.get('repeats', 1)} per point (a repeat is a whole point again); each point ran "
                         f"{_rounds(df)} paired greedy/speculative rounds"),
