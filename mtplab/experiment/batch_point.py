@@ -25,7 +25,7 @@ from mtplab.engine import batch
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.shared import acceptance_alpha, engine_for
-from mtplab.experiment.timing import floor_seconds, held_plans
+from mtplab.experiment.timing import floor_seconds, plan_runs
 from mtplab.measure import floor, stats, theory
 from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
@@ -75,7 +75,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
         order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
         sample = measure.paired_round(r, order)
         for side in order:
-            trace, plans = Trace.begin(engine), held_plans(engine)
+            trace, plans = Trace.begin(engine), plan_runs(engine)
             if side == "greedy":
                 g = timed = batch.greedy(engine, prompts, n)
                 returned = time.perf_counter()

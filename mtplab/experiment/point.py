@@ -18,7 +18,7 @@ from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.strategies import K_POLICIES, SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.shared import acceptance_alpha, engine_for
-from mtplab.experiment.timing import floor_seconds, held_plans
+from mtplab.experiment.timing import floor_seconds, plan_runs
 from mtplab.measure import floor, theory
 from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
@@ -82,7 +82,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.Rounds
         order = ("greedy", "speculative") if r % 2 == 0 else ("speculative", "greedy")
         sample = measure.paired_round(r, order)
         for side in order:
-            trace, plans = Trace.begin(engine), held_plans(engine)
+            trace, plans = Trace.begin(engine), plan_runs(engine)
             if side == "greedy":
                 g = engine.greedy(prompt, n, margins=False)
                 returned = time.perf_counter()

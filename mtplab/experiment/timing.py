@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from mtplab.measure import floor, stats
 
@@ -99,37 +100,38 @@ class PairedSamples:
         return out
 
 
-def held_plans(engine) -> dict:
-    """Every capture state of the engine's executors: its plan (None: none held), its replays since its capture and
-    its other runs so far (Executor.held_plans), and under None the forwards
-    their slots ran through their plans in all (replays, captures, warm-ups, fallbacks; not the eager prefills, which
-    no timed window holds): a side's floor reads the change."""
+IN_PLAN = ("replays", "captures", "warmups", "fallbacks")  # a slot's runs through its plans (not the eager prefills)
+
+
+class PlanRuns(NamedTuple):
+    """What a side's floor reads the change of: every capture state of the engine's executors, by (executor, slot,
+    feed shapes), as Executor.plan_runs gives it, and the forwards their slots ran through their plans in all."""
+
+    states: dict
+    forwards: int
+
+
+def plan_runs(engine) -> PlanRuns:
+    """The engine's PlanRuns now (before a side, and after it)."""
     executors = (("target", engine.target), ("mtp", engine.mtp))
-    return {(name, *key): held for name, ex in executors for key, held in ex.held_plans().items()} | {
-        None: sum(c[k] for _, ex in executors for c in ex.activity().values() for k in IN_PLAN)}
+    return PlanRuns({(name, *key): runs for name, ex in executors for key, runs in ex.plan_runs().items()},
+                    sum(c[k] for _, ex in executors for c in ex.activity().values() for k in IN_PLAN))
 
 
-IN_PLAN = ("replays", "captures", "warmups", "fallbacks")
-
-
-def floor_seconds(engine, before: dict) -> tuple[float, float]:
-    """A side's floor (mtplab.measure.floor), timed now, right after the side: each plan it replayed (held then and
-    now), replayed bare once per FLOOR_SHARE of its replays (at least once; after an untimed one where it made
-    2 x FLOOR_SHARE or more), priced at the side's replay count.
-    A plan captured during the side counts its replays since, and its state's captures, warm-ups and fallbacks in the
-    side; replays of a plan dropped meanwhile are not priced
-    (the floor stays a lower bound), nor those of a plan whose pooled buffers were given back since. Returns the floor's
-    seconds (0.0 where the side replayed nothing) and the share of the side's forwards it prices (1.0: all of them; a
-    capture, a warm-up or an eager run is priced by none)."""
+def floor_seconds(engine, before: PlanRuns) -> tuple[float, float]:
+    """A side's floor (mtplab.measure.floor), timed right after the side: each plan it ran, replayed bare once per
+    FLOOR_SHARE of its runs (at least once; after an untimed one where it ran 2 x FLOOR_SHARE or more), priced at the
+    side's count. A plan captured during the side counts its replays since and the runs that set it up (its capture,
+    a warm-up); the runs of a plan dropped meanwhile, or of one whose pooled buffers were given back, are not priced
+    (the floor stays a lower bound). Returns the floor's seconds (0.0 where the side ran nothing through a plan) and
+    the share of the side's runs through its plans that it prices (1.0: all of them)."""
     executors = {"target": engine.target, "mtp": engine.mtp}
     sync, total, priced = engine.device.sync, 0.0, 0
-    now = held_plans(engine)
-    replayed = now.pop(None) - before.get(None, 0)
-    for (name, slot, key), (plan, replays, others) in now.items():
+    now = plan_runs(engine)
+    for (name, slot, key), (plan, replays, others) in now.states.items():
         if plan is None:
             continue
-        old = before.get((name, slot, key), (None, 0, 0))
-        # a plan captured during the side: the runs that set it up (its capture, a warm-up) priced as replays too
+        old = before.states.get((name, slot, key), (None, 0, 0))
         count = replays - old[1] if old[0] is plan else replays + others - old[2]
         if count <= 0:
             continue
@@ -144,4 +146,5 @@ def floor_seconds(engine, before: dict) -> tuple[float, float]:
         sync()
         total += count * (time.perf_counter() - t0) / reps
         priced += count
-    return total, priced / replayed if replayed else 1.0
+    ran = now.forwards - before.forwards
+    return total, priced / ran if ran else 1.0

@@ -319,14 +319,14 @@ class Executor:
         return check.result
 
     # -- timing floors ----------------------------------------------------------------------
-    def held_plans(self) -> dict[tuple, tuple[Any, int, int]]:
+    def plan_runs(self) -> dict[tuple, tuple[Any, int, int]]:
         """Every capture state by (slot, feed shapes): (the plan it holds or None, its replays since its capture, the
-        forwards it ran otherwise so far: captures, warm-ups, fallbacks)."""
+        forwards it ran otherwise so far: captures, warm-ups, fallbacks). A timing floor reads the change."""
         return {(slot, key): (st.plan, st.plan_replays, st.captures + st.warmups + st.fallbacks)
                 for slot in self.sessions for key, st in self.plan_states(slot).items()}
 
     def replay_bare(self, slot: Slot, key: tuple, reps: int) -> bool:
-        """Replay a held plan (see held_plans) `reps` times with nothing around it, its last feeds staged again first
+        """Replay a held plan (see plan_runs) `reps` times with nothing around it, its last feeds staged again first
         (a slot sharing its buffers may have staged others since): no counter, no backend count. A timing floor's;
         the state it runs on is left for the next generation's reset. False where the plan's buffers are no longer
         its own (a pooled workspace given back): nothing ran."""
