@@ -29,7 +29,7 @@ from mtplab.sweep import store, workspace
 
 sweep_dir = workspace.sweep_folder(results, quick)
 df = store.load(sweep_dir)
-df = df[df.status == "ok"]
+df = df[df.status.isin(store.LOSSLESS)]  # ok, and suspect (lossless, its timing beyond a band: drawn hollow)
 print(f"{sweep_dir}: {len(df)} points")
 
 # %%

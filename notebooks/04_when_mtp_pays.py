@@ -51,7 +51,7 @@ from mtplab.sweep import store, workspace
 
 sweep_dir = workspace.sweep_folder(results, quick)
 df = store.load(sweep_dir)
-ok = df[df.status.isin(["ok", "mismatch"])]  # the negative control (validation off) may be a mismatch
+ok = df[df.status.isin([*store.LOSSLESS, "mismatch"])]  # the negative control (validation off) may be a mismatch
 calibrations = quality.load_calibration(sweep_dir)
 print(f"{sweep_dir}: {len(df)} points, {len(ok)} ran; calibrations of {sorted(calibrations)}")
 display(Markdown("\n".join(quality.auto_rounds_lines(ok) or ["- Rounds: a fixed count per point."])))
@@ -131,7 +131,7 @@ for name in (trained, context, policies):
     if folder is None:
         continue
     head = store.load(folder)
-    head = head[head.status == "ok"]
+    head = head[head.status.isin(store.LOSSLESS)]
     print(f"{folder}: {len(head)} points")
     for figure in (figures.head_prediction, figures.head_points, figures.by_kind, figures.by_context,
                    figures.temperature, figures.peer, figures.k_policies):

@@ -37,6 +37,16 @@ def rounds_outcome_text(plan: dict) -> str:
             + (f", then {more} more while a side was beyond its timing floor's band" if more else ""))
 
 
+def _floor_text(side: str, f: dict) -> str:
+    """One side against its timing floor's band (mtplab.measure.floor), in words."""
+    us, unit = 1e6, f["unit"]
+    if f.get("priced_share", 1.0) < 0.999:
+        return (f"{side} {f['host_per_unit'] * us:.0f} us a {unit}, not held to its band (the floor priced "
+                f"{f['priced_share']:.0%} of its forwards)")
+    verdict = "within" if f["host_per_unit"] <= f["allowed_per_unit"] else "BEYOND"
+    return f"{side} {f['host_per_unit'] * us:.0f} us a {unit}, {verdict} its band of {f['allowed_per_unit'] * us:.0f} us"
+
+
 def _share(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
@@ -68,9 +78,8 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
     elif plan.get("floor_rounds"):
         lines.append(f"  {plan['floor_rounds']} rounds more than asked, while a side was beyond its timing floor's band")
     if floors := {side: f for side, f in (r.extra.get("floor") or {}).items() if f}:
-        lines.append("  timing floor (fastest round against the bare replays of its plans): " + "; ".join(
-            f"{side} {f['host_per_unit'] * 1e6:.0f} us a {f['unit']} of host time (band {f['allowed_per_unit'] * 1e6:.0f})"
-            for side, f in floors.items()))
+        lines.append("  timing floor, host time beyond the side's own forwards (its fastest round less the same plans "
+                     "replayed bare): " + "; ".join(_floor_text(side, f) for side, f in floors.items()))
     if r.predicted:
         when = r.extra.get("calibration_measured") or {}
         at_alpha = r.predicted.get("at_alpha")  # absent: a batch point's, priced at alpha alone
@@ -133,6 +142,9 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         lines.append(f"  WARNING {w['name']}: {w['message']}")
     for why in r.suspect:
         lines.append(f"  SUSPECT TIMING (its speedup is not a finding): {why}")
+    if r.suspect and (load := r.env.get("loadavg")):
+        lines.append(f"    (load {load[0]:.2f} when it ended: a busy machine can hold a side beyond its band too; run it "
+                     "again on a quiet one)")
     lines.append(("  OK: " if r.lossless else "  FAIL: ") + r.verdict)
     if verbose:
         lines += [f"    {line}" for line in oracle.details(r.identity)]
