@@ -25,7 +25,7 @@ from mtplab.engine import batch
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.shared import acceptance_alpha, engine_for
-from mtplab.experiment.timing import floor_seconds, plan_runs
+from mtplab.experiment.timing import floor_seconds, paired_rounds, plan_runs
 from mtplab.measure import floor, stats, theory
 from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
@@ -67,7 +67,6 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     slots = {s: {c: v - before.get(s, {}).get(c, 0) for c, v in cs.items()} for s, cs in _counters(engine).items()}
     forwards = dict(engine.forwards)
     plan = measure.RoundsPlan.of(run)
-    samples: list[dict] = []
     row_seconds: list[list[float]] = [[] for _ in range(B)]
     got = {"spec": checked.spec, "split": {}}
 
@@ -104,13 +103,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
             sample[f"{prefix}floor_seconds"], sample[f"{prefix}floor_share"] = floor_seconds(engine, plans)
         return measure.close_round(sample)
 
-    for r in plan.rounds(samples):
-        samples.append(paired(r))
-    confirming = 0  # as at batch 1: a side beyond its timing floor's band runs more rounds before it is suspect
-    while confirming < floor.CONFIRM_ROUNDS and floor.floor_problems(samples):
-        samples.append(paired(len(samples)))
-        confirming += 1
-    plan.outcome["floor_rounds"] = confirming
+    samples = paired_rounds(plan, paired)
     spec, split = got["spec"], got["split"]
     calibration = calibration if calibration is not None else calibration_for_batch(run)
     alpha, alpha_source = acceptance_alpha(run, calibration)

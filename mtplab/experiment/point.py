@@ -18,7 +18,7 @@ from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.strategies import K_POLICIES, SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.shared import acceptance_alpha, engine_for
-from mtplab.experiment.timing import floor_seconds, plan_runs
+from mtplab.experiment.timing import floor_seconds, paired_rounds, plan_runs
 from mtplab.measure import floor, theory
 from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
@@ -75,7 +75,6 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.Rounds
         oracle.state_rule(None, engine.desc.precision, engine.device.name == "cpu"),
         oracle.STATE_RTOL[engine.desc.precision],
     )
-    samples: list[dict] = []
     got = {"split": {}, "accepted": [], "ks": [], "generated": 0}
 
     def paired(r: int) -> dict:
@@ -102,14 +101,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.Rounds
                 got["generated"] = len(spec["tokens"]) - 1  # after the prefill's token, overshoot included
         return measure.close_round(sample)
 
-    for r in plan.rounds(samples):
-        samples.append(paired(r))
-    confirming = 0  # a side beyond its floor's band runs more rounds before the point is called suspect
-    while confirming < floor.CONFIRM_ROUNDS and floor.floor_problems(samples):
-        samples.append(paired(len(samples)))
-        confirming += 1
-    plan.outcome["floor_rounds"] = confirming
-    return {"samples": samples, "audit": audit, **got}
+    return {"samples": paired_rounds(plan, paired), "audit": audit, **got}
 
 
 def calibration_for(run: RunConfig, say=print) -> dict:

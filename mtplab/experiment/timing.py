@@ -148,3 +148,17 @@ def floor_seconds(engine, before: PlanRuns) -> tuple[float, float]:
         priced += count
     ran = now.forwards - before.forwards
     return total, priced / ran if ran else 1.0
+
+
+def paired_rounds(plan, paired: Callable[[int], dict]) -> list[dict]:
+    """A point's paired rounds: paired(r) (one closed round) while the RoundsPlan wants more, then more while a side
+    is beyond its timing floor's band, up to floor.CONFIRM_ROUNDS (how many: the plan's outcome["floor_rounds"])."""
+    samples: list[dict] = []
+    for r in plan.rounds(samples):
+        samples.append(paired(r))
+    more = 0
+    while more < floor.CONFIRM_ROUNDS and floor.floor_problems(samples):
+        samples.append(paired(len(samples)))
+        more += 1
+    plan.outcome["floor_rounds"] = more
+    return samples
