@@ -118,3 +118,18 @@ def test_a_policy_that_peeks_beyond_its_observed_counts_fails_the_run_check(tiny
     r = run_point(RunConfig(model="tiny", k=3, k_policy=k_policy, drafter="oracle", alpha=0.7, tokens=24, rounds=1), tiny)
     assert not r.lossless and r.verdict.startswith("RUN CHECK FAILED: the checked speculative run: it drafted"), r.verdict
     assert f"where k_policy='{k_policy}' chooses" in r.verdict
+
+
+def test_a_point_reports_what_each_verify_plan_holds_one_per_m_used(tiny):
+    from mtplab.experiment.point import run_point
+    from mtplab.experiment.result_text import result_text
+
+    run = RunConfig(model="tiny", drafter="mtp", k=4, k_policy="confidence", k_confidence=0.9, schedule="fused",
+                    tokens=40, rounds=1)
+    r = run_point(run, tiny)
+    plans = r.extra["plans"]["verify"]
+    used = sorted({k + 1 for k in r.k_per_step})
+    assert sorted(p["tokens"] for p in plans) == used and len(used) >= 2
+    assert all(p["captures"] == 1 and p["plan_bytes"] > 0 for p in plans)
+    assert f"verify plans: M={used[0]} 1 capture" in result_text(r)
+    assert [p["tokens"] for p in r.extra["plans"]["primary"]] == [1]  # one plan, M=1

@@ -134,3 +134,16 @@ def plan_counts(engine) -> dict[str, tuple[int, int]]:
             states = ex.plan_states(slot).values()
             out[ex.labels[slot]] = (len(states), sum(st.status is Status.READY for st in states))
     return out
+
+
+def plans_held(engine) -> dict[str, list[dict]]:
+    """{slot label: its plans}: the tokens M each was captured for (None: none held now), its captures and replays,
+    and the bytes of slot buffers it binds (a slot with a plan per M, Verify under a draft-length policy, lists one
+    per M used: the memory that per-M plans cost)."""
+    out = {}
+    for ex, io in ((engine.target, engine.desc.target), (engine.mtp, engine.desc.mtp)):
+        for slot in ex.state:
+            out[ex.labels[slot]] = [{"tokens": plan_tokens(st, io.input_ids), "captures": st.captures,
+                                     "replays": st.replays, "plan_bytes": st.plan_bytes}
+                                    for st in ex.plan_states(slot).values()]
+    return out

@@ -12,7 +12,7 @@ from mtplab.check import flags, lossless
 from mtplab.check import verdict as oracle
 from mtplab.check.audit import Audit, engine_problems
 from mtplab.check.expected import checked_problems
-from mtplab.check.trace import Trace
+from mtplab.check.trace import Trace, plans_held
 from mtplab.engine.engine import Engine
 from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.strategies import K_POLICIES, SCHEDULES
@@ -219,6 +219,7 @@ def run_mtplab_point(
             "accounting": accounting(samples, split, steps),
             "rounds": plan.outcome,
             "floor": {side: floor.side_summary(samples, side) for side in floor.SIDES},
+            "plans": plans_held(engine),
         },
     )
     result.suspect = floor.floor_problems(samples)

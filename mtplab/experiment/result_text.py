@@ -138,6 +138,11 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
             + " ".join(f"{k}={v}" for k, v in counters.items())
             + (f"   [{r.slot_reasons[slot]}]" if r.slot_reasons.get(slot) else "")
         )
+    for slot, plans in (r.extra.get("plans") or {}).items():
+        if len(plans) > 1:  # a plan per M (a draft-length policy's Verify): what each holds
+            lines.append(f"  {slot} plans: " + "; ".join(
+                f"M={p['tokens']} {p['captures']} capture{'s' * (p['captures'] != 1)} {p['replays']} replays "
+                f"{p['plan_bytes'] / 1024:.1f} KiB" for p in sorted(plans, key=lambda p: p["tokens"] or 0)))
     for w in r.warnings:
         lines.append(f"  WARNING {w['name']}: {w['message']}")
     for why in r.suspect:
