@@ -9,6 +9,7 @@ import hashlib
 import numpy as np
 
 from mtplab.check.trace import Trace
+from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.strategies import COMMITS, DRAFTERS, K_POLICIES, SCHEDULES
 
 
@@ -90,17 +91,14 @@ def chosen_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
             f"accepted counts ({sum(a != b for a, b in zip(ks, want))} of {len(ks)} steps differ)"]
 
 
-ORACLE_DRAWS = 4096  # the oracle's contract (OracleDrafter): uniforms, then shifts, drawn a block at a time
-
-
 def oracle_uniforms(seed: int, alpha: float, vocab: int):
-    """The oracle's uniforms in the order its drafts read them, block after block, each block's rest dropped where a
-    step does not fit (yields (block, used) readers): its stream, from the contract alone."""
+    """The oracle's uniforms, block after block, as its contract (OracleDrafter) draws them: a block of DRAWS uniforms,
+    then the block's DRAWS shifts (the wrong tokens, not read here), from a generator seeded by seed and alpha."""
     digest = hashlib.sha256(f"oracle:{seed}:{alpha}".encode()).digest()
     rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
     while True:
-        block = rng.random(ORACLE_DRAWS)
-        rng.integers(vocab - 1, size=ORACLE_DRAWS)  # the block's shifts: the wrong tokens, not read here
+        block = rng.random(OracleDrafter.DRAWS)
+        rng.integers(vocab - 1, size=OracleDrafter.DRAWS)
         yield block
 
 
@@ -115,7 +113,7 @@ def oracle_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
     blocks = oracle_uniforms(run.seed, run.alpha, engine.desc.vocab_size)
     block, used, want = next(blocks), 0, []
     for k in ks:
-        if used + k > ORACLE_DRAWS:
+        if used + k > OracleDrafter.DRAWS:  # a step that does not fit draws the next block
             block, used = next(blocks), 0
         right = block[used : used + k] < run.alpha
         want.append(int(right.argmin()) if not right.all() else k)

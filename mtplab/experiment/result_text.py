@@ -6,6 +6,7 @@ from __future__ import annotations
 from mtplab.check import verdict as oracle
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.experiment import config
+from mtplab.measure import floor
 from mtplab.measure.result import RunResult, engine_steps
 
 
@@ -40,7 +41,7 @@ def rounds_outcome_text(plan: dict) -> str:
 def _floor_text(side: str, f: dict) -> str:
     """One side against its timing floor's band (mtplab.measure.floor), in words."""
     us, unit = 1e6, f["unit"]
-    if f.get("priced_share", 1.0) < 0.999:
+    if not floor.held(f):
         return (f"{side} {f['host_per_unit'] * us:.0f} us a {unit}, not held to its band (the floor priced "
                 f"{f['priced_share']:.0%} of its forwards)")
     verdict = "within" if f["host_per_unit"] <= f["allowed_per_unit"] else "BEYOND"

@@ -51,8 +51,9 @@ class Band:
 GREEDY_BAND = Band(0.10, 12e-6, 50e-6, "token")
 SPECULATIVE_BAND = Band(1.0, 2e-3, 1e-3, "step")
 
-SIDES = {"greedy": ("greedy_seconds", "greedy_floor_seconds", "greedy_counted", GREEDY_BAND),
-         "speculative": ("seconds", "floor_seconds", "steps", SPECULATIVE_BAND)}
+# per side, the round sample's keys: its seconds, its floor's seconds, its floor's priced share, its units; its band
+SIDES = {"greedy": ("greedy_seconds", "greedy_floor_seconds", "greedy_floor_share", "greedy_counted", GREEDY_BAND),
+         "speculative": ("seconds", "floor_seconds", "floor_share", "steps", SPECULATIVE_BAND)}
 WHOLE = 0.999  # a floor that prices less of its side's forwards is partial: a lower bound, held to no band
 
 
@@ -60,7 +61,7 @@ def side_summary(samples: list[dict], side: str) -> dict | None:
     """A side over the rounds that timed its floor: its fastest round's and its second-fastest floor's seconds per unit, the
     host time per unit between them, the band's allowance, the median side / floor, the share of the side's forwards
     its floor prices (the least of any round); None where no round timed one."""
-    seconds_key, floor_key, unit_key, band = SIDES[side]
+    seconds_key, floor_key, share_key, unit_key, band = SIDES[side]
     rows = [s for s in samples if s.get(floor_key) and s.get(unit_key)]
     if not rows:
         return None
@@ -69,12 +70,17 @@ def side_summary(samples: list[dict], side: str) -> dict | None:
     # the floor's second fastest from 3 rounds on: a short block's fastest reads low by its own noise (on `small`'s
     # 10 ms forwards by about the band's share), its second much less
     fastest, floor_per = float(per[:, 0].min()), float(floors[1] if len(floors) >= 3 else floors[0])
-    share = min(float(s.get(floor_key.replace("seconds", "share"), 1.0)) for s in rows)
+    share = min(float(s.get(share_key, 1.0)) for s in rows)
     return {"rounds": len(rows), "fastest_per_unit": fastest, "floor_per_unit": floor_per,
             "host_per_unit": fastest - floor_per,
             "allowed_per_unit": band.allowed(floor_per, float(np.median([s[unit_key] for s in rows]))),
             "ratio": float(np.median(per[:, 0] / per[:, 1])),
             "unit": band.unit, "band": band.text(), "priced_share": share}
+
+
+def held(summary: dict) -> bool:
+    """Whether a side's floor (side_summary) priced all of it, so that the side is held to its band."""
+    return summary.get("priced_share", 1.0) >= WHOLE
 
 
 def floor_problems(samples: list[dict]) -> list[str]:
@@ -85,7 +91,7 @@ def floor_problems(samples: list[dict]) -> list[str]:
         if s is None:
             continue
         us = 1e6
-        if s["host_per_unit"] > s["allowed_per_unit"] and s["priced_share"] >= WHOLE:
+        if held(s) and s["host_per_unit"] > s["allowed_per_unit"]:
             out.append(f"{side}: {s['host_per_unit'] * us:.1f} us a {s['unit']} beyond the bare replays of its plans in its "
                        f"fastest of {s['rounds']} rounds (its floor {s['floor_per_unit'] * us:.1f} us), more than "
                        f"its band of {s['band']} ({s['allowed_per_unit'] * us:.1f} us): time its decoder does not spend")

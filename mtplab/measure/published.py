@@ -46,8 +46,8 @@ def _stable(ci: list[float], centre: float) -> bool:
 def result_problems(result, n: int, k: int, generated: int | None) -> list[str]:
     """Every published rate and count of a point recomputed from its rounds and accepted counts: each round's rates
     from its counts and seconds, the medians of the finite rounds, the CIs with the same seeded bootstrap, the
-    stable flag, whether it is suspect (mtplab.measure.floor), the efficiency and its CI, the acceptance fields (tokens per step where `generated`, the tokens the
-    timed runs made, is given). A stored result holds null for what was NaN. (The seconds fields are what the rates
+    stable flag, whether it is suspect (mtplab.measure.floor), the efficiency and its CI, the acceptance fields
+    (tokens per step where `generated`, the tokens the timed runs made, is given). A stored result holds null for what was NaN. (The seconds fields are what the rates
     are made of, and are not published as a finding.)"""
     out, samples = [], result.round_samples
 

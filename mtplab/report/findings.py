@@ -53,14 +53,14 @@ def stability_findings(df: pd.DataFrame) -> list[str]:
 
 def floor_findings(df: pd.DataFrame) -> list[str]:
     """How close each side came to its timing floor's band (mtplab.measure.floor), over the points that timed one."""
-    from mtplab.measure.floor import WHOLE
+    from mtplab.measure.floor import held as held_to_band
 
     extra = selection.parse_json(df["extra"]) if "extra" in df else []
     floors = [e.get("floor") or {} for e in extra if isinstance(e, dict)]
     parts = []
     for side in ("greedy", "speculative"):
         timed = [f[side] for f in floors if f.get(side)]
-        held = [f for f in timed if f.get("priced_share", 1.0) >= WHOLE]
+        held = [f for f in timed if held_to_band(f)]
         if not timed:
             continue
         worst = max((f["host_per_unit"] / f["allowed_per_unit"] for f in held), default=None)

@@ -10,6 +10,7 @@ import yaml
 from mtplab.engine.strategies import DRAFTERS
 from mtplab.experiment.config import drafter_params, fields
 from mtplab.experiment.params import AUTO_ROUNDS
+from mtplab.sweep import store
 
 # Run parameters a sweep can vary or fix: RunConfig's fields (the model by its name, a preset's or a builder
 # folder's: store.load's model_name); rounds and threads have rows of their own.
@@ -104,7 +105,7 @@ def header_html(sweep: dict, df: pd.DataFrame) -> str:
     env = sweep.get("env", {})
     spec = sweep.get("spec") or {}
     fixed, varied = fixed_and_varied(df)
-    counts = ", ".join(f"{sweep.get(s, 0)} {s}" for s in ("ok", "suspect", "mismatch", "failed") if s != "suspect" or sweep.get(s))
+    counts = store.status_counts(sweep)
     spec_name = spec.get("name", sweep["name"])
     title = f"mtplab sweep <code>{html.escape(sweep['name'])}</code>" + (
         f" (spec <code>{html.escape(str(spec_name))}</code>)" if spec_name != sweep["name"] else ""

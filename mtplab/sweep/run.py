@@ -240,10 +240,8 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
 
 
 def progress(counts: dict) -> str:
-    """`N ok, M mismatch, F failed` (and `S suspect` where a point was): the counts the progress line and the summary
-    show."""
-    return ", ".join(f"{counts.get(status, 0)} {status}" for status in store.STATUSES
-                     if status != "suspect" or counts.get(status))
+    """The counts the progress line and the summary show (store.status_counts)."""
+    return store.status_counts(counts)
 
 
 def exit_status(summary: dict, allow_mismatch: bool) -> int:

@@ -58,6 +58,12 @@ def write_error(folder: Path, config: dict, error: str) -> None:
     write_atomic(folder / ERROR, json.dumps({"config": config, "error": error}, indent=1))
 
 
+def status_counts(counts: dict) -> str:
+    """`N ok, M mismatch, F failed` (and `S suspect` where a point was): a sweep's points by status, in words."""
+    return ", ".join(f"{counts.get(status, 0)} {status}" for status in STATUSES
+                     if status != "suspect" or counts.get(status))
+
+
 def result_status(result: dict) -> str:
     """ok; mismatch when the point ran but its lossless check failed; suspect when it was lossless but a timed side
     was beyond its timing floor's band."""
