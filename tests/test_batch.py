@@ -72,6 +72,27 @@ def test_every_row_is_the_batch_of_one_run_of_its_seed(tiny, drafter, schedule):
         assert alone["tokens"] == spec.tokens[b] and alone["accepted"] == spec.accepted[b], f"row {b}"
 
 
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+def test_a_sampled_row_is_the_batch_of_one_run_of_its_seeds(tiny, schedule):
+    """At temperature > 0 row b samples from a generator of its own at sample_seed + b, in a batch-1 run's order:
+    its tokens and accepted counts are those of the batch-1 run at seed + b and sample_seed + b, and so are its
+    plain-sampling baseline's; the check follows each row's own tokens."""
+    run = batch_run(3, "readvance-m1", schedule, "mtp").replace(temperature=0.7, acceptance="rejection-sampling")
+    engine = Engine(run, tiny)
+    prompts = batch.prompts(run, engine.desc.vocab_size)
+    checked = checked_batch(engine, prompts, N)
+    ok, message = verdict(checked.identity)
+    assert ok and message.startswith("sampled (temperature 0.7") and "in each of its 3 rows bitwise" in message
+    spec = checked.spec
+    for b in range(3):
+        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b), tiny)
+        prompt = [int(t) for t in prompts[b]]
+        alone = one.speculative(prompt, N)
+        assert alone["tokens"] == spec.tokens[b] and alone["accepted"] == spec.accepted[b], f"row {b}"
+        assert one.greedy(prompt, N + run.k + 1).tokens == checked.greedy.tokens[b], f"row {b}'s baseline"
+    assert len({tuple(t[:N]) for t in spec.tokens}) == 3
+
+
 def _planted(monkeypatch, name: str, wrap) -> None:
     original = batch.BATCH_COMMITS[name]
     monkeypatch.setitem(batch.BATCH_COMMITS, name, lambda engine: wrap(original(engine)))
@@ -107,8 +128,8 @@ def test_a_riding_row_keeps_the_state_it_finished_with(tiny, monkeypatch):
 def test_batch_refusals_say_what_is_allowed(tiny):
     with pytest.raises(ConfigError, match="refuses any batch size but 1"):
         RunConfig(model="tiny", batch=2, engine="ort-genai")
-    with pytest.raises(ConfigError, match="decodes greedily"):
-        RunConfig(model="tiny", batch=2, temperature=0.7, acceptance="rejection-sampling")
+    with pytest.raises(ConfigError, match="samples a batch's drafts from the MTP head only"):
+        RunConfig(model="tiny", batch=2, temperature=0.7, acceptance="rejection-sampling", drafter="oracle")
     with pytest.raises(ConfigError, match="batch"):
         RunConfig(model="tiny", batch=0)
     desc = tiny.description

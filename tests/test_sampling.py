@@ -29,6 +29,7 @@
    probability: K depends on the drafts, 1, 2 or 3 here) and goodput on tokens 3-5 (K chosen from the first step's
    acceptance).
 3. Planted bugs, each caught by the same test at the same N (among them a uniform drawn again by the next step).
+4. A batch of four rows sampled together: the rows' tokens pooled against the same truth, a planted bug caught too.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 import pytest
 
 from mtplab.check import flags
-from mtplab.engine import sampling
+from mtplab.engine import batch, sampling
 from mtplab.engine.engine import Engine
 from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.sampling import Sampling, step_distribution
@@ -389,6 +390,26 @@ def test_the_loop_test_catches_a_planted_bug(small_vocab, plain, bug, monkeypatc
     p_value, tv = _chi_square(spec, plain[_truth(setting)])
     print(f"{bug}: p = {p_value:.2g}, TV = {tv:.3f}")
     assert p_value < FALSE_ALARM, (p_value, tv)
+
+
+@pytest.mark.parametrize("bug", [None, "residual drawn from p"])
+def test_each_row_of_a_batch_has_the_targets_joint_distribution(small_vocab, plain, bug, monkeypatch):
+    """Four rows sampled together (mtplab.engine.batch), each from a generator of its own: the rows share the prompt,
+    so a batch run gives four samples of the joint, N_RUNS in all, against plain sampling at batch 1 (flat drafts: the
+    resample and bonus paths carry weight). The rows' tokens are each a batch-1 run's (tests/test_batch.py); this
+    holds what they pool to, and a planted bug is caught the same way at batch 4."""
+    engine = _engine(small_vocab, batch=4, flat_drafts=True)
+    if bug is not None:
+        PLANTED[bug][1](engine, monkeypatch)
+    prompts = np.array([prompt_tokens(V, 6, 0)] * 4, dtype=np.int64)
+    counts = np.zeros(V**COUNTED, dtype=np.int64)
+    for r in range(N_RUNS // 4):
+        engine.acceptance.seed = N_RUNS + 4 * r  # row b draws from seed + b: the rows' seeds never repeat
+        for tokens in batch.speculative(engine, prompts, COUNTED).tokens:
+            counts[np.ravel_multi_index(tokens[:COUNTED], (V,) * COUNTED)] += 1
+    p_value, tv = _chi_square(counts, plain["T=1"])
+    print(f"batch 4, {bug or 'no bug'}: p = {p_value:.2g}, TV = {tv:.3f}")
+    assert (p_value < FALSE_ALARM) == (bug is not None), (p_value, tv)
 
 
 def test_the_same_seed_gives_the_same_tokens(small_vocab):

@@ -46,10 +46,18 @@ class AcceptanceRule:
         """A drafter's token from its own logits row [V]."""
         raise NotImplementedError
 
-    def accept(self, xp, drafts, logits):
+    def row_tokens(self, xp, rows):
+        """The target's tokens [B] from a batch's logits rows [B, V], row b as a batch-1 run of it chooses."""
+        raise NotImplementedError
+
+    def draft_rows(self, xp, rows):
+        """A drafter's tokens [B] from a batch's logits rows [B, V], row b as draft_token chooses for a batch-1 run."""
+        raise NotImplementedError
+
+    def accept(self, xp, drafts, logits, rows=None):
         """(accepted count: a 0-d device array, an int on the host; the target's tokens t0..tk [k+1]) for drafts [k]
-        and the verify's logits [k+1, V]; the bonus token is tokens[count]. A rule that decodes batches takes a
-        batch axis first too (drafts [B, k], logits [B, k+1, V]: counts [B], tokens [B, k+1])."""
+        and the verify's logits [k+1, V]; the bonus token is tokens[count]. With a batch axis first (drafts [B, k],
+        logits [B, k+1, V]): counts [B], tokens [B, k+1]; rows: which of the batch's rows they are (default all)."""
         raise NotImplementedError
 
 
@@ -62,7 +70,12 @@ class GreedyMatch(AcceptanceRule):
 
     draft_token = token
 
-    def accept(self, xp, drafts, logits):
+    def row_tokens(self, xp, rows):
+        return rows.argmax(-1) if xp is np else xp.argmax(rows, axis=-1)
+
+    draft_rows = row_tokens
+
+    def accept(self, xp, drafts, logits, rows=None):
         targets = logits.argmax(-1) if xp is np else xp.argmax(logits, axis=-1)
         return accepted_count(xp, drafts, targets), targets
 

@@ -58,6 +58,7 @@ class BatchRun:
     finished: list[float]  # per row, seconds from the start until it had its n tokens
     split: dict = field(default_factory=dict)  # seconds per phase: decode, draft, verify, commit
     started: float = float("nan")  # perf_counter when the timed window opened
+    expected_acceptance: dict | None = None  # a sampled checked run's expected acceptance per draft position
 
 
 def _margins(rows: np.ndarray) -> np.ndarray:
@@ -87,17 +88,17 @@ def check_engine(engine, batch_prompts: np.ndarray) -> None:
 
 def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False) -> BatchGreedy:
     """Greedy decoding of n tokens per row, [B, 1] per forward on Slot.PRIMARY (the first token is the prefill's)."""
-    st, forward = engine.state, engine.forward
+    st, forward, choose = engine.state, engine.forward, engine.acceptance.row_tokens
     out = start(engine, batch_prompts)
     rows = out["logits"][:, -1]
-    tokens = [rows.argmax(-1)]
+    tokens = [choose(np, rows)]
     gaps = [_margins(rows)] if margins else []
     t0 = time.perf_counter()
     while len(tokens) < n:
         out = forward(Slot.PRIMARY, tokens[-1][:, None])
         st.lengths += 1
         rows = out["logits"][:, 0]
-        tokens.append(rows.argmax(-1))
+        tokens.append(choose(np, rows))
         if margins:
             gaps.append(_margins(rows))
     seconds = time.perf_counter() - t0
@@ -199,7 +200,7 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
         feeds, outputs, bound = mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i)
         out = engine.mtp.run(Slot.PRIMARY, feeds, outputs, bound)
         engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + 1
-        token = out[io.logits][:, 0].argmax(-1)
+        token = engine.acceptance.draft_rows(np, out[io.logits][:, 0])
         h = out[io.hidden][:, 0]
         drafts[:, i] = token
     return drafts
@@ -210,7 +211,7 @@ def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.n
     holds each row's logits and hidden state there; the first draft from the logits, the rest chained."""
     logits, hidden = ready
     drafts = np.empty((engine.batch, k), dtype=np.int64)
-    drafts[:, 0] = logits.argmax(-1)
+    drafts[:, 0] = engine.acceptance.draft_rows(np, logits)
     if k > 1:
         drafts[:, 1:] = draft_head(engine, drafts[:, 0], hidden, position + 1, k - 1)
     return drafts
@@ -232,13 +233,25 @@ def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndar
     return np.array(out[io.logits][rows, counts]), np.array(out[io.hidden][rows, counts])
 
 
+def _judged(engine, drafts: np.ndarray, logits, active: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The acceptance rule's verdict on the rows still decoding: (each row's accepted count, its targets [B, k+1]);
+    a riding row keeps nothing (its state is put back), so it is not judged: a sampled row's generator stops where
+    a batch-1 run of it ends, and the expected acceptance counts decoding rows only."""
+    if active.all():
+        return engine.acceptance.accept(np, drafts, logits)
+    rows = np.flatnonzero(active)
+    counts, targets = np.zeros(engine.batch, dtype=np.int64), ids.copy()
+    counts[rows], targets[rows] = engine.acceptance.accept(np, drafts[rows], logits[rows], rows)
+    return counts, targets
+
+
 def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list[int]] | None = None,
                 on_commit: Callable | None = None) -> BatchRun:
     """Speculative decoding of every row until it has n tokens; per-row tokens and accepted counts.
 
-    references: each row's greedy tokens (the oracle drafts from them; n + k + 1 each). on_commit(step, rows),
-    when given, is called after every step's commit with the rows it committed (the checked pass compares each
-    one's state there).
+    references: each row's greedy tokens (the oracle drafts from them; n + k + 1 each). on_commit(step, rows,
+    emitted), when given, is called after every step's commit with the rows it committed and every row's tokens so
+    far (the checked pass compares each committed row's state there).
     """
     run, k, B = engine.spec, engine.k, engine.batch
     oracle = run.drafter == "oracle"
@@ -251,7 +264,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     readvance = engine.commit_strategy.verify_in_place
     st = engine.state
     out = start(engine, batch_prompts)
-    first = out["logits"][:, -1].argmax(-1)
+    first = engine.acceptance.row_tokens(np, out["logits"][:, -1])
     emitted = [[int(t)] for t in first]
     head = engine.head if not (oracle and run.oracle_free_drafts) else None
     if head is not None:  # the head's KV: entry j pairs token j+1 with the target's hidden j
@@ -283,7 +296,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             dec = engine.forward(Slot.PRIMARY, pending[:, None])
             st.lengths += 1
             hidden = np.array(dec["hidden"][:, 0], dtype=np.float32)
-            first = dec["logits"][:, 0].argmax(-1)
+            first = engine.acceptance.row_tokens(np, dec["logits"][:, 0])
         else:  # fused: draft from the pending token and the last committed position's hidden state
             hidden, first = engine.last_hidden, pending  # read by the drafts only, before the verify rewrites it
         stamps.append(time.perf_counter())  # the decode's end
@@ -302,7 +315,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             engine.save_state()
         verify_start = st.lengths.copy()
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
-        counts, targets = engine.acceptance.accept(np, drafts, ver["logits"])  # drafts each row keeps, [B, k+1]
+        counts, targets = _judged(engine, drafts, ver["logits"], active, ids)  # drafts each row keeps, [B, k+1]
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's
@@ -325,7 +338,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             accepted[b].append(c)
             emitted[b] += ids[b, skip : c + 1].tolist() + [int(targets[b, c])]
         if on_commit is not None:
-            on_commit(steps, rows)
+            on_commit(steps, rows, emitted)
         done = [b for b in rows if len(emitted[b]) >= n]
         for b in done:
             active[b] = False

@@ -104,38 +104,64 @@ class RejectionSampling(AcceptanceRule):
     samples = True
 
     def for_run(self, run, xp) -> SampledRun:
-        return SampledRun(Sampling(run.temperature, run.top_k, run.top_p), run.sample_seed, xp)
+        return SampledRun(Sampling(run.temperature, run.top_k, run.top_p), run.sample_seed, xp, run.batch)
 
 
 class SampledRun(AcceptanceRule):
-    """Rejection sampling bound to one run: its transform, its generator, the drafts' distributions."""
+    """Rejection sampling bound to one run: its transform, and per row of a batch its generator and the drafts'
+    distributions. Row b draws from a generator of its own seeded sample_seed + b, in the order a batch-1 run of the
+    row draws (its token, its drafts, its verify's k + 1 uniforms), so its tokens are those of the batch-1 run at
+    sample_seed + b, whatever the other rows do."""
 
     name = RejectionSampling.name
     summary = RejectionSampling.summary
     samples = True
 
-    def __init__(self, sampling: Sampling, seed: int, xp):
-        self.sampling, self.seed, self.xp = sampling, seed, xp
+    def __init__(self, sampling: Sampling, seed: int, xp, rows: int = 1):
+        self.sampling, self.seed, self.xp, self.rows = sampling, seed, xp, rows
         self.draft_sampling = sampling  # the drafter's rows go through the same transform
         self.expected = None  # per-position sums of min(p, q) and judged counts, while tracked (see track)
         self.new_generation()
 
     def new_generation(self) -> None:
-        self.rng = self.xp.random.default_rng(self.seed)
-        self.q: list = []
+        self.rngs = [self.xp.random.default_rng(self.seed + b) for b in range(self.rows)]
+        self.qs: list[list] = [[] for _ in range(self.rows)]
+
+    @property
+    def rng(self):
+        """Row 0's generator (a batch-1 run's only one)."""
+        return self.rngs[0]
+
+    @rng.setter
+    def rng(self, value) -> None:
+        self.rngs[0] = value
+
+    @property
+    def q(self) -> list:
+        """Row 0's drafts' distributions not judged yet."""
+        return self.qs[0]
 
     def token(self, xp, row):
         return draw(xp, self.sampling.probs(xp, row), self.rng.random())
 
+    def row_tokens(self, xp, rows):
+        p = self.sampling.probs(xp, rows)
+        return xp.stack([draw(xp, p[b], self.rngs[b].random()) for b in range(p.shape[0])])
+
     def draft_token(self, xp, row):
         return self.draft_from(xp, self.draft_sampling.probs(xp, row))
 
-    def draft_from(self, xp, q):
-        """A draft drawn from the distribution q [V] (kept for the verify that judges it)."""
-        self.q.append(q)
-        if len(self.q) > KEPT_DRAFT_ROWS:  # drafts no verify judged (a calibration's timed head steps)
-            del self.q[0]
-        return draw(xp, q, self.rng.random())
+    def draft_rows(self, xp, rows):
+        q = self.draft_sampling.probs(xp, rows)
+        return xp.stack([self.draft_from(xp, q[b], b) for b in range(q.shape[0])])
+
+    def draft_from(self, xp, q, row: int = 0):
+        """A draft drawn from the distribution q [V] by a row's generator (kept for the verify that judges it)."""
+        kept = self.qs[row]
+        kept.append(q)
+        if len(kept) > KEPT_DRAFT_ROWS:  # drafts no verify judged (a calibration's timed head steps)
+            del kept[0]
+        return draw(xp, q, self.rngs[row].random())
 
     def track(self, k: int) -> None:
         """From now on, sum each judged draft's expected acceptance, sum(min(p, q)), per draft position (device
@@ -151,18 +177,26 @@ class SampledRun(AcceptanceRule):
         self.expected = None
         return {"judged": [int(j) for j in judged], "expected": [float(s / j) if j else None for s, j in zip(total, judged)]}
 
-    def accept(self, xp, drafts, logits):
-        k = int(drafts.shape[0])
-        if len(self.q) < k:
-            raise ValueError(f"rejection sampling needs the drafter's distributions: {k} drafts, {len(self.q)} "
+    def accept(self, xp, drafts, logits, rows=None):
+        if drafts.ndim == 1:
+            return self._accept(xp, drafts, logits, 0)
+        rows = range(drafts.shape[0]) if rows is None else rows
+        judged = [self._accept(xp, drafts[i], logits[i], int(b)) for i, b in enumerate(rows)]
+        return np.array([int(n) for n, _ in judged]), xp.stack([t for _, t in judged])
+
+    def _accept(self, xp, drafts, logits, row: int):
+        """One row's verdict: drafts [k], the verify's logits [k+1, V]."""
+        k, kept = int(drafts.shape[0]), self.qs[row]
+        if len(kept) < k:
+            raise ValueError(f"rejection sampling needs the drafter's distributions: {k} drafts, {len(kept)} "
                              "distributions (the drafter must draft with the rule's draft_token)")
         p = self.sampling.probs(xp, logits)  # [k+1, V]
-        q = xp.stack(self.q[-k:])
-        self.q = []
+        q = xp.stack(kept[-k:])
+        kept.clear()
         rows = xp.arange(k)
-        u = self.rng.random(k + 1)
-        kept = u[:k] < keep_probability(xp, p[rows, drafts], q[rows, drafts])
-        n = leading_run(xp, kept)
+        u = self.rngs[row].random(k + 1)
+        accepted = u[:k] < keep_probability(xp, p[rows, drafts], q[rows, drafts])
+        n = leading_run(xp, accepted)
         if self.expected is not None:  # a draft is judged up to and including the first rejection
             judged = rows <= n
             self.expected["sum"][:k] += xp.where(judged, xp.minimum(p[:k], q).sum(axis=-1), 0.0)

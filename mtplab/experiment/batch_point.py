@@ -100,7 +100,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
             problems.extend(f"round {r}, {side}: {p}" for p in clock_problems(engine, timed.started, timed.seconds,
                                                                                returned))
             prefix = "greedy_" if side == "greedy" else ""
-            sample[f"{prefix}floor_seconds"], sample[f"{prefix}floor_share"] = floor_seconds(engine, plans)
+            draws = timed.decodes if side == "greedy" else 0
+            sample[f"{prefix}floor_seconds"], sample[f"{prefix}floor_share"] = floor_seconds(engine, plans, draws)
         return measure.close_round(sample)
 
     samples = paired_rounds(plan, paired)
@@ -110,6 +111,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     predicted = theory.predict_batch(alpha, k, run.schedule, run.commit, calibration, n, B) if (
         alpha is not None and theory.covers(calibration, k, run.commit)) else None
     accepted = [a for row in spec.accepted for a in row]  # pooled over the rows
+    tracked = checked.spec.expected_acceptance  # a sampled run's sum(min(p, q)) per judged draft, rows pooled
+    sampled = theory.sampled_acceptance(accepted, k, tracked, run.schedule) if tracked else None
     steps = len(accepted)
     generated = sum(len(t) - 1 for t in spec.tokens)
     acceptance = measure.acceptance(steps, int(sum(accepted)), steps * k, generated, accepted, k)
@@ -137,7 +140,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
         slot_reasons={engine.target.labels[s]: st.reason for s, st in engine.target.state.items()},
         arena={name: a.stats() for name, a in engine.arenas.items()},
         identity=checked.identity | {"per_row": checked.rows},  # its timed_audit once the published numbers are checked
-        theory=(predicted or {}) | {"alpha_source": alpha_source},
+        theory=(predicted or {}) | {"alpha_source": alpha_source} | ({"sampled_acceptance": sampled} if sampled else {}),
         env=environment(run.backend, run.threads) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
         extra={
             "batch": {
@@ -147,7 +150,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                 "step_seconds": stats.median([s["seconds"] / s["steps"] for s in samples if s.get("steps")]),
                 "pooled_acceptance_length": acceptance["acceptance_length"],
             },
-            "greedy_baseline": f"paired rounds, greedy at [B={B}, 1]",
+            "greedy_baseline": f"paired rounds, {'greedy' if run.temperature == 0 else f'plain sampling at T={run.temperature:g}'} at [B={B}, 1]",
             "calibration": calibration["key"],
             "calibration_measured": {"at": calibration.get("measured_at"), "load": calibration.get("load"),
                                      "source": calibration.get("source", "cached on this machine")},
@@ -164,16 +167,18 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     if not ok:
         oracle.shout(text)
     result.lossless, result.verdict = ok, text
-    # As a batch-1 point's, less the phase accounting (a batch step's phases are not timed apart) and the
-    # sampled test (a batch decodes greedily): the rows' accepted counts pooled.
-    result.warnings = flags.point_warnings(result.efficiency, float("nan"), run.drafter, accepted, k, calibration,
-                                           {}, alpha=run.alpha, greedy_decode_seconds=measure.rate(B, result.greedy_tokens_per_s))
+    # As a batch-1 point's, less the phase accounting (a batch step's phases are not timed apart): the rows'
+    # accepted counts pooled.
+    result.warnings = flags.point_warnings(result.efficiency, float("nan"), run.drafter, accepted, k,
+                                           None if sampled else calibration, {}, alpha=run.alpha, sampled=sampled,
+                                           greedy_decode_seconds=measure.rate(B, result.greedy_tokens_per_s))
     return result
 
 
 def row_lossless(row: dict) -> bool:
-    """A row's own checks passed: its tokens, its committed state, and its reference's argmax where not a near-tie."""
-    return bool(row["token_identical"]) and row["state_first_divergence"] is None and not row["reference_disagreements"]
+    """A row's own checks passed: its tokens (none to compare where sampled), its committed state, and its
+    reference's argmax where not a near-tie."""
+    return row["token_identical"] is not False and row["state_first_divergence"] is None and not row["reference_disagreements"]
 
 
 def calibration_for_batch(run: RunConfig, say=print) -> dict:

@@ -66,16 +66,18 @@ def k_policy_problems(cfg: dict, default: dict) -> list[str]:
 
 
 def batch_problems(cfg: dict, default: dict) -> list[str]:
-    """What a batch > 1 cannot be combined with (this version: greedy acceptance, mtplab's engine, the CPU)."""
+    """What a batch > 1 cannot be combined with (this version: mtplab's engine, the CPU, the MTP head or the greedy
+    oracle)."""
     if cfg["batch"] == 1:
         return []
     out = []
     if cfg["engine"] != "mtplab":
         out.append(f"batch={cfg['batch']} with engine={cfg['engine']!r}: onnxruntime-genai's MtpGenerator refuses any "
                    "batch size but 1; run batch > 1 with engine='mtplab'")
-    if cfg["temperature"] > 0 or cfg["acceptance"] != "greedy-match":
-        out.append(f"batch={cfg['batch']} decodes greedily: needs temperature=0 and acceptance='greedy-match' (got "
-                   f"temperature={cfg['temperature']:g}, acceptance={cfg['acceptance']!r})")
+    if cfg["temperature"] > 0 and cfg["drafter"] == "oracle":
+        out.append(f"batch={cfg['batch']} with drafter='oracle' at temperature={cfg['temperature']:g}: this version "
+                   "samples a batch's drafts from the MTP head only (the mixture oracle steps one sequence's "
+                   "reference); use drafter='mtp', or batch=1")
     if cfg["backend"] != "cpu":
         out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: mtplab.engine.batch "
                    "is written for host arrays, its select commit included)")

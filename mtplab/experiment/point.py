@@ -87,7 +87,7 @@ def timed_rounds(engine: Engine, prompt: list[int], n: int, plan: measure.Rounds
                 returned = time.perf_counter()
                 measure.record_side(sample, side, g.tokens, n, g.seconds)
                 audit.greedy(r, trace.end(engine, g.tokens), sample, g, returned)
-                sample["greedy_floor_seconds"], sample["greedy_floor_share"] = floor_seconds(engine, plans)
+                sample["greedy_floor_seconds"], sample["greedy_floor_share"] = floor_seconds(engine, plans, g.decodes)
             else:
                 spec = engine.speculative(prompt, n, reference=checked.greedy.tokens)
                 returned = time.perf_counter()

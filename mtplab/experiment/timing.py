@@ -118,15 +118,19 @@ def plan_runs(engine) -> PlanRuns:
                     sum(c[k] for _, ex in executors for c in ex.activity().values() for k in IN_PLAN))
 
 
-def floor_seconds(engine, before: PlanRuns) -> tuple[float, float]:
+def floor_seconds(engine, before: PlanRuns, draws: int = 0) -> tuple[float, float]:
     """A side's floor (mtplab.measure.floor), timed right after the side: each plan it ran, replayed bare once per
     FLOOR_SHARE of its runs (at least once; after an untimed one where it ran 2 x FLOOR_SHARE or more), priced at the
     side's count. A plan captured during the side counts its replays since and the runs that set it up (its capture,
     a warm-up); the runs of a plan dropped meanwhile, or of one whose pooled buffers were given back, are not priced
     (the floor stays a lower bound). Returns the floor's seconds (0.0 where the side ran nothing through a plan) and
-    the share of the side's runs through its plans that it prices (1.0: all of them)."""
+    the share of the side's runs through its plans that it prices (1.0: all of them). draws: a sampled greedy side's
+    (plain sampling's) decodes, each drawing every row's token: its decode plan is replayed with a draw after each
+    replay (a sampler's draws are its decoder's work, and a draw right after a forward costs about twice one alone:
+    the forward has evicted what it reads)."""
     executors = {"target": engine.target, "mtp": engine.mtp}
     sync, total, priced = engine.device.sync, 0.0, 0
+    draw = drawer(engine) if draws and engine.acceptance.samples else None
     now = plan_runs(engine)
     for (name, slot, key), (plan, replays, others) in now.states.items():
         if plan is None:
@@ -141,13 +145,26 @@ def floor_seconds(engine, before: PlanRuns) -> tuple[float, float]:
             continue
         sync()
         t0 = time.perf_counter()
-        if not ex.replay_bare(slot, key, reps):
+        if draw is None:
+            ran_bare = ex.replay_bare(slot, key, reps)
+        else:
+            ran_bare = all(ex.replay_bare(slot, key, 1) and draw() is not None for _ in range(reps))
+        if not ran_bare:
             continue
         sync()
         total += count * (time.perf_counter() - t0) / reps
         priced += count
     ran = now.forwards - before.forwards
     return total, priced / ran if ran else 1.0
+
+
+def drawer(engine) -> Callable[[], object]:
+    """One sampled draw of every row's token from a logits row each, by the acceptance rule's own call (the
+    decoder's). It advances the rule's generators: the next generation reseeds them."""
+    xp, rows = engine.xp, engine.xp.zeros((engine.batch, engine.desc.vocab_size), dtype=engine.xp.float32)
+    if engine.batch == 1:
+        return lambda: engine.acceptance.token(xp, rows[0])
+    return lambda: engine.acceptance.row_tokens(xp, rows)
 
 
 def paired_rounds(plan, paired: Callable[[int], dict]) -> list[dict]:
