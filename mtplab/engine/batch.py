@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mtplab.engine.commits import transitions_update
+from mtplab.engine.commits import select_commit
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.schedules import Phases
 from mtplab.model.prompts import run_prompt
@@ -124,12 +124,10 @@ class RowKeeper:
 
 
 def select_rows(engine) -> Callable:
-    """select at batch B: commit(ver, counts, rows) replays each listed row's own count of transitions."""
-    desc, st = engine.desc, engine.state
-    if desc.select != "transitions":
-        raise ValueError(f"commit='select' at batch > 1 runs on GatedDeltaNet transitions (the built-in model); "
-                         f"{desc.name} selects by {desc.select or 'nothing'}")
-    apply = transitions_update(desc, engine.device)
+    """select at batch B: commit(ver, counts, rows) replays each listed row's own count (its transitions, or its
+    LinearAttention inputs through the op)."""
+    st = engine.state
+    apply = select_commit(engine.desc, engine.device)
 
     def commit(ver: dict, counts: np.ndarray, rows) -> None:
         for b in rows:

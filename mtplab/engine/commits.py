@@ -143,7 +143,8 @@ class Select(CommitStrategy):
 
 
 def select_commit(desc, device) -> Callable:
-    """select's state update for this model on this device: apply(state, verify outputs, n accepted)."""
+    """select's state update for this model on this device: apply(state, verify outputs, n accepted, row=None); row=b:
+    batch row b only."""
     if desc.select == "transitions":
         return transitions_update(desc, device)
     if desc.select == "replay-op":
@@ -205,28 +206,29 @@ class OpReplay:
         self.plans: dict[int, tuple] = {}  # n -> (its run, the arrays it binds, their dtype, shape and strides)
         self.last: list = []  # the arrays of the last commit
 
-    def __call__(self, st, ver: dict, n: int) -> None:
+    def __call__(self, st, ver: dict, n: int, row: int | None = None) -> None:
         n = operator.index(n)  # a count of tokens (a float would key a binding and then fail the conv rebuild)
         held = ver[self.role_names[0]].shape[1] if self.role_names else n
         if not 0 <= n <= held:  # refused before any state changes
             raise ValueError(f"select's replay of {n} tokens: the verify's outputs hold {held}")
+        rows = slice(None) if row is None else slice(row, row + 1)  # a batch's row b: its own n, as a batch of one
         if self.xp is np and st.batch == 1:
             self._replay_bound(st, ver, n)
         else:
-            self._replay_fed(st, ver, n)
+            self._replay_fed(st, ver, n, rows)
         for layer, name, first in self.convs:
-            rebuild_conv(st.conv[layer], ver[name], n, first)
+            rebuild_conv(st.conv[layer][rows], ver[name][rows], n, first)
 
-    def _replay_fed(self, st, ver: dict, n: int) -> None:
+    def _replay_fed(self, st, ver: dict, n: int, rows: slice = slice(None)) -> None:
         feeds = {}
         to_host = self.to_host
         for s, roles in self.roles:
-            feeds[f"past_state.{s.layer}"] = to_host(st.gdn[s.layer])
+            feeds[f"past_state.{s.layer}"] = np.ascontiguousarray(to_host(st.gdn[s.layer][rows]))
             for role, name in roles:
-                feeds[f"{role}.{s.layer}"] = np.ascontiguousarray(to_host(ver[name])[:, :n])
+                feeds[f"{role}.{s.layer}"] = np.ascontiguousarray(to_host(ver[name][rows])[:, :n])
         names = [f"present.{s.layer}" for s, _ in self.layers]
         for (s, _), present in zip(self.layers, self.session.run(names, feeds)):
-            st.gdn[s.layer][...] = self.xp.asarray(present)
+            st.gdn[s.layer][rows] = self.xp.asarray(present)
 
     def _replay_bound(self, st, ver: dict, n: int) -> None:
         gdn = st.gdn

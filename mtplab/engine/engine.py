@@ -24,6 +24,7 @@ from mtplab.engine.k_policies import Fixed, StepCosts
 from mtplab.engine.models import model_for, own_weights
 from mtplab.engine.spec import EngineSpec
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS
+from mtplab.model.batch_form import batch_form
 from mtplab.model.description import length_feeds
 from mtplab.runtime.device import Device, device_for
 from mtplab.runtime.executor import Executor, Slot
@@ -42,21 +43,24 @@ class Engine:
                                                  plans=run.k if run.plan_per_shape else 1)
         self.art = artifact or model_for(run)
         # its states in place where the device's kernels allow it (the builder's LinearAttention state on the CPU)
-        desc = self.desc = self.art.description.on_provider(dev.provider_name)
+        desc = self.art.description.on_provider(dev.provider_name)
         self.cfg = desc.config  # the built-in model's ModelConfig (None for other models)
         check_spec_on_model(run, desc)
+        # a builder folder's graphs at batch > 1: mtplab's copies that take each row's query length
+        desc = self.desc = batch_form(desc) if run.batch > 1 else desc
         dev.check_model(desc)
         self.xp = dev.xp
         pol = self.policy = policy(run.policy)
         self.main = dev.arena("main")
         B = self.batch = run.batch  # rows decoded together (mtplab.engine.batch runs B > 1)
         self.state = TargetState.allocate(desc, self.main, batch=B)
-        shared = dev.shared_weights(self.art.target) if pol.sibling_session else None
-        # With a session of its own, Primary runs the user's graph where the target is mtplab's copy (own_graph).
-        own = desc.own_graph() if pol.sibling_session else None
+        shared = dev.shared_weights(desc.target.path) if pol.sibling_session else None
+        # With a session of its own, Primary runs the user's graph where the target is mtplab's copy (own_graph), at
+        # batch 1: the user's graph runs no [B, M > 1] forward after a past (mtplab.model.batch_form).
+        own = desc.own_graph() if pol.sibling_session and B == 1 else None
         self.primary_desc = own or desc
         primary_session = dev.session(self.primary_desc.target.path, own_weights(shared, own))
-        verify_session = dev.session(self.art.target, shared) if pol.sibling_session else primary_session
+        verify_session = dev.session(desc.target.path, shared) if pol.sibling_session else primary_session
         self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
         # Largest I/O a slot binds: M=k+1, both recurrent modes, on the slot's graph.
         big = np.zeros((B, run.k + 1), dtype=np.int64)
@@ -76,7 +80,7 @@ class Engine:
             plan_per_shape=run.plan_per_shape,
         )
         self.mtp_state = MtpState.allocate(desc, self.main, batch=B)
-        self.mtp, draft_io = head_executor(desc, dev, self.mtp_state, run, self.art.mtp, self.arenas)
+        self.mtp, draft_io = head_executor(desc, dev, self.mtp_state, run, desc.mtp.path, self.arenas)
         self.forwards: dict[str, int] = {}
         self.drafter_memory: dict = {}  # what a drafter keeps between this engine's runs (the mixture's target rows)
         self.prompt: list[int] = []  # the speculative generation in progress: its prompt and emitted tokens so far

@@ -11,6 +11,7 @@ import numpy as np
 from mtplab.base.memory import meminfo_gib
 from mtplab.engine.spec import EngineSpec
 from mtplab.engine.strategies import COMMITS
+from mtplab.model.batch_form import batch_form_problem
 from mtplab.model.config import k_problem
 from mtplab.runtime.device import backend_problem
 
@@ -22,17 +23,18 @@ def commits_on(desc) -> tuple[list[str], dict[str, str]]:
 
 
 def batch_problem(batch: int, desc) -> str | None:
-    """Why a model cannot decode `batch` rows together, or None: every row's M > 1 forward needs per-row query
-    lengths (GroupQueryAttention's query_seqlens), and the lengths must travel per row (seqlens_k, not a mask)."""
+    """Why a model cannot decode `batch` rows together, or None: every row's M > 1 forward after a past needs per-row
+    query lengths (GroupQueryAttention's query_seqlens: the built-in graphs take them, a builder folder's graphs get
+    them in mtplab's copies, mtplab.model.batch_form)."""
     if batch == 1:
         return None
     io = desc.target
-    if io.positions or desc.mtp.positions:
-        return f"batch={batch} on {desc.name}: its graphs take position_ids, which mtplab feeds for batch 1 only"
-    if io.lengths != "seqlens" or not io.query_seqlens or not desc.mtp.query_seqlens:
-        return (f"batch={batch} on {desc.name}: its graphs take {'an attention_mask' if io.lengths != 'seqlens' else 'no query_seqlens'}, "
-                "so an M > 1 forward after a past runs batch 1 only; batch > 1 needs the built-in model's graph form "
-                "with GroupQueryAttention's query_seqlens (onnxruntime >= 1.32)")
+    if io.lengths == "seqlens" and not (io.query_seqlens and desc.mtp.query_seqlens):
+        return (f"batch={batch} on {desc.name}: its graphs take no query_seqlens, so an M > 1 forward after a past "
+                "runs batch 1 only; batch > 1 needs the built-in model's graph form with GroupQueryAttention's "
+                "query_seqlens (onnxruntime >= 1.32)")
+    if why := batch_form_problem(desc):
+        return f"batch={batch} on {desc.name}: {why}"
     return None
 
 

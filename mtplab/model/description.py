@@ -255,23 +255,37 @@ def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = No
             if io.query_seqlens:
                 into["query_seqlens"] = _constant(M, (batch,))
         else:
-            if batch != 1:
-                raise ValueError(f"{io.path.name} takes its lengths from an attention_mask: batch 1 only, got {batch} rows")
-            into["attention_mask"] = np.zeros((1, total), dtype=np.int64)
-        if io.positions:
-            into["position_ids"] = np.zeros((*io.positions, M), dtype=np.int64)
+            into["attention_mask"] = np.zeros((batch, total), dtype=np.int64)
+            if io.query_seqlens:  # mtplab's batch copy of a builder graph (mtplab.model.batch_form)
+                into["query_seqlens"] = _constant(M, (batch,))
+        if io.positions:  # the batch axis is the last before M's: [B, M], or MRoPE's [3, B, M]
+            into["position_ids"] = np.zeros((*io.positions[:-1], batch, M), dtype=np.int64)
         if io.capture_count:
             into["capture_count"] = _constant(M, (batch,))
     seqlens, positions = into.get("seqlens_k"), into.get("position_ids")
     if seqlens is not None:
         seqlens[...] = length + M - 1
-    else:
+    elif np.ndim(length) == 0:
         mask = into["attention_mask"]
         mask[0, : length + M] = 1
         mask[0, length + M :] = 0
+    else:  # row b's ones up to its own length + M
+        np.less(_span(into["attention_mask"].shape[1]), (length + M)[:, None], out=into["attention_mask"],
+                casting="unsafe")
     if positions is not None:
-        positions[...] = length if M == 1 else np.arange(length, length + M)
+        if np.ndim(length) == 0:
+            positions[...] = length if M == 1 else np.arange(length, length + M)
+        else:
+            positions[...] = length[:, None] + _span(M)
     return into
+
+
+@functools.cache
+def _span(n: int) -> np.ndarray:
+    """0..n-1, read-only (a per-row mask's and positions' offsets)."""
+    out = np.arange(n, dtype=np.int64)
+    out.flags.writeable = False
+    return out
 
 
 @functools.cache

@@ -32,7 +32,7 @@ from mtplab.model.description import ModelDescription, SelectOutput
 from mtplab.model.graph import TransitionLayout
 from mtplab.model.onnx_read import attributes, consumer, copy_data_files
 
-SURGERY_VERSION = 2
+SURGERY_VERSION = 3
 LINEAR_ROLES = ("query", "key", "value", "past_state", "decay", "beta")
 NP_TO_ONNX = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 REPLAYED = ("LinearAttention", "GatedDeltaNet")
@@ -173,7 +173,7 @@ def _capture_transitions(desc: ModelDescription, copy: onnx.ModelProto, exposed)
         del node.input[:], node.output[:]
         node.input.extend(ins)
         node.output.extend(outs)
-    copy.graph.input.append(helper.make_tensor_value_info(CAPTURE_COUNT, TensorProto.INT32, [1]))
+    copy.graph.input.append(helper.make_tensor_value_info(CAPTURE_COUNT, TensorProto.INT32, ["batch_size"]))
 
 
 def _write_copy(desc: ModelDescription, model: onnx.ModelProto, folder: Path) -> None:
