@@ -248,17 +248,41 @@ def test_rows_given_row_0s_prompt_are_caught_naming_the_row(tiny, monkeypatch):
     assert rows[0]["prompt"] == rows[1]["prompt"] and len(rows[1]["tokens"]) == 16  # what each row was given, kept
 
 
-def test_a_batch_oracle_drafting_at_another_alpha_is_flagged(tiny, monkeypatch):
+def test_a_row_drafting_at_another_alpha_than_its_own_is_caught_naming_the_row(tiny, monkeypatch):
+    """Each row's oracle is held to its own seeded draws at its own alpha: a row drafting at 0.98 where its alpha is
+    0.5 fails the run check, named, while the other rows keep theirs."""
     from mtplab.engine.drafters import OracleDrafter
     from mtplab.experiment.point import run_point
 
     real = OracleDrafter.__init__
-    monkeypatch.setattr(OracleDrafter, "__init__", lambda self, reference, alpha, *a, **kw: real(
-        self, reference, 0.98, *a, **kw))
-    result = run_point(batch_run(2).replace(alpha=0.5, rounds=1, tokens=48), tiny)
-    assert result.lossless, result.verdict
-    assert "it does not draft as configured" in next(w["message"] for w in result.warnings
-                                                     if w["name"] == "oracle_acceptance")
+
+    def planted(self, reference, alpha, seed, *a, **kw):
+        real(self, reference, 0.98 if seed == 1 else alpha, seed, *a, **kw)
+
+    monkeypatch.setattr(OracleDrafter, "__init__", planted)
+    result = run_point(batch_run(2).replace(alpha=(0.6, 0.5), rounds=1, tokens=48), tiny)
+    assert not result.lossless and result.verdict.startswith(
+        "RUN CHECK FAILED: row 1: the oracle (alpha 0.5, seed 1) accepted"), result.verdict
+    assert [p["alpha"] for p in result.extra["batch"]["per_row"]] == [0.6, 0.5]
+
+
+def test_rows_with_alphas_of_their_own_are_each_the_batch_of_one_run_at_theirs(tiny):
+    """alpha may be a list, one per row: row b is the batch-1 run at seed + b and its own alpha, step by step, and the
+    batch reports the share of its row-steps spent on rows already done (the slowest row's cost) beside its
+    prediction."""
+    run = batch_run(3).replace(alpha=(0.9, 0.6, 0.1))
+    engine = Engine(run, tiny)
+    prompts = batch.prompts(run, engine.desc.vocab_size)
+    greedy = batch.greedy(engine, prompts, N + run.k + 1)
+    spec = batch.speculative(engine, prompts, N, references=greedy.tokens)
+    for b, alpha in enumerate(run.alpha):
+        one = Engine(run.replace(batch=1, seed=run.seed + b, alpha=alpha), tiny)
+        alone = one.speculative([int(t) for t in prompts[b]], N, reference=greedy.tokens[b])
+        assert alone["tokens"] == spec.tokens[b] and alone["accepted"] == spec.accepted[b], f"row {b}"
+    assert len(spec.accepted[2]) == spec.steps > len(spec.accepted[0])  # the low row is the slowest
+    with pytest.raises(ConfigError, match=r"alpha=\(0.9, 0.6, 0.1\) sets each row's own acceptance: give one value "
+                                          r"per row, batch=3 \(got batch=2\)"):
+        run.replace(batch=2)
 
 
 def test_break_even_is_where_the_speedup_falls_through_one():

@@ -18,6 +18,9 @@ from mtplab.runtime.device import cuda_available
         (["--k", "0"], "--k 0: must be an integer >= 1"),
         (["--k", "8"], "k+1=9 exceeds the GatedDeltaNet transition capacity 8"),
         (["--drafter", "oracle", "--alpha", "1.5"], "--alpha 1.5: must be within [0, 1]"),
+        (["--drafter", "oracle", "--alpha", "0.9,0.2"], "--alpha (0.9, 0.2) sets each row's own acceptance: give one "
+                                                        "value per row, --batch 2 (got --batch 1)"),
+        (["--drafter", "oracle", "--alpha", "0.9,x"], "--alpha (0.9, 'x'): must be within [0, 1], a number, or a list"),
         (["--policy", "tiled"], "unknown --policy 'tiled'"),
         (["--commit", "rewind"], "unknown --commit 'rewind'"),
         (["--drafter", "ngram"], "unknown --drafter 'ngram'"),

@@ -1,7 +1,9 @@
 """Leviathan's expected tokens per step, for both schedules, and the alpha fit."""
 
+import numpy as np
 import pytest
 
+from mtplab.engine.strategies import SCHEDULES
 from mtplab.measure import theory
 
 
@@ -119,6 +121,33 @@ def test_a_batch_waits_for_its_slowest_row():
     assert one < eight < 39  # the slowest of 8 rows, never worse than a token a step
     # certain acceptance: every row makes k + 1 tokens a step, so the batch is no slower than one row
     assert theory.expected_batch_steps(1.0, 3, "fused", 41, 8) == pytest.approx(10)
+
+
+def test_rows_with_alphas_of_their_own_wait_for_the_slowest_and_ride_along():
+    """alpha per row: equal values price as one alpha; E[max of the rows' steps] against a simulation of independent
+    rows; the riding share is 1 - mean row steps / E[max]."""
+    k, schedule, tokens = 3, "decode-verify", 40
+    assert theory.expected_batch_steps([0.7] * 4, k, schedule, tokens, 4) == pytest.approx(
+        theory.expected_batch_steps(0.7, k, schedule, tokens, 4))
+    for commit in ("select", "readvance-m1", "readvance-batched"):
+        table = {str(j): float(j * j) for j in range(1, k + 2)}
+        assert theory.batch_commit_seconds([0.6] * 3, k, commit, table, 3) == pytest.approx(
+            theory.batch_commit_seconds(0.6, k, commit, table, 3))
+    alphas = [0.9, 0.9, 0.2]
+    rng, extra = np.random.default_rng(0), SCHEDULES.get(schedule).extra_tokens
+    steps = np.zeros((20000, len(alphas)))
+    for b, alpha in enumerate(alphas):
+        made = np.ones(len(steps))  # the prefill's token
+        while (made < tokens).any():
+            going = made < tokens
+            accepted = np.minimum((rng.random((len(steps), k)) < alpha).cumprod(axis=1).sum(axis=1), k)
+            made += going * (accepted + extra)
+            steps[:, b] += going
+    assert theory.expected_batch_steps(alphas, k, schedule, tokens, 3) == pytest.approx(steps.max(axis=1).mean(),
+                                                                                         rel=0.01)
+    assert theory.riding_share(alphas, k, schedule, tokens, 3) == pytest.approx(
+        1 - steps.mean() / steps.max(axis=1).mean(), abs=0.01)
+    assert theory.riding_share(1.0, k, schedule, 41, 3) == pytest.approx(0.0)
 
 
 def test_batch_commit_cost_follows_each_strategys_rows():

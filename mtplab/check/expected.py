@@ -103,26 +103,32 @@ def oracle_uniforms(seed: int, alpha: float, vocab: int):
 
 
 def oracle_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
-    """Where a greedy run's oracle accepted other than its seeded draws say: draft i of a step is the reference's token
-    exactly when its uniform is below alpha, and a greedy verify keeps the leading right ones. Exact, so a correct run
-    is never flagged, and an oracle accepting at another rate than its alpha is, at any run length. (The last step may
-    keep fewer, where the reference ends.)"""
+    """Where a greedy run's oracle accepted other than its seeded draws say (oracle_draw_problems, at the run's seed
+    and alpha)."""
     run = engine.spec
     if run.drafter != "oracle" or engine.acceptance.samples:
         return []
-    blocks = oracle_uniforms(run.seed, run.alpha, engine.desc.vocab_size)
+    return oracle_draw_problems(accepted, ks, run.seed, run.alpha, engine.desc.vocab_size)
+
+
+def oracle_draw_problems(accepted: list[int], ks: list[int], seed: int, alpha: float, vocab: int) -> list[str]:
+    """Where an oracle's accepted counts at greedy decoding differ from its seeded draws: draft i of a step is the
+    reference's token exactly when its uniform is below alpha, and a greedy verify keeps the leading right ones.
+    Exact, so a correct run is never flagged, and an oracle accepting at another rate than its alpha is, at any run
+    length. (The last step may keep fewer, where the reference ends.) A batch's row b: seed + b, its own alpha."""
+    blocks = oracle_uniforms(seed, alpha, vocab)
     block, used, want = next(blocks), 0, []
     for k in ks:
         if used + k > OracleDrafter.DRAWS:  # a step that does not fit draws the next block
             block, used = next(blocks), 0
-        right = block[used : used + k] < run.alpha
+        right = block[used : used + k] < alpha
         want.append(int(right.argmin()) if not right.all() else k)
         used += k
     off = [i for i, (a, w) in enumerate(zip(accepted, want)) if a != w and not (i == len(want) - 1 and a < w)]
     if not off:
         return []
     i = off[0]
-    return [f"the oracle (alpha {run.alpha:g}, seed {run.seed}) accepted {accepted[i]} drafts at step {i + 1}, where "
+    return [f"the oracle (alpha {alpha:g}, seed {seed}) accepted {accepted[i]} drafts at step {i + 1}, where "
             f"its seeded draws keep {want[i]} ({len(off)} of {len(want)} steps differ; accepted "
             f"{sum(accepted)}, its draws {sum(want)})"]
 

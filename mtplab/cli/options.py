@@ -11,7 +11,10 @@ from mtplab.experiment.params import GROUPS
 
 
 def lenient_number(text: str):
-    """An option's number, or its text unchanged so that validation names it with the others."""
+    """An option's number (numbers separated by commas: a tuple, one per batch row), or its text unchanged so that
+    validation names it with the others."""
+    if "," in text:
+        return tuple(lenient_number(part.strip()) for part in text.split(","))
     for kind in (int, float):
         try:
             return kind(text)

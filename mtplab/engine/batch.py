@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mtplab.engine.commits import select_commit
-from mtplab.engine.drafters import OracleDrafter
+from mtplab.engine.drafters import OracleDrafter, row_alphas
 from mtplab.engine.schedules import Phases
 from mtplab.model.prompts import run_prompt
 from mtplab.runtime.executor import Slot
@@ -273,8 +273,8 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         engine.forwards[key] = engine.forwards.get(key, 0) + 1
         io = engine.desc.mtp
         ready = np.array(head_out[io.logits][:, -1]), np.array(head_out[io.hidden][:, -1])
-    oracles = [OracleDrafter(references[b], run.alpha, run.seed + b, engine.desc.vocab_size, None)
-               for b in range(B)] if oracle else []
+    oracles = [OracleDrafter(references[b], alpha, run.seed + b, engine.desc.vocab_size, None)
+               for b, alpha in enumerate(row_alphas(run.alpha, B))] if oracle else []
     for o in oracles:
         o.prefill([0] * batch_prompts.shape[1], None)
     engine.last_hidden[...] = out["hidden"][:, -1]

@@ -377,10 +377,15 @@ class OracleKind(DrafterKind):
         return OracleDrafter(reference, run.alpha, run.seed, engine.desc.vocab_size, head, engine.xp)
 
     def id_part(self, values: dict) -> str:
-        return self.name + canonical(float(values["alpha"]))
+        return self.name + "-".join(canonical(float(a)) for a in row_alphas(values["alpha"], 1))
 
     def text(self, values: dict) -> str:
-        return f"oracle alpha={float(values['alpha']):g}"
+        return f"oracle alpha={','.join(f'{float(a):g}' for a in row_alphas(values['alpha'], 1))}"
+
+
+def row_alphas(alpha, batch: int) -> list[float]:
+    """The oracle's alpha of each row: a run's one alpha for all `batch` rows, or its list of one per row."""
+    return [float(a) for a in alpha] if isinstance(alpha, (list, tuple)) else [float(alpha)] * batch
 
 
 MTP = DRAFTERS.register(MtpKind())

@@ -20,8 +20,10 @@ from mtplab.check import flags
 from mtplab.check import verdict as oracle
 from mtplab.check.audit import clock_problems, engine_problems
 from mtplab.check.batch import checked_batch, timed_problems, timed_state_problems
+from mtplab.check.expected import oracle_draw_problems
 from mtplab.check.trace import Trace
 from mtplab.engine import batch
+from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.shared import acceptance_alpha, engine_for
@@ -110,7 +112,12 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     alpha, alpha_source = acceptance_alpha(run, calibration)
     predicted = theory.predict_batch(alpha, k, run.schedule, run.commit, calibration, n, B) if (
         alpha is not None and theory.covers(calibration, k, run.commit)) else None
+    row_steps = [len(a) for a in spec.accepted]
     accepted = [a for row in spec.accepted for a in row]  # pooled over the rows
+    alphas = row_alphas(run.alpha, B)
+    if run.drafter == "oracle" and run.temperature == 0:  # each row's oracle held to its own seeded draws
+        problems += [f"row {b}: {p}" for b in range(B) for p in oracle_draw_problems(
+            spec.accepted[b], [k] * len(spec.accepted[b]), run.seed + b, alphas[b], engine.desc.vocab_size)]
     tracked = checked.spec.expected_acceptance  # a sampled run's sum(min(p, q)) per judged draft, rows pooled
     sampled = theory.sampled_acceptance(accepted, k, tracked, run.schedule) if tracked else None
     steps = len(accepted)
@@ -119,6 +126,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     per_row = [{
         "row": b,
         "seed": run.seed + b,
+        "alpha": alphas[b] if run.drafter == "oracle" else None,
         "prompt": [int(t) for t in prompts[b]],
         "tokens": checked.greedy.tokens[b][:n],
         "steps": len(spec.accepted[b]),
@@ -128,7 +136,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     } for b in range(B)]
     result = measure.run_result(
         samples, n, acceptance,
-        predicted={"speedup": predicted["speedup"], "alpha": alpha} if predicted else None,
+        predicted={key: predicted[key] for key in ("speedup", "alpha", "riding_share")} if predicted else None,
         config=run.to_dict(),
         model=engine.art.identity(),
         prompt=[int(t) for t in prompts[0]],
@@ -146,6 +154,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
             "batch": {
                 "rows": B,
                 "steps": spec.steps,  # the batch's steps per timed run (each runs every row); `steps` counts row-steps
+                # the share of the batch's row-steps spent on rows that had their tokens: the slowest row's cost
+                "riding_share": 1.0 - sum(row_steps) / (B * spec.steps) if spec.steps else None,
                 "per_row": per_row,
                 "step_seconds": stats.median([s["seconds"] / s["steps"] for s in samples if s.get("steps")]),
                 "pooled_acceptance_length": acceptance["acceptance_length"],
@@ -170,7 +180,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     # As a batch-1 point's, less the phase accounting (a batch step's phases are not timed apart): the rows'
     # accepted counts pooled.
     result.warnings = flags.point_warnings(result.efficiency, float("nan"), run.drafter, accepted, k,
-                                           None if sampled else calibration, {}, alpha=run.alpha, sampled=sampled,
+                                           None if sampled else calibration, {},
+                                           alpha=alphas[0] if len(set(alphas)) == 1 else None, sampled=sampled,
                                            greedy_decode_seconds=measure.rate(B, result.greedy_tokens_per_s))
     return result
 

@@ -67,10 +67,13 @@ def k_policy_problems(cfg: dict, default: dict) -> list[str]:
 
 def batch_problems(cfg: dict, default: dict) -> list[str]:
     """What a batch > 1 cannot be combined with (this version: mtplab's engine, the CPU, the MTP head or the greedy
-    oracle)."""
+    oracle); an alpha per row needs one value for each of the batch's rows."""
+    alpha, out = cfg["alpha"], []
+    if isinstance(alpha, (list, tuple)) and len(alpha) != cfg["batch"]:
+        out.append(f"alpha={tuple(alpha)!r} sets each row's own acceptance: give one value per row, batch={len(alpha)} "
+                   f"(got batch={cfg['batch']}), or one alpha for every row")
     if cfg["batch"] == 1:
-        return []
-    out = []
+        return out
     if cfg["engine"] != "mtplab":
         out.append(f"batch={cfg['batch']} with engine={cfg['engine']!r}: onnxruntime-genai's MtpGenerator refuses any "
                    "batch size but 1; run batch > 1 with engine='mtplab'")

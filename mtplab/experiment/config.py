@@ -21,6 +21,7 @@ from mtplab.engine.spec import EngineSpec, spec_fields
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, K_POLICIES, SCHEDULES
 from mtplab.experiment.combinations import batch_problems, k_policy_problems, rounds_problems, sampling_problems
 from mtplab.experiment.params import (
+    ALPHA,
     AUTO_ROUNDS,
     BACKENDS,
     ENGINES,
@@ -85,10 +86,11 @@ class RunConfig:
                                 "below this, in [0, 1]", group="decoding", rule=UNIT_INTERVAL, tag="kc",
                                 id=("tail", 17, None))
     drafter: str = param("mtp", "who drafts", group="decoding", choices=DRAFTERS.names, id=("body", 2, _drafter_id))
-    alpha: float = param(
+    alpha: float | tuple[float, ...] = param(
         0.8, "oracle drafter acceptance per position, in [0, 1] (the oracle's parameter; at temperature > 0 the "
-             "weight of the target's own distribution in its draft mixture)", group="decoding",
-        rule=UNIT_INTERVAL, cli_unset=True, id=("none", 0, None),
+             "weight of the target's own distribution in its draft mixture); at batch B a list of B values sets each "
+             "row's own (0.9,0.9,0.9,0.3)", group="decoding",
+        rule=ALPHA, cli_unset=True, id=("none", 0, None),
     )
     oracle_free_drafts: bool = param(False, "oracle drafter skips the MTP head (the oracle's parameter)",
                                      group="decoding", tag="free", id=("tail", 2, None))
@@ -161,6 +163,8 @@ class RunConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.alpha, list):  # a list of one alpha per row: a tuple, as the frozen config holds values
+            object.__setattr__(self, "alpha", tuple(self.alpha))
         validate_run(self)
         if self.model not in PRESETS:  # a folder: absolute, so a point's notebook finds it from its own cwd
             object.__setattr__(self, "model", str(model_folder(self.model).resolve()))

@@ -38,6 +38,10 @@ def rounds_outcome_text(plan: dict) -> str:
             + (f", then {more} more while a side was beyond its timing floor's band" if more else ""))
 
 
+def _row_alpha(row: dict) -> str:
+    return f" alpha {row['alpha']:g}" if row.get("alpha") is not None else ""
+
+
 def _floor_text(side: str, f: dict) -> str:
     """One side against its timing floor's band (mtplab.measure.floor), in words."""
     us, unit = 1e6, f["unit"]
@@ -85,10 +89,12 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         when = r.extra.get("calibration_measured") or {}
         at_alpha = r.predicted.get("at_alpha")  # absent: a batch point's, priced at alpha alone
         source = r.theory.get("alpha_source", "its source unrecorded")
+        alpha = r.predicted["alpha"]
+        alpha = ",".join(f"{a:.2f}" for a in alpha) if isinstance(alpha, list) else f"{alpha:.2f}"
         lines.append(
             (f"  predicted {r.predicted['speedup']:.2f}x from the calibration for the steps it made ({at_alpha:.2f}x at "
-             f"alpha {r.predicted['alpha']:.2f}, {source})" if at_alpha is not None else
-             f"  predicted {r.predicted['speedup']:.2f}x from the calibration at alpha {r.predicted['alpha']:.2f} ({source})")
+             f"alpha {alpha}, {source})" if at_alpha is not None else
+             f"  predicted {r.predicted['speedup']:.2f}x from the calibration at alpha {alpha} ({source})")
             + f"   efficiency {r.efficiency:.2f} {_ci(r.efficiency_ci, '.2f')}"
             + (f"   (calibration: {when.get('source', 'cached on this machine')}, measured {when.get('at')}, load "
                f"{when.get('load')})" if when else "")
@@ -120,9 +126,14 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
     if rows := (r.extra.get("batch") or {}).get("per_row"):
         lines.append(f"  batch of {len(rows)}: a step takes {r.extra['batch']['step_seconds'] * 1e3:.2f} ms; per row "
                      "(its own prompt seed, acceptance and commit; greedy's tokens/s above count every row):")
-        lines += [f"    row {p['row']} seed {p['seed']}: {p['tokens_per_s']:.1f} tok/s until it had its tokens, "
-                  f"{p['steps']} steps, acceptance length {p['acceptance_length']:.2f}"
+        lines += [f"    row {p['row']} seed {p['seed']}{_row_alpha(p)}: {p['tokens_per_s']:.1f} tok/s until it had its "
+                  f"tokens, {p['steps']} steps, acceptance length {p['acceptance_length']:.2f}"
                   + ("" if p["lossless"] else "   NOT LOSSLESS") for p in rows]
+        if (riding := r.extra["batch"].get("riding_share")) is not None:
+            predicted = (r.predicted or {}).get("riding_share")
+            lines.append(f"    the slowest row's cost: {riding:.0%} of the batch's row-steps ran rows that had their "
+                         "tokens (riding along until the last row was done)"
+                         + (f"; predicted {predicted:.0%}" if predicted is not None else ""))
     if r.time_split:
         steps = engine_steps(r)
         per_step = 1e3 / steps if steps else 1e3

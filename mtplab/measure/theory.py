@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mtplab.engine.drafters import row_alphas
 from mtplab.engine.strategies import SCHEDULES
 
 
@@ -267,52 +268,67 @@ def steps_cdf(alpha: float, k: int, schedule: str, tokens: int) -> np.ndarray:
     return np.array(cdf)
 
 
-def expected_batch_steps(alpha: float, k: int, schedule: str, tokens: int, batch: int) -> float:
+def expected_batch_steps(alpha, k: int, schedule: str, tokens: int, batch: int) -> float:
     """Expected steps until every one of `batch` independent rows has its tokens: E[max of the rows' steps]
-    (a batch steps until its slowest row is done; the rows done earlier ride along)."""
-    cdf = steps_cdf(alpha, k, schedule, tokens)
-    return float(np.sum(1.0 - cdf**batch))
+    (a batch steps until its slowest row is done; the rows done earlier ride along). alpha: one for every row, or a
+    list of one per row."""
+    cdfs = [steps_cdf(a, k, schedule, tokens) for a in row_alphas(alpha, batch)]
+    span = max(len(c) for c in cdfs)  # each row's cdf is 1 from its own end on
+    together = np.prod([np.pad(c, (0, span - len(c)), constant_values=1.0) for c in cdfs], axis=0)
+    return float(np.sum(1.0 - together))
 
 
-def batch_commit_seconds(alpha: float, k: int, commit: str, table: dict, batch: int) -> float:
+def riding_share(alpha, k: int, schedule: str, tokens: int, batch: int) -> float:
+    """The expected share of a batch's row-steps spent on rows that already have their tokens (riding along until
+    the slowest row is done): 1 - mean row steps / E[max of the rows' steps]. The slowest row's cost to the batch."""
+    alphas = row_alphas(alpha, batch)
+    own = np.mean([float(np.sum(1.0 - steps_cdf(a, k, schedule, tokens))) for a in alphas])
+    return float(1.0 - own / expected_batch_steps(alphas, k, schedule, tokens, batch))
+
+
+def batch_commit_seconds(alpha, k: int, commit: str, table: dict, batch: int) -> float:
     """A step's expected commit cost at batch B from a batch calibration's commit table (every row committing n
-    tokens, n = 1..k+1), with the rows' counts c = accepted + 1 independent:
-    select: its expected cost over one row's count (each row replays its own);
+    tokens, n = 1..k+1), with the rows' counts c = accepted + 1 independent (alpha: one for every row, or one per row):
+    select: its expected cost over a row's count (each row replays its own);
     readvance-m1: the cost at the largest count among the B rows (that many [B, 1] forwards);
     readvance-batched: one forward per distinct count, each priced at its own count (so restoring the state is
     counted once per distinct count: an upper bound by one restore per extra count)."""
-    dist = accepted_distribution(alpha, k)  # P(c = j + 1)
+    dists = np.array([accepted_distribution(a, k) for a in row_alphas(alpha, batch)])  # P(c = j + 1), per row
     cost = [table[str(j + 1)] for j in range(k + 1)]
     if commit == "readvance-m1":
-        cdf = np.cumsum(dist) ** batch
+        cdf = np.prod(np.cumsum(dists, axis=1), axis=0)
         return float(sum((cdf[j] - (cdf[j - 1] if j else 0.0)) * cost[j] for j in range(k + 1)))
     if commit == "readvance-batched":
-        return float(sum((1.0 - (1.0 - p) ** batch) * c for p, c in zip(dist, cost)))
-    return float(sum(p * c for p, c in zip(dist, cost)))
+        return float(sum((1.0 - np.prod(1.0 - dists[:, j])) * c for j, c in enumerate(cost)))
+    return float(sum(p * c for p, c in zip(dists.mean(axis=0), cost)))
 
 
-def predict_batch(alpha: float, k: int, schedule: str, commit: str, calibration: dict, tokens: int, batch: int) -> dict:
-    """A batch point's speedup from alpha, k, the schedule, the commit and a calibration at its batch B:
-    T(B, M) for the forwards, the draft phase at [B, 1], greedy's cost per [B, 1] step and the commit at B
-    (batch_commit_seconds). Greedy makes tokens - 1 steps; speculative E[max over the rows' steps] (the batch
-    waits for its slowest row), each costing [T(B, 1) if decode-verify] + draft + T(B, k+1) + commit. Every step
-    is priced at all B rows: the rows done early ride along through the forwards (their commit is skipped, which
-    this overprices a little)."""
+def predict_batch(alpha, k: int, schedule: str, commit: str, calibration: dict, tokens: int, batch: int) -> dict:
+    """A batch point's speedup from alpha (one for every row, or one per row), k, the schedule, the commit and a
+    calibration at its batch B: T(B, M) for the forwards, the draft phase at [B, 1], greedy's cost per [B, 1] step
+    and the commit at B (batch_commit_seconds). Greedy makes tokens - 1 steps; speculative E[max over the rows'
+    steps] (the batch waits for its slowest row), each costing [T(B, 1) if decode-verify] + draft + T(B, k+1) +
+    commit. Every step is priced at all B rows: the rows done early ride along through the forwards (their commit
+    is skipped, which this overprices a little)."""
     target = calibration["target"]
     greedy = greedy_seconds(calibration)
     draft = draft_seconds(calibration, k, schedule)
     commit_cost = batch_commit_seconds(alpha, k, commit, calibration["commit"][commit], batch)
     step = SCHEDULES.get(schedule).decodes * target["1"] + draft + target[str(k + 1)] + commit_cost
+    # the rows pooled, as a point counts them (every row's tokens over every row's steps): each row makes its tokens
+    # in about tokens / its own tokens per step steps, so the pool's is the rows' harmonic mean
+    per_step = float(1.0 / np.mean([1.0 / tokens_per_step(a, k, schedule) for a in row_alphas(alpha, batch)]))
     if tokens > 1:
         steps = expected_batch_steps(alpha, k, schedule, tokens, batch)
         speedup = (tokens - 1) * greedy / (steps * step)
-    else:  # nothing after the prefill's token to time: the long-run ratio of one row
-        steps, speedup = float("nan"), tokens_per_step(alpha, k, schedule) * greedy / step
+    else:  # nothing after the prefill's token to time: the long-run ratio of the rows
+        steps, speedup = float("nan"), per_step * greedy / step
     return {
-        "alpha": alpha,
+        "alpha": list(alpha) if isinstance(alpha, (list, tuple)) else alpha,
         "batch": batch,
-        "tokens_per_step": tokens_per_step(alpha, k, schedule),
+        "tokens_per_step": per_step,
         "expected_steps": steps,
+        "riding_share": riding_share(alpha, k, schedule, tokens, batch) if tokens > 1 else float("nan"),
         "step_seconds": step,
         "greedy_seconds_per_token": greedy,
         "speedup": speedup,

@@ -75,7 +75,12 @@ def _dimension_problems(where: str, d, allow_scalars: bool) -> list[str]:
         elif not allow_scalars:
             out.append(f"{key!r} in {where} must be a list (got {value!r})")
             continue
-        problem = field_problem(key, value if isinstance(value, list) else [value])
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, (list, tuple)) for v in values):  # alpha per row: a run's, not a sweep dimension's
+            out.append(f"{key!r} in {where} holds a list in a list ({value!r}): a sweep gives each point one value "
+                       "(alpha per batch row runs from `mtplab run --alpha 0.9,0.3 --batch 2` or run_point)")
+            continue
+        problem = field_problem(key, values)
         if problem:
             out.append(f"{key} in {where}: {problem}")
     return out
