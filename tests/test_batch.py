@@ -195,8 +195,8 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
     elif plant == "clock shifted":
         real = batch.greedy
 
-        def shifted(e, p, n, margins=False):
-            g = real(e, p, n, margins=margins)
+        def shifted(e, p, n, margins=False, **kw):
+            g = real(e, p, n, margins=margins, **kw)
             if not margins:  # the timed runs'
                 g.started, g.seconds = g.started + g.seconds / 3, g.seconds * 2 / 3
             return g
@@ -204,8 +204,8 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
         monkeypatch.setattr(batch, "greedy", shifted)
     elif plant == "greedy twice":  # the timed greedy (no margins) does its work twice
         real = batch.greedy
-        monkeypatch.setattr(batch, "greedy", lambda e, p, n, margins=False: (
-            real(e, p, n, margins=margins) if margins else (real(e, p, n), real(e, p, n))[1]))
+        monkeypatch.setattr(batch, "greedy", lambda e, p, n, margins=False, **kw: (
+            real(e, p, n, margins=margins, **kw) if margins else (real(e, p, n), real(e, p, n))[1]))
     elif plant in ("free drafts", "timed head skipped"):
         real_draft = batch.draft_head
         checked = []
@@ -233,6 +233,26 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
     assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: "), result.verdict
     problems = " | ".join(result.identity["timed_audit"]["problems"])
     assert words in problems, problems
+
+
+def test_a_rows_logits_off_the_float64_reference_are_caught_naming_the_row(tiny, monkeypatch):
+    """A bug greedy and speculative share (row 1's logits shifted by 0.5: the same argmax, so the same tokens on both
+    sides and at the stepper) is the float64 anchor's to catch, row by row."""
+    run = batch_run(2)
+    engine = Engine(run, tiny)
+    real = engine.forward
+
+    def shifted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out["logits"][1] += 0.5
+        return out
+
+    monkeypatch.setattr(engine, "forward", shifted)
+    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    ok, message = verdict(checked.identity)
+    assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: greedy disagrees with the float64 "
+                                         "reference"), message
+    assert checked.rows[0]["anchor"]["ok"] and not checked.rows[1]["anchor"]["ok"]
 
 
 def test_rows_given_row_0s_prompt_are_caught_naming_the_row(tiny, monkeypatch):
@@ -292,6 +312,12 @@ def test_break_even_is_where_the_speedup_falls_through_one():
     assert 2 < at < 4 and at == pytest.approx(2 ** (1 + 0.2 / 0.3)) and text.startswith("B ~ 3.2")
     assert break_even([1, 2, 4], [0.9, 0.8, 0.7]) == (None, "below greedy from B=1")
     assert break_even([1, 2, 4], [1.9, 1.5, 1.1]) == (None, "still ahead at B=4")
+    from mtplab.report.batches import break_even_interval
+
+    ci = [[1.4, 1.6], [1.0, 1.4], [0.8, 1.0], [0.6, 0.8]]  # low ends cross 1 between 2 and 4, high ends at 4
+    assert break_even_interval([1, 2, 4, 8], ci) == " [95% CI 2.0, 4.0]"
+    assert break_even_interval([1, 2, 4], [[0.9, 1.2], [0.8, 1.1], [0.7, 1.05]]) == " [95% CI <= 1, > 4]"
+    assert break_even_interval([1, 2], [[1.1, 1.2], None]) == ""  # a median of repeats has no interval
 
 
 def test_the_report_draws_speedup_against_batch(tiny):

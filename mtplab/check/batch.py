@@ -1,7 +1,8 @@
 """The checked pass of a batch: every row held to its own batch-1 greedy and to its own lockstep reference.
 
 Each row's greedy tokens at [B, 1] are the reference its speculative tokens must equal (and the batch-1
-greedy of the row's prompt must equal them in turn: tests/test_batch.py holds that). After every commit,
+greedy of the row's prompt must equal them in turn: tests/test_batch.py holds that); each row's greedy logits are
+held to the float64 numpy reference of that row alone (the anchor, on the built-in models). After every commit,
 each row the step committed is compared, state and KV rows, with a plain `session.run` stepper of that
 row alone (batch 1) advanced to the row's committed length, under the commit's rule: the same Lockstep
 the batch-1 pass uses, one per row. The verdict pools the rows and names the first row that fails.
@@ -16,7 +17,7 @@ import numpy as np
 
 from mtplab.check.audit import nonzero, state_problem
 from mtplab.check.expected import greedy_forwards, head_forwards
-from mtplab.check.lossless import Lockstep, Watch
+from mtplab.check.lossless import Lockstep, Watch, anchor, anchor_tokens, reference_model
 from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch, sampling
@@ -42,7 +43,8 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
     row_prompts = [[int(t) for t in row] for row in prompts]
     watch = engine.watch = Watch("greedy")
     try:
-        greedy = batch.greedy(engine, prompts, n + run.k + 1, margins=not sampled)
+        greedy = batch.greedy(engine, prompts, n + run.k + 1, margins=not sampled,
+                              keep_logits=anchor_tokens(engine.desc, n))
         locks = [Lockstep.start(art, row_prompts[b], [] if sampled else greedy.tokens[b], rule, sampled=sampled)
                  for b in range(engine.batch)]
 
@@ -63,10 +65,14 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
         left = [engine.state.snapshot(row=b) for b in range(engine.batch)]
     finally:
         engine.watch = None
-    settings = sampling.settings(run)
+    settings, ref = sampling.settings(run), reference_model(art)
+    # each row's greedy rows against the float64 reference of that row alone (built-in models; a builder folder's
+    # reference is its lockstep stepper)
+    anchors = [anchor(art, row_prompts[b], greedy.logits[b], greedy.tokens[b], sampled, ref) if ref is not None
+               else None for b in range(engine.batch)]
     rows = [({"token_identical": None, "first_divergence": None, "sampled": settings} if sampled else
              token_identity(spec.tokens[b][:n], greedy.tokens[b][:n], greedy.margins[b])) | locks[b].summary()
-            for b in range(engine.batch)]
+            | {"anchor": anchors[b]} for b in range(engine.batch)]
     return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite), spec_forwards, left)
 
 
@@ -126,10 +132,10 @@ def batch_rule(rule: StateRule, engine) -> StateRule:
 def pooled(rows: list[dict], non_finite: dict | None) -> dict:
     """One identity for the batch: the first row that fails a check (its fields, with "row"), else the rows'
     worst differences; per-row fields stay in `rows`."""
-    failing = next((b for b, r in enumerate(rows) if r["token_identical"] is False or r["state_first_divergence"]),
-                   None)
+    failing = next((b for b, r in enumerate(rows) if r["token_identical"] is False or r["state_first_divergence"]
+                    or (r.get("anchor") and not r["anchor"]["ok"])), None)
     chosen = rows[0 if failing is None else failing]
-    out = dict(chosen) | {"row": failing, "rows": len(rows), "non_finite": non_finite, "anchor": None}
+    out = dict(chosen) | {"row": failing, "rows": len(rows), "non_finite": non_finite}
     out["state_max_abs_diff"] = max(r["state_max_abs_diff"] or 0.0 for r in rows)
     out["state_max_rel_diff"] = max(r["state_max_rel_diff"] or 0.0 for r in rows)
     out["state_bitwise"] = all(r["state_bitwise"] for r in rows)

@@ -240,17 +240,18 @@ class Lockstep:
 
 
 def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int],
-           sampled: bool = False) -> dict | None:
+           sampled: bool = False, ref: ReferenceModel | None = None) -> dict | None:
     """Greedy's first logits rows (prefill's last, then each decode) against the float64 reference.
 
     logits[j] is the row that produced tokens[j]. Reports the max logit difference, the first
     token the reference disagrees on, and whether both stay within ANCHOR_TOLERANCE. None for a
     model mtplab has no numpy reference of (builder models: the lockstep stepper is their reference).
+    ref: the reference already made (reference_model), where one anchors several sequences.
     """
     cfg = art.description.config
     if cfg is None:
         return None
-    ref = ReferenceModel(cfg, weights_from_onnx(art.target))
+    ref = ref or reference_model(art)
     # One teacher-forced forward over the prompt and greedy's first tokens: row P-1+j produced tokens[j].
     out = ref.forward(list(prompt) + list(tokens[: len(logits) - 1]), ref.new_state())["logits"]
     rows = list(out[len(prompt) - 1 :])
@@ -267,6 +268,12 @@ def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: l
         "first_token_disagreement": first,
         "ok": worst <= tolerance and first is None,
     }
+
+
+def reference_model(art: Artifact) -> ReferenceModel | None:
+    """The float64 numpy reference of a built-in model (None for a model mtplab has none of)."""
+    cfg = art.description.config
+    return None if cfg is None else ReferenceModel(cfg, weights_from_onnx(art.target))
 
 
 def anchor_tokens(desc, n: int) -> int:

@@ -47,6 +47,7 @@ class BatchGreedy:
     seconds: float
     decodes: int  # timed [B, 1] forwards (n - 1: the first tokens are the prefill's)
     started: float = float("nan")  # perf_counter when the timed window opened
+    logits: list[list[np.ndarray]] = field(default_factory=list)  # per row, its first kept logits rows (the anchor's)
 
 
 @dataclass
@@ -86,25 +87,30 @@ def check_engine(engine, batch_prompts: np.ndarray) -> None:
         raise ValueError(f"prompts must be [B={engine.batch}, prompt_len], got {list(batch_prompts.shape)}")
 
 
-def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False) -> BatchGreedy:
-    """Greedy decoding of n tokens per row, [B, 1] per forward on Slot.PRIMARY (the first token is the prefill's)."""
+def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False, keep_logits: int = 0) -> BatchGreedy:
+    """Greedy decoding of n tokens per row, [B, 1] per forward on Slot.PRIMARY (the first token is the prefill's).
+    keep_logits=m keeps each row's first m logits rows (prefill's last, then each decode) for the anchor."""
     st, forward, choose = engine.state, engine.forward, engine.acceptance.row_tokens
     out = start(engine, batch_prompts)
     rows = out["logits"][:, -1]
     tokens = [choose(np, rows)]
     gaps = [_margins(rows)] if margins else []
+    kept = [rows.copy()][:keep_logits]
     t0 = time.perf_counter()
     while len(tokens) < n:
         out = forward(Slot.PRIMARY, tokens[-1][:, None])
         st.lengths += 1
         rows = out["logits"][:, 0]
+        if len(kept) < keep_logits:
+            kept.append(rows.copy())
         tokens.append(choose(np, rows))
         if margins:
             gaps.append(_margins(rows))
     seconds = time.perf_counter() - t0
     host = np.stack(tokens, axis=1)
     gap = np.stack(gaps, axis=1) if margins else np.zeros((engine.batch, 0))
-    return BatchGreedy(host.tolist(), gap.tolist(), seconds, n - 1, t0)
+    logits = [[r[b] for r in kept] for b in range(engine.batch)] if kept else []
+    return BatchGreedy(host.tolist(), gap.tolist(), seconds, n - 1, t0, logits)
 
 
 class RowKeeper:

@@ -109,7 +109,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     samples = paired_rounds(plan, paired)
     spec, split = got["spec"], got["split"]
     calibration = calibration if calibration is not None else calibration_for_batch(run)
-    alpha, alpha_source = acceptance_alpha(run, calibration)
+    # a sampled batch's acceptance is measured, every row's checked steps pooled
+    alpha, alpha_source = acceptance_alpha(run, calibration, [a for row in spec.accepted for a in row])
     predicted = theory.predict_batch(alpha, k, run.schedule, run.commit, calibration, n, B) if (
         alpha is not None and theory.covers(calibration, k, run.commit)) else None
     row_steps = [len(a) for a in spec.accepted]
@@ -187,9 +188,10 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
 
 
 def row_lossless(row: dict) -> bool:
-    """A row's own checks passed: its tokens (none to compare where sampled), its committed state, and its
-    reference's argmax where not a near-tie."""
-    return row["token_identical"] is not False and row["state_first_divergence"] is None and not row["reference_disagreements"]
+    """A row's own checks passed: its tokens (none to compare where sampled), its committed state, its reference's
+    argmax where not a near-tie, and its float64 anchor where the model has one."""
+    return (row["token_identical"] is not False and row["state_first_divergence"] is None
+            and not row["reference_disagreements"] and (row.get("anchor") is None or row["anchor"]["ok"]))
 
 
 def calibration_for_batch(run: RunConfig, say=print) -> dict:

@@ -65,6 +65,19 @@ def break_even(batch: list[int], speedup: list[float]) -> tuple[float | None, st
     return None, f"still ahead at B={pairs[-1][0]}"
 
 
+def break_even_interval(batch: list[int], ci: list) -> str:
+    """The break-even batch's 95% interval in words: where the speedup CI's low end falls through 1 (the earliest
+    plausible break-even) and where its high end does (the latest); "" where a point has no interval."""
+    if not ci or any(not isinstance(c, (list, tuple)) or len(c) != 2 for c in ci):
+        return ""
+    ends = []
+    for side in (0, 1):
+        at, text = break_even(batch, [float(c[side]) for c in ci])
+        first, last = min(batch), max(batch)
+        ends.append(f"{at:.1f}" if at is not None else (f"<= {first}" if text.startswith("below") else f"> {last}"))
+    return f" [95% CI {ends[0]}, {ends[1]}]"
+
+
 def break_even_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per series (drafter setting, k, schedule, commit): the measured and predicted break-even batch."""
     rows, key_cols = series_rows(df)
@@ -72,6 +85,8 @@ def break_even_table(df: pd.DataFrame) -> pd.DataFrame:
     for key, s in rows.groupby(key_cols):
         s = s.sort_values("batch")
         _, measured = break_even(s.batch.tolist(), s.speedup.tolist())
+        if "speedup_ci" in s:
+            measured += break_even_interval(s.batch.tolist(), s.speedup_ci.tolist())
         predicted = "no prediction"
         if "predicted.speedup" in s and s["predicted.speedup"].notna().all():
             _, predicted = break_even(s.batch.tolist(), s["predicted.speedup"].tolist())
