@@ -12,6 +12,7 @@ from mtplab.check.verdict import verdict
 from mtplab.engine import batch
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import batch_problem
+from mtplab.engine.k_policies import StepCosts
 from mtplab.experiment.config import ConfigError, RunConfig
 from mtplab.experiment.point_ids import point_id
 
@@ -72,12 +73,13 @@ def test_every_row_is_the_batch_of_one_run_of_its_seed(tiny, drafter, schedule):
         assert alone["tokens"] == spec.tokens[b] and alone["accepted"] == spec.accepted[b], f"row {b}"
 
 
-@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
-def test_a_sampled_row_is_the_batch_of_one_run_of_its_seeds(tiny, schedule):
+@pytest.mark.parametrize("schedule, drafter", [("decode-verify", "mtp"), ("fused", "mtp"), ("fused", "oracle")])
+def test_a_sampled_row_is_the_batch_of_one_run_of_its_seeds(tiny, schedule, drafter):
     """At temperature > 0 row b samples from a generator of its own at sample_seed + b, in a batch-1 run's order:
     its tokens and accepted counts are those of the batch-1 run at seed + b and sample_seed + b, and so are its
-    plain-sampling baseline's; the check follows each row's own tokens."""
-    run = batch_run(3, "readvance-m1", schedule, "mtp").replace(temperature=0.7, acceptance="rejection-sampling")
+    plain-sampling baseline's; the check follows each row's own tokens. The oracle samples as a mixture of the
+    target's rows and a distractor, each row its own (mtplab.engine.mixture)."""
+    run = batch_run(3, "readvance-m1", schedule, drafter).replace(temperature=0.7, acceptance="rejection-sampling")
     engine = Engine(run, tiny)
     prompts = batch.prompts(run, engine.desc.vocab_size)
     checked = checked_batch(engine, prompts, N)
@@ -91,6 +93,38 @@ def test_a_sampled_row_is_the_batch_of_one_run_of_its_seeds(tiny, schedule):
         assert alone["tokens"] == spec.tokens[b] and alone["accepted"] == spec.accepted[b], f"row {b}"
         assert one.greedy(prompt, N + run.k + 1).tokens == checked.greedy.tokens[b], f"row {b}'s baseline"
     assert len({tuple(t[:N]) for t in spec.tokens}) == 3
+
+
+COSTS = StepCosts({j: 1.0 + 0.3 * j for j in range(1, 5)}, {n: 0.1 for n in range(1, 6)}, 1)  # made-up prices
+
+
+@pytest.mark.parametrize("policy, drafter, sampled", [("probe", "oracle", False), ("goodput", "oracle", False),
+                                                      ("confidence", "mtp", False), ("confidence", "mtp", True),
+                                                      ("goodput", "mtp", True)])
+def test_each_row_chooses_its_own_k_as_its_batch_of_one_run_would(tiny, policy, drafter, sampled):
+    """A draft-length policy per row: row b's K at every step, its tokens and accepted counts are those of the
+    batch-1 run of its seeds (its own acceptance drives its own policy; a row drafting fewer than the longest is
+    judged on its own drafts, and a sampled row draws for its own drafts only); the verify runs the longest row's K."""
+    extra = {"alpha": (0.95, 0.5, 0.1)} if drafter == "oracle" else {}
+    if sampled:
+        extra |= {"temperature": 0.7, "acceptance": "rejection-sampling"}
+    if policy == "confidence":
+        extra |= {"k_confidence": 0.9}
+    run = batch_run(3, "readvance-m1", "fused", drafter).replace(k=4, k_policy=policy, **extra)
+    engine = Engine(run, tiny)
+    engine.k_costs = COSTS
+    prompts = batch.prompts(run, engine.desc.vocab_size)
+    greedy = batch.greedy(engine, prompts, N + run.k + 1)
+    spec = batch.speculative(engine, prompts, N, references=greedy.tokens)
+    for b in range(3):
+        own = ({"alpha": run.alpha[b]} if drafter == "oracle" else {}) | (
+            {"sample_seed": run.sample_seed + b} if sampled else {})
+        one = Engine(run.replace(batch=1, seed=run.seed + b, **own), tiny)
+        one.k_costs = COSTS
+        alone = one.speculative([int(t) for t in prompts[b]], N, reference=greedy.tokens[b])
+        assert (alone["tokens"], alone["accepted"], alone["k"]) == (spec.tokens[b], spec.accepted[b], spec.ks[b]), b
+    assert len({k for row in spec.ks for k in row}) > 1  # the rows' K varied
+    assert spec.widths == [max(row[i] for row in spec.ks if i < len(row)) for i in range(spec.steps)]
 
 
 def _planted(monkeypatch, name: str, wrap) -> None:
@@ -128,8 +162,8 @@ def test_a_riding_row_keeps_the_state_it_finished_with(tiny, monkeypatch):
 def test_batch_refusals_say_what_is_allowed(tiny):
     with pytest.raises(ConfigError, match="refuses any batch size but 1"):
         RunConfig(model="tiny", batch=2, engine="ort-genai")
-    with pytest.raises(ConfigError, match="samples a batch's drafts from the MTP head only"):
-        RunConfig(model="tiny", batch=2, temperature=0.7, acceptance="rejection-sampling", drafter="oracle")
+    with pytest.raises(ConfigError, match="batch=2 runs on backend='cpu'"):
+        RunConfig(model="tiny", batch=2, backend="cuda")
     with pytest.raises(ConfigError, match="batch"):
         RunConfig(model="tiny", batch=0)
     desc = tiny.description
@@ -210,10 +244,10 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
         real_draft = batch.draft_head
         checked = []
 
-        def draft_head(engine, first, hidden, position, k):
+        def draft_head(engine, first, hidden, position, k, *rest):
             if plant == "free drafts" or checked[-1:] == ["done"]:
                 return np.zeros((engine.batch, k), dtype=np.int64)
-            return real_draft(engine, first, hidden, position, k)
+            return real_draft(engine, first, hidden, position, k, *rest)
 
         real_checked = batch_point.checked_batch
         monkeypatch.setattr(batch_point, "checked_batch", lambda *a: (real_checked(*a), checked.append("done"))[0])

@@ -7,30 +7,28 @@ import pandas as pd
 from mtplab.report import figures
 
 
-def test_a_figure_the_sweep_cannot_fill_shows_nothing(capsys):
+def test_a_figure_the_sweep_cannot_fill_says_what_it_needs_and_the_report_leaves_it_out(monkeypatch, capsys):
     peer_only = pd.DataFrame(
         [{"engine": "ort-genai", "drafter": "mtp", "k": 2, "alpha": 0.8, "policy": "sibling-pinned",
           "commit": "select", "schedule": "decode-verify"}]
     )
-    for recipe in (
-        figures.head_by_k,
-        figures.speedup_vs_alpha,
-        figures.every_point,
-        figures.tokens_per_s_vs_alpha,
-        figures.acceptance,
-        figures.per_position,
-        figures.slot_counters,
-        figures.time_split,
-        figures.memory,
-        figures.temperature,
-        figures.sampled_acceptance,
-        figures.by_context,
-        figures.by_kind,
-        figures.head_prediction,
-    ):
+    said: list[str] = []
+    monkeypatch.setattr(figures, "_markdown", said.append)
+    recipes = (figures.head_by_k, figures.speedup_vs_alpha, figures.every_point, figures.tokens_per_s_vs_alpha,
+               figures.acceptance, figures.per_position, figures.slot_counters, figures.time_split, figures.memory,
+               figures.temperature, figures.sampled_acceptance, figures.by_context, figures.by_kind,
+               figures.head_prediction)
+    for recipe in recipes:
         assert recipe(peer_only) is None, recipe.__name__
     assert figures.counters_table(peer_only) is None
-    assert capsys.readouterr().out == ""
+    assert len(said) == len(recipes) + 1 and all(t.startswith("*Not drawn (") for t in said)
+    assert "*Not drawn (alpha grid): it needs oracle points at two alphas or more (a grid over alpha), and these 1 " \
+           "point hold none.*" in said
+    said.clear()
+    for recipe in recipes:  # the report's way: what it cannot fill, it leaves out without a word
+        figures.show(recipe, peer_only)
+    assert said == [] and capsys.readouterr().out == ""
+    assert set(figures.NEEDS) == set(figures.selection.figures_for(peer_only))  # every figure's need in words
 
 
 def test_acceptance_and_speedup_against_temperature_draw_a_line_per_k_and_engine(capsys):

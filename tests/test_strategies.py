@@ -86,6 +86,7 @@ def test_grids_validate_toy_names_and_a_drafters_parameters(toys):
     assert sorted(p.run.alpha for p in mixed.points) == [0.6, RunConfig().alpha]
 
 
+@pytest.mark.full  # end to end: a sweep of two models and its report (make test-full)
 def test_a_sweep_of_a_builder_folder_and_a_preset_with_toy_strategies_reports_both(tmp_path, tiny, toys):
     fixture = TESTS / "data" / "builder-tiny"
     spec = grid.parse({

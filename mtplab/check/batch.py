@@ -93,9 +93,8 @@ def timed_state_problems(engine, checked: BatchChecked) -> list[str]:
 def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, checked: BatchChecked) -> list[str]:
     """Where one timed run of a batch did other work than its side does: greedy runs the batch's prefill and n - 1
     [B, 1] decodes through Primary's plan and nothing else; a speculative run makes the checked run's forwards, and
-    the checked run makes one verify per step and, where its drafter runs the head, k head steps (k - 1 fused) and
-    one head commit per step; the slots'
-    counts agree with the backend's own."""
+    the checked run makes one verify per step at its longest row's K and, where its drafter runs the head, K head
+    steps (K - 1 fused) and one head commit per step; the slots' counts agree with the backend's own."""
     run, out = engine.spec, list(trace.honesty_problems())
     if side == "greedy":
         want = greedy_forwards(prompt_len, n)
@@ -111,8 +110,11 @@ def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, che
         return out
     if trace.forwards != checked.spec_forwards:
         out.append(f"the speculative run's forwards {trace.forwards}, the checked run's {checked.spec_forwards}")
-    steps, made = checked.spec.steps, checked.spec_forwards
-    want = {f"verify/M={run.k + 1}": steps} | head_forwards(run, steps)
+    steps, made, widths = checked.spec.steps, checked.spec_forwards, checked.spec.widths
+    want: dict[str, int] = {}
+    for K in widths:  # one verify per step at its longest row's drafts
+        want[f"verify/M={K + 1}"] = want.get(f"verify/M={K + 1}", 0) + 1
+    want |= head_forwards(run, steps, widths)
     if any(made.get(key, 0) != v for key, v in want.items()):
         out.append(f"the checked speculative run's {steps} steps made {made}; its config makes {want} of them")
     return out

@@ -50,8 +50,9 @@ class AcceptanceRule:
         """The target's tokens [B] from a batch's logits rows [B, V], row b as a batch-1 run of it chooses."""
         raise NotImplementedError
 
-    def draft_rows(self, xp, rows):
-        """A drafter's tokens [B] from a batch's logits rows [B, V], row b as draft_token chooses for a batch-1 run."""
+    def draft_rows(self, xp, rows, drawing=None):
+        """A drafter's tokens [B] from a batch's logits rows [B, V], row b as draft_token chooses for a batch-1 run;
+        drawing: the rows that draft (default all), the others' tokens are placeholders that consume nothing."""
         raise NotImplementedError
 
     def accept(self, xp, drafts, logits, rows=None):
@@ -73,7 +74,8 @@ class GreedyMatch(AcceptanceRule):
     def row_tokens(self, xp, rows):
         return rows.argmax(-1) if xp is np else xp.argmax(rows, axis=-1)
 
-    draft_rows = row_tokens
+    def draft_rows(self, xp, rows, drawing=None):
+        return self.row_tokens(xp, rows)
 
     def accept(self, xp, drafts, logits, rows=None):
         targets = logits.argmax(-1) if xp is np else xp.argmax(logits, axis=-1)

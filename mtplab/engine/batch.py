@@ -27,9 +27,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.commits import select_commit
 from mtplab.engine.drafters import OracleDrafter, row_alphas
+from mtplab.engine.mixture import distractor_token, mixture_drafts, row_target_rows
 from mtplab.engine.schedules import Phases
+from mtplab.engine.speculative import k_chooser
 from mtplab.model.prompts import run_prompt
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.state import mtp_io
@@ -60,6 +63,8 @@ class BatchRun:
     split: dict = field(default_factory=dict)  # seconds per phase: decode, draft, verify, commit
     started: float = float("nan")  # perf_counter when the timed window opened
     expected_acceptance: dict | None = None  # a sampled checked run's expected acceptance per draft position
+    ks: list[list[int]] = field(default_factory=list)  # per row, the drafts it made at each step while decoding
+    widths: list[int] = field(default_factory=list)  # per batch step, its drafts (the verify's M - 1): the longest row's
 
 
 def _margins(rows: np.ndarray) -> np.ndarray:
@@ -194,30 +199,63 @@ def batch_commit(engine) -> Callable:
     return engine.prepared(("batch", name, BATCH_COMMITS[name]), BATCH_COMMITS[name])
 
 
-def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int) -> np.ndarray:
+def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int,
+               lengths: np.ndarray | None = None, stop: Callable | None = None, choose: Callable | None = None
+               ) -> np.ndarray:
     """k drafts per row [B, k] from the MTP head at [B, 1]: row b from its token `first[b]` and hidden[b] at
-    its own position."""
+    its own position. lengths: each row's own number of drafts (a draft-length policy's K_b, 0 for a row that has its
+    tokens): a row draws nothing past its own (a sampled row's generator stays where a batch-1 run of it is), and
+    stop (the policy's, on a row's logits after a draft) lowers it in place where it ends the row's drafting; the
+    drafts end where the longest row's do. choose: how the drafts are chosen (the acceptance rule's draft_rows; the
+    mixture oracle's head, which runs for its cost, takes the argmax and draws nothing)."""
     desc, io = engine.desc, engine.desc.mtp
+    choose = choose or engine.acceptance.draft_rows
     drafts = np.empty((engine.batch, k), dtype=np.int64)
     token, h = first, hidden
     for i in range(k):
         feeds, outputs, bound = mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i)
         out = engine.mtp.run(Slot.PRIMARY, feeds, outputs, bound)
         engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + 1
-        token = engine.acceptance.draft_rows(np, out[io.logits][:, 0])
+        logits = out[io.logits][:, 0]
+        drawing = None if lengths is None else np.flatnonzero(lengths > i)
+        token = choose(np, logits, drawing)
         h = out[io.hidden][:, 0]
         drafts[:, i] = token
+        if lengths is not None and (ended := _stopped(lengths, drawing, logits, i + 1, stop)):
+            return drafts[:, :ended]
     return drafts
 
 
-def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.ndarray, k: int) -> np.ndarray:
+def _stopped(lengths: np.ndarray, drawing: np.ndarray, logits, made: int, stop: Callable | None) -> int:
+    """After `made` drafts: rows whose policy stops here have their lengths lowered to it; the drafts made when no
+    row wants more (0 while some row does)."""
+    if stop is not None:
+        for b in drawing:
+            if lengths[b] > made and stop(logits[b]):
+                lengths[b] = made
+    return made if lengths.max(initial=0) <= made else 0
+
+
+def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.ndarray, k: int,
+                    lengths: np.ndarray | None = None, stop: Callable | None = None, choose: Callable | None = None
+                    ) -> np.ndarray:
     """The drafts [B, k] of a step whose first head step the last head commit ran (the fused schedule): `ready`
-    holds each row's logits and hidden state there; the first draft from the logits, the rest chained."""
+    holds each row's logits and hidden state there; the first draft from the logits, the rest chained (lengths and
+    stop and choose as draft_head's)."""
     logits, hidden = ready
+    choose = choose or engine.acceptance.draft_rows
     drafts = np.empty((engine.batch, k), dtype=np.int64)
-    drafts[:, 0] = engine.acceptance.draft_rows(np, logits)
+    drawing = None if lengths is None else np.flatnonzero(lengths > 0)
+    drafts[:, 0] = choose(np, logits, drawing)
+    if lengths is not None and _stopped(lengths, drawing, logits, 1, stop):
+        return drafts[:, :1]
     if k > 1:
-        drafts[:, 1:] = draft_head(engine, drafts[:, 0], hidden, position + 1, k - 1)
+        rest = None if lengths is None else np.maximum(lengths - 1, 0)
+        chained = draft_head(engine, drafts[:, 0], hidden, position + 1, k - 1, rest, stop, choose)
+        drafts = drafts[:, : 1 + chained.shape[1]]
+        drafts[:, 1:] = chained
+        if lengths is not None:
+            lengths[...] = np.where(lengths > 0, rest + 1, 0)
     return drafts
 
 
@@ -237,15 +275,19 @@ def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndar
     return np.array(out[io.logits][rows, counts]), np.array(out[io.hidden][rows, counts])
 
 
-def _judged(engine, drafts: np.ndarray, logits, active: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The acceptance rule's verdict on the rows still decoding: (each row's accepted count, its targets [B, k+1]);
-    a riding row keeps nothing (its state is put back), so it is not judged: a sampled row's generator stops where
-    a batch-1 run of it ends, and the expected acceptance counts decoding rows only."""
-    if active.all():
+def _judged(engine, drafts: np.ndarray, logits, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The acceptance rule's verdict on each row's own drafts (lengths: row b's K_b, 0 for a row that has its tokens):
+    (each row's accepted count, its targets [B, K+1]). A row is judged on its first K_b drafts only (its bonus the
+    target at K_b); a riding row keeps nothing (its state is put back), so it is not judged: a sampled row's
+    generator stops where a batch-1 run of it ends, and the expected acceptance counts decoding rows only."""
+    K = drafts.shape[1]
+    if (lengths == K).all():
         return engine.acceptance.accept(np, drafts, logits)
-    rows = np.flatnonzero(active)
-    counts, targets = np.zeros(engine.batch, dtype=np.int64), ids.copy()
-    counts[rows], targets[rows] = engine.acceptance.accept(np, drafts[rows], logits[rows], rows)
+    counts, targets = np.zeros(engine.batch, dtype=np.int64), np.zeros((engine.batch, K + 1), dtype=np.int64)
+    for k in sorted(set(lengths[lengths > 0].tolist())):  # the rows of each K at once
+        rows = np.flatnonzero(lengths == k)
+        counts[rows], targets[rows, : k + 1] = engine.acceptance.accept(np, drafts[rows, :k], logits[rows, : k + 1],
+                                                                        rows)
     return counts, targets
 
 
@@ -259,7 +301,8 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     """
     run, k, B = engine.spec, engine.k, engine.batch
     oracle = run.drafter == "oracle"
-    if oracle and (references is None or len(references) != B or min(map(len, references)) < n + k + 1):
+    mixture = oracle and engine.acceptance.samples  # at T > 0 the oracle drafts from the target's own rows
+    if oracle and not mixture and (references is None or len(references) != B or min(map(len, references)) < n + k + 1):
         got = "none" if references is None else f"{len(references)} of {min(map(len, references), default=0)}+ tokens"
         raise ValueError(f"the oracle drafter drafts from each row's greedy reference: {B} references of at least "
                          f"n + k + 1 = {n + k + 1} tokens (got {got})")
@@ -279,18 +322,28 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         engine.forwards[key] = engine.forwards.get(key, 0) + 1
         io = engine.desc.mtp
         ready = np.array(head_out[io.logits][:, -1]), np.array(head_out[io.hidden][:, -1])
+    alphas, P = row_alphas(run.alpha, B), batch_prompts.shape[1]
+    row_prompts = [[int(t) for t in row] for row in batch_prompts]
     oracles = [OracleDrafter(references[b], alpha, run.seed + b, engine.desc.vocab_size, None)
-               for b, alpha in enumerate(row_alphas(run.alpha, B))] if oracle else []
+               for b, alpha in enumerate(alphas)] if oracle and not mixture else []
     for o in oracles:
-        o.prefill([0] * batch_prompts.shape[1], None)
+        o.prefill([0] * P, None)
+    mixtures = [(row_target_rows(engine, b), distractor_token(run.seed + b, engine.desc.vocab_size))
+                for b in range(B)] if mixture else []
+    for b, (rows_b, _) in enumerate(mixtures):
+        rows_b.start(row_prompts[b])
+    head_choice = GREEDY_MATCH.draft_rows if mixture else None  # the mixture's head runs for its cost, drawing nothing
     engine.last_hidden[...] = out["hidden"][:, -1]
+    choosers = [k_chooser(engine) for _ in range(B)]  # each row's draft-length policy, on its own acceptance
+    stop = choosers[0].stop  # a policy's stop reads the drafts' logits alone: the same for every row
     frozen_rows = RowKeeper(engine, "batch-frozen")
     frozen_len = np.zeros(B, dtype=np.int64)
     active = np.array([len(e) < n for e in emitted])
     accepted: list[list[int]] = [[] for _ in range(B)]
+    ks: list[list[int]] = [[] for _ in range(B)]
+    widths: list[int] = []
     finished = [float("nan")] * B
     phases, steps, all_rows = Phases(), 0, np.arange(B)
-    ids = np.empty((B, k + 1), dtype=np.int64)
     engine.setup_done()
     t0 = time.perf_counter()
     while active.any():
@@ -305,21 +358,28 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             hidden, first = engine.last_hidden, pending  # read by the drafts only, before the verify rewrites it
         stamps.append(time.perf_counter())  # the decode's end
         position = st.lengths - 1
-        drafts = None
+        # each row's K this step (its policy's), 0 for a row riding along: it drafts nothing and is not judged
+        lengths = np.array([c.next_k() if active[b] else 0 for b, c in enumerate(choosers)], dtype=np.int64)
+        width, drafts = int(lengths.max()), None
         if head is not None:
-            drafts = draft_head(engine, first, hidden, position, k) if decode_first else draft_from_rows(
-                engine, ready, position, k)
-        if oracle:  # rows riding along draft nothing (their generator stays where a batch-1 run of the row ends)
-            drafts = np.zeros((B, k), dtype=np.int64)
+            drafts = draft_head(engine, first, hidden, position, width, lengths, stop, head_choice) if (
+                decode_first) else draft_from_rows(engine, ready, position, width, lengths, stop, head_choice)
+        if oracle:  # each row its own K drafts (its generator stays where a batch-1 run of the row is)
+            drafts = np.zeros((B, width), dtype=np.int64)
             for b in np.flatnonzero(active):
-                drafts[b] = oracles[b].draft(int(first[b]), None, int(position[b]), k)
+                K, committed = int(lengths[b]), int(position[b]) + 1
+                drafts[b, :K] = oracles[b].draft(int(first[b]), None, committed - 1, K) if not mixture else (
+                    mixture_drafts(engine.acceptance, mixtures[b][0], alphas[b], mixtures[b][1], row_prompts[b]
+                                   + emitted[b][: committed - P] + [int(first[b])], committed, K, b))
+        width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
         stamps.append(time.perf_counter())  # the drafts'
+        ids = np.empty((B, width + 1), dtype=np.int64)
         ids[:, 0], ids[:, 1:] = first, drafts
         if readvance:
             engine.save_state()
         verify_start = st.lengths.copy()
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
-        counts, targets = _judged(engine, drafts, ver["logits"], active, ids)  # drafts each row keeps, [B, k+1]
+        counts, targets = _judged(engine, drafts, ver["logits"], lengths)  # drafts each row keeps, [B, K+1]
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's
@@ -336,10 +396,13 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         st.lengths[...] = verify_start + counts + 1
         engine.end_step()
         steps += 1
+        widths.append(width)
         now = time.perf_counter()
         for b in rows:
             c = int(counts[b])
             accepted[b].append(c)
+            ks[b].append(int(lengths[b]))
+            choosers[b].observe(int(lengths[b]), c)
             emitted[b] += ids[b, skip : c + 1].tolist() + [int(targets[b, c])]
         if on_commit is not None:
             on_commit(steps, rows, emitted)
@@ -355,4 +418,5 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             frozen_rows.put_back(riding)
             st.lengths[riding] = frozen_len[riding]
         phases.append((*stamps, time.perf_counter()))  # and the commit's
-    return BatchRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds, t0)
+    return BatchRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds, t0, ks=ks,
+                    widths=widths)

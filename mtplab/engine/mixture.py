@@ -98,9 +98,7 @@ class MixtureDrafter:
     def __init__(self, engine, alpha: float, seed: int, head):
         self.engine, self.alpha, self.head, self.xp = engine, alpha, head, engine.xp
         self.rule = engine.acceptance
-        self.rows = engine.drafter_memory.get("target rows")
-        if self.rows is None:
-            self.rows = engine.drafter_memory["target rows"] = TargetRows(engine.desc, engine.xp)
+        self.rows = row_target_rows(engine, 0)
         self.distractor = distractor_token(seed, engine.desc.vocab_size)
 
     def prefill(self, tokens: list[int], hidden) -> None:
@@ -119,12 +117,29 @@ class MixtureDrafter:
         e, xp = self.engine, self.xp
         committed = position + 1
         context = list(e.prompt) + e.emitted[: committed - len(e.prompt)] + [int(first)]
-        drafts = []
-        for _ in range(k):
-            p = self.rule.sampling.probs(xp, self.rows.row(tuple(context), committed))
-            q = self.alpha * p
-            q[self.distractor] += 1.0 - self.alpha
-            token = int(self.rule.draft_from(xp, q))
-            drafts.append(token)
-            context.append(token)
+        drafts = mixture_drafts(self.rule, self.rows, self.alpha, self.distractor, context, committed, k)
         return xp.asarray(np.asarray(drafts, dtype=np.int64))
+
+
+def mixture_drafts(rule, rows: TargetRows, alpha: float, distractor: int, context: list[int], committed: int, k: int,
+                   row: int = 0) -> list[int]:
+    """k drafts after `context` (its first `committed` tokens committed), each from alpha * p + (1 - alpha) *
+    [distractor] after the drafts before it, drawn by the rule's generator of batch row `row`."""
+    context, drafts, xp = list(context), [], rows.xp
+    for _ in range(k):
+        p = rule.sampling.probs(xp, rows.row(tuple(context), committed))
+        q = alpha * p
+        q[distractor] += 1.0 - alpha
+        token = int(rule.draft_from(xp, q, row) if row else rule.draft_from(xp, q))  # row 0: a batch-1 run's call
+        drafts.append(token)
+        context.append(token)
+    return drafts
+
+
+def row_target_rows(engine, row: int) -> TargetRows:
+    """Batch row `row`'s TargetRows, kept by the engine between its runs (row 0's is a batch-1 run's)."""
+    key = "target rows" if row == 0 else f"target rows {row}"
+    rows = engine.drafter_memory.get(key)
+    if rows is None:
+        rows = engine.drafter_memory[key] = TargetRows(engine.desc, engine.xp)
+    return rows

@@ -151,9 +151,13 @@ class SampledRun(AcceptanceRule):
     def draft_token(self, xp, row):
         return self.draft_from(xp, self.draft_sampling.probs(xp, row))
 
-    def draft_rows(self, xp, rows):
+    def draft_rows(self, xp, rows, drawing=None):
         q = self.draft_sampling.probs(xp, rows)
-        return xp.stack([self.draft_from(xp, q[b], b) for b in range(q.shape[0])])
+        drawn = range(q.shape[0]) if drawing is None else drawing
+        out = rows.argmax(-1) if drawing is not None else xp.empty(q.shape[0], dtype=np.int64)
+        for b in drawn:
+            out[b] = self.draft_from(xp, q[b], int(b))
+        return out
 
     def draft_from(self, xp, q, row: int = 0):
         """A draft drawn from the distribution q [V] by a row's generator (kept for the verify that judges it)."""

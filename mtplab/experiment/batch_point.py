@@ -25,8 +25,9 @@ from mtplab.check.trace import Trace
 from mtplab.engine import batch
 from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
+from mtplab.engine.strategies import K_POLICIES
 from mtplab.experiment.config import RunConfig
-from mtplab.experiment.shared import acceptance_alpha, engine_for
+from mtplab.experiment.shared import acceptance_alpha, engine_for, step_costs
 from mtplab.experiment.timing import floor_seconds, paired_rounds, plan_runs
 from mtplab.measure import floor, stats, theory
 from mtplab.measure import rounds as measure
@@ -64,6 +65,9 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     prompts = batch.prompts(run, engine.desc.vocab_size)
     problems: list[str] = [f"the engine: {p}" for p in engine_problems(engine)]
     problems += row_prompt_problems(run, prompts, engine.desc.vocab_size)
+    if K_POLICIES.get(run.k_policy).needs_costs:  # each row's policy prices its K with the calibration at B
+        calibration = calibration if calibration is not None else calibration_for_batch(run)
+        engine.k_costs = step_costs(run, calibration)
     before = _counters(engine)
     checked = checked_batch(engine, prompts, n)
     slots = {s: {c: v - before.get(s, {}).get(c, 0) for c, v in cs.items()} for s, cs in _counters(engine).items()}
@@ -111,19 +115,23 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     calibration = calibration if calibration is not None else calibration_for_batch(run)
     # a sampled batch's acceptance is measured, every row's checked steps pooled
     alpha, alpha_source = acceptance_alpha(run, calibration, [a for row in spec.accepted for a in row])
+    # priced at K = k every step: a draft-length policy's batch, whose rows choose apart, is not predicted
+    fixed_k = K_POLICIES.get(run.k_policy).name == "fixed"
     predicted = theory.predict_batch(alpha, k, run.schedule, run.commit, calibration, n, B) if (
-        alpha is not None and theory.covers(calibration, k, run.commit)) else None
+        alpha is not None and fixed_k and theory.covers(calibration, k, run.commit)) else None
     row_steps = [len(a) for a in spec.accepted]
     accepted = [a for row in spec.accepted for a in row]  # pooled over the rows
     alphas = row_alphas(run.alpha, B)
     if run.drafter == "oracle" and run.temperature == 0:  # each row's oracle held to its own seeded draws
         problems += [f"row {b}: {p}" for b in range(B) for p in oracle_draw_problems(
-            spec.accepted[b], [k] * len(spec.accepted[b]), run.seed + b, alphas[b], engine.desc.vocab_size)]
+            spec.accepted[b], spec.ks[b], run.seed + b, alphas[b], engine.desc.vocab_size)]
     tracked = checked.spec.expected_acceptance  # a sampled run's sum(min(p, q)) per judged draft, rows pooled
-    sampled = theory.sampled_acceptance(accepted, k, tracked, run.schedule) if tracked else None
+    sampled = theory.sampled_acceptance(accepted, k, tracked, run.schedule,
+                                        [j for row in spec.ks for j in row]) if tracked else None
     steps = len(accepted)
     generated = sum(len(t) - 1 for t in spec.tokens)
-    acceptance = measure.acceptance(steps, int(sum(accepted)), steps * k, generated, accepted, k)
+    ks = [j for row in spec.ks for j in row]  # each row-step's drafts (k every step but under a draft-length policy)
+    acceptance = measure.acceptance(steps, int(sum(accepted)), sum(ks), generated, accepted, k, ks)
     per_row = [{
         "row": b,
         "seed": run.seed + b,

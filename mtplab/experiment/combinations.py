@@ -44,7 +44,7 @@ def sampling_problems(cfg: dict, default: dict) -> list[str]:
 
 
 def k_policy_problems(cfg: dict, default: dict) -> list[str]:
-    """A draft-length policy other than fixed chooses K in 1..k, on mtplab's engine at batch 1; the confidence
+    """A draft-length policy other than fixed chooses K in 1..k (each row of a batch its own); the confidence
     policy reads the drafter's own probabilities; k_confidence belongs to it."""
     kp, out = K_POLICIES.get(cfg["k_policy"]), []
     if cfg["k_confidence"] != default["k_confidence"] and not kp.needs_confidence:
@@ -55,9 +55,6 @@ def k_policy_problems(cfg: dict, default: dict) -> list[str]:
     if cfg["k"] == 1:
         out.append(f"k_policy={kp.name!r} with k=1: k is the most drafts a step may make, so K=1 leaves nothing to "
                    "choose (give k >= 2)")
-    if cfg["batch"] > 1:
-        out.append(f"k_policy={kp.name!r} with batch={cfg['batch']}: this version chooses K at batch 1 only (every row "
-                   "of a batch verifies the same M)")
     if kp.needs_confidence and not DRAFTERS.get(cfg["drafter"]).confident:
         able = [d.name for d in DRAFTERS.values() if d.confident]
         out.append(f"k_policy={kp.name!r} stops drafting on the drafter's own top probability: needs drafter in "
@@ -66,8 +63,8 @@ def k_policy_problems(cfg: dict, default: dict) -> list[str]:
 
 
 def batch_problems(cfg: dict, default: dict) -> list[str]:
-    """What a batch > 1 cannot be combined with (this version: mtplab's engine, the CPU, the MTP head or the greedy
-    oracle); an alpha per row needs one value for each of the batch's rows."""
+    """What a batch > 1 cannot be combined with (this version: mtplab's engine on the CPU); an alpha per row needs one
+    value for each of the batch's rows."""
     alpha, out = cfg["alpha"], []
     if isinstance(alpha, (list, tuple)) and len(alpha) != cfg["batch"]:
         out.append(f"alpha={tuple(alpha)!r} sets each row's own acceptance: give one value per row, batch={len(alpha)} "
@@ -77,10 +74,6 @@ def batch_problems(cfg: dict, default: dict) -> list[str]:
     if cfg["engine"] != "mtplab":
         out.append(f"batch={cfg['batch']} with engine={cfg['engine']!r}: onnxruntime-genai's MtpGenerator refuses any "
                    "batch size but 1; run batch > 1 with engine='mtplab'")
-    if cfg["temperature"] > 0 and cfg["drafter"] == "oracle":
-        out.append(f"batch={cfg['batch']} with drafter='oracle' at temperature={cfg['temperature']:g}: this version "
-                   "samples a batch's drafts from the MTP head only (the mixture oracle steps one sequence's "
-                   "reference); use drafter='mtp', or batch=1")
     if cfg["backend"] != "cpu":
         out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: mtplab.engine.batch "
                    "is written for host arrays, its select commit included)")

@@ -14,10 +14,9 @@ from mtplab.check.audit import Audit, engine_problems
 from mtplab.check.expected import checked_problems
 from mtplab.check.trace import Trace, plans_held
 from mtplab.engine.engine import Engine
-from mtplab.engine.k_policies import StepCosts
-from mtplab.engine.strategies import K_POLICIES, SCHEDULES
+from mtplab.engine.strategies import K_POLICIES
 from mtplab.experiment.config import RunConfig
-from mtplab.experiment.shared import acceptance_alpha, engine_for
+from mtplab.experiment.shared import acceptance_alpha, engine_for, step_costs
 from mtplab.experiment.timing import floor_seconds, paired_rounds, plan_runs
 from mtplab.measure import floor, theory
 from mtplab.measure import rounds as measure
@@ -244,18 +243,6 @@ def run_mtplab_point(
         greedy_decode_seconds=measure.rate(1, result.greedy_tokens_per_s),
     )
     return result
-
-
-def step_costs(run: RunConfig, calibration: dict) -> StepCosts:
-    """What a draft-length policy prices a step at K (1..k) with: the calibration's decode, draft and verify at K and
-    its commit of n tokens (ValueError where it did not measure k + 1 tokens)."""
-    if not theory.covers(calibration, run.k, run.commit):
-        raise ValueError(f"k_policy={run.k_policy!r} prices steps of up to k={run.k} drafts, beyond what the "
-                         f"calibration measured (its verify sizes {sorted(int(m) for m in calibration['target'])}): "
-                         "give a smaller k, or k_policy='fixed'")
-    commits = {int(m): float(s) for m, s in calibration["commit"][run.commit].items()}
-    return StepCosts({j: theory.step_seconds(j, run.schedule, run.commit, calibration) for j in range(1, run.k + 1)},
-                     commits, SCHEDULES.get(run.schedule).extra_tokens)
 
 
 def eager_share(slots: dict, labels: dict) -> dict:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import commits_on, spec_problems
+from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.models import model_for
-from mtplab.engine.strategies import DRAFTERS
+from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.experiment.config import RunConfig
 from mtplab.measure import theory
 from mtplab.model import Artifact
@@ -70,3 +71,15 @@ def acceptance_alpha(run: RunConfig, calibration: dict, accepted: list[int] | No
     if source == "calibration":
         return calibration["mtp_acceptance"]["alpha"], "acceptance calibration"
     return None, f"none (the {run.drafter} drafter's acceptance is neither set nor calibrated)"
+
+
+def step_costs(run: RunConfig, calibration: dict) -> StepCosts:
+    """What a draft-length policy prices a step at K (1..k) with: the calibration's decode, draft and verify at K and
+    its commit of n tokens (ValueError where it did not measure k + 1 tokens)."""
+    if not theory.covers(calibration, run.k, run.commit):
+        raise ValueError(f"k_policy={run.k_policy!r} prices steps of up to k={run.k} drafts, beyond what the "
+                         f"calibration measured (its verify sizes {sorted(int(m) for m in calibration['target'])}): "
+                         "give a smaller k, or k_policy='fixed'")
+    commits = {int(m): float(s) for m, s in calibration["commit"][run.commit].items()}
+    return StepCosts({j: theory.step_seconds(j, run.schedule, run.commit, calibration) for j in range(1, run.k + 1)},
+                     commits, SCHEDULES.get(run.schedule).extra_tokens)

@@ -2,9 +2,10 @@
 
 The report notebook and the notebooks that show part of it (02_k_acceptance, 03_arena_and_commit)
 call these, so a figure reads the same wherever it appears. Each takes the sweep's points that ran
-(status ok), shows its caption in the notebook and returns the figure; it shows nothing and returns
-None when the sweep's points cannot fill it (mtplab.report.selection.figures_for). STANDARD lists the
-report's figures in order: a new figure is a drawing in plots.py and a recipe here, added to STANDARD.
+(status ok), shows its caption in the notebook and returns the figure; when the sweep's points cannot fill it
+(mtplab.report.selection.figures_for) it returns None, saying in one line what it needs where a notebook asked for
+it (the report shows only the figures it can fill: `show` asks quietly). STANDARD lists the report's figures in
+order: a new figure is a drawing in plots.py and a recipe here, added to STANDARD.
 """
 
 from __future__ import annotations
@@ -32,8 +33,36 @@ def _markdown(text: str) -> None:
     display(Markdown(text))
 
 
+NEEDS = {  # what the points must hold for each figure, in words (selection.figures_for's tests)
+    "alpha_grid": "oracle points at two alphas or more (a grid over alpha)",
+    "every_point": f"2 to {selection.EVERY_POINT_MAX} timed batch-1 points",
+    "acceptance": "an oracle or MTP-head point of mtplab's engine",
+    "head_by_k": "MTP-head points at two k or more",
+    "per_position": "an oracle or MTP-head point at the sweep's largest k",
+    "counters": "a point of mtplab's own engine",
+    "time_split": f"points on the {selection.SCHEDULE} schedule at one set acceptance",
+    "memory": "a point of mtplab's own engine with its arena statistics",
+    "peer": "onnxruntime-genai points beside mtplab's",
+    "temperature": "points at temperature > 0 beside greedy ones",
+    "by_context": "points on a prompt set cut at several context lengths",
+    "by_kind": "MTP-head points on a prompt set with prompt kinds",
+    "head_prediction": "two MTP-head points or more with a prediction",
+    "head_table": "two timed points or more at a measured acceptance",
+    "k_policies": "points with a draft-length policy other than fixed",
+    "sampled_acceptance": "sampled points with their expected acceptance",
+    "batch": "points at batch > 1",
+}
+_quiet: list[bool] = [False]  # True while `show` draws the report's figures: an unfillable one is left out unsaid
+
+
 def _fills(ok: pd.DataFrame, figure: str) -> bool:
-    return selection.figures_for(ok)[figure]
+    """Whether the points fill the figure; where not, one line says what it needs (unless the report asked)."""
+    if selection.figures_for(ok)[figure]:
+        return True
+    if not _quiet[0]:
+        _markdown(f"*Not drawn ({figure.replace('_', ' ')}): it needs {NEEDS[figure]}, and these "
+                  f"{len(ok)} point{'s' if len(ok) != 1 else ''} hold none.*")
+    return False
 
 
 def _captioned(ok: pd.DataFrame, figure: str, caption: str, draw):
@@ -328,7 +357,12 @@ STANDARD = (head_by_k, by_kind, by_context, head_prediction, head_points, k_poli
 
 
 def show(figure, ok: pd.DataFrame, *args) -> None:
-    """Show one figure for every model of the sweep (per_model), in the notebook's output, in order."""
-    fig = per_model(figure, ok, *args)
+    """Show one figure for every model of the sweep (per_model), in the notebook's output, in order; a figure the
+    points cannot fill is left out without a word (the report shows what it has)."""
+    _quiet[0] = True
+    try:
+        fig = per_model(figure, ok, *args)
+    finally:
+        _quiet[0] = False
     if not _empty(fig):
         _display(fig)
