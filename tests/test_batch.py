@@ -9,7 +9,7 @@ import pytest
 
 from mtplab.check.batch import checked_batch
 from mtplab.check.verdict import verdict
-from mtplab.engine import batch
+from mtplab.engine import batch, batch_commits
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import batch_problem
 from mtplab.engine.k_policies import StepCosts
@@ -128,8 +128,8 @@ def test_each_row_chooses_its_own_k_as_its_batch_of_one_run_would(tiny, policy, 
 
 
 def _planted(monkeypatch, name: str, wrap) -> None:
-    original = batch.BATCH_COMMITS[name]
-    monkeypatch.setitem(batch.BATCH_COMMITS, name, lambda engine: wrap(original(engine)))
+    original = batch_commits.BATCH_COMMITS[name]
+    monkeypatch.setitem(batch_commits.BATCH_COMMITS, name, lambda engine: wrap(original(engine)))
 
 
 def test_a_commit_that_mixes_up_rows_is_caught_and_named(tiny, monkeypatch):
@@ -151,7 +151,7 @@ def test_a_commit_that_mixes_up_rows_is_caught_and_named(tiny, monkeypatch):
 
 def test_a_riding_row_keeps_the_state_it_finished_with(tiny, monkeypatch):
     """Planted: the state rows of finished rows are not put back; the end-of-run check of that row fails."""
-    monkeypatch.setattr(batch.RowKeeper, "put_back", lambda self, rows: None)
+    monkeypatch.setattr(batch_commits.RowKeeper, "put_back", lambda self, rows: None)
     run = batch_run(4)
     engine = Engine(run, tiny)
     checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)

@@ -2,20 +2,16 @@
 
 An Engine made for `run.batch` = B > 1 holds B rows of every state (KV, conv carry, GatedDeltaNet state)
 and of the MTP head's KV; this module decodes them. Greedy decodes [B, 1] on Slot.PRIMARY. A speculative
-step drafts for every row (the MTP head at [B, 1], k steps; the oracle from each row's own reference, seeded
-per row), verifies [B, k+1] in one forward on Slot.VERIFY, accepts per row (greedy match: row b keeps n_b
-drafts) and commits per row. Each row keeps its own length: GroupQueryAttention reads it from the per-row
-`seqlens_k`, and `query_seqlens` tells every row's query length in an M > 1 forward.
+step drafts for every row its own K (k, or its draft-length policy's: the MTP head at [B, 1]; the oracle from
+each row's own reference or, sampled, its own mixture, seeded per row), verifies [B, K+1] in one forward on
+Slot.VERIFY (K the longest row's), accepts per row on its own drafts (row b keeps n_b; sampled, from its own
+generator) and commits per row. Row b decodes as a batch-1 run of its seeds would. Each row keeps its own length:
+GroupQueryAttention reads it from the per-row `seqlens_k` (or attention mask), and `query_seqlens` tells every
+row's query length in an M > 1 forward.
 
-How each commit strategy handles rows with different accepted counts (c_b = n_b + 1 tokens to keep):
-- select: row b replays its own c_b transitions and rebuilds its conv carry from its own c_b inputs. No
-  forward; the same cost whatever the counts.
-- readvance-m1: restore every row, then max_b c_b forwards at [B, 1]; a row whose c_b tokens are in rides
-  along (its last token repeated, its length held) and its state rows are put back after each further
-  forward. Cost: the longest row's count, not the mean.
-- readvance-batched: restore, then one [B, c] forward per distinct count c among the rows; the rows with
-  another count are put back after it. Cost: one forward per distinct count (1 at B = 1).
-A row that has its tokens (n or more) rides along the same way until every row has: its token repeated, its
+How each commit strategy handles rows with different accepted counts: mtplab.engine.batch_commits; the head's
+drafts and commit per row: mtplab.engine.batch_head.
+A row that has its tokens (n or more) rides along until every row has: its token repeated, its
 length held, its state rows put back after each step. The batch shape, and so each slot's plan, never changes.
 """
 
@@ -28,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mtplab.engine.acceptance import GREEDY_MATCH
-from mtplab.engine.commits import select_commit
+from mtplab.engine.batch_commits import RowKeeper, batch_commit
+from mtplab.engine.batch_head import commit_head, draft_from_rows, draft_head
 from mtplab.engine.drafters import OracleDrafter, row_alphas
 from mtplab.engine.mixture import distractor_token, mixture_drafts, row_target_rows
 from mtplab.engine.schedules import Phases
@@ -116,163 +113,6 @@ def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False, kee
     gap = np.stack(gaps, axis=1) if margins else np.zeros((engine.batch, 0))
     logits = [[r[b] for r in kept] for b in range(engine.batch)] if kept else []
     return BatchGreedy(host.tolist(), gap.tolist(), seconds, n - 1, t0, logits)
-
-
-class RowKeeper:
-    """Puts rows' recurrent state back: the rows a forward should not have advanced (rows riding along)."""
-
-    def __init__(self, engine, name: str):
-        self.live = engine.state.recurrent_arrays()
-        self.kept = [engine.main.reserve(f"{name}.{i}", a.shape, a.dtype) for i, a in enumerate(self.live)]
-
-    def keep(self, rows) -> None:
-        for kept, live in zip(self.kept, self.live):
-            kept[rows] = live[rows]
-
-    def put_back(self, rows) -> None:
-        for kept, live in zip(self.kept, self.live):
-            live[rows] = kept[rows]
-
-
-def select_rows(engine) -> Callable:
-    """select at batch B: commit(ver, counts, rows) replays each listed row's own count (its transitions, or its
-    LinearAttention inputs through the op)."""
-    st = engine.state
-    apply = select_commit(engine.desc, engine.device)
-
-    def commit(ver: dict, counts: np.ndarray, rows) -> None:
-        for b in rows:
-            apply(st, ver, int(counts[b]), int(b))
-
-    return commit
-
-
-def _restored(engine, counts: np.ndarray, rows) -> np.ndarray:
-    """A re-advance's start: the state from before the verify put back; each row's count, 0 for rows not listed."""
-    engine.restore_state()
-    return np.where(np.isin(np.arange(engine.batch), rows), counts, 0)
-
-
-def readvance_m1_rows(engine) -> Callable:
-    """readvance-m1 at batch B: restore, then max count forwards at [B, 1]; rows with fewer ride along."""
-    st, keeper, B = engine.state, RowKeeper(engine, "batch-keep"), engine.batch
-
-    def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
-        counts = _restored(engine, counts, rows)
-        for j in range(int(counts.max(initial=0))):
-            done = counts <= j
-            keeper.keep(np.flatnonzero(counts == j))  # rows whose tokens are all in: their state from now on
-            st.lengths[...] = start + np.minimum(j, counts)
-            tokens = ids[np.arange(B), np.minimum(j, np.maximum(counts - 1, 0))]
-            engine.forward(Slot.PRIMARY, tokens[:, None])
-            keeper.put_back(np.flatnonzero(done))
-
-    return commit
-
-
-def readvance_batched_rows(engine) -> Callable:
-    """readvance-batched at batch B: restore, then one [B, c] forward per distinct count c; other rows put back."""
-    st, keeper, B = engine.state, RowKeeper(engine, "batch-keep"), engine.batch
-
-    def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
-        counts = _restored(engine, counts, rows)
-        held = np.zeros(B, dtype=np.int64)  # tokens each row holds so far
-        for c in sorted(set(counts[counts > 0].tolist())):
-            others = np.flatnonzero(counts != c)
-            keeper.keep(others)
-            st.lengths[...] = start + held
-            engine.forward(Slot.PRIMARY, ids[:, :c])
-            keeper.put_back(others)
-            held[counts == c] = c
-
-    return commit
-
-
-BATCH_COMMITS = {"select": select_rows, "readvance-m1": readvance_m1_rows, "readvance-batched": readvance_batched_rows}
-
-
-def batch_commit(engine) -> Callable:
-    """The run's commit strategy at batch B, prepared once per engine (ValueError for one with no batched form)."""
-    name = engine.commit_strategy.name
-    if name not in BATCH_COMMITS:
-        raise ValueError(f"commit={name!r} has no batched form: batch > 1 runs commit in {list(BATCH_COMMITS)}")
-    return engine.prepared(("batch", name, BATCH_COMMITS[name]), BATCH_COMMITS[name])
-
-
-def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int,
-               lengths: np.ndarray | None = None, stop: Callable | None = None, choose: Callable | None = None
-               ) -> np.ndarray:
-    """k drafts per row [B, k] from the MTP head at [B, 1]: row b from its token `first[b]` and hidden[b] at
-    its own position. lengths: each row's own number of drafts (a draft-length policy's K_b, 0 for a row that has its
-    tokens): a row draws nothing past its own (a sampled row's generator stays where a batch-1 run of it is), and
-    stop (the policy's, on a row's logits after a draft) lowers it in place where it ends the row's drafting; the
-    drafts end where the longest row's do. choose: how the drafts are chosen (the acceptance rule's draft_rows; the
-    mixture oracle's head, which runs for its cost, takes the argmax and draws nothing)."""
-    desc, io = engine.desc, engine.desc.mtp
-    choose = choose or engine.acceptance.draft_rows
-    drafts = np.empty((engine.batch, k), dtype=np.int64)
-    token, h = first, hidden
-    for i in range(k):
-        feeds, outputs, bound = mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i)
-        out = engine.mtp.run(Slot.PRIMARY, feeds, outputs, bound)
-        engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + 1
-        logits = out[io.logits][:, 0]
-        drawing = None if lengths is None else np.flatnonzero(lengths > i)
-        token = choose(np, logits, drawing)
-        h = out[io.hidden][:, 0]
-        drafts[:, i] = token
-        if lengths is not None and (ended := _stopped(lengths, drawing, logits, i + 1, stop)):
-            return drafts[:, :ended]
-    return drafts
-
-
-def _stopped(lengths: np.ndarray, drawing: np.ndarray, logits, made: int, stop: Callable | None) -> int:
-    """After `made` drafts: rows whose policy stops here have their lengths lowered to it; the drafts made when no
-    row wants more (0 while some row does)."""
-    if stop is not None:
-        for b in drawing:
-            if lengths[b] > made and stop(logits[b]):
-                lengths[b] = made
-    return made if lengths.max(initial=0) <= made else 0
-
-
-def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.ndarray, k: int,
-                    lengths: np.ndarray | None = None, stop: Callable | None = None, choose: Callable | None = None
-                    ) -> np.ndarray:
-    """The drafts [B, k] of a step whose first head step the last head commit ran (the fused schedule): `ready`
-    holds each row's logits and hidden state there; the first draft from the logits, the rest chained (lengths and
-    stop and choose as draft_head's)."""
-    logits, hidden = ready
-    choose = choose or engine.acceptance.draft_rows
-    drafts = np.empty((engine.batch, k), dtype=np.int64)
-    drawing = None if lengths is None else np.flatnonzero(lengths > 0)
-    drafts[:, 0] = choose(np, logits, drawing)
-    if lengths is not None and _stopped(lengths, drawing, logits, 1, stop):
-        return drafts[:, :1]
-    if k > 1:
-        rest = None if lengths is None else np.maximum(lengths - 1, 0)
-        chained = draft_head(engine, drafts[:, 0], hidden, position + 1, k - 1, rest, stop, choose)
-        drafts = drafts[:, : 1 + chained.shape[1]]
-        drafts[:, 1:] = chained
-        if lengths is not None:
-            lengths[...] = np.where(lengths > 0, rest + 1, 0)
-    return drafts
-
-
-def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndarray, start: np.ndarray):
-    """The head's KV rows start.. for what each row's verify kept, one [B, k+1] forward on the head's Verify slot:
-    row b's kept tokens are its targets up to counts[b] (the accepted drafts, then the bonus), padded with the
-    bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden) at its
-    last kept row: the next step's first head step where it starts there (fused)."""
-    io, B = engine.desc.mtp, engine.batch
-    rows = np.arange(B)
-    bonus = targets[rows, counts]
-    kept = np.where(np.arange(targets.shape[1]) <= counts[:, None], targets, bonus[:, None])
-    feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, kept, hidden, start)
-    out = engine.mtp.run(Slot.VERIFY, feeds, outputs, bound)
-    key = f"mtp-commit/M={targets.shape[1]}"
-    engine.forwards[key] = engine.forwards.get(key, 0) + 1
-    return np.array(out[io.logits][rows, counts]), np.array(out[io.hidden][rows, counts])
 
 
 def _judged(engine, drafts: np.ndarray, logits, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

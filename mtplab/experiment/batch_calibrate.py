@@ -21,6 +21,8 @@ import numpy as np
 from mtplab.base.files import write_atomic
 from mtplab.base.threads import threads_used
 from mtplab.engine import batch as batching
+from mtplab.engine.batch_commits import batch_commit
+from mtplab.engine.batch_head import commit_head, draft_from_rows
 from mtplab.engine.engine import Engine
 from mtplab.experiment.calibrate import (
     GREEDY_TOKENS,
@@ -60,8 +62,8 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False)
 
     def head_work(k: int) -> None:  # a fused step's head work for k drafts: the commit of k+1 rows, k - 1 steps after
-        ready = batching.commit_head(engine, ids[:, : k + 1], np.full(B, k), rows[:, : k + 1], L0)
-        batching.draft_from_rows(engine, ready, L0 + k, k)
+        ready = commit_head(engine, ids[:, : k + 1], np.full(B, k), rows[:, : k + 1], L0)
+        draft_from_rows(engine, ready, L0 + k, k)
 
     def greedy_step() -> float:
         g = batching.greedy(engine, prompts, run.tokens)  # GREEDY_TOKENS + 1, or what the capacity holds
@@ -69,7 +71,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
 
     def commit(strategy: str, n: int) -> float:
         engine.use_commit(strategy)
-        apply = batching.batch_commit(engine)
+        apply = batch_commit(engine)
         st.lengths[...] = L0
         ver = None if engine.commit_strategy.verify_in_place else forward(top)
         engine.save_state()

@@ -1,0 +1,87 @@
+"""The MTP head at batch B: each row's drafts at [B, 1] from its own token, hidden state and position (a row drafting
+as many as its own K and drawing for those only), and the head's commit of what each row's verify kept."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from mtplab.runtime.executor import Slot
+from mtplab.runtime.state import mtp_io
+
+
+def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int,
+               lengths: np.ndarray | None = None, stop: Callable | None = None, choose: Callable | None = None
+               ) -> np.ndarray:
+    """k drafts per row [B, k] from the MTP head at [B, 1]: row b from its token `first[b]` and hidden[b] at
+    its own position. lengths: each row's own number of drafts (a draft-length policy's K_b, 0 for a row that has its
+    tokens): a row draws nothing past its own (a sampled row's generator stays where a batch-1 run of it is), and
+    stop (the policy's, on a row's logits after a draft) lowers it in place where it ends the row's drafting; the
+    drafts end where the longest row's do. choose: how the drafts are chosen (the acceptance rule's draft_rows; the
+    mixture oracle's head, which runs for its cost, takes the argmax and draws nothing)."""
+    desc, io = engine.desc, engine.desc.mtp
+    choose = choose or engine.acceptance.draft_rows
+    drafts = np.empty((engine.batch, k), dtype=np.int64)
+    token, h = first, hidden
+    for i in range(k):
+        feeds, outputs, bound = mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i)
+        out = engine.mtp.run(Slot.PRIMARY, feeds, outputs, bound)
+        engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + 1
+        logits = out[io.logits][:, 0]
+        drawing = None if lengths is None else np.flatnonzero(lengths > i)
+        token = choose(np, logits, drawing)
+        h = out[io.hidden][:, 0]
+        drafts[:, i] = token
+        if lengths is not None and (ended := _stopped(lengths, drawing, logits, i + 1, stop)):
+            return drafts[:, :ended]
+    return drafts
+
+
+def _stopped(lengths: np.ndarray, drawing: np.ndarray, logits, made: int, stop: Callable | None) -> int:
+    """After `made` drafts: rows whose policy stops here have their lengths lowered to it; the drafts made when no
+    row wants more (0 while some row does)."""
+    if stop is not None:
+        for b in drawing:
+            if lengths[b] > made and stop(logits[b]):
+                lengths[b] = made
+    return made if lengths.max(initial=0) <= made else 0
+
+
+def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.ndarray, k: int,
+                    lengths: np.ndarray | None = None, stop: Callable | None = None, choose: Callable | None = None
+                    ) -> np.ndarray:
+    """The drafts [B, k] of a step whose first head step the last head commit ran (the fused schedule): `ready`
+    holds each row's logits and hidden state there; the first draft from the logits, the rest chained (lengths and
+    stop and choose as draft_head's)."""
+    logits, hidden = ready
+    choose = choose or engine.acceptance.draft_rows
+    drafts = np.empty((engine.batch, k), dtype=np.int64)
+    drawing = None if lengths is None else np.flatnonzero(lengths > 0)
+    drafts[:, 0] = choose(np, logits, drawing)
+    if lengths is not None and _stopped(lengths, drawing, logits, 1, stop):
+        return drafts[:, :1]
+    if k > 1:
+        rest = None if lengths is None else np.maximum(lengths - 1, 0)
+        chained = draft_head(engine, drafts[:, 0], hidden, position + 1, k - 1, rest, stop, choose)
+        drafts = drafts[:, : 1 + chained.shape[1]]
+        drafts[:, 1:] = chained
+        if lengths is not None:
+            lengths[...] = np.where(lengths > 0, rest + 1, 0)
+    return drafts
+
+
+def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndarray, start: np.ndarray):
+    """The head's KV rows start.. for what each row's verify kept, one [B, k+1] forward on the head's Verify slot:
+    row b's kept tokens are its targets up to counts[b] (the accepted drafts, then the bonus), padded with the
+    bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden) at its
+    last kept row: the next step's first head step where it starts there (fused)."""
+    io, B = engine.desc.mtp, engine.batch
+    rows = np.arange(B)
+    bonus = targets[rows, counts]
+    kept = np.where(np.arange(targets.shape[1]) <= counts[:, None], targets, bonus[:, None])
+    feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, kept, hidden, start)
+    out = engine.mtp.run(Slot.VERIFY, feeds, outputs, bound)
+    key = f"mtp-commit/M={targets.shape[1]}"
+    engine.forwards[key] = engine.forwards.get(key, 0) + 1
+    return np.array(out[io.logits][rows, counts]), np.array(out[io.hidden][rows, counts])
