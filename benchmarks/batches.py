@@ -8,7 +8,7 @@ Lossless: the rows whose own checks passed (tokens against their greedy where gr
 commit against a batch-1 reference of the row alone). The load average is printed before and after.
 
     python benchmarks/batches.py [--models small tests/data/builder-tiny] [--batches 1 2 4 8] [--tokens 64]
-                                 [--rounds 5] [--threads 2] [--json out.json]
+                                 [--rounds 5|auto] [--threads 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=lambda v: v if v == "auto" else int(v), default=5,
+                   help="paired rounds per point, or auto (until the CI is within 5%% or the budget is spent)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)

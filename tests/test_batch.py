@@ -264,7 +264,9 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
     drafter = "mtp" if plant in ("free drafts", "timed head skipped") else "oracle"
     run = batch_run(2, drafter=drafter).replace(rounds=2, tokens=16)
     result = run_point(run, tiny)
-    assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: "), result.verdict
+    # free drafts: the head that never drafts leaves its KV rows unwritten, which the head check sees first
+    first = "LOSSLESS CHECK FAILED: row 0 of 2: the MTP head's KV" if plant == "free drafts" else "RUN CHECK FAILED: "
+    assert not result.lossless and result.verdict.startswith(first), result.verdict
     problems = " | ".join(result.identity["timed_audit"]["problems"])
     assert words in problems, problems
 
@@ -287,6 +289,29 @@ def test_a_rows_logits_off_the_float64_reference_are_caught_naming_the_row(tiny,
     assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: greedy disagrees with the float64 "
                                          "reference"), message
     assert checked.rows[0]["anchor"]["ok"] and not checked.rows[1]["anchor"]["ok"]
+
+
+@pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
+def test_a_head_commit_that_writes_a_rows_kv_wrong_is_caught_naming_the_row(tiny, monkeypatch, schedule):
+    """Each row's MTP-head KV is held to a teacher-forced head of that row alone, and each row's drafts are judged
+    against it: a head commit that feeds row 1 row 0's hidden states (rows mixed up) fails, named."""
+    from mtplab.engine import batch_head
+
+    real = batch_head.mtp_io
+
+    def stale(desc, state, tokens, hidden, position):
+        if np.ndim(hidden) == 3 and hidden.shape[1] > 1:  # the commit's rows: row 1 given row 0's hidden states
+            hidden = hidden.copy()
+            hidden[1] = hidden[0]
+        return real(desc, state, tokens, hidden, position)
+
+    monkeypatch.setattr(batch_head, "mtp_io", stale)
+    run = batch_run(2, "select", schedule, "mtp")
+    engine = Engine(run, tiny)
+    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    ok, message = verdict(checked.identity)
+    assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: the MTP head's KV differs"), message
+    assert checked.rows[0]["head_kv_first_divergence"] is None and checked.rows[0]["head_kv_commits_checked"] > 0
 
 
 def test_rows_given_row_0s_prompt_are_caught_naming_the_row(tiny, monkeypatch):

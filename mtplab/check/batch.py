@@ -17,10 +17,11 @@ import numpy as np
 
 from mtplab.check.audit import nonzero, state_problem
 from mtplab.check.expected import greedy_forwards, head_forwards
-from mtplab.check.lossless import Lockstep, Watch, anchor, anchor_tokens, reference_model
+from mtplab.check.lossless import HeadCheck, Lockstep, Watch, anchor, anchor_tokens, reference_model
 from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch, sampling
+from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.runtime.executor import Slot
 
 
@@ -45,14 +46,22 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
     try:
         greedy = batch.greedy(engine, prompts, n + run.k + 1, margins=not sampled,
                               keep_logits=anchor_tokens(engine.desc, n))
-        locks = [Lockstep.start(art, row_prompts[b], [] if sampled else greedy.tokens[b], rule, sampled=sampled)
-                 for b in range(engine.batch)]
+        kind = DRAFTERS.get(run.drafter)
+        locks = [Lockstep.start(art, row_prompts[b], [] if sampled else greedy.tokens[b], rule, sampled=sampled,
+                                head=HeadCheck.start(engine.desc, run.k, kind.name == "mtp" and not sampled)
+                                if kind.uses_head(run) else None) for b in range(engine.batch)]
+        extra = SCHEDULES.get(run.schedule).extra_tokens
+        kv = engine.mtp_state.kv
 
-        def on_commit(step: int, rows, emitted: list[list[int]]) -> None:
-            for b in rows:
+        def head_kv(b: int) -> tuple:
+            return kv[0][b : b + 1], kv[1][b : b + 1]
+
+        def on_commit(step: int, rows, emitted: list[list[int]], ks: list[list[int]]) -> None:
+            for b in rows:  # each row's state and KV, and its head's KV and drafts, against a reference of it alone
                 if sampled:
                     locks[b].sequence = row_prompts[b] + emitted[b]
-                locks[b].check(step, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b))
+                locks[b].check(step, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b),
+                               head_kv(b), extra, ks[b][-1])
 
         watch.start("speculative")
         before = dict(engine.forwards)
@@ -61,7 +70,7 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
         spec.expected_acceptance = engine.acceptance.tracked()
         spec_forwards = {key: d for key, v in engine.forwards.items() if (d := v - before.get(key, 0))}
         for b, lock in enumerate(locks):  # what each row left behind (a riding row: as it finished)
-            lock.check(spec.steps, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b))
+            lock.check(spec.steps, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b), head_kv(b))
         left = [engine.state.snapshot(row=b) for b in range(engine.batch)]
     finally:
         engine.watch = None
@@ -135,7 +144,8 @@ def pooled(rows: list[dict], non_finite: dict | None) -> dict:
     """One identity for the batch: the first row that fails a check (its fields, with "row"), else the rows'
     worst differences; per-row fields stay in `rows`."""
     failing = next((b for b, r in enumerate(rows) if r["token_identical"] is False or r["state_first_divergence"]
-                    or (r.get("anchor") and not r["anchor"]["ok"])), None)
+                    or (r.get("anchor") and not r["anchor"]["ok"]) or r.get("head_kv_first_divergence")
+                    or r.get("head_draft_disagreements")), None)
     chosen = rows[0 if failing is None else failing]
     out = dict(chosen) | {"row": failing, "rows": len(rows), "non_finite": non_finite}
     out["state_max_abs_diff"] = max(r["state_max_abs_diff"] or 0.0 for r in rows)
@@ -144,4 +154,9 @@ def pooled(rows: list[dict], non_finite: dict | None) -> dict:
     out["state_commits_checked"] = sum(r["state_commits_checked"] for r in rows)
     out["token_identical"] = None if rows[0].get("sampled") else all(r["token_identical"] for r in rows)
     out["reference_disagreements"] = [d | {"row": b} for b, r in enumerate(rows) for d in r["reference_disagreements"]]
+    if rows[0].get("head_kv_commits_checked") is not None:  # the head's checks, every row's
+        out["head_kv_max_rel_diff"] = max(r["head_kv_max_rel_diff"] or 0.0 for r in rows)
+        out["head_kv_commits_checked"] = sum(r["head_kv_commits_checked"] for r in rows)
+        out["head_draft_disagreements"] = [d | {"row": b} for b, r in enumerate(rows)
+                                           for d in r["head_draft_disagreements"]]
     return out

@@ -136,8 +136,8 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     """Speculative decoding of every row until it has n tokens; per-row tokens and accepted counts.
 
     references: each row's greedy tokens (the oracle drafts from them; n + k + 1 each). on_commit(step, rows,
-    emitted), when given, is called after every step's commit with the rows it committed and every row's tokens so
-    far (the checked pass compares each committed row's state there).
+    emitted, ks), when given, is called after every step's commit with the rows it committed, every row's tokens so
+    far and each row's drafts per step (the checked pass compares each committed row's state there).
     """
     run, k, B = engine.spec, engine.k, engine.batch
     oracle = run.drafter == "oracle"
@@ -245,7 +245,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
             choosers[b].observe(int(lengths[b]), c)
             emitted[b] += ids[b, skip : c + 1].tolist() + [int(targets[b, c])]
         if on_commit is not None:
-            on_commit(steps, rows, emitted)
+            on_commit(steps, rows, emitted, ks)
         done = [b for b in rows if len(emitted[b]) >= n]
         for b in done:
             active[b] = False
