@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import synthetic_calibration
 
 from mtplab.check.batch import checked_batch
 from mtplab.check.verdict import verdict
@@ -312,6 +313,26 @@ def test_a_head_commit_that_writes_a_rows_kv_wrong_is_caught_naming_the_row(tiny
     ok, message = verdict(checked.identity)
     assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: the MTP head's KV differs"), message
     assert checked.rows[0]["head_kv_first_divergence"] is None and checked.rows[0]["head_kv_commits_checked"] > 0
+
+
+def test_a_row_drafting_other_than_its_policy_chooses_is_caught_naming_the_row(tiny, monkeypatch):
+    """Each row's K per step is its own policy's on its own accepted counts: a batch whose row 1 reads row 0's
+    chooser fails the run check, named."""
+    from mtplab.engine import speculative
+    from mtplab.experiment import batch_point
+    from mtplab.experiment.point import run_point
+
+    made, real = [], speculative.k_chooser
+
+    def shared(engine):  # every row after the first gets row 0's chooser back (one chooser's history for two rows)
+        made.append(real(engine) if len(made) % engine.batch == 0 else made[-1])
+        return made[-1]
+
+    monkeypatch.setattr(batch, "k_chooser", shared)
+    monkeypatch.setattr(batch_point, "calibration_for_batch", lambda run: synthetic_calibration() | {"batch": 2})
+    run = batch_run(2, "select", "fused").replace(k=4, k_policy="probe", alpha=(0.95, 0.1), rounds=1, tokens=48)
+    result = run_point(run, tiny)
+    assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: the checked run's row "), result.verdict
 
 
 def test_rows_given_row_0s_prompt_are_caught_naming_the_row(tiny, monkeypatch):

@@ -20,7 +20,7 @@ from mtplab.check import flags
 from mtplab.check import verdict as oracle
 from mtplab.check.audit import clock_problems, engine_problems
 from mtplab.check.batch import checked_batch, timed_problems, timed_state_problems
-from mtplab.check.expected import oracle_draw_problems
+from mtplab.check.expected import chosen_problems, oracle_draw_problems
 from mtplab.check.trace import Trace
 from mtplab.engine import batch
 from mtplab.engine.drafters import row_alphas
@@ -122,6 +122,9 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     row_steps = [len(a) for a in spec.accepted]
     accepted = [a for row in spec.accepted for a in row]  # pooled over the rows
     alphas = row_alphas(run.alpha, B)
+    # each row's K per step: what its own policy chooses on its own accepted counts
+    problems += [f"the checked run's row {b}: {p}" for b in range(B) for p in chosen_problems(engine, spec.accepted[b],
+                                                                                           spec.ks[b])]
     if run.drafter == "oracle" and run.temperature == 0:  # each row's oracle held to its own seeded draws
         problems += [f"row {b}: {p}" for b in range(B) for p in oracle_draw_problems(
             spec.accepted[b], spec.ks[b], run.seed + b, alphas[b], engine.desc.vocab_size)]
