@@ -128,6 +128,38 @@ def test_each_row_chooses_its_own_k_as_its_batch_of_one_run_would(tiny, policy, 
     assert spec.widths == [max(row[i] for row in spec.ks if i < len(row)) for i in range(spec.steps)]
 
 
+@pytest.mark.parametrize("plant", ["row 1 seeded as row 0", "rows 1 and 2 swap generators", "an extra draw"])
+def test_a_sampled_row_that_does_not_decode_by_itself_is_caught_naming_the_row(tiny, monkeypatch, plant):
+    """Each sampled row is decoded again by itself, at batch 1 on an engine of its own seeds: a row that draws from
+    another row's generator, or once too often, fails the check, named (nothing else sees it: a sampled row has no
+    greedy tokens to equal)."""
+    from mtplab.engine.sampling import SampledRun
+
+    real_new, real_accept = SampledRun.new_generation, SampledRun._accept
+
+    def new_generation(self):
+        real_new(self)
+        if self.rows > 1 and plant == "row 1 seeded as row 0":
+            self.rngs[1] = self.xp.random.default_rng(self.seed)
+        elif self.rows > 2 and plant == "rows 1 and 2 swap generators":
+            self.rngs[1], self.rngs[2] = self.rngs[2], self.rngs[1]
+
+    def accept(self, xp, drafts, logits, row):
+        if self.rows > 1 and row == 2 and plant == "an extra draw":
+            self.rngs[row].random()
+        return real_accept(self, xp, drafts, logits, row)
+
+    monkeypatch.setattr(SampledRun, "new_generation", new_generation)
+    monkeypatch.setattr(SampledRun, "_accept", accept)
+    run = batch_run(3, "select", "fused", "mtp").replace(temperature=0.7, acceptance="rejection-sampling")
+    engine = Engine(run, tiny)
+    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    ok, message = verdict(checked.identity)
+    row = 2 if plant == "an extra draw" else 1
+    assert not ok and message.startswith(f"LOSSLESS CHECK FAILED: row {row} of 3: its sampled tokens differ from a "
+                                         f"batch-1 run of its seeds (seed {row}, sample_seed {row})"), message
+
+
 def _planted(monkeypatch, name: str, wrap) -> None:
     original = batch_commits.BATCH_COMMITS[name]
     monkeypatch.setitem(batch_commits.BATCH_COMMITS, name, lambda engine: wrap(original(engine)))
@@ -381,8 +413,12 @@ def test_rows_with_alphas_of_their_own_are_each_the_batch_of_one_run_at_theirs(t
         assert alone["tokens"] == spec.tokens[b] and alone["accepted"] == spec.accepted[b], f"row {b}"
     assert len(spec.accepted[2]) == spec.steps > len(spec.accepted[0])  # the low row is the slowest
     with pytest.raises(ConfigError, match=r"alpha=\(0.9, 0.6, 0.1\) sets each row's own acceptance: give one value "
-                                          r"per row, batch=3 \(got batch=2\)"):
+                                          r"per row of a batch, batch=3 \(got batch=2\)"):
         run.replace(batch=2)
+    with pytest.raises(ConfigError, match=r"alpha=\(0.9,\) sets each row's own acceptance"):  # no batch of one
+        run.replace(batch=1, alpha=(0.9,))
+    with pytest.raises(ConfigError, match=r"seed=9223372036854775807 with batch=3: row b runs at seed \+ b"):
+        run.replace(seed=2**63 - 1)
 
 
 def test_break_even_is_where_the_speedup_falls_through_one():

@@ -19,8 +19,8 @@ from mtplab.runtime.device import cuda_available
         (["--k", "8"], "k+1=9 exceeds the GatedDeltaNet transition capacity 8"),
         (["--drafter", "oracle", "--alpha", "1.5"], "--alpha 1.5: must be within [0, 1]"),
         (["--drafter", "oracle", "--alpha", "0.9,0.2"], "--alpha (0.9, 0.2) sets each row's own acceptance: give one "
-                                                        "value per row, --batch 2 (got --batch 1)"),
-        (["--drafter", "oracle", "--alpha", "0.9,x"], "--alpha (0.9, 'x'): must be within [0, 1], a number, or a list"),
+                                                        "value per row of a batch, --batch 2 (got --batch 1)"),
+        (["--drafter", "oracle", "--alpha", "0.9,x"], "--alpha (0.9, 'x'): must be within [0, 1], a number (or, for"),
         (["--policy", "tiled"], "unknown --policy 'tiled'"),
         (["--commit", "rewind"], "unknown --commit 'rewind'"),
         (["--drafter", "ngram"], "unknown --drafter 'ngram'"),

@@ -28,7 +28,14 @@ def test_a_figure_the_sweep_cannot_fill_says_what_it_needs_and_the_report_leaves
     for recipe in recipes:  # the report's way: what it cannot fill, it leaves out without a word
         figures.show(recipe, peer_only)
     assert said == [] and capsys.readouterr().out == ""
-    assert set(figures.NEEDS) == set(figures.selection.figures_for(peer_only))  # every figure's need in words
+    assert set(figures.NEEDS) >= set(figures.selection.figures_for(peer_only))  # every figure's need in words
+    said.clear()  # a batch-1 figure called on batch points draws none of them, and says where they go
+    batch_points = pd.DataFrame([{"engine": "mtplab", "drafter": "oracle", "k": 2, "alpha": a, "batch": 4,
+                                  "policy": "sibling-pinned", "commit": "select", "schedule": "fused",
+                                  "speedup": 0.9, "speedup_ci": [0.8, 1.0]} for a in (0.6, 0.9)])
+    assert figures.speedup_vs_alpha(batch_points) is None
+    assert said == ["*Not drawn (alpha grid): it needs oracle points at two alphas or more (a grid over alpha), and "
+                    "these 0 points hold none (2 batch points left out: the batch section draws them).*"]
 
 
 def test_acceptance_and_speedup_against_temperature_draw_a_line_per_k_and_engine(capsys):

@@ -21,6 +21,7 @@ from mtplab.check.lossless import HeadCheck, Lockstep, Watch, anchor, anchor_tok
 from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch, sampling
+from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.runtime.executor import Slot
 
@@ -79,10 +80,31 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
     # reference is its lockstep stepper)
     anchors = [anchor(art, row_prompts[b], greedy.logits[b], greedy.tokens[b], sampled, ref) if ref is not None
                else None for b in range(engine.batch)]
-    rows = [({"token_identical": None, "first_divergence": None, "sampled": settings} if sampled else
-             token_identity(spec.tokens[b][:n], greedy.tokens[b][:n], greedy.margins[b])) | locks[b].summary()
-            | {"anchor": anchors[b]} for b in range(engine.batch)]
+    alone = batch_one_runs(engine, row_prompts, n, spec) if sampled else [None] * engine.batch
+    rows = [({"token_identical": None, "first_divergence": None, "sampled": settings, "batch_one": alone[b]}
+             if sampled else token_identity(spec.tokens[b][:n], greedy.tokens[b][:n], greedy.margins[b]))
+            | locks[b].summary() | {"anchor": anchors[b]} for b in range(engine.batch)]
     return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite), spec_forwards, left)
+
+
+def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: batch.BatchRun) -> list[dict]:
+    """Each sampled row decoded by itself, at batch 1 on an engine of its own seeds (seed + b, sample_seed + b): its
+    tokens must be the row's. A row that read another row's generator, drew once too often or sampled otherwise
+    differs here (nothing else sees it: a sampled row has no greedy to equal). exact: the model's precision makes a
+    [B, M] forward round as a [1, M] one to within a draw's resolution (fp32); in fp16 a draw at a boundary can go
+    either way, and a difference is a warning, not a failure."""
+    run, out = engine.spec, []
+    for b, prompt in enumerate(row_prompts):
+        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b), engine.art,
+                     engine.device)
+        one.k_costs = engine.k_costs  # the batch's prices: a row's policy chooses as in the batch
+        tokens = one.speculative(prompt, n)["tokens"]
+        mine = spec.tokens[b]
+        first = next((i for i, (x, y) in enumerate(zip(tokens, mine)) if x != y),
+                     None if len(tokens) == len(mine) else min(len(tokens), len(mine)))
+        out.append({"identical": first is None, "first_divergence": first, "seed": run.seed + b,
+                    "sample_seed": run.sample_seed + b, "exact": engine.desc.precision == "fp32"})
+    return out
 
 
 def timed_state_problems(engine, checked: BatchChecked) -> list[str]:
@@ -140,12 +162,18 @@ def batch_rule(rule: StateRule, engine) -> StateRule:
                      "reference's [1, M] (another kernel path for more rows)")
 
 
+def batch_one_failed(row: dict) -> bool:
+    """A sampled row whose tokens differ from its batch-1 run where the precision makes that a failure (exact)."""
+    alone = row.get("batch_one")
+    return bool(alone and not alone["identical"] and alone["exact"])
+
+
 def pooled(rows: list[dict], non_finite: dict | None) -> dict:
     """One identity for the batch: the first row that fails a check (its fields, with "row"), else the rows'
     worst differences; per-row fields stay in `rows`."""
     failing = next((b for b, r in enumerate(rows) if r["token_identical"] is False or r["state_first_divergence"]
                     or (r.get("anchor") and not r["anchor"]["ok"]) or r.get("head_kv_first_divergence")
-                    or r.get("head_draft_disagreements")), None)
+                    or r.get("head_draft_disagreements") or batch_one_failed(r)), None)
     chosen = rows[0 if failing is None else failing]
     out = dict(chosen) | {"row": failing, "rows": len(rows), "non_finite": non_finite}
     out["state_max_abs_diff"] = max(r["state_max_abs_diff"] or 0.0 for r in rows)

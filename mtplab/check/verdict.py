@@ -138,14 +138,20 @@ def verdict(identity: dict) -> tuple[bool, str]:
             f"greedy top-2 logit margin there {_fmt(identity['margin_at_divergence'])})"
             + (f"; the recurrent state first differed{_state_where(first)}" if first and "step" in first else "")
         )
+    alone = identity.get("batch_one")
+    if sampled and alone and not alone["identical"] and alone["exact"]:
+        return False, fail + (f"its sampled tokens differ from a batch-1 run of its seeds (seed {alone['seed']}, "
+                              f"sample_seed {alone['sample_seed']}) at token {alone['first_divergence']}: the row did "
+                              "not decode by itself")
     anchor = identity.get("anchor")
     if anchor and not anchor["ok"]:
         where = anchor["first_token_disagreement"]
+        baseline = "the plain-sampling baseline" if sampled else "greedy"
         return False, fail + (
-            f"greedy disagrees with the float64 reference over the prefill and first {anchor['positions'] - 1} "
+            f"{baseline} disagrees with the float64 reference over the prefill and first {anchor['positions'] - 1} "
             f"tokens: max logit difference {_fmt(anchor['max_logit_diff'])} (tolerance {anchor['tolerance']})"
             + (f", first different token at {where}" if where is not None else "")
-            + ": a bug that greedy and speculative share"
+            + f": a bug that {'it' if sampled else 'greedy'} and speculative share"
         )
     if identity.get("reference_disagreements"):
         d = identity["reference_disagreements"][0]

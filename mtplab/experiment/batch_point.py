@@ -19,7 +19,7 @@ import numpy as np
 from mtplab.check import flags
 from mtplab.check import verdict as oracle
 from mtplab.check.audit import clock_problems, engine_problems
-from mtplab.check.batch import checked_batch, timed_problems, timed_state_problems
+from mtplab.check.batch import batch_one_failed, checked_batch, timed_problems, timed_state_problems
 from mtplab.check.expected import chosen_problems, oracle_draw_problems
 from mtplab.check.trace import Trace
 from mtplab.engine import batch
@@ -113,8 +113,11 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     samples = paired_rounds(plan, paired)
     spec, split = got["spec"], got["split"]
     calibration = calibration if calibration is not None else calibration_for_batch(run)
-    # a sampled batch's acceptance is measured, every row's checked steps pooled
-    alpha, alpha_source = acceptance_alpha(run, calibration, [a for row in spec.accepted for a in row])
+    alpha, alpha_source = acceptance_alpha(run, calibration)
+    if run.temperature > 0:  # a sampled batch's acceptance is measured: each row's own, from its checked steps
+        fitted = [acceptance_alpha(run, calibration, spec.accepted[b], spec.ks[b]) for b in range(B)]
+        alpha = [a for a, _ in fitted] if all(a is not None for a, _ in fitted) else None
+        alpha_source = fitted[0][1] + ", each row's own"
     # priced at K = k every step: a draft-length policy's batch, whose rows choose apart, is not predicted
     fixed_k = K_POLICIES.get(run.k_policy).name == "fixed"
     predicted = theory.predict_batch(alpha, k, run.schedule, run.commit, calibration, n, B) if (
@@ -195,6 +198,13 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                                            None if sampled else calibration, {},
                                            alpha=alphas[0] if len(set(alphas)) == 1 else None, sampled=sampled,
                                            greedy_decode_seconds=measure.rate(B, result.greedy_tokens_per_s))
+    for b, row in enumerate(checked.rows):  # in a precision whose [B, M] forward rounds apart, a draw may flip
+        alone = row.get("batch_one")
+        if alone and not alone["identical"] and not alone["exact"]:
+            result.warnings.append(flags.warning(
+                "row_apart_from_batch_one", f"row {b}'s sampled tokens differ from its batch-1 run from token "
+                f"{alone['first_divergence']} ({engine.desc.precision}: a [B, M] forward rounds apart from a [1, M] "
+                "one, and a draw at a boundary can go either way)"))
     return result
 
 
@@ -202,7 +212,8 @@ def row_lossless(row: dict) -> bool:
     """A row's own checks passed: its tokens (none to compare where sampled), its committed state, its reference's
     argmax where not a near-tie, and its float64 anchor where the model has one."""
     return (row["token_identical"] is not False and row["state_first_divergence"] is None
-            and not row["reference_disagreements"] and (row.get("anchor") is None or row["anchor"]["ok"]))
+            and not row["reference_disagreements"] and (row.get("anchor") is None or row["anchor"]["ok"])
+            and not batch_one_failed(row))
 
 
 def calibration_for_batch(run: RunConfig, say=print) -> dict:

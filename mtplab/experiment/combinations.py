@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.strategies import ACCEPTANCE, DRAFTERS, K_POLICIES
-from mtplab.experiment.params import AUTO_ROUNDS
+from mtplab.experiment.params import AUTO_ROUNDS, INT64_MAX
 
 
 def rounds_problems(cfg: dict, default: dict) -> list[str]:
@@ -66,9 +66,13 @@ def batch_problems(cfg: dict, default: dict) -> list[str]:
     """What a batch > 1 cannot be combined with (this version: mtplab's engine on the CPU); an alpha per row needs one
     value for each of the batch's rows."""
     alpha, out = cfg["alpha"], []
-    if isinstance(alpha, (list, tuple)) and len(alpha) != cfg["batch"]:
-        out.append(f"alpha={tuple(alpha)!r} sets each row's own acceptance: give one value per row, batch={len(alpha)} "
-                   f"(got batch={cfg['batch']}), or one alpha for every row")
+    if isinstance(alpha, (list, tuple)) and (len(alpha) != cfg["batch"] or cfg["batch"] == 1):
+        out.append(f"alpha={tuple(alpha)!r} sets each row's own acceptance: give one value per row of a batch, "
+                   f"batch={max(len(alpha), 2)} (got batch={cfg['batch']}), or one alpha for every row")
+    for name in ("seed", "sample_seed"):  # row b runs at seed + b: the last row's must be a seed too
+        if isinstance(cfg[name], int) and cfg[name] + cfg["batch"] - 1 > INT64_MAX:
+            out.append(f"{name}={cfg[name]} with batch={cfg['batch']}: row b runs at {name} + b, and the last row's "
+                       f"{cfg[name] + cfg['batch'] - 1} passes 2**63 - 1 (give {name} <= {INT64_MAX - cfg['batch'] + 1})")
     if cfg["batch"] == 1:
         return out
     if cfg["engine"] != "mtplab":

@@ -40,7 +40,8 @@ UNIT_INTERVAL = (_number(lambda v: 0.0 <= v <= 1.0), "within [0, 1], a number")
 _unit = _number(lambda v: 0.0 <= v <= 1.0)
 # the oracle's alpha: one for every row, or a list of one per batch row
 ALPHA = (lambda v: _unit(v) or (isinstance(v, (list, tuple)) and len(v) > 0 and all(map(_unit, v))),
-         "within [0, 1], a number, or a list of such numbers, one per batch row")
+         "within [0, 1], a number (or, for `mtplab run` and run_point at batch B, a list of B such numbers, one per "
+         "row)")
 
 
 NON_NEGATIVE = (_number(lambda v: 0.0 <= v < float("inf")), "a number >= 0")

@@ -84,7 +84,8 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         lines.append(f"  {plan['floor_rounds']} rounds more than asked, while a side was beyond its timing floor's band")
     if floors := {side: f for side, f in (r.extra.get("floor") or {}).items() if f}:
         lines.append("  timing floor, host time beyond the side's own forwards (its fastest round less the same plans "
-                     "replayed bare): " + "; ".join(_floor_text(side, f) for side, f in floors.items()))
+                     "replayed bare): " + "; ".join(_floor_text(baseline if side == "greedy" else side, f)
+                                                   for side, f in floors.items()))
     if r.predicted:
         when = r.extra.get("calibration_measured") or {}
         at_alpha = r.predicted.get("at_alpha")  # absent: a batch point's, priced at alpha alone

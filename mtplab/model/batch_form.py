@@ -73,7 +73,7 @@ def _with_query_seqlens(io: GraphIO) -> GraphIO:
     from mtplab.model.artifact import cache_dir
 
     folder = cache_dir() / "builder-batch" / f"{source.stem}-{key.hexdigest()[:16]}-q{BATCH_FORM_VERSION}"
-    if not (folder / source.name).exists():
+    if not all((folder / name).is_file() for name in (source.name, *data_files(model))):  # whole, or made again
         _write_copy(model, source, folder)
     return dataclasses.replace(io, path=folder / source.name, query_seqlens=True)
 

@@ -10,6 +10,8 @@ order: a new figure is a drawing in plots.py and a recipe here, added to STANDAR
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
 from mtplab.report import (
@@ -50,7 +52,8 @@ NEEDS = {  # what the points must hold for each figure, in words (selection.figu
     "head_table": "two timed points or more at a measured acceptance",
     "k_policies": "points with a draft-length policy other than fixed",
     "sampled_acceptance": "sampled points with their expected acceptance",
-    "batch": "points at batch > 1",
+    "batch": "points of mtplab's engine at two batch sizes or more",
+    "greedy_draw": f"{baseline.MIN_POINTS} points or more sharing one greedy run, each with an efficiency",
 }
 _quiet: list[bool] = [False]  # True while `show` draws the report's figures: an unfillable one is left out unsaid
 
@@ -60,9 +63,16 @@ def _fills(ok: pd.DataFrame, figure: str) -> bool:
     if selection.figures_for(ok)[figure]:
         return True
     if not _quiet[0]:
-        _markdown(f"*Not drawn ({figure.replace('_', ' ')}): it needs {NEEDS[figure]}, and these "
-                  f"{len(ok)} point{'s' if len(ok) != 1 else ''} hold none.*")
+        _not_drawn(figure, len(ok))
     return False
+
+
+def _not_drawn(figure: str, points: int) -> None:
+    left = _left_out[0]
+    _markdown(f"*Not drawn ({figure.replace('_', ' ')}): it needs {NEEDS[figure]}, and these {points} "
+              f"point{'s' if points != 1 else ''} hold none"
+              + (f" ({left} batch point{'s' if left != 1 else ''} left out: the batch section draws "
+                 f"{'them' if left != 1 else 'it'})" if left else "") + ".*")
 
 
 def _captioned(ok: pd.DataFrame, figure: str, caption: str, draw):
@@ -71,6 +81,25 @@ def _captioned(ok: pd.DataFrame, figure: str, caption: str, draw):
         return None
     _markdown(caption)
     return draw(ok)
+
+
+_left_out: list[int] = [0]  # batch rows a batch-1 recipe was handed and left out (its not-drawn line says so)
+
+
+def _batch_one(recipe):
+    """A batch-1 figure's recipe (every figure but the batch section's): it draws the batch-1 rows only, a batch
+    row's speedup being over greedy at its own B, wherever it is called from."""
+
+    @functools.wraps(recipe)
+    def draw(ok: pd.DataFrame, *args):
+        one = selection.batch_one(ok)
+        _left_out[0] = len(ok) - len(one)
+        try:
+            return recipe(one, *args)
+        finally:
+            _left_out[0] = 0
+
+    return draw
 
 
 def per_model(figure, ok: pd.DataFrame, *args):
@@ -114,6 +143,7 @@ def _display(fig) -> None:
         plt.close(fig)
 
 
+@_batch_one
 def speedup_vs_alpha(ok: pd.DataFrame):
     """Speedup against the oracle's alpha, one line per k, the prediction dashed."""
     if not _fills(ok, "alpha_grid"):
@@ -126,6 +156,7 @@ def speedup_vs_alpha(ok: pd.DataFrame):
     return plots.speedup_vs_alpha(ok)
 
 
+@_batch_one
 def head_by_k(ok: pd.DataFrame):
     """The MTP head's speedup by k at its own acceptance, per schedule."""
     return _captioned(ok, "head_by_k", "## The MTP head at its own acceptance\n"
@@ -133,6 +164,7 @@ def head_by_k(ok: pd.DataFrame):
                       "share of its drafts the verify kept.", plots.speedup_by_k)
 
 
+@_batch_one
 def every_point(ok: pd.DataFrame):
     """Each point's speedup with its interval, a row each, fastest first."""
     return _captioned(ok, "every_point", "## Every point\n"
@@ -141,11 +173,13 @@ def every_point(ok: pd.DataFrame):
                       plots_points.every_point)
 
 
+@_batch_one
 def tokens_per_s_vs_alpha(ok: pd.DataFrame):
     """Speculative tokens/s against the oracle's alpha, greedy dotted."""
     return plots.tokens_per_s_vs_alpha(ok) if _fills(ok, "alpha_grid") else None
 
 
+@_batch_one
 def acceptance(ok: pd.DataFrame):
     """Acceptance length against Leviathan's formula."""
     if not _fills(ok, "acceptance"):
@@ -157,11 +191,13 @@ def acceptance(ok: pd.DataFrame):
     return plots.acceptance_vs_theory(ok)
 
 
+@_batch_one
 def per_position(ok: pd.DataFrame):
     """P(accepted >= i) by draft position at the largest k."""
     return plots.per_position(ok) if _fills(ok, "per_position") else None
 
 
+@_batch_one
 def slot_counters(ok: pd.DataFrame):
     """Both slots' counters under each arena policy, a panel per slot and commit strategy."""
     if not _fills(ok, "counters"):
@@ -179,6 +215,7 @@ def slot_counters(ok: pd.DataFrame):
     return plots.slot_counters(selection.counters_long(ok))
 
 
+@_batch_one
 def counters_table(ok: pd.DataFrame) -> None:
     """The slot counters of the figure above as a table."""
     if _fills(ok, "counters"):
@@ -187,16 +224,19 @@ def counters_table(ok: pd.DataFrame) -> None:
         display(HTML(tables.counters_html(selection.counters_long(ok))))
 
 
+@_batch_one
 def time_split(ok: pd.DataFrame):
     """Where a speculative step's time goes, by commit strategy."""
     return _captioned(ok, "time_split", "## Where a speculative step's time goes, by commit strategy", plots.time_split)
 
 
+@_batch_one
 def memory(ok: pd.DataFrame):
     """Peak memory held by mtplab's arenas per policy."""
     return plots.memory_by_policy(ok) if _fills(ok, "memory") else None
 
 
+@_batch_one
 def peer(ok: pd.DataFrame):
     """mtplab next to onnxruntime-genai: the findings, then tokens/s per k."""
     if not _fills(ok, "peer"):
@@ -209,10 +249,13 @@ def peer(ok: pd.DataFrame):
     return plots.peer_comparison(ok)
 
 
+@_batch_one
 def greedy_draw(ok: pd.DataFrame):
     """Each point's efficiency against its own greedy (mtplab.report.baseline), under its caption; nothing where no
     greedy has enough points with an efficiency."""
     fig = baseline.efficiency_against_greedy(ok)
+    if fig is None and not _quiet[0]:
+        _not_drawn("greedy_draw", len(ok))
     if fig is not None:
         _markdown(
             "Each point's efficiency against its own greedy tok/s. The points of one greedy run the same greedy, each "
@@ -225,6 +268,7 @@ def greedy_draw(ok: pd.DataFrame):
     return fig
 
 
+@_batch_one
 def by_context(ok: pd.DataFrame):
     """The head's per-position acceptance against the context length before the text it continues."""
     return _captioned(
@@ -238,6 +282,7 @@ def by_context(ok: pd.DataFrame):
     )
 
 
+@_batch_one
 def by_kind(ok: pd.DataFrame):
     """The head's per-position acceptance on each kind of held-out text."""
     return _captioned(
@@ -250,6 +295,7 @@ def by_kind(ok: pd.DataFrame):
     )
 
 
+@_batch_one
 def head_prediction(ok: pd.DataFrame):
     """The head's measured speedups against the cost model's price at the acceptance it gave, per commit."""
     return _captioned(
@@ -262,6 +308,7 @@ def head_prediction(ok: pd.DataFrame):
     )
 
 
+@_batch_one
 def head_points(ok: pd.DataFrame) -> None:
     """Every MTP-head point as a table row, the peer's under mtplab's."""
     if not _fills(ok, "head_table"):
@@ -276,6 +323,7 @@ def head_points(ok: pd.DataFrame) -> None:
     display(HTML(tables.head_table(ok).to_html(index=False, classes="counters")))
 
 
+@_batch_one
 def k_policies(ok: pd.DataFrame):
     """Draft-length policies against the best fixed K, and the K each chose."""
     if not _fills(ok, "k_policies"):
@@ -293,6 +341,7 @@ def k_policies(ok: pd.DataFrame):
     return fig
 
 
+@_batch_one
 def temperature(ok: pd.DataFrame):
     """Acceptance and speedup against the sampling temperature, per k (the MTP head; the peer dashed)."""
     return _captioned(
@@ -305,6 +354,7 @@ def temperature(ok: pd.DataFrame):
     )
 
 
+@_batch_one
 def sampled_acceptance(ok: pd.DataFrame):
     """Rejection sampling's measured acceptance against its expectation sum(min(p, q)), per sampled point."""
     return _captioned(

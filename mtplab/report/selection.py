@@ -269,13 +269,16 @@ def batch_one(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def batch_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """mtplab's greedy-decoding rows of a sweep over two batch sizes or more (each drafter setting, k, schedule and
-    commit drawn against B), with `setting`: the drafter in words ("oracle alpha=0.7", "MTP head")."""
-    own = greedy_decoding(own_engine(df))
+    """mtplab's rows of a sweep over two batch sizes or more (each drafter setting, k, schedule and commit drawn
+    against B), with `setting`: the drafter in words, and the temperature where it samples ("oracle alpha=0.7",
+    "MTP head", "MTP head, T=0.7")."""
+    own = own_engine(df)
     if batches(own).nunique() < 2:
         return own.iloc[:0].assign(setting=pd.Series(dtype=str))
-    setting = [f"oracle alpha={a:g}" if acceptance_source(d) == "setting" else "MTP head" if acceptance_source(d) ==
-               "calibration" else str(d) for d, a in zip(own.drafter, own.alpha)]
+    temperature = own.temperature if "temperature" in own else pd.Series(0.0, index=own.index)
+    setting = [(f"oracle alpha={a:g}" if acceptance_source(d) == "setting" else "MTP head" if acceptance_source(d) ==
+                "calibration" else str(d)) + (f", T={t:g}" if t > 0 else "")
+               for d, a, t in zip(own.drafter, own.alpha, temperature.fillna(0.0))]
     return own.assign(batch=batches(own), setting=setting)
 
 
