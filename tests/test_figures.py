@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtplab.report import figures
+from mtplab.report import drawable, figures
 
 
 def test_a_figure_the_sweep_cannot_fill_says_what_it_needs_and_the_report_leaves_it_out(monkeypatch, capsys):
@@ -13,7 +13,7 @@ def test_a_figure_the_sweep_cannot_fill_says_what_it_needs_and_the_report_leaves
           "commit": "select", "schedule": "decode-verify"}]
     )
     said: list[str] = []
-    monkeypatch.setattr(figures, "_markdown", said.append)
+    monkeypatch.setattr(drawable, "markdown", said.append)
     recipes = (figures.head_by_k, figures.speedup_vs_alpha, figures.every_point, figures.tokens_per_s_vs_alpha,
                figures.acceptance, figures.per_position, figures.slot_counters, figures.time_split, figures.memory,
                figures.temperature, figures.sampled_acceptance, figures.by_context, figures.by_kind,
@@ -28,7 +28,7 @@ def test_a_figure_the_sweep_cannot_fill_says_what_it_needs_and_the_report_leaves
     for recipe in recipes:  # the report's way: what it cannot fill, it leaves out without a word
         figures.show(recipe, peer_only)
     assert said == [] and capsys.readouterr().out == ""
-    assert set(figures.NEEDS) >= set(figures.selection.figures_for(peer_only))  # every figure's need in words
+    assert set(drawable.NEEDS) >= set(figures.selection.figures_for(peer_only))  # every figure's need in words
     said.clear()  # a batch-1 figure called on batch points draws none of them, and says where they go
     batch_points = pd.DataFrame([{"engine": "mtplab", "drafter": "oracle", "k": 2, "alpha": a, "batch": 4,
                                   "policy": "sibling-pinned", "commit": "select", "schedule": "fused",

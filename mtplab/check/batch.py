@@ -22,12 +22,13 @@ from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
 from mtplab.engine import batch, sampling
 from mtplab.engine.engine import Engine
+from mtplab.engine.greedy import GreedyRows
 from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.runtime.executor import Slot
 
 
 class BatchChecked(NamedTuple):
-    greedy: batch.BatchGreedy  # every row's reference tokens and margins (n + k + 1 each)
+    greedy: GreedyRows  # every row's reference tokens and margins (n + k + 1 each)
     spec: batch.BatchRun  # the checked speculative run
     rows: list[dict]  # per row: token identity and its lockstep summary
     identity: dict  # the rows pooled, in the form mtplab.check.verdict reads (the first failing row's, with "row")

@@ -47,13 +47,16 @@ class AcceptanceRule:
         raise NotImplementedError
 
     def row_tokens(self, xp, rows):
-        """The target's tokens [B] from a batch's logits rows [B, V], row b as a batch-1 run of it chooses."""
-        raise NotImplementedError
+        """The target's tokens [B] from a batch's logits rows [B, V], row b as a batch-1 run of it chooses (token()
+        row by row, unless a rule does better)."""
+        return xp.stack([xp.asarray(self.token(xp, row)) for row in rows])
 
     def draft_rows(self, xp, rows, drawing=None):
         """A drafter's tokens [B] from a batch's logits rows [B, V], row b as draft_token chooses for a batch-1 run;
         drawing: the rows that draft (default all), the others' tokens are placeholders that consume nothing."""
-        raise NotImplementedError
+        drawn = range(len(rows)) if drawing is None else set(int(b) for b in drawing)
+        return xp.stack([xp.asarray(self.draft_token(xp, row) if b in drawn else row.argmax())
+                         for b, row in enumerate(rows)])
 
     def accept(self, xp, drafts, logits, rows=None):
         """(accepted count: a 0-d device array, an int on the host; the target's tokens t0..tk [k+1]) for drafts [k]
@@ -101,13 +104,14 @@ def leading_run(xp, kept):
     return xp.cumprod(kept.astype(np.int32), axis=-1).sum(-1)
 
 
-def top2_margin_xp(xp, row):
-    """The gap between a row's largest and second-largest value, as a 0-d float64 array on the row's device
-    (0 on a tie): nothing waits for the device."""
-    row = row.astype(xp.float64).ravel()
-    top = row.max()
-    second = xp.where(row == top, -xp.inf, row).max()
-    return xp.where((row == top).sum() > 1, 0.0, top - second)
+def top2_margins_xp(xp, rows):
+    """Each row's gap between its largest and second-largest value, [B] float64 on the rows' device (0 on a tie):
+    nothing waits for the device."""
+    rows = rows.astype(xp.float64)
+    top = rows.max(axis=-1)
+    is_top = rows == top[..., None]
+    second = xp.where(is_top, -xp.inf, rows).max(axis=-1)
+    return xp.where(is_top.sum(axis=-1) > 1, 0.0, top - second)
 
 
 GREEDY_MATCH = ACCEPTANCE.register(GreedyMatch())

@@ -27,6 +27,7 @@ from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.batch_commits import RowKeeper, batch_commit
 from mtplab.engine.batch_head import commit_head, draft_from_rows, draft_head
 from mtplab.engine.drafters import OracleDrafter, row_alphas
+from mtplab.engine.greedy import GreedyRows, decode_rows
 from mtplab.engine.mixture import distractor_token, mixture_drafts, row_target_rows
 from mtplab.engine.schedules import Phases
 from mtplab.engine.speculative import k_chooser
@@ -38,16 +39,6 @@ from mtplab.runtime.state import mtp_io
 def prompts(run, vocab: int) -> np.ndarray:
     """The batch's prompts [B, P]: row b's is the batch-1 prompt of seed + b."""
     return np.array([run_prompt(run, vocab, run.seed + b) for b in range(run.batch)], dtype=np.int64)
-
-
-@dataclass
-class BatchGreedy:
-    tokens: list[list[int]]  # per row, n tokens
-    margins: list[list[float]]  # per row, greedy's top-2 margin at each token (empty when not asked for)
-    seconds: float
-    decodes: int  # timed [B, 1] forwards (n - 1: the first tokens are the prefill's)
-    started: float = float("nan")  # perf_counter when the timed window opened
-    logits: list[list[np.ndarray]] = field(default_factory=list)  # per row, its first kept logits rows (the anchor's)
 
 
 @dataclass
@@ -64,20 +55,10 @@ class BatchRun:
     widths: list[int] = field(default_factory=list)  # per batch step, its drafts (the verify's M - 1): the longest row's
 
 
-def _margins(rows: np.ndarray) -> np.ndarray:
-    """Each row's top-2 gap (0 on a tie)."""
-    top2 = np.partition(rows.astype(np.float64), -2, axis=-1)[..., -2:]
-    return top2[..., 1] - top2[..., 0]
-
-
 def start(engine, batch_prompts: np.ndarray) -> dict:
     """A new batch generation: state and plans reset, every row's prompt prefilled at [B, P] (eager, untimed)."""
     check_engine(engine, batch_prompts)
-    engine.new_generation()
-    out = engine.prefill(batch_prompts)
-    engine.state.lengths[...] = batch_prompts.shape[1]
-    engine.setup_done()
-    return out
+    return engine.start_rows(batch_prompts)
 
 
 def check_engine(engine, batch_prompts: np.ndarray) -> None:
@@ -89,30 +70,10 @@ def check_engine(engine, batch_prompts: np.ndarray) -> None:
         raise ValueError(f"prompts must be [B={engine.batch}, prompt_len], got {list(batch_prompts.shape)}")
 
 
-def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False, keep_logits: int = 0) -> BatchGreedy:
-    """Greedy decoding of n tokens per row, [B, 1] per forward on Slot.PRIMARY (the first token is the prefill's).
-    keep_logits=m keeps each row's first m logits rows (prefill's last, then each decode) for the anchor."""
-    st, forward, choose = engine.state, engine.forward, engine.acceptance.row_tokens
-    out = start(engine, batch_prompts)
-    rows = out["logits"][:, -1]
-    tokens = [choose(np, rows)]
-    gaps = [_margins(rows)] if margins else []
-    kept = [rows.copy()][:keep_logits]
-    t0 = time.perf_counter()
-    while len(tokens) < n:
-        out = forward(Slot.PRIMARY, tokens[-1][:, None])
-        st.lengths += 1
-        rows = out["logits"][:, 0]
-        if len(kept) < keep_logits:
-            kept.append(rows.copy())
-        tokens.append(choose(np, rows))
-        if margins:
-            gaps.append(_margins(rows))
-    seconds = time.perf_counter() - t0
-    host = np.stack(tokens, axis=1)
-    gap = np.stack(gaps, axis=1) if margins else np.zeros((engine.batch, 0))
-    logits = [[r[b] for r in kept] for b in range(engine.batch)] if kept else []
-    return BatchGreedy(host.tolist(), gap.tolist(), seconds, n - 1, t0, logits)
+def greedy(engine, batch_prompts: np.ndarray, n: int, margins: bool = False, keep_logits: int = 0) -> GreedyRows:
+    """Greedy decoding of n tokens per row (mtplab.engine.greedy.decode_rows, the loop a batch of one runs too)."""
+    check_engine(engine, batch_prompts)
+    return decode_rows(engine, batch_prompts, n, margins=margins, keep_logits=keep_logits)
 
 
 def _judged(engine, drafts: np.ndarray, logits, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

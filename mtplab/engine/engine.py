@@ -230,14 +230,31 @@ class Engine:
                                self.target.replayer(slot, feeds, outputs, bound),
                                tuple(self.state.carries()) if in_place else (), self.forward_key(slot, M, label))
 
-    def start(self, prompt: list[int]) -> dict:
-        """A new generation: state and plans reset, the prompt prefilled (eager, untimed); the prefill's outputs."""
+    def one_sequence(self) -> None:
+        """ValueError unless the engine holds one row: the calls that decode one sequence."""
         if self.batch > 1:
             raise ValueError(f"this engine holds batch={self.batch} rows: decode them with mtplab.engine.batch "
                              "(greedy, speculative); Engine.greedy and Engine.speculative decode one sequence")
+
+    def start(self, prompt: list[int]) -> dict:
+        """A new generation: state and plans reset, the prompt prefilled (eager, untimed); the prefill's outputs."""
+        self.one_sequence()
         self.new_generation()
         out = self.prefill(prompt)
         self.state.length = len(prompt)
+        self.setup_done()
+        return out
+
+    def start_rows(self, prompts: np.ndarray) -> dict:
+        """start() for every row of the engine's batch: prompts [B, P] (one row at batch 1), prefilled together."""
+        prompts = np.asarray(prompts)
+        if prompts.ndim != 2 or prompts.shape[0] != self.batch:
+            raise ValueError(f"prompts must be [B={self.batch}, prompt_len], got {list(prompts.shape)}")
+        if self.batch == 1:
+            return self.start([int(t) for t in prompts[0]])
+        self.new_generation()
+        out = self.prefill(prompts)
+        self.state.lengths[...] = prompts.shape[1]
         self.setup_done()
         return out
 
@@ -274,18 +291,20 @@ class Engine:
         return greedy.decode(self, prompt, n, eager, keep_logits, margins)
 
     def _decoder(self, eager: bool) -> tuple[Callable[[], dict], object, dict]:
-        """Greedy's M=1 forward on Slot.PRIMARY as a call on fixed feeds: (run, the token ids [1, 1] the next
-        token is written into, the feeds whose length entries the caller rewrites before each run).
+        """Greedy's M=1 forward on Slot.PRIMARY as a call on fixed feeds: (run, the token ids [B, 1] the next
+        tokens are written into, the feeds whose length entries the caller rewrites before each run).
 
         The same forward as forward(Slot.PRIMARY, [token]) (on the feeds target_io keeps for M=1), less its
         bookkeeping, which the caller does. On the device the ids are a device array of their own: the loop never
         waits for the device.
         """
-        feeds, outputs, bound = target_io(self.primary_desc, self.state, np.zeros(1, dtype=np.int64))
+        B = self.batch
+        feeds, outputs, bound = target_io(self.primary_desc, self.state,
+                                          np.zeros((B, 1) if B > 1 else 1, dtype=np.int64))
         name = self.primary_desc.target.input_ids
         ids = feeds[name]
         if self.xp is not np:
-            ids = self.xp.zeros((1, 1), dtype=np.int64)
+            ids = self.xp.zeros((B, 1), dtype=np.int64)
             feeds = {**feeds, name: ids}
         if eager:
             return functools.partial(self.target.run_eager, Slot.PRIMARY, feeds, outputs, bound), ids, feeds

@@ -263,9 +263,10 @@ def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = No
         if io.capture_count:
             into["capture_count"] = _constant(M, (batch,))
     seqlens, positions = into.get("seqlens_k"), into.get("position_ids")
+    rows = isinstance(length, np.ndarray) and length.ndim == 1  # each row's own length
     if seqlens is not None:
         seqlens[...] = length + M - 1
-    elif np.ndim(length) == 0:
+    elif not rows:
         mask = into["attention_mask"]
         mask[0, : length + M] = 1
         mask[0, length + M :] = 0
@@ -273,7 +274,7 @@ def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = No
         np.less(_span(into["attention_mask"].shape[1]), (length + M)[:, None], out=into["attention_mask"],
                 casting="unsafe")
     if positions is not None:
-        if np.ndim(length) == 0:
+        if not rows:
             positions[...] = length if M == 1 else np.arange(length, length + M)
         else:
             positions[...] = length[:, None] + _span(M)

@@ -10,8 +10,6 @@ order: a new figure is a drawing in plots.py and a recipe here, added to STANDAR
 
 from __future__ import annotations
 
-import functools
-
 import pandas as pd
 
 from mtplab.report import (
@@ -27,79 +25,15 @@ from mtplab.report import (
     selection,
     tables,
 )
-
-
-def _markdown(text: str) -> None:
-    from IPython.display import Markdown, display
-
-    display(Markdown(text))
-
-
-NEEDS = {  # what the points must hold for each figure, in words (selection.figures_for's tests)
-    "alpha_grid": "oracle points at two alphas or more (a grid over alpha)",
-    "every_point": f"2 to {selection.EVERY_POINT_MAX} timed batch-1 points",
-    "acceptance": "an oracle or MTP-head point of mtplab's engine",
-    "head_by_k": "MTP-head points at two k or more",
-    "per_position": "an oracle or MTP-head point at the sweep's largest k",
-    "counters": "a point of mtplab's own engine",
-    "time_split": f"points on the {selection.SCHEDULE} schedule at one set acceptance",
-    "memory": "a point of mtplab's own engine with its arena statistics",
-    "peer": "onnxruntime-genai points beside mtplab's",
-    "temperature": "points at temperature > 0 beside greedy ones",
-    "by_context": "points on a prompt set cut at several context lengths",
-    "by_kind": "MTP-head points on a prompt set with prompt kinds",
-    "head_prediction": "two MTP-head points or more with a prediction",
-    "head_table": "two timed points or more at a measured acceptance",
-    "k_policies": "points with a draft-length policy other than fixed",
-    "sampled_acceptance": "sampled points with their expected acceptance",
-    "batch": "points of mtplab's engine at two batch sizes or more",
-    "greedy_draw": f"{baseline.MIN_POINTS} points or more sharing one greedy run, each with an efficiency",
-}
-_quiet: list[bool] = [False]  # True while `show` draws the report's figures: an unfillable one is left out unsaid
-
-
-def _fills(ok: pd.DataFrame, figure: str) -> bool:
-    """Whether the points fill the figure; where not, one line says what it needs (unless the report asked)."""
-    if selection.figures_for(ok)[figure]:
-        return True
-    if not _quiet[0]:
-        _not_drawn(figure, len(ok))
-    return False
-
-
-def _not_drawn(figure: str, points: int) -> None:
-    left = _left_out[0]
-    _markdown(f"*Not drawn ({figure.replace('_', ' ')}): it needs {NEEDS[figure]}, and these {points} "
-              f"point{'s' if points != 1 else ''} hold none"
-              + (f" ({left} batch point{'s' if left != 1 else ''} left out: the batch section draws "
-                 f"{'them' if left != 1 else 'it'})" if left else "") + ".*")
+from mtplab.report.drawable import batch_one, fills, markdown, not_drawn, quiet
 
 
 def _captioned(ok: pd.DataFrame, figure: str, caption: str, draw):
     """The recipe of a figure under a caption of its own: nothing when the sweep cannot fill it."""
-    if not _fills(ok, figure):
+    if not fills(ok, figure):
         return None
-    _markdown(caption)
+    markdown(caption)
     return draw(ok)
-
-
-_left_out: list[int] = [0]  # batch rows a batch-1 recipe was handed and left out (its not-drawn line says so)
-
-
-def _batch_one(recipe):
-    """A batch-1 figure's recipe (every figure but the batch section's): it draws the batch-1 rows only, a batch
-    row's speedup being over greedy at its own B, wherever it is called from."""
-
-    @functools.wraps(recipe)
-    def draw(ok: pd.DataFrame, *args):
-        one = selection.batch_one(ok)
-        _left_out[0] = len(ok) - len(one)
-        try:
-            return recipe(one, *args)
-        finally:
-            _left_out[0] = 0
-
-    return draw
 
 
 def per_model(figure, ok: pd.DataFrame, *args):
@@ -121,7 +55,7 @@ def per_model(figure, ok: pd.DataFrame, *args):
         empty = _empty(fig)
         if empty and not shown.outputs:
             continue
-        _markdown(f"**Model `{name}`**")
+        markdown(f"**Model `{name}`**")
         shown.show()
         if not empty:
             _display(fig)
@@ -143,12 +77,12 @@ def _display(fig) -> None:
         plt.close(fig)
 
 
-@_batch_one
+@batch_one
 def speedup_vs_alpha(ok: pd.DataFrame):
     """Speedup against the oracle's alpha, one line per k, the prediction dashed."""
-    if not _fills(ok, "alpha_grid"):
+    if not fills(ok, "alpha_grid"):
         return None
-    _markdown(
+    markdown(
         "## Speedup against acceptance\n"
         "Oracle drafter (controlled per-position acceptance alpha; performance only, never accuracy). "
         "Solid: measured. Dashed: predicted from alpha and the calibration's cost ratios (measured apart from any point)."
@@ -156,7 +90,7 @@ def speedup_vs_alpha(ok: pd.DataFrame):
     return plots.speedup_vs_alpha(ok)
 
 
-@_batch_one
+@batch_one
 def head_by_k(ok: pd.DataFrame):
     """The MTP head's speedup by k at its own acceptance, per schedule."""
     return _captioned(ok, "head_by_k", "## The MTP head at its own acceptance\n"
@@ -164,7 +98,7 @@ def head_by_k(ok: pd.DataFrame):
                       "share of its drafts the verify kept.", plots.speedup_by_k)
 
 
-@_batch_one
+@batch_one
 def every_point(ok: pd.DataFrame):
     """Each point's speedup with its interval, a row each, fastest first."""
     return _captioned(ok, "every_point", "## Every point\n"
@@ -173,38 +107,38 @@ def every_point(ok: pd.DataFrame):
                       plots_points.every_point)
 
 
-@_batch_one
+@batch_one
 def tokens_per_s_vs_alpha(ok: pd.DataFrame):
     """Speculative tokens/s against the oracle's alpha, greedy dotted."""
-    return plots.tokens_per_s_vs_alpha(ok) if _fills(ok, "alpha_grid") else None
+    return plots.tokens_per_s_vs_alpha(ok) if fills(ok, "alpha_grid") else None
 
 
-@_batch_one
+@batch_one
 def acceptance(ok: pd.DataFrame):
     """Acceptance length against Leviathan's formula."""
-    if not _fills(ok, "acceptance"):
+    if not fills(ok, "acceptance"):
         return None
-    _markdown(
+    markdown(
         "## Acceptance\n"
         "Acceptance length = 1 + accepted/steps (vLLM's definition); per-position acceptance = P(accepted >= i)."
     )
     return plots.acceptance_vs_theory(ok)
 
 
-@_batch_one
+@batch_one
 def per_position(ok: pd.DataFrame):
     """P(accepted >= i) by draft position at the largest k."""
-    return plots.per_position(ok) if _fills(ok, "per_position") else None
+    return plots.per_position(ok) if fills(ok, "per_position") else None
 
 
-@_batch_one
+@batch_one
 def slot_counters(ok: pd.DataFrame):
     """Both slots' counters under each arena policy, a panel per slot and commit strategy."""
-    if not _fills(ok, "counters"):
+    if not fills(ok, "counters"):
         return None
     grid = selection.own_engine(selection.policy_grid(ok))  # the peer counts no slots
     ks = sorted(grid.k.unique())
-    _markdown(
+    markdown(
         "## The two slots under each arena policy\n"
         "Counts per run, one panel per slot and commit strategy (nothing averaged across strategies), "
         f"for the {provenance.plural(len(grid), 'point')} "
@@ -215,49 +149,49 @@ def slot_counters(ok: pd.DataFrame):
     return plots.slot_counters(selection.counters_long(ok))
 
 
-@_batch_one
+@batch_one
 def counters_table(ok: pd.DataFrame) -> None:
     """The slot counters of the figure above as a table."""
-    if _fills(ok, "counters"):
+    if fills(ok, "counters"):
         from IPython.display import HTML, display
 
         display(HTML(tables.counters_html(selection.counters_long(ok))))
 
 
-@_batch_one
+@batch_one
 def time_split(ok: pd.DataFrame):
     """Where a speculative step's time goes, by commit strategy."""
     return _captioned(ok, "time_split", "## Where a speculative step's time goes, by commit strategy", plots.time_split)
 
 
-@_batch_one
+@batch_one
 def memory(ok: pd.DataFrame):
     """Peak memory held by mtplab's arenas per policy."""
-    return plots.memory_by_policy(ok) if _fills(ok, "memory") else None
+    return plots.memory_by_policy(ok) if fills(ok, "memory") else None
 
 
-@_batch_one
+@batch_one
 def peer(ok: pd.DataFrame):
     """mtplab next to onnxruntime-genai: the findings, then tokens/s per k."""
-    if not _fills(ok, "peer"):
+    if not fills(ok, "peer"):
         return None
-    _markdown(
+    markdown(
         "## Side by side with onnxruntime-genai\n"
         "The same model exported in genai's form; og.Generator for greedy, og.MtpGenerator with the real head."
     )
-    _markdown(findings.peer(ok))
+    markdown(findings.peer(ok))
     return plots.peer_comparison(ok)
 
 
-@_batch_one
+@batch_one
 def greedy_draw(ok: pd.DataFrame):
     """Each point's efficiency against its own greedy (mtplab.report.baseline), under its caption; nothing where no
     greedy has enough points with an efficiency."""
     fig = baseline.efficiency_against_greedy(ok)
-    if fig is None and not _quiet[0]:
-        _not_drawn("greedy_draw", len(ok))
+    if fig is None and not quiet[0]:
+        not_drawn("greedy_draw", len(ok))
     if fig is not None:
-        _markdown(
+        markdown(
             "Each point's efficiency against its own greedy tok/s. The points of one greedy run the same greedy, each "
             "in a process of its own; where the line tilts, a point's greedy drew a speed of its own that its "
             "speculative side did not share, and its speedup moved with it. The line's slope is fitted with greedy "
@@ -268,7 +202,7 @@ def greedy_draw(ok: pd.DataFrame):
     return fig
 
 
-@_batch_one
+@batch_one
 def by_context(ok: pd.DataFrame):
     """The head's per-position acceptance against the context length before the text it continues."""
     return _captioned(
@@ -282,7 +216,7 @@ def by_context(ok: pd.DataFrame):
     )
 
 
-@_batch_one
+@batch_one
 def by_kind(ok: pd.DataFrame):
     """The head's per-position acceptance on each kind of held-out text."""
     return _captioned(
@@ -295,7 +229,7 @@ def by_kind(ok: pd.DataFrame):
     )
 
 
-@_batch_one
+@batch_one
 def head_prediction(ok: pd.DataFrame):
     """The head's measured speedups against the cost model's price at the acceptance it gave, per commit."""
     return _captioned(
@@ -308,14 +242,14 @@ def head_prediction(ok: pd.DataFrame):
     )
 
 
-@_batch_one
+@batch_one
 def head_points(ok: pd.DataFrame) -> None:
     """Every MTP-head point as a table row, the peer's under mtplab's."""
-    if not _fills(ok, "head_table"):
+    if not fills(ok, "head_table"):
         return
     from IPython.display import HTML, display
 
-    _markdown("**Every MTP-head point** (mtplab's and onnxruntime-genai's, each speedup over its own engine's greedy or "
+    markdown("**Every MTP-head point** (mtplab's and onnxruntime-genai's, each speedup over its own engine's greedy or "
               "plain sampling). The peer reports no per-position acceptance and no efficiency, and its draft "
               "acceptance is genai's accepted / evaluated (the kept drafts and the first rejected one), not accepted / "
               "drafted: set the engines side by side by tokens/step. At T > 0 mtplab's sampled distribution is tested "
@@ -323,14 +257,14 @@ def head_points(ok: pd.DataFrame) -> None:
     display(HTML(tables.head_table(ok).to_html(index=False, classes="counters")))
 
 
-@_batch_one
+@batch_one
 def k_policies(ok: pd.DataFrame):
     """Draft-length policies against the best fixed K, and the K each chose."""
-    if not _fills(ok, "k_policies"):
+    if not fills(ok, "k_policies"):
         return None
     from IPython.display import HTML, display
 
-    _markdown("## Choosing K\n"
+    markdown("## Choosing K\n"
               "Each draft-length policy (mtplab.engine.k_policies: probe, onnxruntime-genai's adaptive K; goodput, the "
               "K of the most expected tokens per second; confidence, drafting until the head's top probability falls "
               "below a threshold) against the fixed K of the same sweep, the best of them (found in hindsight, on the "
@@ -341,7 +275,7 @@ def k_policies(ok: pd.DataFrame):
     return fig
 
 
-@_batch_one
+@batch_one
 def temperature(ok: pd.DataFrame):
     """Acceptance and speedup against the sampling temperature, per k (the MTP head; the peer dashed)."""
     return _captioned(
@@ -354,7 +288,7 @@ def temperature(ok: pd.DataFrame):
     )
 
 
-@_batch_one
+@batch_one
 def sampled_acceptance(ok: pd.DataFrame):
     """Rejection sampling's measured acceptance against its expectation sum(min(p, q)), per sampled point."""
     return _captioned(
@@ -388,7 +322,7 @@ def _batch_section(ok: pd.DataFrame) -> None:
     from IPython.display import HTML, display
 
     _display(batches.speedup_vs_batch(ok))
-    _markdown("**Break-even batch per series** (the speedups at each B, in order):")
+    markdown("**Break-even batch per series** (the speedups at each B, in order):")
     display(HTML(batches.break_even_table(ok).to_html(index=False, classes="counters")))
     spread = batches.per_row_spread(ok)
     if len(spread):
@@ -409,10 +343,10 @@ STANDARD = (head_by_k, by_kind, by_context, head_prediction, head_points, k_poli
 def show(figure, ok: pd.DataFrame, *args) -> None:
     """Show one figure for every model of the sweep (per_model), in the notebook's output, in order; a figure the
     points cannot fill is left out without a word (the report shows what it has)."""
-    _quiet[0] = True
+    quiet[0] = True
     try:
         fig = per_model(figure, ok, *args)
     finally:
-        _quiet[0] = False
+        quiet[0] = False
     if not _empty(fig):
         _display(fig)

@@ -57,14 +57,13 @@ class TargetState:
     kv[layer] = (key, value) [B, heads, capacity, head_dim]; conv[layer] and gdn[layer] hold each
     linear-attention layer's conv and recurrent state in the layouts the model description gives, B rows;
     present[past name] is the own output buffer of a state whose kernel cannot write in place.
-    length: the tokens a batch-1 state holds; lengths [B]: each row's, when batch > 1.
+    lengths [B]: the tokens each row holds (a batch of one's: `length`).
     """
 
     desc: ModelDescription
     arena: Arena
-    length: int = 0
     batch: int = 1
-    lengths: np.ndarray | None = None  # [B] int64, batch > 1 only
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))  # [B] int64
     kv: Buffers = field(default_factory=Buffers)  # {layer: (key, value)}
     conv: Buffers = field(default_factory=Buffers)
     gdn: Buffers = field(default_factory=Buffers)
@@ -73,13 +72,22 @@ class TargetState:
     stacks: dict = field(default_factory=dict)  # {kind: (one buffer [L, *shape], its layers)}: see stacked()
     stacked_layout: int = -1  # layout() when the stacks were made
 
+    @property
+    def length(self) -> int:
+        """The tokens a batch of one holds (row 0's)."""
+        return int(self.lengths[0])
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.lengths[0] = value
+
     def layout(self) -> int:
         """Changes whenever a buffer is replaced."""
         return self.kv.version + self.conv.version + self.gdn.version + self.present.version
 
     @classmethod
     def allocate(cls, desc: ModelDescription, arena: Arena, batch: int = 1) -> TargetState:
-        st = cls(desc, arena, batch=batch, lengths=np.zeros(batch, dtype=np.int64) if batch > 1 else None)
+        st = cls(desc, arena, batch=batch, lengths=np.zeros(batch, dtype=np.int64))
         for kv in desc.target.kv:
             shape = (batch, kv.heads, desc.capacity, kv.head_dim)
             st.kv[kv.layer] = (
@@ -132,9 +140,7 @@ class TargetState:
         return value
 
     def reset(self) -> None:
-        self.length = 0
-        if self.lengths is not None:
-            self.lengths[...] = 0
+        self.lengths[...] = 0
         for a in self.recurrent_arrays():
             a[...] = 0
         for k, v in self.kv.values():
@@ -183,7 +189,7 @@ class TargetState:
         take = (lambda a: np.array(to_numpy(a))) if copy else to_numpy
         rows, length = slice(None), self.length
         if row is not None:
-            rows, length = slice(row, row + 1), int(self.lengths[row]) if self.lengths is not None else self.length
+            rows, length = slice(row, row + 1), int(self.lengths[row])
         out = {name: take(a[rows]) for name, a in self.recurrent().items()}
         for layer, (k, v) in self.kv.items():
             out[f"kv.{layer}.key"] = take(k[rows, :, :length])
@@ -215,7 +221,7 @@ def target_io(desc: ModelDescription, st: TargetState, tokens: np.ndarray, recur
 def checked_length(desc: ModelDescription, st: TargetState, M: int):
     """The state's length (each row's, an array, at batch > 1) for a forward of M more tokens; refused (ValueError)
     when its longest row would pass the KV capacity."""
-    if st.lengths is None:
+    if st.batch == 1:
         length = longest = st.length
     else:
         length, longest = st.lengths, int(st.lengths.max())
@@ -253,7 +259,7 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
             bound.append((s.present, live if s.in_place else st.present[s.past], True))
     outputs.update(select_output_shapes(desc, M, B))
     feeds = {io.input_ids: np.zeros((B, M), dtype=np.int64),  # rewritten per forward
-             **length_feeds(io, st.length if st.lengths is None else st.lengths, M, desc.capacity)}
+             **length_feeds(io, st.length if st.batch == 1 else st.lengths, M, desc.capacity)}
     # outputs and bound immutable: the executor's replay check may take them by identity
     return OutputSpec(outputs), tuple(bound), feeds
 
