@@ -27,7 +27,7 @@ from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.batch_commits import RowKeeper, batch_commit
 from mtplab.engine.batch_head import commit_head, draft_from_rows, draft_head
 from mtplab.engine.drafters import OracleDrafter, row_alphas
-from mtplab.engine.greedy import GreedyRows, decode_rows
+from mtplab.engine.greedy import GreedyRows, decode_rows, start_rows
 from mtplab.engine.mixture import distractor_token, mixture_drafts, row_target_rows
 from mtplab.engine.schedules import Phases
 from mtplab.engine.speculative import k_chooser
@@ -58,7 +58,7 @@ class BatchRun:
 def start(engine, batch_prompts: np.ndarray) -> dict:
     """A new batch generation: state and plans reset, every row's prompt prefilled at [B, P] (eager, untimed)."""
     check_engine(engine, batch_prompts)
-    return engine.start_rows(batch_prompts)
+    return start_rows(engine, batch_prompts)
 
 
 def check_engine(engine, batch_prompts: np.ndarray) -> None:

@@ -116,12 +116,9 @@ class Engine:
     def _warm_up(self, draft_io: tuple) -> None:
         """Primary's and the MTP head's warm-ups (Status.NEEDS_WARMUP's run) now, each its session's first run, at
         the one token a decode or a draft runs (draft_io: mtp_io's one draft step at position 0); the state reset
-        after them.
-
-        onnxruntime's CPU memory keeps the layout of a session's first run: where that was a prompt's prefill, the
-        builder fixture's decodes ran 4-6% slower for the session's life (benchmarks/forward_gap.py). A graph that
-        does not run leaves its slot to warm up later: its prefill tells why in one line, and a model whose head
-        does not run still decodes greedily.
+        after them. onnxruntime's CPU memory keeps the layout of a session's first run: after a prefill's, decodes
+        run slower for the session's life (benchmarks/forward_gap.py). A graph that does not run leaves its slot to
+        warm up later: its prefill tells why in one line, and a model whose head does not run still decodes greedily.
         """
         tokens = np.zeros((self.batch, 1) if self.batch > 1 else 1, dtype=np.int64)
         self.target.warm_up(Slot.PRIMARY, *target_io(self.primary_desc, self.state, tokens, False))
@@ -132,11 +129,6 @@ class Engine:
     @property
     def k(self) -> int:
         return self.spec.k
-
-    @property
-    def length(self) -> int:
-        """Tokens the target's state holds."""
-        return self.state.length
 
     def use_commit(self, name: str) -> None:
         """Commit with the registered strategy `name` from now on (the calibration times each in turn)."""
@@ -242,19 +234,6 @@ class Engine:
         self.new_generation()
         out = self.prefill(prompt)
         self.state.length = len(prompt)
-        self.setup_done()
-        return out
-
-    def start_rows(self, prompts: np.ndarray) -> dict:
-        """start() for every row of the engine's batch: prompts [B, P] (one row at batch 1), prefilled together."""
-        prompts = np.asarray(prompts)
-        if prompts.ndim != 2 or prompts.shape[0] != self.batch:
-            raise ValueError(f"prompts must be [B={self.batch}, prompt_len], got {list(prompts.shape)}")
-        if self.batch == 1:
-            return self.start([int(t) for t in prompts[0]])
-        self.new_generation()
-        out = self.prefill(prompts)
-        self.state.lengths[...] = prompts.shape[1]
         self.setup_done()
         return out
 

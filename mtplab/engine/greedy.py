@@ -68,7 +68,7 @@ def decode_rows(engine, prompts: np.ndarray, n: int, eager: bool = False, keep_l
     tokens are the prefill's).
     """
     xp = engine.xp
-    out = engine.start_rows(prompts)
+    out = start_rows(engine, prompts)
     row = out["logits"][:, -1]
     tokens, rows = [engine.acceptance.row_tokens(xp, row)], [row.copy()][:keep_logits]
     gaps = [top2_margins_xp(xp, row)] if margins else []
@@ -88,6 +88,20 @@ def decode_rows(engine, prompts: np.ndarray, n: int, eager: bool = False, keep_l
     kept = [[to_numpy(r[b]) for r in rows] for b in range(B)] if rows else []
     gap = [[float(m) for m in host[1][b]] for b in range(B)] if margins else [[] for _ in range(B)]
     return GreedyRows([[int(t) for t in host[0][b]] for b in range(B)], gap, seconds, n - 1, t0, kept)
+
+
+def start_rows(engine, prompts: np.ndarray) -> dict:
+    """Engine.start for every row of the engine's batch: prompts [B, P] (one row at batch 1), prefilled together."""
+    prompts = np.asarray(prompts)
+    if prompts.ndim != 2 or prompts.shape[0] != engine.batch:
+        raise ValueError(f"prompts must be [B={engine.batch}, prompt_len], got {list(prompts.shape)}")
+    if engine.batch == 1:
+        return engine.start([int(t) for t in prompts[0]])
+    engine.new_generation()
+    out = engine.prefill(prompts)
+    engine.state.lengths[...] = prompts.shape[1]
+    engine.setup_done()
+    return out
 
 
 def _decode_loop(engine, decoder, tokens: list, rows: list, gaps: list, n: int, keep_logits: int,
