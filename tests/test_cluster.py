@@ -88,7 +88,8 @@ def test_a_killed_worker_is_retried_a_point_that_raises_is_recorded_and_every_po
     assert killed, "no Ray worker was seen running a point"
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert df.point_id.is_unique and sorted(df.point_id) == sorted(p.id for p in spec.points)
-    assert sorted(df.status) == ["failed", "ok", "ok"]
+    # suspect: a side beyond its timing band, a verdict on the machine's load, not on where the point ran
+    assert sorted(df.status.replace("suspect", "ok")) == ["failed", "ok", "ok"]
     assert "planted failure at k=2" in df[df.status == "failed"].error.iloc[0]
 
 
