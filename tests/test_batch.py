@@ -38,7 +38,7 @@ def test_each_rows_greedy_is_its_own_batch_of_one(tiny, B):
 
 
 @pytest.mark.parametrize("schedule", ["decode-verify", "fused"])
-@pytest.mark.parametrize("commit", ["select", "readvance-m1", "readvance-batched"])
+@pytest.mark.parametrize("commit", ["select", "readvance-m1", "readvance-batched", "per-position"])
 @pytest.mark.parametrize("B", [2, 4])
 def test_every_commit_is_lossless_per_row(tiny, B, commit, schedule):
     run = batch_run(B, commit, schedule).replace(seed=1)  # a seed whose rows finish on different steps (asserted below)

@@ -33,6 +33,11 @@ def test_calibration_has_every_cost_the_prediction_needs(calib):
     assert all(lo <= hi for lo, hi in calib["ci"].values())
     assert list(calib["eager"]) == list(calib["target"]) and list(calib["draft"]) == [str(k) for k in range(1, 8)]
     assert calib["greedy_token"] > 0 and len(calib["load"]) == 2
+    # per-position's verify runs a graph of its own: priced apart, at every M a verify runs
+    assert list(calib["verify"]) == ["per-position"] and list(calib["verify"]["per-position"]) == [
+        str(m) for m in range(2, 9)]
+    assert theory.verify_seconds(calib, 3, "per-position") == calib["verify"]["per-position"]["4"]
+    assert theory.verify_seconds(calib, 3, "readvance-m1") == calib["target"]["4"]
     # every T(M) a replay: a Verify workspace held at its first (smaller) size ran each larger M eager
     assert calib["target_fallbacks"] == 0
     for k in (1, 4, 7):
@@ -45,6 +50,7 @@ def test_the_table_names_each_cost(calib):
     assert "T(M)/T(1)" in text and "head step" in text and "commit readvance-m1" in text and "alpha" in text
     assert f"commit select            not measured: {REFUSED}" in text
     assert "eager/T(M)" in text and "draft phase k=1..7" in text and "greedy per token" in text
+    assert "verify per-position      M=2..8 ms" in text
     assert "WARNING" not in text
     assert "WARNING: 3 of the timed forwards above ran eager" in calibrate.format_table(calib | {"target_fallbacks": 3})
 

@@ -180,3 +180,10 @@ def test_choosing_k_draws_each_policy_against_the_best_fixed_k_and_the_share_of_
     shares = [[p.get_width() for p in c] for c in right.containers]  # a stack per K: the probe's 1, 2, 1 of 4 steps
     assert [s[-1] for s in shares] == [0.25, 0.5, 0.25] and [s[0] for s in shares] == [1.0, 0.0, 0.0]
     assert figures.k_policies(rows[rows.k_policy == "fixed"]) is None  # no policy: nothing to choose between
+    # two commits: each has its own best fixed K, and its own panel
+    both = pd.concat([rows.assign(commit="select"),
+                      rows.assign(commit="per-position", speedup=rows.speedup + 0.1)], ignore_index=True)
+    table = policy_table(both)
+    best = table.groupby("commit")["best fixed K (hindsight)"].unique()
+    assert list(best["select"]) == ["K=3: 0.80x"] and list(best["per-position"]) == ["K=3: 0.90x"]
+    assert "commit=per-position" in figures.k_policies(both).axes[0].get_title()

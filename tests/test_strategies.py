@@ -106,4 +106,5 @@ def test_a_sweep_of_a_builder_folder_and_a_preset_with_toy_strategies_reports_bo
 
 
 def test_the_builtin_strategies_are_registered():
-    assert set(COMMITS) == {"readvance-m1", "readvance-batched", "select"} and set(DRAFTERS) == {"mtp", "oracle"}
+    assert set(COMMITS) == {"readvance-m1", "readvance-batched", "select", "per-position"}
+    assert set(DRAFTERS) == {"mtp", "oracle"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from conftest import synthetic_calibration
 
+from mtplab.engine.strategies import COMMITS
 from mtplab.measure import breakeven
 from mtplab.report import study
 
@@ -57,7 +58,7 @@ def test_the_break_even_table_says_never_where_no_alpha_wins():
 
 def test_the_curves_draw_a_panel_per_commit_and_schedule_with_the_measured_points():
     fig = study.curves(synthetic_calibration(), _frame(), ks=(3,))
-    assert len(fig.axes) == 6
+    assert len(fig.axes) == 2 * len(COMMITS)  # every commit the calibration prices x the two schedules
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "k=3 predicted" in labels and "k=3 measured" in labels
 

@@ -36,7 +36,8 @@ def plan(presets: list[str], ks: list[int]) -> list[tuple[str, str, str, int, st
     """(preset, policy, commit, k, schedule) of every run, smallest preset first."""
     runs = []
     for name in presets:
-        commits = tuple(COMMITS) if name in FULL_GRID_PRESETS else (DEFAULT["commit"],)
+        commits = (tuple(c for c in COMMITS if COMMITS.get(c).backend_refusal("cuda") is None)
+                   if name in FULL_GRID_PRESETS else (DEFAULT["commit"],))
         runs += [(name, pol, com, k, DEFAULT["schedule"]) for pol, com, k in itertools.product(POLICIES, commits, ks)]
         runs += [(name, DEFAULT["policy"], DEFAULT["commit"], k, s) for s in SCHEDULES if s != DEFAULT["schedule"]
                  for k in ks]

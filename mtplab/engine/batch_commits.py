@@ -2,6 +2,7 @@
 
 - select: row b replays its own c_b transitions and rebuilds its conv carry from its own c_b inputs (or replays its
   LinearAttention inputs through the op). No forward; the same cost whatever the counts.
+- per-position: row b takes the verify's state after its own c_b tokens, and rebuilds its conv carry.
 - readvance-m1: restore every row, then max_b c_b forwards at [B, 1]; a row whose c_b tokens are in rides
   along (its last token repeated, its length held) and its state rows are put back after each further
   forward. Cost: the longest row's count, not the mean.
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mtplab.engine.commits import select_commit
+from mtplab.engine.commits import position_update, select_commit
 from mtplab.runtime.executor import Slot
 
 
@@ -38,8 +39,16 @@ class RowKeeper:
 def select_rows(engine) -> Callable:
     """select at batch B: commit(ver, counts, rows) replays each listed row's own count (its transitions, or its
     LinearAttention inputs through the op)."""
+    return _each_row(engine, select_commit(engine.desc, engine.device))
+
+
+def per_position_rows(engine) -> Callable:
+    """per-position at batch B: each listed row takes its own state after its own count."""
+    return _each_row(engine, position_update(engine.desc))
+
+
+def _each_row(engine, apply: Callable) -> Callable:
     st = engine.state
-    apply = select_commit(engine.desc, engine.device)
 
     def commit(ver: dict, counts: np.ndarray, rows) -> None:
         for b in rows:
@@ -89,7 +98,7 @@ def readvance_batched_rows(engine) -> Callable:
     return commit
 
 
-BATCH_COMMITS = {"select": select_rows, "readvance-m1": readvance_m1_rows, "readvance-batched": readvance_batched_rows}
+BATCH_COMMITS = {"select": select_rows, "per-position": per_position_rows, "readvance-m1": readvance_m1_rows, "readvance-batched": readvance_batched_rows}
 
 
 def batch_commit(engine) -> Callable:

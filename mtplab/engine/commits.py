@@ -25,6 +25,7 @@ import numpy as np
 
 from mtplab.engine.strategies import COMMITS
 from mtplab.model.graph import rebuild_conv
+from mtplab.model.per_position import per_position_form, per_position_problem
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.plans import direct_runner
@@ -47,10 +48,20 @@ class CommitStrategy:
     bitwise: bool = False
     why: str = ""
     primary_multi_token: bool = False  # its commits run M > 1 forwards on Slot.PRIMARY (whose plan is M=1)
+    own_verify_graph: bool = False  # its verify runs a form of the model of its own (form()): priced apart
 
     def refusal(self, desc) -> str | None:
         """Why this strategy cannot run on a model (a ModelDescription), or None."""
         return None
+
+    def backend_refusal(self, backend: str) -> str | None:
+        """Why this strategy cannot run on a backend ("cpu", "cuda"), or None."""
+        return None
+
+    def form(self, desc):
+        """The model form its verify runs: desc itself, or a copy with outputs of its own (made before any session;
+        an engine built so commits with this strategy alone)."""
+        return desc
 
     def prepare(self, engine) -> Callable[[dict, list[int], int], None]:
         """The engine's commit for this strategy: commit(verify outputs, consumed tokens, start).
@@ -265,6 +276,66 @@ class OpReplay:
 _META = attrgetter("dtype", "shape", "strides")
 
 
+class PerPosition(CommitStrategy):
+    name = "per-position"
+    verify_in_place = False
+    own_verify_graph = True
+    summary = "the verify writes the recurrent state after each of its tokens; commit takes the n-th (no replay)"
+    why = ("its states come from the decode's kernel at M=1 on the verify's per-token inputs, which the M=k+1 "
+           "projections may round differently from the reference's M=1")
+
+    def refusal(self, desc):
+        return per_position_problem(desc)
+
+    def backend_refusal(self, backend):
+        return per_position_problem(None, "CUDAExecutionProvider") if backend == "cuda" else None
+
+    def form(self, desc):
+        return per_position_form(desc)
+
+    def prepare(self, engine):
+        if not engine.desc.target.position_states:
+            raise ValueError("commit='per-position' needs the verify graph that writes each position's state: this "
+                             f"engine was built for commit={engine.spec.commit!r} (build one with "
+                             "commit='per-position')")
+        apply = position_update(engine.desc)
+
+        def commit(ver: dict, consumed: list[int], start: int) -> None:
+            apply(engine.state, ver, len(consumed))
+
+        return commit
+
+    def how(self, desc) -> str:
+        ops = sorted({s.op for s in desc.target.states if s.kind == "recurrent"})
+        return (f"a Loop beside each {'/'.join(ops)} runs it one token at a time over the verify's tokens, writing "
+                "the state after each (graph surgery on a cached copy of the target); commit takes the n-th, the "
+                "conv carry rebuilt from the first n conv inputs")
+
+
+def position_update(desc) -> Callable:
+    """apply(state, verify outputs, n, row=None): each recurrent state set to the verify's state after its n-th
+    token (its present after the last), each conv carry rebuilt from the first n conv inputs; row=b: batch row b
+    only."""
+    io = desc.target
+    presents = {s.layer: s.present for s in io.states if s.kind == "recurrent"}
+    states = [(layer, name, presents[layer]) for layer, name in io.position_states.items()]
+    convs = [(s.layer, io.select_outputs[s.layer]["conv_input"].name, "channels-first" in s.layout)
+             for s in io.states if s.kind == "conv"]
+
+    def apply(st, ver: dict, n: int, row: int | None = None) -> None:
+        if n < 1:
+            return
+        rows = slice(None) if row is None else slice(row, row + 1)
+        for layer, name, present in states:
+            after = ver[name]
+            st.gdn[layer][rows] = after[n - 1, rows] if n <= len(after) else ver[present][rows]
+        for layer, name, first in convs:
+            rebuild_conv(st.conv[layer][rows], ver[name][rows], n, first)
+
+    return apply
+
+
 READVANCE_M1 = COMMITS.register(ReadvanceM1())
 READVANCE_BATCHED = COMMITS.register(ReadvanceBatched())
 SELECT = COMMITS.register(Select())
+PER_POSITION = COMMITS.register(PerPosition())

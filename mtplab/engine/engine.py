@@ -47,7 +47,8 @@ class Engine:
         self.cfg = desc.config  # the built-in model's ModelConfig (None for other models)
         check_spec_on_model(run, desc)
         # a builder folder's graphs at batch > 1: mtplab's copies that take each row's query length
-        desc = self.desc = batch_form(desc) if run.batch > 1 else desc
+        desc = batch_form(desc) if run.batch > 1 else desc
+        desc = self.desc = COMMITS.get(run.commit).form(desc)  # a commit whose verify writes outputs of its own
         dev.check_model(desc)
         self.xp = dev.xp
         pol = self.policy = policy(run.policy)

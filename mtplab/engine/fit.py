@@ -85,6 +85,7 @@ def spec_problems(spec: EngineSpec, desc, strategies: bool = True, also: tuple =
         backend_problem(spec.backend, desc),
         k_problem(spec.k, desc.transition_capacity) if strategies and desc.transition_capacity else None,
         COMMITS.get(spec.commit).refusal(desc) if strategies else None,
+        COMMITS.get(spec.commit).backend_refusal(spec.backend) if strategies else None,
         *also,
         batch_problem(spec.batch, desc),
         memory_problem(spec, desc),

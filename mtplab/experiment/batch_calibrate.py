@@ -24,6 +24,7 @@ from mtplab.engine import batch as batching
 from mtplab.engine.batch_commits import batch_commit
 from mtplab.engine.batch_head import commit_head, draft_from_rows
 from mtplab.engine.engine import Engine
+from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.calibrate import (
     GREEDY_TOKENS,
     MAX_M,
@@ -55,11 +56,15 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     ids = np.tile(prompts[:, :1], (1, top))
     rows = np.zeros((B, top, engine.desc.hidden_size), np.float32)
 
-    def forward(M: int) -> dict:
-        st.lengths[...] = L0
-        if M == 1:
-            return engine.forward(Slot.PRIMARY, ids[:, :1])
-        return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False)
+    def forward_on(e: Engine):
+        def forward(M: int) -> dict:
+            e.state.lengths[...] = L0
+            if M == 1:
+                return e.forward(Slot.PRIMARY, ids[:, :1])
+            return e.forward(Slot.VERIFY, ids[:, :M], in_place=False)
+        return forward
+
+    forward = forward_on(engine)
 
     def head_work(k: int) -> None:  # a fused step's head work for k drafts: the commit of k+1 rows, k - 1 steps after
         ready = commit_head(engine, ids[:, : k + 1], np.full(B, k), rows[:, : k + 1], L0)
@@ -69,24 +74,30 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         g = batching.greedy(engine, prompts, run.tokens)  # GREEDY_TOKENS + 1, or what the capacity holds
         return g.seconds / g.decodes
 
-    def commit(strategy: str, n: int) -> float:
-        engine.use_commit(strategy)
-        apply = batch_commit(engine)
-        st.lengths[...] = L0
-        ver = None if engine.commit_strategy.verify_in_place else forward(top)
-        engine.save_state()
+    def commit(e: Engine, strategy: str, n: int) -> float:
+        e.use_commit(strategy)
+        apply = batch_commit(e)
+        e.state.lengths[...] = L0
+        ver = None if e.commit_strategy.verify_in_place else forward_on(e)(top)
+        e.save_state()
         counts, rows = np.full(B, n), np.arange(B)
-        args = (ver, counts, rows, ids, L0) if engine.commit_strategy.verify_in_place else (ver, counts, rows)
+        args = (ver, counts, rows, ids, L0) if e.commit_strategy.verify_in_place else (ver, counts, rows)
         commit_once = functools.partial(apply, *args)
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
-            st.lengths[...] = L0
-            times.append(call_time(commit_once, engine.device.sync))
+            e.state.lengths[...] = L0
+            times.append(call_time(commit_once, e.device.sync))
         return float(np.mean(times[1:]))
 
     from mtplab.engine.fit import commits_on
 
     strategies, skipped = commits_on(engine.desc)
+    own = {}  # a strategy whose verify runs a graph of its own (per-position): an engine of its own, as at batch 1
+    for name in strategies:
+        if COMMITS.get(name).own_verify_graph:
+            own[name] = Engine(run.replace(commit=name), art)
+            batching.start(own[name], prompts)
+            forward_on(own[name])(top)
     sync = engine.device.sync
     forward(1), forward(1)  # Primary's plan captured before the first reference sample
     forward(top)  # the Verify slot's largest forward first (time_targets)
@@ -102,8 +113,12 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
             add("greedy_token", lambda: float(np.mean([greedy_step() for _ in range(reps)])))
         batching.start(engine, prompts)
         for strategy in strategies:
+            e = own.get(strategy, engine)
             for n in range(1, top + 1):
-                add(f"commit/{strategy}/{n}", lambda strategy=strategy, n=n: commit(strategy, n))
+                add(f"commit/{strategy}/{n}", lambda e=e, strategy=strategy, n=n: commit(e, strategy, n))
+        for strategy, e in own.items():
+            for M in range(2, top + 1):
+                add(f"verify/{strategy}/{M}", lambda e=e, M=M: block_time(lambda: forward_on(e)(M), reps, sync))
     summary = paired.summary()
 
     def table(prefix: str) -> dict:
@@ -120,6 +135,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         "greedy_token": summary["greedy_token"]["median"],
         "target_fallbacks": target_fallbacks,
         "commit": {s: table(f"commit/{s}/") for s in strategies},
+        "verify": {s: table(f"verify/{s}/") for s in own},
         "commits_skipped": skipped,
         "ci": {name: s["ci"] for name, s in summary.items()},
         "ratio_to_t1": {name: s["ratio"] for name, s in summary.items()},

@@ -27,7 +27,7 @@ from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import K_POLICIES
 from mtplab.experiment.config import RunConfig
-from mtplab.experiment.shared import acceptance_alpha, engine_for, step_costs
+from mtplab.experiment.shared import acceptance_alpha, commit_memory, engine_for, step_costs
 from mtplab.experiment.timing import floor_seconds, paired_rounds, plan_runs
 from mtplab.measure import floor, stats, theory
 from mtplab.measure import rounds as measure
@@ -181,6 +181,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                                      "source": calibration.get("source", "cached on this machine")},
             "rounds": plan.outcome,
             "floor": {side: floor.side_summary(samples, side) for side in floor.SIDES},
+            **commit_memory(engine),
         },
     )
     result.suspect = floor.floor_problems(samples)

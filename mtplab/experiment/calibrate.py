@@ -71,8 +71,8 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 # timed after the verify forward a step runs before it, not back to back; 9: each decoding session's first run its
 # one-token warm-up, and a builder graph's GatedDeltaNet state in place; 10: its LinearAttention state in place on the CPU;
 # 11: the draft phase is the head's commit of the verify's k+1 rows and the k - 1 head steps after it; 12: one host
-# path, in Python).
-MEASURES = 12
+# path, in Python; 13: the verify of a commit with a graph of its own, per-position's, on an engine of its own).
+MEASURES = 13
 
 
 def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
@@ -135,7 +135,10 @@ def _calibration_run(model: str, threads: int, int4: bool = False, **fields) -> 
         fields["k"] = min(fields["k"], top - 1)
     if "tokens" in fields:
         fields["tokens"] = min(fields["tokens"], greedy + 1)
-    return RunConfig(model=model, threads=threads, int4=int4, commit=supported[0], **fields), art
+    # the engine's commit: one whose verify runs the model's own form (a strategy with a graph of its own gets an
+    # engine of its own in measure())
+    commit = next((n for n in supported if not COMMITS.get(n).own_verify_graph), supported[0])
+    return RunConfig(model=model, threads=threads, int4=int4, commit=commit, **fields), art
 
 
 def _acceptance(model: str, tokens: int, threads: int, int4: bool = False) -> dict:
@@ -167,7 +170,8 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
                                 rounds=1)
     # from here, once the model is built: a first use's build is no part of the measurement or its load
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
-    engine, prompt, forward, greedy_token, top = _on_prompt(run, art)
+    main = _on_prompt(run, art)
+    engine, prompt, forward, greedy_token, top = main
     L0, tok = engine.state.length, int(prompt[0])
     engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
 
@@ -190,19 +194,23 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
             return engine.forward(Slot.PRIMARY, [tok], eager=True)
         return engine.forward(Slot.VERIFY, [tok] * M, in_place=False, eager=True)
 
-    def commit(strategy: str, n: int, reps: int) -> float:
+    def commit(on: _OnPrompt, strategy: str, n: int, reps: int) -> float:
         """Mean seconds of one commit of n tokens (the verify it commits from is untimed, run once)."""
-        engine.use_commit(strategy)
-        engine.state.length = L0
+        e = on.engine
+        e.use_commit(strategy)
+        e.state.length = L0
         # A strategy that reads the verify's outputs gets them; one whose verify runs in place restores a snapshot.
-        ver = None if engine.commit_strategy.verify_in_place else forward(top)
-        engine.save_state()
+        ver = None if e.commit_strategy.verify_in_place else on.forward(top)
+        e.save_state()
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
-            times.append(call_time(lambda: engine.commit(ver, [tok] * n, L0), engine.device.sync))
+            times.append(call_time(lambda: e.commit(ver, [tok] * n, L0), e.device.sync))
         return float(np.mean(times[1:]))
 
     strategies, skipped = commits_on(engine.desc)
+    # a strategy whose verify runs a graph of its own (per-position) is timed on an engine of its own: its verify at
+    # each M and its commits
+    own = {name: _on_prompt(run.replace(commit=name), art) for name in strategies if COMMITS.get(name).own_verify_graph}
     sync = engine.device.sync
     target_fallbacks = 0
     paired = PairedSamples(lambda: block_time(lambda: forward(1), reps, sync), "target/1")
@@ -224,8 +232,12 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         engine.start(prompt)  # back to the state the other items are measured from
         engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
         for strategy in strategies:
+            on = own.get(strategy, main)
             for n in range(1, top + 1):
-                add(f"commit/{strategy}/{n}", lambda strategy=strategy, n=n: commit(strategy, n, reps))
+                add(f"commit/{strategy}/{n}", lambda on=on, strategy=strategy, n=n: commit(on, strategy, n, reps))
+        for strategy, on in own.items():
+            for M in range(2, top + 1):
+                add(f"verify/{strategy}/{M}", lambda on=on, M=M: block_time(lambda: on.forward(M), reps, sync))
     summary = paired.summary()
 
     def table(prefix: str) -> dict:
@@ -243,6 +255,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         "greedy_token": summary["greedy_token"]["median"],
         "target_fallbacks": target_fallbacks,
         "commit": {s: table(f"commit/{s}/") for s in strategies},
+        "verify": {s: table(f"verify/{s}/") for s in own},  # the verify of a strategy with a graph of its own
         "commits_skipped": skipped,
         "ci": {name: s["ci"] for name, s in summary.items()},
         "ratio_to_t1": {name: s["ratio"] for name, s in summary.items()},
@@ -380,6 +393,9 @@ def format_table(calib: dict) -> str:
     if calib.get("greedy_token"):
         lines.append(f"  greedy per token {calib['greedy_token'] * 1e3:.3f} ms ({calib['greedy_token'] / t1:.2f} T(1): "
                      "its loop's host work included)")
+    for strategy, costs in (calib.get("verify") or {}).items():
+        lines.append(f"  verify {strategy:17} M=2..{1 + len(costs)} ms " + " ".join(f"{v * 1e3:.3f}" for v in costs.values())
+                     + "  (its own graph's verify, in place of T(M))")
     for strategy, costs in calib["commit"].items():
         lines.append(f"  commit {strategy:17} n=1..{len(costs)} ms " + " ".join(f"{v * 1e3:.3f}" for v in costs.values()))
     for strategy, why in calib.get("commits_skipped", {}).items():

@@ -16,7 +16,7 @@ from mtplab.check.trace import Trace, plans_held
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import K_POLICIES
 from mtplab.experiment.config import RunConfig
-from mtplab.experiment.shared import acceptance_alpha, engine_for, step_costs
+from mtplab.experiment.shared import acceptance_alpha, commit_memory, engine_for, step_costs
 from mtplab.experiment.timing import floor_seconds, paired_rounds, plan_runs
 from mtplab.measure import floor, theory
 from mtplab.measure import rounds as measure
@@ -218,6 +218,7 @@ def run_mtplab_point(
             "accounting": accounting(samples, split, steps),
             "rounds": plan.outcome,
             "floor": {side: floor.side_summary(samples, side) for side in floor.SIDES},
+            **commit_memory(engine),
             "plans": plans_held(engine),
         },
     )

@@ -156,6 +156,10 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
             lines.append(f"  {slot} plans: " + "; ".join(
                 f"M={p['tokens']} {p['captures']} capture{'s' * (p['captures'] != 1)} {p['replays']} replays "
                 f"{p['plan_bytes'] / 1024:.1f} KiB" for p in sorted(plans, key=lambda p: p["tokens"] or 0)))
+    if pp := r.extra.get("per_position"):
+        lines.append(f"  per-position states: {pp['states_per_verify']} per verify x {pp['layers']} recurrent layers x "
+                     f"{pp['state_bytes'] / 1024:.1f} KiB = {pp['bytes'] / 1024:.1f} KiB written by each verify"
+                     + (f" ({r.extra['batch']['rows']} rows)" if r.extra.get("batch") else ""))
     for w in r.warnings:
         lines.append(f"  WARNING {w['name']}: {w['message']}")
     for why in r.suspect:

@@ -83,3 +83,16 @@ def step_costs(run: RunConfig, calibration: dict) -> StepCosts:
     commits = {int(m): float(s) for m, s in calibration["commit"][run.commit].items()}
     return StepCosts({j: theory.step_seconds(j, run.schedule, run.commit, calibration) for j in range(1, run.k + 1)},
                      commits, SCHEDULES.get(run.schedule).extra_tokens)
+
+
+def commit_memory(engine) -> dict:
+    """What the run's commit holds beyond what every commit does: per-position's states, written by each verify."""
+    from mtplab.model.per_position import states_bytes
+
+    io = engine.desc.target
+    if not io.position_states:
+        return {}
+    layers = len(io.position_states)
+    return {"per_position": {"states_per_verify": engine.spec.k, "layers": layers,
+                             "state_bytes": states_bytes(engine.desc, 1) // layers,  # one layer's, one row's
+                             "bytes": states_bytes(engine.desc, engine.spec.k, engine.batch)}}

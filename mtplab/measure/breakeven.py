@@ -57,7 +57,7 @@ def closed_form_k1(schedule: str, commit: str, calibration: dict) -> float | Non
     denominator = g - (c["2"] - c["1"])
     if denominator <= 0:
         return None
-    return (decodes * t["1"] + head + t["2"] + c["1"] - (1 + decodes) * g) / denominator
+    return (decodes * t["1"] + head + theory.verify_seconds(calibration, 1, commit) + c["1"] - (1 + decodes) * g) / denominator
 
 
 def ceiling(k: int, schedule: str, commit: str, calibration: dict, tokens: int | None = None) -> float:
@@ -70,7 +70,7 @@ def ratios(calibration: dict, k: int, commit: str) -> dict:
     head steps and the head's commit, decode-verify's), the commit of k+1 tokens, and greedy's cost per token."""
     t1 = calibration["target"]["1"]
     return {
-        "verify_ratio": calibration["target"][str(k + 1)] / t1,
+        "verify_ratio": theory.verify_seconds(calibration, k, commit) / t1,
         "head_ratio": theory.draft_seconds(calibration, k) / k / t1,
         "commit_ratio": calibration["commit"][commit][str(k + 1)] / t1,
         "greedy_ratio": theory.greedy_seconds(calibration) / t1,

@@ -125,6 +125,13 @@ def expected_steps(alpha: float, k: int, schedule: str, tokens: int) -> float:
     return f[need]
 
 
+def verify_seconds(calibration: dict, k: int, commit: str) -> float:
+    """The calibrated verify of k drafts under `commit`: T(k+1), or the verify the commit's own graph runs where it
+    has one (per-position's writes a state per token)."""
+    own = (calibration.get("verify") or {}).get(commit, {})
+    return own.get(str(k + 1), calibration["target"][str(k + 1)])
+
+
 def greedy_seconds(calibration: dict) -> float:
     """Greedy decoding's calibrated cost per token (T(1) for a calibration from before it was measured)."""
     return calibration.get("greedy_token", calibration["target"]["1"])
@@ -186,7 +193,7 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
         "step_seconds": step,
         "greedy_seconds_per_token": greedy,
         "speedup": speedup,
-        "verify_cost_ratio": target[str(k + 1)] / t1,
+        "verify_cost_ratio": verify_seconds(calibration, k, commit) / t1,
         "draft_cost_ratio": draft_seconds(calibration, k, schedule) / k / t1,  # a draft of the phase, as a step pays it
         "commit_cost_ratio": commit_cost / t1,
         "decode_cost_ratio": float(decodes),
@@ -203,8 +210,9 @@ def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: 
         f = share.get(slot, 0.0) if str(M) in eager else 0.0
         return (1 - f) * target[str(M)] + f * eager.get(str(M), target[str(M)])
 
+    own = (calibration.get("verify") or {}).get(commit, {})  # a commit whose verify runs a graph of its own
     parts = {"decode": SCHEDULES.get(schedule).decodes * forward(1, "primary"), "draft": draft_seconds(calibration, k, schedule),
-             "verify": forward(k + 1, "verify")}
+             "verify": verify_seconds(calibration, k, commit) if own else forward(k + 1, "verify")}
     return greedy_seconds(calibration), parts, calibration["commit"][commit]
 
 
@@ -314,7 +322,8 @@ def predict_batch(alpha, k: int, schedule: str, commit: str, calibration: dict, 
     greedy = greedy_seconds(calibration)
     draft = draft_seconds(calibration, k, schedule)
     commit_cost = batch_commit_seconds(alpha, k, commit, calibration["commit"][commit], batch)
-    step = SCHEDULES.get(schedule).decodes * target["1"] + draft + target[str(k + 1)] + commit_cost
+    verify = verify_seconds(calibration, k, commit)
+    step = SCHEDULES.get(schedule).decodes * target["1"] + draft + verify + commit_cost
     # the rows pooled, as a point counts them (every row's tokens over every row's steps): each row makes its tokens
     # in about tokens / its own tokens per step steps, so the pool's is the rows' harmonic mean
     per_step = float(1.0 / np.mean([1.0 / tokens_per_step(a, k, schedule) for a in row_alphas(alpha, batch)]))
@@ -332,6 +341,6 @@ def predict_batch(alpha, k: int, schedule: str, commit: str, calibration: dict, 
         "step_seconds": step,
         "greedy_seconds_per_token": greedy,
         "speedup": speedup,
-        "verify_cost_ratio": target[str(k + 1)] / target["1"],
+        "verify_cost_ratio": verify / target["1"],
         "commit_cost_ratio": commit_cost / target["1"],
     }

@@ -12,17 +12,13 @@ own. The copies live in mtplab's cache, made once per graph content, never in th
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
-import shutil
-from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper
 
 from mtplab.model.description import GraphIO, ModelDescription
 from mtplab.model.forms import schema_features
-from mtplab.model.onnx_read import consumer, copy_data_files, data_files
+from mtplab.model.onnx_read import consumer, content_key, data_files, write_copy
 
 QUERY_SEQLENS = "query_seqlens"
 QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's input index
@@ -66,20 +62,17 @@ def _with_query_seqlens(io: GraphIO) -> GraphIO:
         return io
     source = io.path
     model = onnx.load(str(source), load_external_data=False)
-    key = hashlib.sha256(source.read_bytes())
-    for name in data_files(model):  # a copy holds the weights: changed weights make a new one
-        stat = (source.parent / name).stat()
-        key.update(f"{name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
     from mtplab.model.artifact import cache_dir
 
-    folder = cache_dir() / "builder-batch" / f"{source.stem}-{key.hexdigest()[:16]}-q{BATCH_FORM_VERSION}"
+    folder = cache_dir() / "builder-batch" / f"{source.stem}-{content_key(source, model)}-q{BATCH_FORM_VERSION}"
     if not all((folder / name).is_file() for name in (source.name, *data_files(model))):  # whole, or made again
-        _write_copy(model, source, folder)
+        _wire_query_seqlens(model)
+        write_copy(model, source, folder)
     return dataclasses.replace(io, path=folder / source.name, query_seqlens=True)
 
 
-def _write_copy(model: onnx.ModelProto, source: Path, folder: Path) -> None:
-    """The copy with query_seqlens wired into every GroupQueryAttention node, written whole or not at all."""
+def _wire_query_seqlens(model: onnx.ModelProto) -> None:
+    """query_seqlens wired into every GroupQueryAttention node."""
     model.graph.input.append(helper.make_tensor_value_info(QUERY_SEQLENS, TensorProto.INT32, ["batch_size"]))
     for node in model.graph.node:
         if node.op_type == "GroupQueryAttention":
@@ -87,14 +80,3 @@ def _write_copy(model: onnx.ModelProto, source: Path, folder: Path) -> None:
             inputs[QUERY_SEQLENS_INPUT] = QUERY_SEQLENS
             del node.input[:]
             node.input.extend(inputs)
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        onnx.save(model, str(tmp / source.name))
-        copy_data_files(model, source.parent, tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -151,6 +151,9 @@ class GraphIO:
     logits_dtype: str = ""  # "" = dtype (a builder folder may cast its logits, e.g. to float16 for genai)
     # Extra outputs the `select` commit reads, per linear-attention layer: {layer: {role: SelectOutput}}.
     select_outputs: dict[int, dict[str, SelectOutput]] = field(default_factory=dict)
+    # The per-position commit's outputs, per recurrent layer: its state after each of a verify's tokens
+    # [T, B, *state] (mtplab.model.per_position).
+    position_states: dict[int, str] = field(default_factory=dict)
 
     @property
     def logits_type(self) -> np.dtype:
@@ -180,6 +183,8 @@ class ModelDescription:
     config: ModelConfig | None = None  # the built-in model's config
     layer_kinds: tuple[str, ...] = ()  # per decoder layer: "attention" | "linear-attention"
     original_target: Path | None = None  # the user's graph, where `target` is mtplab's copy with extra outputs
+    # the graph a decode runs where `target` is a copy whose extra outputs only a verify reads (per-position's)
+    decode_target: GraphIO | None = None
     int8_compute: bool = False  # matmul inputs rounded to int8 (MatMulNBits accuracy_level 4)
 
     def on_provider(self, provider: str) -> ModelDescription:
@@ -196,9 +201,12 @@ class ModelDescription:
         A forward that reads none of those outputs (a decode, greedy, a prefill, a re-advance) runs it:
         the copy computes bitwise what it computes, and its extra outputs cost time a baseline must not pay.
         """
+        if self.decode_target is not None:
+            return dataclasses.replace(self, target=self.decode_target, decode_target=None, original_target=None)
         if self.original_target is None:
             return None
-        own = dataclasses.replace(self.target, path=self.original_target, select_outputs={}, capture_count=False)
+        own = dataclasses.replace(self.target, path=self.original_target, select_outputs={}, position_states={},
+                                  capture_count=False)
         return dataclasses.replace(self, target=own, original_target=None)
 
     @property
@@ -366,6 +374,7 @@ def graph_problems(io: GraphIO, inputs: dict, outputs: dict, extra_inputs: tuple
         want_in[s.past], want_out[s.present] = s, s
     for roles in io.select_outputs.values():
         want_out.update(dict.fromkeys(o.name for o in roles.values()))
+    want_out.update(dict.fromkeys(io.position_states.values()))
     problems = []
     for kind, want, have in (("input", want_in, inputs), ("output", want_out, outputs)):
         for name, s in want.items():

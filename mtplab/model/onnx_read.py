@@ -103,6 +103,35 @@ def copy_data_files(model: onnx.ModelProto, source: Path, dest: Path) -> None:
             shutil.copy2(source / name, dest / name)
 
 
+def content_key(source: Path, model: onnx.ModelProto) -> str:
+    """A key for mtplab's cached copies of a graph: its file's bytes and its data files' sizes and times (a copy
+    holds the weights: changed weights make a new one)."""
+    import hashlib
+
+    key = hashlib.sha256(source.read_bytes())
+    for name in sorted(data_files(model)):
+        stat = (source.parent / name).stat()
+        key.update(f"{name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return key.hexdigest()[:16]
+
+
+def write_copy(model: onnx.ModelProto, source: Path, folder: Path) -> None:
+    """Save `model` (a changed copy of `source`'s graph) with its data files into `folder`, whole or not at all."""
+    import os
+
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        onnx.save(model, str(tmp / source.name))
+        copy_data_files(model, source.parent, tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 _OP_PATTERNS = (
     r"kernel for com\.microsoft\.(\w+)\(",
     r"implementation for (\w+)\(",

@@ -31,18 +31,28 @@ def label(row) -> str:
     return f"{row['k_policy']}{extra} (K<={int(row['k'])})"
 
 
+def _groups(rows: pd.DataFrame) -> list:
+    """The points by text and temperature, and by commit where the sweep has more than one (each group has its own
+    best fixed K): [((text, T, commit or None), points)]."""
+    commits = rows.commit if "commit" in rows and rows.commit.nunique() > 1 else pd.Series("", index=rows.index)
+    return [((text, t, commit or None), g) for (text, t, commit), g in
+            rows.groupby([rows.prompts.fillna(""), "T", commits])]
+
+
 def policy_table(df: pd.DataFrame) -> pd.DataFrame:
-    """A row per point: text, temperature, policy, speedup [CI], tokens/s, mean K, and the best fixed K of the same
-    text and temperature (in hindsight: the fastest fixed-K point of the sweep) with its speedup."""
+    """A row per point: text, temperature, policy (and commit, where the sweep has several), speedup [CI], tokens/s,
+    mean K, and the best fixed K of the same text, temperature and commit (in hindsight: the fastest fixed-K point
+    of the sweep) with its speedup."""
     rows = k_policy_rows(df).assign(T=lambda d: temperatures(d))
     out = []
-    for (text, t), g in rows.groupby([rows.prompts.fillna(""), "T"]):
+    for (text, t, commit), g in _groups(rows):
         fixed = g[g.k_policy == "fixed"]
         best = fixed.loc[fixed.speedup.idxmax()] if len(fixed) else None
         for _, r in g.sort_values(["k_policy", "k"]).iterrows():
             ks = k_chosen(r)
             lo, hi = (json.loads(r.speedup_ci) if isinstance(r.speedup_ci, str) else r.speedup_ci) or (np.nan, np.nan)
-            out.append({"text": text or "random", "T": f"{t:g}", "policy": label(r),
+            out.append({"text": text or "random", "T": f"{t:g}", **({"commit": commit} if commit else {}),
+                        "policy": label(r),
                         "speedup [95% CI]": f"{r.speedup:.2f} [{lo:.2f}, {hi:.2f}]",
                         "tok/s": f"{r.tokens_per_s:.0f}", "mean K": f"{np.mean(ks):.2f}",
                         "best fixed K (hindsight)": "" if best is None else
@@ -54,9 +64,9 @@ def policies(df: pd.DataFrame):
     """Per text and temperature: each policy's speedup with its interval, the best fixed K dashed; beside it the
     share of steps at each K."""
     rows = k_policy_rows(df).assign(T=lambda d: temperatures(d))
-    groups = list(rows.groupby([rows.prompts.fillna(""), "T"]))
-    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 2.2 + 0.32 * rows.groupby(
-        [rows.prompts.fillna(""), "T"]).size().max() * len(groups)), squeeze=False)
+    groups = _groups(rows)
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 2.2 + 0.32 * max(len(g) for _, g in groups) * len(groups)),
+                             squeeze=False)
     kmax = int(rows.k.max())
     for (key, g), (left, right) in zip(groups, axes):
         g = g.sort_values(["k_policy", "k"]).reset_index(drop=True)
@@ -71,7 +81,8 @@ def policies(df: pd.DataFrame):
         left.axvline(1.0, color="grey", lw=0.8, ls=":")
         left.set_yticks(y, names, fontsize=8)
         left.set_xlabel("speedup over greedy (median of paired rounds, 95% CI)")
-        left.set_title(f"{key[0] or 'random prompts'}, T={key[1]:g}", fontsize=9)
+        left.set_title(f"{key[0] or 'random prompts'}, T={key[1]:g}" + (f", commit={key[2]}" if key[2] else ""),
+                       fontsize=9)
         share = np.zeros((len(g), kmax))
         for i, (_, r) in enumerate(g.iterrows()):
             ks = k_chosen(r)

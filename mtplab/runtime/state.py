@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mtplab.model.description import ModelDescription, StateTensor, beyond_capacity, length_feeds
+from mtplab.model.per_position import positions
 from mtplab.runtime.arena import Arena, to_numpy
 from mtplab.runtime.signature import OutputSpec
 
@@ -265,9 +266,17 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
 
 
 def select_output_shapes(desc: ModelDescription, M: int, batch: int = 1) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """The extra outputs the `select` commit reads, with their shapes for a forward of M tokens (batch rows)."""
-    return {o.name: ((batch, *o.sized(M)[1:]), o.np_dtype) for roles in desc.target.select_outputs.values()
-            for o in roles.values()}
+    """The extra outputs the `select` and `per-position` commits read, with their shapes for a forward of M tokens
+    (batch rows)."""
+    io = desc.target
+    shapes = {o.name: ((batch, *o.sized(M)[1:]), o.np_dtype) for roles in io.select_outputs.values()
+              for o in roles.values()}
+    if io.position_states:
+        states = {s.layer: s for s in io.states if s.kind == "recurrent"}
+        for layer, name in io.position_states.items():
+            s = states[layer]
+            shapes[name] = ((positions(M), batch, *s.shape[1:]), s.np_dtype)
+    return shapes
 
 
 def token_ids(tokens: Any, M: int, batch: int = 1) -> Any:

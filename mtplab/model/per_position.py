@@ -1,0 +1,150 @@
+"""The `per-position` commit's graph: a copy of the target whose verify also writes each recurrent layer's state after
+every one of its tokens, so that a commit of n tokens takes state n - 1 (an index, as vLLM's and SGLang's
+`intermediate_ssm` states are) instead of replaying or re-advancing.
+
+The copy adds, beside each recurrent node (GatedDeltaNet or LinearAttention), a Loop over the forward's tokens whose
+body runs the same op (same attributes) on one token at a time, carrying the state: the kernel a decode runs, at the
+decode's M=1, on the verify's own per-token inputs. Its states go out as `mtplab.states.{layer}` [M - 1, B, *state],
+the state after each token but the last; after the last it is the node's own present, which the forward writes
+anyway. A decode (M=1) writes none and pays one empty Loop per layer. The node's own output and present are left as
+they were. The copy lives in mtplab's cache, made once per graph content.
+
+onnxruntime's CUDA graphs cannot capture a Loop (control flow runs on the host between kernels), so this form runs
+on the CPU; a GPU would need the verify unrolled, one graph per M.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from mtplab.model.description import ModelDescription
+from mtplab.model.onnx_read import attributes, consumer, content_key, data_files, write_copy
+
+PER_POSITION_VERSION = 2
+LOOPED = ("GatedDeltaNet", "LinearAttention")
+PER_TOKEN_INPUTS = (0, 1, 2, 4, 5)  # query, key, value, decay, beta: [B, M, ...] in both ops
+CAPTURE_INPUT = 9  # GatedDeltaNet's capture_count: the body captures nothing
+ADDED = "mtplab.pp."
+
+
+def states_name(layer: int) -> str:
+    """The copy's output of layer `layer`'s state after each token."""
+    return f"mtplab.states.{layer}"
+
+
+def positions(M: int) -> int:
+    """How many states a forward of M tokens writes: one after each token but its last (whose state is the
+    forward's present), none for a decode."""
+    return M - 1
+
+
+def states_bytes(desc: ModelDescription, k: int, batch: int = 1) -> int:
+    """Bytes a verify of k drafts writes its per-position states into: k states (one per token but the last) of
+    every recurrent layer, per row."""
+    return positions(k + 1) * batch * sum(int(np.prod(s.shape)) * np.dtype(s.np_dtype).itemsize
+                                          for s in desc.target.states if s.layer in desc.target.position_states
+                                          and s.kind == "recurrent")
+
+
+def per_position_problem(desc: ModelDescription | None, provider: str = "CPUExecutionProvider") -> str | None:
+    """Why this model (None: any) cannot write a state per position on `provider` (None when it can)."""
+    if provider != "CPUExecutionProvider":
+        return ("commit='per-position' writes each position's state from a Loop over the verify's tokens, which "
+                "onnxruntime's CUDA graphs cannot capture: it runs on the CPU (a GPU needs the verify unrolled per M)")
+    if desc is None:
+        return None
+    recurrent = [s for s in desc.target.states if s.kind == "recurrent"]
+    if not recurrent:
+        return f"commit='per-position' on {desc.name}: it has no recurrent state to keep per position"
+    if not desc.select:
+        return (f"commit='per-position' on {desc.name} keeps select's conv inputs, and select cannot run: "
+                f"{desc.select_refused or 'no select form'}")
+    bad = sorted({s.op for s in recurrent} - set(LOOPED))
+    if bad:
+        return (f"commit='per-position' on {desc.name}: its recurrent state goes through {', '.join(bad)}; "
+                f"mtplab loops {' or '.join(LOOPED)} over a verify's tokens")
+    return None
+
+
+def per_position_form(desc: ModelDescription) -> ModelDescription:
+    """The description whose target is the copy that writes each position's state (made once, cached), and whose
+    decode_target is the graph a decode ran before (the user's own, or the built-in graph): a Primary slot with a
+    session of its own runs it, and pays no Loop."""
+    if why := per_position_problem(desc):
+        raise ValueError(why)
+    source = desc.target.path
+    model = onnx.load(str(source), load_external_data=False)
+    from mtplab.model.artifact import cache_dir
+
+    folder = cache_dir() / "per-position" / f"{source.stem}-{content_key(source, model)}-p{PER_POSITION_VERSION}"
+    if not all((folder / name).is_file() for name in (source.name, *data_files(model))):
+        _write_copy(desc, model, source, folder)
+    names = {s.layer: states_name(s.layer) for s in desc.target.states if s.kind == "recurrent"}
+    target = dataclasses.replace(desc.target, path=folder / source.name, position_states=names)
+    decode = (desc.own_graph() or desc).target  # a decode with a session of its own runs no Loop
+    return dataclasses.replace(desc, target=target, decode_target=decode)
+
+
+def _write_copy(desc: ModelDescription, model: onnx.ModelProto, source: Path, folder: Path) -> None:
+    """The copy with a per-token Loop beside each recurrent node."""
+    for s in desc.target.states:
+        if s.kind == "recurrent":
+            _add_loop(model, s)
+    write_copy(model, source, folder)
+
+
+def _i64(name: str, values: list[int]) -> onnx.TensorProto:
+    return helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+
+
+def _add_loop(model: onnx.ModelProto, s) -> None:
+    node = consumer(model, s.past)
+    p, g = f"{ADDED}{s.layer}.", model.graph
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(s.np_dtype))
+    first = node.input[0]  # the query: [B, M, ...]
+    g.initializer.append(_i64(p + "one", [1]))
+    g.node.extend([  # trip count: M - 1 (the state after the last token is the node's own present)
+        helper.make_node("Shape", [first], [p + "m"], start=1, end=2),
+        helper.make_node("Sub", [p + "m", p + "one"], [p + "trip.1"]),
+        helper.make_node("Squeeze", [p + "trip.1"], [p + "trip"]),
+    ])
+    i, cond, carry = p + "i", p + "cond", p + "carry"
+    body = [helper.make_node("Unsqueeze", [i, p + "b.zero"], [p + "start"]),
+            helper.make_node("Add", [p + "start", p + "b.one"], [p + "end"])]
+    inputs = []
+    for j, name in enumerate(node.input):
+        if j in PER_TOKEN_INPUTS and name:
+            token = f"{p}token.{j}"
+            body.append(helper.make_node("Slice", [name, p + "start", p + "end", p + "b.one"], [token]))
+            inputs.append(token)
+        elif name == s.past:
+            inputs.append(carry)
+        else:
+            inputs.append("" if node.op_type == "GatedDeltaNet" and j == CAPTURE_INPUT else name)
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    attrs = {k: v for k, v in attributes(node).items() if k != "state_update_capacity"}
+    body += [helper.make_node(node.op_type, inputs, [p + "out", p + "next"], domain=node.domain, **attrs),
+             helper.make_node("Identity", [cond], [p + "cond.out"]),
+             helper.make_node("Identity", [p + "next"], [p + "state"])]
+    graph = helper.make_graph(
+        body, f"{p}body",
+        [helper.make_tensor_value_info(i, TensorProto.INT64, []), helper.make_tensor_value_info(cond, TensorProto.BOOL, []),
+         helper.make_tensor_value_info(carry, elem, None)],
+        [helper.make_tensor_value_info(p + "cond.out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info(p + "next", elem, None), helper.make_tensor_value_info(p + "state", elem, None)],
+        initializer=[_i64(p + "b.zero", [0]), _i64(p + "b.one", [1])])
+    out = states_name(s.layer)
+    g.node.extend([
+        helper.make_node("Loop", [p + "trip", "", s.past], [p + "final", p + "stack"], body=graph),
+        # a Loop of no iterations gives a [0] tensor: the reshape to [T, *state] keeps every case one shape
+        helper.make_node("Shape", [s.past], [p + "state.shape"]),
+        helper.make_node("Concat", [p + "trip.1", p + "state.shape"], [p + "out.shape"], axis=0),
+        helper.make_node("Reshape", [p + "stack", p + "out.shape"], [out]),
+    ])
+    g.output.append(helper.make_tensor_value_info(out, elem, None))
