@@ -108,7 +108,10 @@ def test_every_binding_the_engine_makes_is_in_place_only_where_the_kernel_allows
         for provider in ("CUDAExecutionProvider", "CPUExecutionProvider"):
             check_in_place(model, binds, provider)
         ops |= {op for op, *_ in in_place_pairs(model, binds)}
-    assert ops == {"GroupQueryAttention", "GatedDeltaNet"}  # KV and GDN state in place; conv carry never
+    # KV and GDN state in place, conv carry never; per-position's copy, which a shared session's decode runs, makes
+    # each GDN present in a Loop, which no kernel table lets onto its past
+    on_the_copy = commit == "per-position" and not Engine(run, tiny).policy.sibling_session
+    assert ops == {"GroupQueryAttention"} | (set() if on_the_copy else {"GatedDeltaNet"})
 
 
 @pytest.mark.parametrize("folder, ops", [("builder-tiny-gdn", {"GroupQueryAttention", "GatedDeltaNet"}),

@@ -58,9 +58,10 @@ class CommitStrategy:
         """Why this strategy cannot run on a backend ("cpu", "cuda"), or None."""
         return None
 
-    def form(self, desc):
+    def form(self, desc, decodes_apart: bool = False):
         """The model form its verify runs: desc itself, or a copy with outputs of its own (made before any session;
-        an engine built so commits with this strategy alone)."""
+        an engine built so commits with this strategy alone). decodes_apart: the engine's decodes run the model's
+        own graph in a session of their own (desc.own_graph())."""
         return desc
 
     def prepare(self, engine) -> Callable[[dict, list[int], int], None]:
@@ -290,8 +291,8 @@ class PerPosition(CommitStrategy):
     def backend_refusal(self, backend):
         return per_position_problem(None, "CUDAExecutionProvider") if backend == "cuda" else None
 
-    def form(self, desc):
-        return per_position_form(desc)
+    def form(self, desc, decodes_apart=False):
+        return per_position_form(desc, decodes_apart)
 
     def prepare(self, engine):
         if not engine.desc.target.position_states:

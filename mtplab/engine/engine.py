@@ -48,10 +48,11 @@ class Engine:
         check_spec_on_model(run, desc)
         # a builder folder's graphs at batch > 1: mtplab's copies that take each row's query length
         desc = batch_form(desc) if run.batch > 1 else desc
-        desc = self.desc = COMMITS.get(run.commit).form(desc)  # a commit whose verify writes outputs of its own
+        pol = self.policy = policy(run.policy)
+        # a commit whose verify writes outputs of its own (decodes apart: Primary runs the model's own graph, below)
+        desc = self.desc = COMMITS.get(run.commit).form(desc, pol.sibling_session and run.batch == 1)
         dev.check_model(desc)
         self.xp = dev.xp
-        pol = self.policy = policy(run.policy)
         self.main = dev.arena("main")
         B = self.batch = run.batch  # rows decoded together (mtplab.engine.batch runs B > 1)
         self.state = TargetState.allocate(desc, self.main, batch=B)

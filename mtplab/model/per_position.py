@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 from mtplab.model.description import ModelDescription
 from mtplab.model.onnx_read import attributes, consumer, content_key, data_files, write_copy
 
-PER_POSITION_VERSION = 2
+PER_POSITION_VERSION = 3
 LOOPED = ("GatedDeltaNet", "LinearAttention")
 PER_TOKEN_INPUTS = (0, 1, 2, 4, 5)  # query, key, value, decay, beta: [B, M, ...] in both ops
 CAPTURE_INPUT = 9  # GatedDeltaNet's capture_count: the body captures nothing
@@ -56,7 +56,7 @@ def per_position_problem(desc: ModelDescription | None, provider: str = "CPUExec
     if provider != "CPUExecutionProvider":
         return ("commit='per-position' writes each position's state from a Loop over the verify's tokens, which "
                 "onnxruntime's CUDA graphs cannot capture: it runs on the CPU (a GPU needs the verify unrolled per M)")
-    if desc is None:
+    if desc is None or desc.target.position_states:  # any model, or one in per-position's form
         return None
     recurrent = [s for s in desc.target.states if s.kind == "recurrent"]
     if not recurrent:
@@ -71,10 +71,11 @@ def per_position_problem(desc: ModelDescription | None, provider: str = "CPUExec
     return None
 
 
-def per_position_form(desc: ModelDescription) -> ModelDescription:
+def per_position_form(desc: ModelDescription, decodes_apart: bool = False) -> ModelDescription:
     """The description whose target is the copy that writes each position's state (made once, cached), and whose
-    decode_target is the graph a decode ran before (the user's own, or the built-in graph): a Primary slot with a
-    session of its own runs it, and pays no Loop."""
+    decode_target is the graph a decode ran before (the user's own, or the built-in graph). decodes_apart: the
+    engine's decodes run that graph in a session of their own (its states in place where the kernel allows); else
+    they run the copy, whose Loop makes each present: no kernel table lets it onto its past's buffer."""
     if why := per_position_problem(desc):
         raise ValueError(why)
     source = desc.target.path
@@ -84,17 +85,31 @@ def per_position_form(desc: ModelDescription) -> ModelDescription:
     folder = cache_dir() / "per-position" / f"{source.stem}-{content_key(source, model)}-p{PER_POSITION_VERSION}"
     if not all((folder / name).is_file() for name in (source.name, *data_files(model))):
         _write_copy(desc, model, source, folder)
-    names = {s.layer: states_name(s.layer) for s in desc.target.states if s.kind == "recurrent"}
-    target = dataclasses.replace(desc.target, path=folder / source.name, position_states=names)
-    decode = (desc.own_graph() or desc).target  # a decode with a session of its own runs no Loop
-    return dataclasses.replace(desc, target=target, decode_target=decode)
+    io = desc.target
+    names = {s.layer: states_name(s.layer) for s in io.states if s.kind == "recurrent"}
+    # of select's outputs the conv inputs remain (the recurrent nodes whose inputs and transitions it reads are gone)
+    states = io.states if decodes_apart else tuple(
+        dataclasses.replace(s, in_place=False, ports=None) if s.kind == "recurrent" else s for s in io.states)
+    convs = {layer: {"conv_input": roles["conv_input"]} for layer, roles in io.select_outputs.items()
+             if "conv_input" in roles}
+    target = dataclasses.replace(io, path=folder / source.name, position_states=names, states=states,
+                                 select_outputs=convs)
+    decode = dataclasses.replace((desc.own_graph() or desc).target, states=states)  # the op itself, no Loop
+    return dataclasses.replace(desc, target=target, decode_target=decode, select="",
+                               select_refused="this engine's verify runs per-position's copy, whose recurrent "
+                                              "layers select cannot replay")
 
 
 def _write_copy(desc: ModelDescription, model: onnx.ModelProto, source: Path, folder: Path) -> None:
-    """The copy with a per-token Loop beside each recurrent node."""
+    """The copy whose recurrent nodes run token by token in a Loop."""
+    act = helper.np_dtype_to_tensor_dtype(np.dtype(desc.target.hidden_type))
+    dropped: set[str] = set()
     for s in desc.target.states:
         if s.kind == "recurrent":
-            _add_loop(model, s)
+            dropped |= _token_by_token(model, s, act)
+    kept = [o for o in model.graph.output if o.name not in dropped]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
     write_copy(model, source, folder)
 
 
@@ -102,17 +117,16 @@ def _i64(name: str, values: list[int]) -> onnx.TensorProto:
     return helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
 
 
-def _add_loop(model: onnx.ModelProto, s) -> None:
+def _token_by_token(model: onnx.ModelProto, s, act: int) -> set[str]:
+    """Replace the node that advances state `s` by a Loop running it on one token at a time: the node's output and
+    present as before (the tokens' outputs stacked back to [B, M, ...], the last carry), and the state after each
+    token but the last. Returns the node's other outputs, which the copy no longer makes (GatedDeltaNet's
+    transitions)."""
     node = consumer(model, s.past)
     p, g = f"{ADDED}{s.layer}.", model.graph
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(s.np_dtype))
+    output, present = node.output[0], node.output[1]
     first = node.input[0]  # the query: [B, M, ...]
-    g.initializer.append(_i64(p + "one", [1]))
-    g.node.extend([  # trip count: M - 1 (the state after the last token is the node's own present)
-        helper.make_node("Shape", [first], [p + "m"], start=1, end=2),
-        helper.make_node("Sub", [p + "m", p + "one"], [p + "trip.1"]),
-        helper.make_node("Squeeze", [p + "trip.1"], [p + "trip"]),
-    ])
     i, cond, carry = p + "i", p + "cond", p + "carry"
     body = [helper.make_node("Unsqueeze", [i, p + "b.zero"], [p + "start"]),
             helper.make_node("Add", [p + "start", p + "b.one"], [p + "end"])]
@@ -137,14 +151,33 @@ def _add_loop(model: onnx.ModelProto, s) -> None:
         [helper.make_tensor_value_info(i, TensorProto.INT64, []), helper.make_tensor_value_info(cond, TensorProto.BOOL, []),
          helper.make_tensor_value_info(carry, elem, None)],
         [helper.make_tensor_value_info(p + "cond.out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info(p + "next", elem, None), helper.make_tensor_value_info(p + "state", elem, None)],
+         helper.make_tensor_value_info(p + "next", elem, None), helper.make_tensor_value_info(p + "out", act, None),
+         helper.make_tensor_value_info(p + "state", elem, None)],
         initializer=[_i64(p + "b.zero", [0]), _i64(p + "b.one", [1])])
-    out = states_name(s.layer)
-    g.node.extend([
-        helper.make_node("Loop", [p + "trip", "", s.past], [p + "final", p + "stack"], body=graph),
-        # a Loop of no iterations gives a [0] tensor: the reshape to [T, *state] keeps every case one shape
-        helper.make_node("Shape", [s.past], [p + "state.shape"]),
-        helper.make_node("Concat", [p + "trip.1", p + "state.shape"], [p + "out.shape"], axis=0),
-        helper.make_node("Reshape", [p + "stack", p + "out.shape"], [out]),
-    ])
-    g.output.append(helper.make_tensor_value_info(out, elem, None))
+    g.initializer.extend([_i64(p + "zero", [0]), _i64(p + "one", [1]), _i64(p + "two", [2]), _i64(p + "three", [3]),
+                          _i64(p + "flat", [0, 0, -1])])
+    loop = [
+        helper.make_node("Shape", [first], [p + "bm"], start=0, end=2),  # [B, M]
+        helper.make_node("Slice", [p + "bm", p + "one", p + "two"], [p + "m"]),
+        helper.make_node("Squeeze", [p + "m"], [p + "trip"]),
+        helper.make_node("Loop", [p + "trip", "", s.past], [present, p + "outs", p + "states"], body=graph),
+        # the tokens' outputs [M, B, 1, ...] back to the node's [B, M, ...]
+        helper.make_node("Shape", [p + "outs"], [p + "outs.shape"]),
+        helper.make_node("Slice", [p + "outs.shape", p + "three", p + "outs.rank"], [p + "rest"]),
+        helper.make_node("Shape", [p + "outs.shape"], [p + "outs.rank"]),
+        helper.make_node("Reshape", [p + "outs", p + "flat"], [p + "outs.flat"]),
+        helper.make_node("Transpose", [p + "outs.flat"], [p + "outs.rows"], perm=[1, 0, 2]),
+        helper.make_node("Concat", [p + "bm", p + "rest"], [p + "out.shape"], axis=0),
+        helper.make_node("Reshape", [p + "outs.rows", p + "out.shape"], [output]),
+        # the states after each token but the last (the last is present)
+        helper.make_node("Sub", [p + "m", p + "one"], [p + "kept"]),
+        helper.make_node("Slice", [p + "states", p + "zero", p + "kept"], [states_name(s.layer)]),
+    ]
+    loop[5], loop[6] = loop[6], loop[5]  # the rank before the Slice that reads it
+    at = list(g.node).index(node)
+    nodes = list(g.node)
+    nodes[at:at + 1] = loop
+    del g.node[:]
+    g.node.extend(nodes)
+    g.output.append(helper.make_tensor_value_info(states_name(s.layer), elem, None))
+    return {name for name in node.output[2:] if name}
