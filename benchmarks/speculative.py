@@ -54,7 +54,7 @@ def main() -> None:
             assert r.lossless, r.verdict
             rows[(sched, commit, k)].append(r)
     print(
-        f"{args.preset} preset on {args.backend}, oracle alpha={args.alpha}, policy={args.policy}, {args.tokens} tokens, "
+        f"{args.model} on {args.backend}, oracle alpha={args.alpha}, policy={args.policy}, {args.tokens} tokens, "
         f"medians of {args.rounds} interleaved rounds"
     )
     print(
