@@ -244,8 +244,8 @@ def small_vocab():
 
 
 def _engine(art, flat_drafts: bool = False, **changes) -> Engine:
-    values = {"temperature": 1.0, "schedule": "fused", "k": K} | changes
-    run = RunConfig(model="tiny", tokens=COUNTED, acceptance="rejection-sampling", commit="select", **values)
+    values = {"temperature": 1.0, "schedule": "fused", "k": K, "commit": "select"} | changes
+    run = RunConfig(model="tiny", tokens=COUNTED, acceptance="rejection-sampling", **values)
     engine = Engine(run, art)
     # prices of a step at K drafts for a policy that weighs them (made up: the verify grows with K)
     engine.k_costs = StepCosts({j: 1.0 + 0.1 * j for j in range(1, run.k + 1)}, {n: 0.1 for n in range(1, run.k + 2)}, 1)
@@ -290,6 +290,9 @@ SETTINGS = {  # name: (the target's sampling, the speculative run's changes)
     "T=1, confidence policy, k=3": ({"temperature": 1.0}, {"k": 3, "k_policy": "confidence", "k_confidence": 0.5}),
     # tokens 3-5: from the second step on, where goodput's K follows the first step's acceptance
     "T=1, goodput policy, k=3, tokens 3-5": ({"temperature": 1.0}, {"k": 3, "k_policy": "goodput", "start": 3}),
+    "T=1, probe policy, k=3, tokens 3-5": ({"temperature": 1.0}, {"k": 3, "k_policy": "probe", "start": 3}),
+    # the state after each verified token, taken by index: what the second step samples from
+    "T=1, per-position commit, tokens 3-5": ({"temperature": 1.0}, {"k": 2, "commit": "per-position", "start": 3}),
 }
 TRUTHS = {"T=1": ({"temperature": 1.0}, 0), "T=0.5, top-k 2": ({"temperature": 0.5, "top_k": 2}, 0),
           "T=1, tokens 3-5": ({"temperature": 1.0}, 3)}  # name: (the target's sampling, the first token counted)
