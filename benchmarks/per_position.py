@@ -61,10 +61,8 @@ def main() -> None:
         ratio = np.asarray(seconds["per-position"]) / np.asarray(seconds["select"])
         lo, hi = stats.bootstrap_ci(ratio)
 
-        def both(phase: str) -> str:
-            return " / ".join(f"{stats.median(split[c][phase]):.3f}" for c in COMMITS)
-
-        print(f"{k:2d} {stats.median(ratio):13.3f} [{lo:.3f}, {hi:.3f}] {both('verify'):>22} {both('commit'):>22}")
+        both = {phase: " / ".join(f"{stats.median(split[c][phase]):.3f}" for c in COMMITS) for phase in ("verify", "commit")}
+        print(f"{k:2d} {stats.median(ratio):13.3f} [{lo:.3f}, {hi:.3f}] {both['verify']:>22} {both['commit']:>22}")
     print("(verify and commit columns: select / per-position)")
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), f"pid {os.getpid()}")
 
