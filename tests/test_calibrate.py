@@ -9,6 +9,7 @@ import pytest
 from mtplab.base.threads import threads_used
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment import calibrate
+from mtplab.experiment.calibration_text import format_table
 from mtplab.experiment.config import RunConfig
 from mtplab.measure import theory
 
@@ -46,13 +47,13 @@ def test_calibration_has_every_cost_the_prediction_needs(calib):
 
 
 def test_the_table_names_each_cost(calib):
-    text = calibrate.format_table(calib)
+    text = format_table(calib)
     assert "T(M)/T(1)" in text and "head step" in text and "commit readvance-m1" in text and "alpha" in text
     assert f"commit select            not measured: {REFUSED}" in text
     assert "eager/T(M)" in text and "draft phase k=1..7" in text and "greedy per token" in text
     assert "verify per-position      M=2..8 ms" in text
     assert "WARNING" not in text
-    assert "WARNING: 3 of the timed forwards above ran eager" in calibrate.format_table(calib | {"target_fallbacks": 3})
+    assert "WARNING: 3 of the timed forwards above ran eager" in format_table(calib | {"target_fallbacks": 3})
 
 
 def test_load_or_measure_reuses_the_cache_and_says_when_it_measures(calib, tmp_path, monkeypatch):

@@ -151,7 +151,8 @@ def _run(args) -> int:
 def _calibrate(args) -> int:
     from mtplab.base.files import output_file_problem, write_atomic
     from mtplab.base.threads import threads_used
-    from mtplab.experiment.calibrate import REPEATS, cache_key, cache_path, format_table, measure
+    from mtplab.experiment.calibrate import REPEATS, cache_key, cache_path, measure
+    from mtplab.experiment.calibration_text import format_table
     from mtplab.measure.result import dumps
 
     given, problems = options.given_options(args)

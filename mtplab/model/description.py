@@ -151,8 +151,7 @@ class GraphIO:
     logits_dtype: str = ""  # "" = dtype (a builder folder may cast its logits, e.g. to float16 for genai)
     # Extra outputs the `select` commit reads, per linear-attention layer: {layer: {role: SelectOutput}}.
     select_outputs: dict[int, dict[str, SelectOutput]] = field(default_factory=dict)
-    # The per-position commit's outputs, per recurrent layer: its state after each of a verify's tokens
-    # [T, B, *state] (mtplab.model.per_position).
+    # per-position's outputs, per recurrent layer: the state after each verified token (mtplab.model.per_position)
     position_states: dict[int, str] = field(default_factory=dict)
 
     @property

@@ -24,7 +24,7 @@ def _format_table(calib: dict) -> str:
 
     with warnings.catch_warnings():  # a dependency imports tqdm.auto, which warns inside notebooks
         warnings.simplefilter("ignore")
-        from mtplab.experiment.calibrate import format_table
+        from mtplab.experiment.calibration_text import format_table
     return format_table(calib)
 
 
