@@ -39,6 +39,13 @@ def test_calibration_has_every_cost_the_prediction_needs(calib):
         str(m) for m in range(2, 9)]
     assert theory.verify_seconds(calib, 3, "per-position") == calib["verify"]["per-position"]["4"]
     assert theory.verify_seconds(calib, 3, "readvance-m1") == calib["target"]["4"]
+    # and its copy's decode, which a shared policy's Primary runs, prices greedy and the decode of such a point
+    copy = calib["copy_decode"]["per-position"]
+    assert list(calib["copy_decode"]) == ["per-position"] and copy > 0
+    shared = theory.on_the_copy(calib, "per-position")
+    assert shared["target"]["1"] == copy and shared["greedy_token"] - calib["greedy_token"] == pytest.approx(
+        copy - calib["target"]["1"])
+    assert theory.on_the_copy(calib, "select") is calib  # tiny's graph is its own: nothing copied
     # every T(M) a replay: a Verify workspace held at its first (smaller) size ran each larger M eager
     assert calib["target_fallbacks"] == 0
     for k in (1, 4, 7):

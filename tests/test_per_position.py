@@ -48,12 +48,17 @@ def test_a_verify_writes_the_state_after_each_token_as_decodes_of_the_same_token
                                        err_msg=f"layer {s.layer} after token {j}")
 
 
-def test_a_decode_on_the_copy_writes_no_state(tiny):
-    """shared-max: Primary runs the copy too; its M=1 decode loops over no token."""
+def test_a_decode_on_the_copy_writes_no_state_and_is_priced_as_the_copys(tiny):
+    """shared-max: Primary runs the copy too (its If sends a decode to the op itself); sibling-pinned: the graph before
+    the surgery, at every batch size."""
     engine = Engine(_run(policy="shared-max"), tiny)
     engine.start([1, 2, 3])
     out = engine.forward(Slot.PRIMARY, [4])
     assert all(out[name].shape[0] == 0 for name in engine.desc.target.position_states.values())
+    assert engine.primary_runs_copy
+    for batch in (1, 2):
+        apart = Engine(_run(batch=batch), tiny)
+        assert not apart.primary_runs_copy and not apart.primary_desc.target.position_states
 
 
 def test_the_copy_is_made_once_and_the_users_folder_is_left_as_it_was():

@@ -58,10 +58,10 @@ class CommitStrategy:
         """Why this strategy cannot run on a backend ("cpu", "cuda"), or None."""
         return None
 
-    def form(self, desc, decodes_apart: bool = False):
+    def form(self, desc, decodes_apart: bool = False, batch: int = 1):
         """The model form its verify runs: desc itself, or a copy with outputs of its own (made before any session;
-        an engine built so commits with this strategy alone). decodes_apart: the engine's decodes run the model's
-        own graph in a session of their own (desc.own_graph())."""
+        an engine built so commits with this strategy alone). decodes_apart: the engine's decodes run in a session
+        of their own (the form's decode_target, where it sets one); batch: the rows the engine decodes."""
         return desc
 
     def prepare(self, engine) -> Callable[[dict, list[int], int], None]:
@@ -291,8 +291,8 @@ class PerPosition(CommitStrategy):
     def backend_refusal(self, backend):
         return per_position_problem(None, "CUDAExecutionProvider") if backend == "cuda" else None
 
-    def form(self, desc, decodes_apart=False):
-        return per_position_form(desc, decodes_apart)
+    def form(self, desc, decodes_apart=False, batch=1):
+        return per_position_form(desc, decodes_apart, batch)
 
     def prepare(self, engine):
         if not engine.desc.target.position_states:

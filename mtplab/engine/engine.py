@@ -49,8 +49,8 @@ class Engine:
         # a builder folder's graphs at batch > 1: mtplab's copies that take each row's query length
         desc = batch_form(desc) if run.batch > 1 else desc
         pol = self.policy = policy(run.policy)
-        # a commit whose verify writes outputs of its own (decodes apart: Primary runs the model's own graph, below)
-        desc = self.desc = COMMITS.get(run.commit).form(desc, pol.sibling_session and run.batch == 1)
+        # a commit whose verify writes outputs of its own (decodes apart: Primary runs the form's decode_target)
+        desc = self.desc = COMMITS.get(run.commit).form(desc, pol.sibling_session, run.batch)
         dev.check_model(desc)
         self.xp = dev.xp
         self.main = dev.arena("main")
@@ -59,7 +59,8 @@ class Engine:
         shared = dev.shared_weights(desc.target.path) if pol.sibling_session else None
         # With a session of its own, Primary runs the user's graph where the target is mtplab's copy (own_graph), at
         # batch 1: the user's graph runs no [B, M > 1] forward after a past (mtplab.model.batch_form).
-        own = desc.own_graph() if pol.sibling_session and B == 1 else None
+        # A form's decode_target decodes every batch (per-position's: the graph before its Loop).
+        own = desc.own_graph() if pol.sibling_session and (B == 1 or desc.decode_target is not None) else None
         self.primary_desc = own or desc
         primary_session = dev.session(self.primary_desc.target.path, own_weights(shared, own))
         verify_session = dev.session(desc.target.path, shared) if pol.sibling_session else primary_session
@@ -148,8 +149,10 @@ class Engine:
 
     @property
     def primary_runs_copy(self) -> bool:
-        """The Primary slot runs mtplab's copy of a builder graph (one session for both slots), not the user's."""
-        return self.desc.original_target is not None and self.primary_desc is self.desc
+        """The Primary slot runs mtplab's copy of the graph (one session for both slots): a builder graph's with
+        select's outputs, or a commit's own (per-position's), not the graph before it."""
+        copied = self.desc.original_target is not None or self.desc.decode_target is not None
+        return copied and self.primary_desc is self.desc
 
     # -- forwards ------------------------------------------------------------------------------
     def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:

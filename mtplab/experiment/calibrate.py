@@ -238,6 +238,9 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         for strategy, on in own.items():
             for M in range(2, top + 1):
                 add(f"verify/{strategy}/{M}", lambda on=on, M=M: block_time(lambda: on.forward(M), reps, sync))
+            for _ in range(FORWARD_SAMPLES):  # its copy at M=1: what a shared policy's Primary decodes on
+                add(f"copy_decode/{strategy}", lambda on=on: block_time(lambda: on.engine.forward(
+                    Slot.VERIFY, [tok], in_place=False), reps, sync))
     summary = paired.summary()
 
     def table(prefix: str) -> dict:
@@ -256,6 +259,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         "target_fallbacks": target_fallbacks,
         "commit": {s: table(f"commit/{s}/") for s in strategies},
         "verify": {s: table(f"verify/{s}/") for s in own},  # the verify of a strategy with a graph of its own
+        "copy_decode": {s: summary[f"copy_decode/{s}"]["median"] for s in own},  # and its graph's M=1
         "commits_skipped": skipped,
         "ci": {name: s["ci"] for name, s in summary.items()},
         "ratio_to_t1": {name: s["ratio"] for name, s in summary.items()},

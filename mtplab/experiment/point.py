@@ -139,7 +139,8 @@ def run_mtplab_point(
     prompt = run_prompt(run, desc.vocab_size)
     if K_POLICIES.get(run.k_policy).needs_costs:  # the policy prices each K with the calibration, before any run
         calibration = calibration if calibration is not None else calibration_for(run)
-        engine.k_costs = step_costs(run, calibration if not engine.primary_runs_copy else theory.on_the_copy(calibration))
+        engine.k_costs = step_costs(run, calibration if not engine.primary_runs_copy else theory.on_the_copy(calibration,
+                                                                                                            run.commit))
     built = [f"the engine: {p}" for p in engine_problems(engine)]  # it runs what the config says
     # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
     checked = lossless.checked_pass(engine, prompt, n)
@@ -161,19 +162,24 @@ def run_mtplab_point(
     baseline = "paired rounds"
     if primary.fallbacks != fallbacks:  # the Primary slot lost its plan for good (CUDA graph ids spent)
         baseline = "paired rounds; the Primary slot ran eager in some of them"
-    if engine.desc.original_target is not None:  # the target is mtplab's copy with select's outputs
-        baseline += ("; greedy on mtplab's copy of your graph (one session holds both slots), paying for its extra "
-                     "outputs" if engine.primary_runs_copy else "; greedy on your own graph")
+    if engine.primary_runs_copy:  # the target is mtplab's copy (select's outputs, or per-position's If)
+        baseline += "; greedy on mtplab's copy of the graph (one session holds both slots), paying for what it adds"
+    elif engine.desc.original_target is not None:
+        baseline += "; greedy on your own graph"
     samples = timed["samples"]
     steps = len(timed["accepted"])
     calibration = calibration if calibration is not None else calibration_for(run)
     if engine.primary_runs_copy:
-        calibration = theory.on_the_copy(calibration)
+        calibration = theory.on_the_copy(calibration, run.commit)
     alpha, alpha_source = acceptance_alpha(run, calibration, checked.spec["accepted"], checked.spec["k"])
     # k beyond the calibration's verify sizes (1..8, a builder model's k may exceed them): no prediction
     share = eager_share(slots, engine.target.labels)
     predicted = theory.predict(alpha, k, run.schedule, run.commit, calibration, tokens=n, eager_share=share) if (
         alpha is not None and theory.covers(calibration, k, run.commit)) else None
+    not_predicted = None if predicted else (
+        f"no acceptance to price it at: {alpha_source}" if alpha is None else
+        f"the calibration measured verifies of up to M={max(int(m) for m in calibration['target'])} and commits "
+        f"{', '.join(sorted(calibration['commit']))}; this run verifies at M={k + 1} with commit={run.commit}")
     # the efficiency's prediction: the same costs for the steps the timed rounds made (the audit holds every round
     # to the checked run's accepted counts)
     varied = timed["ks"] if any(j != k for j in timed["ks"]) else k  # each step priced at its own K
@@ -207,7 +213,8 @@ def run_mtplab_point(
             "acceptance_length": theory.acceptance_length(alpha, k),
             "acceptance_per_position": theory.per_position(alpha, k),
             "alpha_source": alpha_source,
-        } if alpha is not None else {"alpha_source": alpha_source}) | ({"sampled_acceptance": sampled} if sampled else {}),
+        } if alpha is not None else {"alpha_source": alpha_source}) | ({"sampled_acceptance": sampled} if sampled else {})
+        | ({"not_predicted": not_predicted} if not_predicted else {}),
         env=environment(run.backend, run.threads) | {"loadavg": list(os.getloadavg()), "measured_at": time.time()},
         extra={
             "greedy_baseline": baseline,

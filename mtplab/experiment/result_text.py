@@ -86,6 +86,8 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         lines.append("  timing floor, host time beyond the side's own forwards (its fastest round less the same plans "
                      "replayed bare): " + "; ".join(_floor_text(baseline if side == "greedy" else side, f)
                                                    for side, f in floors.items()))
+    if why := r.theory.get("not_predicted"):
+        lines.append(f"  not predicted (no efficiency): {why}")
     if r.predicted:
         when = r.extra.get("calibration_measured") or {}
         at_alpha = r.predicted.get("at_alpha")  # absent: a batch point's, priced at alpha alone
@@ -158,7 +160,7 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
                 f"{p['plan_bytes'] / 1024:.1f} KiB" for p in sorted(plans, key=lambda p: p["tokens"] or 0)))
     if pp := r.extra.get("per_position"):
         lines.append(f"  per-position states: {pp['states_per_verify']} per verify x {pp['layers']} recurrent layers x "
-                     f"{pp['state_bytes'] / 1024:.1f} KiB = {pp['bytes'] / 1024:.1f} KiB written by each verify"
+                     f"{pp['state_bytes'] / 1024:.1f} KiB = {pp['bytes'] / 1024:.1f} KiB written by a verify of k drafts"
                      + (f" ({r.extra['batch']['rows']} rows)" if r.extra.get("batch") else ""))
     for w in r.warnings:
         lines.append(f"  WARNING {w['name']}: {w['message']}")

@@ -137,11 +137,13 @@ def greedy_seconds(calibration: dict) -> float:
     return calibration.get("greedy_token", calibration["target"]["1"])
 
 
-def on_the_copy(calibration: dict) -> dict:
-    """The calibration as a point sees it whose Primary slot runs mtplab's copy of a builder graph (a shared
-    policy: one session holds both slots' plans), where the calibration's Primary ran the user's own graph:
-    the M=1 forward, its eager run and greedy's token each cost the copy's extra outputs too."""
-    copy = calibration.get("copy_target")
+def on_the_copy(calibration: dict, commit: str = "") -> dict:
+    """The calibration as a point sees it whose Primary slot runs mtplab's copy of the graph (a shared policy: one
+    session holds both slots' plans), where the calibration's Primary ran the graph before it: the M=1 forward, its
+    eager run and greedy's token each cost what the copy adds too (a builder graph's copy with select's outputs, or
+    the copy of a commit with a graph of its own, per-position's)."""
+    own = (calibration.get("copy_decode") or {}).get(commit)
+    copy = {"1": own} if own is not None else calibration.get("copy_target")
     if not copy:
         return calibration
     extra = copy["1"] - calibration["target"]["1"]

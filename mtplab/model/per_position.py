@@ -2,12 +2,11 @@
 every one of its tokens, so that a commit of n tokens takes state n - 1 (an index, as vLLM's and SGLang's
 `intermediate_ssm` states are) instead of replaying or re-advancing.
 
-The copy adds, beside each recurrent node (GatedDeltaNet or LinearAttention), a Loop over the forward's tokens whose
-body runs the same op (same attributes) on one token at a time, carrying the state: the kernel a decode runs, at the
-decode's M=1, on the verify's own per-token inputs. Its states go out as `mtplab.states.{layer}` [M - 1, B, *state],
-the state after each token but the last; after the last it is the node's own present, which the forward writes
-anyway. A decode (M=1) writes none and pays one empty Loop per layer. The node's own output and present are left as
-they were. The copy lives in mtplab's cache, made once per graph content.
+The copy replaces each recurrent node (GatedDeltaNet or LinearAttention) by an If: a forward of M > 1 tokens (a
+verify) runs a Loop over its tokens whose body runs the node's op (same attributes) on one token at a time, carrying
+the state: the kernel a decode runs, at the decode's M=1, on the verify's own per-token inputs; its outputs make the
+node's output and present, and its states go out as `mtplab.states.{layer}` [M - 1, B, *state], the state after
+each token but the last (after the last it is the present). A decode (M=1) runs the op itself and writes no state. The copy lives in mtplab's cache, made once per graph content.
 
 onnxruntime's CUDA graphs cannot capture a Loop (control flow runs on the host between kernels), so this form runs
 on the CPU; a GPU would need the verify unrolled, one graph per M.
@@ -25,7 +24,7 @@ from onnx import TensorProto, helper
 from mtplab.model.description import ModelDescription
 from mtplab.model.onnx_read import attributes, consumer, content_key, data_files, write_copy
 
-PER_POSITION_VERSION = 3
+PER_POSITION_VERSION = 4
 LOOPED = ("GatedDeltaNet", "LinearAttention")
 PER_TOKEN_INPUTS = (0, 1, 2, 4, 5)  # query, key, value, decay, beta: [B, M, ...] in both ops
 CAPTURE_INPUT = 9  # GatedDeltaNet's capture_count: the body captures nothing
@@ -71,11 +70,12 @@ def per_position_problem(desc: ModelDescription | None, provider: str = "CPUExec
     return None
 
 
-def per_position_form(desc: ModelDescription, decodes_apart: bool = False) -> ModelDescription:
+def per_position_form(desc: ModelDescription, decodes_apart: bool = False, batch: int = 1) -> ModelDescription:
     """The description whose target is the copy that writes each position's state (made once, cached), and whose
-    decode_target is the graph a decode ran before (the user's own, or the built-in graph). decodes_apart: the
-    engine's decodes run that graph in a session of their own (its states in place where the kernel allows); else
-    they run the copy, whose Loop makes each present: no kernel table lets it onto its past's buffer."""
+    decode_target is the graph a decode ran before: the user's own at batch 1, the graph batch B runs (a builder
+    folder's batch copy, or the built-in graph) else. decodes_apart: the engine's decodes run that graph in a
+    session of their own (its states in place where the kernel allows); else they run the copy, whose If makes each
+    present: no kernel table lets it onto its past's buffer."""
     if why := per_position_problem(desc):
         raise ValueError(why)
     source = desc.target.path
@@ -94,7 +94,8 @@ def per_position_form(desc: ModelDescription, decodes_apart: bool = False) -> Mo
              if "conv_input" in roles}
     target = dataclasses.replace(io, path=folder / source.name, position_states=names, states=states,
                                  select_outputs=convs)
-    decode = dataclasses.replace((desc.own_graph() or desc).target, states=states)  # the op itself, no Loop
+    before = (desc.own_graph() or desc) if batch == 1 else desc
+    decode = dataclasses.replace(before.target, states=states)  # the op itself, no Loop
     return dataclasses.replace(desc, target=target, decode_target=decode, select="",
                                select_refused="this engine's verify runs per-position's copy, whose recurrent "
                                               "layers select cannot replay")
@@ -118,32 +119,60 @@ def _i64(name: str, values: list[int]) -> onnx.TensorProto:
 
 
 def _token_by_token(model: onnx.ModelProto, s, act: int) -> set[str]:
-    """Replace the node that advances state `s` by a Loop running it on one token at a time: the node's output and
-    present as before (the tokens' outputs stacked back to [B, M, ...], the last carry), and the state after each
-    token but the last. Returns the node's other outputs, which the copy no longer makes (GatedDeltaNet's
+    """Replace the node that advances state `s` by an If: a forward of M > 1 tokens runs a Loop that runs the node's
+    op on one token at a time (the node's output and present as before: the tokens' outputs stacked back to
+    [B, M, ...], the last carry; and the state after each token but the last), a decode runs the op itself (and
+    writes no state). Returns the node's other outputs, which the copy no longer makes (GatedDeltaNet's
     transitions)."""
     node = consumer(model, s.past)
     p, g = f"{ADDED}{s.layer}.", model.graph
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(s.np_dtype))
-    output, present = node.output[0], node.output[1]
     first = node.input[0]  # the query: [B, M, ...]
-    i, cond, carry = p + "i", p + "cond", p + "carry"
-    body = [helper.make_node("Unsqueeze", [i, p + "b.zero"], [p + "start"]),
-            helper.make_node("Add", [p + "start", p + "b.one"], [p + "end"])]
-    inputs = []
-    for j, name in enumerate(node.input):
-        if j in PER_TOKEN_INPUTS and name:
-            token = f"{p}token.{j}"
-            body.append(helper.make_node("Slice", [name, p + "start", p + "end", p + "b.one"], [token]))
-            inputs.append(token)
-        elif name == s.past:
-            inputs.append(carry)
-        else:
-            inputs.append("" if node.op_type == "GatedDeltaNet" and j == CAPTURE_INPUT else name)
+    inputs = ["" if node.op_type == "GatedDeltaNet" and j == CAPTURE_INPUT else name for j, name in enumerate(node.input)]
     while inputs and not inputs[-1]:
         inputs.pop()
     attrs = {k: v for k, v in attributes(node).items() if k != "state_update_capacity"}
-    body += [helper.make_node(node.op_type, inputs, [p + "out", p + "next"], domain=node.domain, **attrs),
+    g.initializer.extend([_i64(p + "zero", [0]), _i64(p + "one", [1]), _i64(p + "two", [2]), _i64(p + "three", [3]),
+                          _i64(p + "flat", [0, 0, -1])])
+    outs = [(p + "v.out", act), (p + "v.present", elem), (p + "v.states", elem)]
+    verify = helper.make_graph(_loop(p, s, node, inputs, attrs, elem, act), p + "verify", [],
+                               [helper.make_tensor_value_info(n, t, None) for n, t in outs])
+    decode = helper.make_graph([
+        helper.make_node(node.op_type, inputs, [p + "d.out", p + "d.present"], domain=node.domain, **attrs),
+        helper.make_node("Unsqueeze", [p + "d.present", p + "zero"], [p + "d.one"]),
+        helper.make_node("Slice", [p + "d.one", p + "zero", p + "zero"], [p + "d.states"]),  # [0, B, *state]
+    ], p + "decode", [], [helper.make_tensor_value_info(p + "d." + n.split(".")[-1], t, None) for n, t in outs])
+    branch = [
+        helper.make_node("Shape", [first], [p + "bm"], start=0, end=2),  # [B, M]
+        helper.make_node("Slice", [p + "bm", p + "one", p + "two"], [p + "m"]),
+        helper.make_node("Greater", [p + "m", p + "one"], [p + "many.1"]),
+        helper.make_node("Squeeze", [p + "many.1"], [p + "many"]),
+        helper.make_node("If", [p + "many"], [node.output[0], node.output[1], states_name(s.layer)],
+                         then_branch=verify, else_branch=decode),
+    ]
+    at = list(g.node).index(node)
+    nodes = list(g.node)
+    nodes[at:at + 1] = branch
+    del g.node[:]
+    g.node.extend(nodes)
+    g.output.append(helper.make_tensor_value_info(states_name(s.layer), elem, None))
+    return {name for name in node.output[2:] if name}
+
+
+def _loop(p: str, s, node, inputs: list[str], attrs: dict, elem: int, act: int) -> list:
+    """The verify's nodes: the op run token by token in a Loop, its outputs as the node's and the states kept."""
+    i, cond, carry = p + "i", p + "cond", p + "carry"
+    body = [helper.make_node("Unsqueeze", [i, p + "b.zero"], [p + "start"]),
+            helper.make_node("Add", [p + "start", p + "b.one"], [p + "end"])]
+    tokens = []
+    for j, name in enumerate(inputs):
+        if j in PER_TOKEN_INPUTS and name:
+            token = f"{p}token.{j}"
+            body.append(helper.make_node("Slice", [name, p + "start", p + "end", p + "b.one"], [token]))
+            tokens.append(token)
+        else:
+            tokens.append(carry if name == s.past else name)
+    body += [helper.make_node(node.op_type, tokens, [p + "out", p + "next"], domain=node.domain, **attrs),
              helper.make_node("Identity", [cond], [p + "cond.out"]),
              helper.make_node("Identity", [p + "next"], [p + "state"])]
     graph = helper.make_graph(
@@ -154,30 +183,18 @@ def _token_by_token(model: onnx.ModelProto, s, act: int) -> set[str]:
          helper.make_tensor_value_info(p + "next", elem, None), helper.make_tensor_value_info(p + "out", act, None),
          helper.make_tensor_value_info(p + "state", elem, None)],
         initializer=[_i64(p + "b.zero", [0]), _i64(p + "b.one", [1])])
-    g.initializer.extend([_i64(p + "zero", [0]), _i64(p + "one", [1]), _i64(p + "two", [2]), _i64(p + "three", [3]),
-                          _i64(p + "flat", [0, 0, -1])])
-    loop = [
-        helper.make_node("Shape", [first], [p + "bm"], start=0, end=2),  # [B, M]
-        helper.make_node("Slice", [p + "bm", p + "one", p + "two"], [p + "m"]),
+    return [
         helper.make_node("Squeeze", [p + "m"], [p + "trip"]),
-        helper.make_node("Loop", [p + "trip", "", s.past], [present, p + "outs", p + "states"], body=graph),
+        helper.make_node("Loop", [p + "trip", "", s.past], [p + "v.present", p + "outs", p + "states"], body=graph),
         # the tokens' outputs [M, B, 1, ...] back to the node's [B, M, ...]
         helper.make_node("Shape", [p + "outs"], [p + "outs.shape"]),
-        helper.make_node("Slice", [p + "outs.shape", p + "three", p + "outs.rank"], [p + "rest"]),
         helper.make_node("Shape", [p + "outs.shape"], [p + "outs.rank"]),
+        helper.make_node("Slice", [p + "outs.shape", p + "three", p + "outs.rank"], [p + "rest"]),
         helper.make_node("Reshape", [p + "outs", p + "flat"], [p + "outs.flat"]),
         helper.make_node("Transpose", [p + "outs.flat"], [p + "outs.rows"], perm=[1, 0, 2]),
         helper.make_node("Concat", [p + "bm", p + "rest"], [p + "out.shape"], axis=0),
-        helper.make_node("Reshape", [p + "outs.rows", p + "out.shape"], [output]),
+        helper.make_node("Reshape", [p + "outs.rows", p + "out.shape"], [p + "v.out"]),
         # the states after each token but the last (the last is present)
         helper.make_node("Sub", [p + "m", p + "one"], [p + "kept"]),
-        helper.make_node("Slice", [p + "states", p + "zero", p + "kept"], [states_name(s.layer)]),
+        helper.make_node("Slice", [p + "states", p + "zero", p + "kept"], [p + "v.states"]),
     ]
-    loop[5], loop[6] = loop[6], loop[5]  # the rank before the Slice that reads it
-    at = list(g.node).index(node)
-    nodes = list(g.node)
-    nodes[at:at + 1] = loop
-    del g.node[:]
-    g.node.extend(nodes)
-    g.output.append(helper.make_tensor_value_info(states_name(s.layer), elem, None))
-    return {name for name in node.output[2:] if name}
