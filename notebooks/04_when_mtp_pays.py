@@ -109,6 +109,9 @@ for name, calib in calibrations.items():
 yours = breakeven.hardware_calibration(t1_ms, verify_slope, head_ms, select_ms, greedy_ms, restore_ms, max(ks))
 display(Markdown(f"Predicted speedup at alpha = {alpha:g}, then the break-even alpha (in brackets: the speedup at "
                  "alpha = 1) and the cost ratios."))
+if unpriced := study.priced(yours, ks)[1]:
+    display(Markdown(f"Not priced by these costs: {', '.join(unpriced)} (its verify runs a graph of its own, which "
+                     "your measurements would have to time: `mtplab calibrate` does on this machine)."))
 display(study.at_alpha(yours, alpha, ks))
 display(study.break_even_wide(yours, ks))
 display(study.cost_ratios(yours, ks))

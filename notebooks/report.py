@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: mtplab
 #     language: python
@@ -14,7 +14,7 @@
 # ---
 
 # %% tags=["parameters"]
-sweep_dir = "../results/demo"
+sweep_dir = "demo"  # a sweep under results/ (`make demo` makes results/demo; missing: the quick form), or a path to one
 
 # %%
 import json
@@ -23,8 +23,9 @@ from pathlib import Path
 from IPython.display import HTML, Markdown, display
 
 from mtplab.report import figures, findings, provenance, selection, tables
-from mtplab.sweep import store
+from mtplab.sweep import store, workspace
 
+sweep_dir = workspace.sweep_folder(sweep_dir)
 sweep = json.loads((Path(sweep_dir) / "sweep.json").read_text())
 df = store.load(sweep_dir)
 ok = df[df.status.isin(store.LOSSLESS)]  # ok, and suspect (lossless, its timing beyond a band: drawn hollow)

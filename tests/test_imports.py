@@ -139,3 +139,20 @@ def test_every_module_is_named_in_the_architecture_page_under_its_layer():
         if len(parts) == 2 and parts[1] != "__init__.py" and f"`{parts[1]}`" not in rows.get(parts[0], ""):
             missing.append("/".join(parts))
     assert not missing, f"modules missing from ARCHITECTURE.md's layer table: {missing}"
+
+
+def test_every_import_the_readme_and_docs_show_resolves():
+    """A newcomer pastes the README's Python example first: each `from X import a` in a ```python block of README.md
+    or docs/*.md names a module and a name that exist."""
+    import importlib
+    import re
+
+    root = PACKAGE.parent
+    missing = []
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S):
+            for node in ast.walk(ast.parse(block)):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mtplab"):
+                    module = importlib.import_module(node.module)
+                    missing += [f"{page.name}: {node.module}.{a.name}" for a in node.names if not hasattr(module, a.name)]
+    assert not missing, missing

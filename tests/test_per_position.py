@@ -12,7 +12,7 @@ import pytest
 from mtplab.engine import commits
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import spec_problems
-from mtplab.experiment.config import RunConfig
+from mtplab.experiment.config import ConfigError, RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.model.folders import open_model
 from mtplab.model.per_position import per_position_form, per_position_problem, states_name
@@ -101,8 +101,10 @@ def test_it_holds_k_states_per_layer_and_says_so(tiny):
 
 def test_it_is_refused_in_one_line_where_it_cannot_run(tiny):
     desc = tiny.description
-    problems = spec_problems(_run(backend="cuda").engine_spec(), desc)
-    assert any("CUDA graphs cannot capture" in p for p in problems)
+    with pytest.raises(ConfigError, match="CUDA graphs cannot capture"):  # beside any problem of the machine's
+        _run(backend="cuda")
+    spec = dataclasses.replace(_run().engine_spec(), backend="cuda")  # an engine's spec, made without a RunConfig
+    assert any("CUDA graphs cannot capture" in p for p in spec_problems(spec, desc))
     no_select = dataclasses.replace(desc, select="", select_refused="its conv is dilated")
     assert per_position_problem(no_select) == ("commit='per-position' on tiny keeps select's conv inputs, and select "
                                                "cannot run: its conv is dilated")

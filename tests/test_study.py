@@ -56,6 +56,14 @@ def test_the_break_even_table_says_never_where_no_alpha_wins():
                for line in study.closed_forms(breakeven.hardware_calibration(17.9, 0.1, 1.0, 0.3)))
 
 
+def test_costs_that_do_not_price_a_commit_leave_it_out_and_name_it():
+    yours = breakeven.hardware_calibration(17.9, 0.1, 1.0, 0.3)  # no per-position verify in someone's own costs
+    assert study.priced(yours) == ([c for c in COMMITS if c != "per-position"], ["per-position"])
+    table = study.at_alpha(yours, 0.7)
+    assert "per-position" not in table.index.get_level_values("commit") and not table.isna().any().any()
+    assert len(study.curves(yours, ks=(1,)).axes) == 2 * (len(COMMITS) - 1)
+
+
 def test_the_curves_draw_a_panel_per_commit_and_schedule_with_the_measured_points():
     fig = study.curves(synthetic_calibration(), _frame(), ks=(3,))
     assert len(fig.axes) == 2 * len(COMMITS)  # every commit the calibration prices x the two schedules

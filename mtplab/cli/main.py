@@ -225,7 +225,8 @@ def _report(args) -> int:
 
         os.environ["MTPLAB_RESULTS"] = str(Path(args.results).resolve())
     try:
-        path = make_report(args.sweep_dir, notebook="04_when_mtp_pays" if args.study else "report")
+        path = make_report(args.sweep_dir, notebook="04_when_mtp_pays" if args.study else "report",
+                           say=lambda line: print(f"mtplab report: {line}", file=sys.stderr))
     except ValueError as err:
         print(f"mtplab report: {err}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ def add_run_options(p: argparse.ArgumentParser, only: tuple[str, ...] | None = N
         meta, where = f.metadata | {"help": f.metadata["help"].replace("%", "%%")}, groups.get(f.metadata["group"], p)
         if isinstance(f.default, bool):
             action = "store_false" if f.default else "store_true"
-            text = (f"turns {f.name} off: {meta['help']} (default: not given, {f.name} on)" if f.default
+            text = (f"turn {f.name} off; {f.name}: {meta['help']} (default: not given, {f.name} on)" if f.default
                     else meta["help"] + " (default: off)")
             where.add_argument(option_flag(f), dest=f.name, action=action, default=None, help=text)
             continue

@@ -300,6 +300,8 @@ def run_problems(values: dict) -> list[str]:
             problems += rounds_problems(cfg, defaults())
         if not bad.keys() & {"k", "model"} and (k_refused := _preset_k_problem(cfg)):
             problems.append(k_refused)
+        if cfg["commit"] in COMMITS.names() and cfg["backend"] in BACKENDS:  # a backend this machine lacks is valid
+            problems += [p for p in [COMMITS.get(cfg["commit"]).backend_refusal(cfg["backend"])] if p]
         return problems
     problems = []
     if cfg["engine"] == "ort-genai" and (not DRAFTERS.get(cfg["drafter"]).peer or cfg["backend"] != "cpu"):
@@ -316,6 +318,8 @@ def run_problems(values: dict) -> list[str]:
     problems += batch_problems(cfg, defaults())
     problems += k_policy_problems(cfg, defaults())
     commit = COMMITS.get(cfg["commit"])
+    if refused := commit.backend_refusal(cfg["backend"]):
+        problems.append(refused)
     if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
         others = [c.name for c in COMMITS.values() if not c.primary_multi_token]
         problems.append(

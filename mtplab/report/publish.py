@@ -14,9 +14,9 @@ from mtplab.sweep.point_exec import notebooks_dir
 PUBLISHED = {"report": ("report", "sweep_dir"), "04_when_mtp_pays": ("study", "results")}
 
 
-def make_report(sweep_dir: str | Path, notebook: str = "report") -> Path:
+def make_report(sweep_dir: str | Path, notebook: str = "report", say=lambda line: None) -> Path:
     """Run a published notebook (the report, or the study) on sweep_dir, convert it with nbconvert --no-input,
-    refresh results/index.html."""
+    refresh results/index.html; say(line) once the sweep is found, before the notebook runs."""
     import nbformat
     import papermill as pm
     from nbconvert import HTMLExporter
@@ -25,6 +25,7 @@ def make_report(sweep_dir: str | Path, notebook: str = "report") -> Path:
     store.read_summary(sweep_dir)  # a damaged summary is named here, not in a half-run notebook
     store.check_fresh(sweep_dir)
     name, sweep_parameter = PUBLISHED[notebook]
+    say(f"rendering {sweep_dir.name}: running notebooks/{notebook}.ipynb on it, then HTML (a quarter of a minute or so)")
     executed = sweep_dir / f"{name}.ipynb"
     pm.execute_notebook(
         str(notebooks_dir() / f"{notebook}.ipynb"),

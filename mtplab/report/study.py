@@ -182,10 +182,18 @@ def closed_forms(calibration: dict) -> list[str]:
     return out
 
 
+def priced(calibration: dict, ks=(1, 2, 3, 4)) -> tuple[list[str], list[str]]:
+    """(the commits the calibration prices at some k of ks, those it prices at none): a cost model from someone's
+    own measurements (breakeven.hardware_calibration) has no per-position verify, for one."""
+    names = COMMITS.names()
+    covered = [c for c in names if any(theory.covers(calibration, k, c) for k in ks)]
+    return covered, [c for c in names if c not in covered]
+
+
 def curves(calibration: dict, measured: pd.DataFrame | None = None, ks=(1, 3), tokens: int | None = None):
-    """Predicted speedup against alpha (dashed) per k, a panel per schedule (rows) and commit (columns), the
-    break-even alpha marked; the measured points (95% CI) of the pinned policy on top when given."""
-    commits, schedules = COMMITS.names(), SCHEDULES.names()
+    """Predicted speedup against alpha (dashed) per k, a panel per schedule (rows) and commit the calibration prices
+    (columns), the break-even alpha marked; the measured points (95% CI) of the pinned policy on top when given."""
+    commits, schedules = priced(calibration, ks)[0], SCHEDULES.names()
     fig, axes = plt.subplots(len(schedules), len(commits), figsize=(4.2 * len(commits), 3.2 * len(schedules)),
                              sharey=True, squeeze=False)
     alphas = np.linspace(0, 1, 41)
@@ -228,7 +236,7 @@ def curves(calibration: dict, measured: pd.DataFrame | None = None, ks=(1, 3), t
 def at_alpha(calibration: dict, alpha: float, ks=(1, 2, 3, 4)) -> pd.DataFrame:
     """The predicted speedup at one alpha: a row per commit and schedule, a column per k."""
     rows = {(c, s): {f"k={k}": round(breakeven.speedup(alpha, k, s, c, calibration), 3) for k in ks
-                     if theory.covers(calibration, k, c)} for c in COMMITS.names() for s in SCHEDULES.names()}
+                     if theory.covers(calibration, k, c)} for c in priced(calibration, ks)[0] for s in SCHEDULES.names()}
     out = pd.DataFrame.from_dict(rows, orient="index")
     out.index.names = ["commit", "schedule"]
     return out

@@ -216,6 +216,9 @@ def _run_locked(spec, sweep_dir: Path, results_root, workers, timeout, quiet, ex
         store.clear_scratch(points_dir)
     df = store.collect(sweep_dir)
     counts = df["status"].value_counts().to_dict() if len(df) else {}
+    if calibrated and not quiet:
+        print(f"sweep {sweep_dir.name}: measuring greedy and T(M) again, to see how far the machine moved while the "
+              "points ran (half a minute or so)", file=sys.stderr)
     summary = {
         "name": sweep_dir.name,
         "spec": spec.source,
