@@ -43,6 +43,8 @@ def test_a_speedup_confidence_interval_gets_its_own_column_when_recorded():
     rows = [r | {"speedup_ci": [r["speedup"] - 0.05, r["speedup"] + 0.05]} for r in ROWS]
     html = points_html(pd.DataFrame(rows))
     assert "speedup CI" in html and "1.15-1.25" in html
+    head = html[html.index("<table class='points'>"):html.index("</tr>")]
+    assert head.index("speedup CI") < head.index("engine")  # the answer before the parameters that varied
     assert ci_text({"low": 0.9, "high": 1.1}) == "0.90-1.10" and ci_text(None) == ""
 
 

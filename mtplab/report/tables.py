@@ -66,7 +66,8 @@ def ci_text(value) -> str:
 def points_frame(df: pd.DataFrame) -> pd.DataFrame:
     """Every point with its varied parameters and its metrics (inapplicable cells empty), sorted by id."""
     _, varied = fixed_and_varied(df)
-    first = [m for m in ("lossless",) if m in METRICS and m in df]  # the verdict beside the status, on screen
+    # the verdict and the answer beside the status, on the first screen however many parameters varied
+    first = [m for m in ("lossless", "speedup") if m in METRICS and m in df]
     cols = ["point_id", "status", *first, *varied, *[m for m in METRICS if m in df and m not in first]]
     t = blank_inapplicable(df)[[c for c in cols if c in df]].copy()
     if "speedup_ci" in df:
