@@ -59,9 +59,8 @@ def _busy(seconds: float) -> None:
 
 def test_a_busy_wait_in_the_timed_greedy_makes_the_point_suspect(tiny, monkeypatch):
     """Planted: the timed greedy (no margins) waits after every decode; its tokens, forwards and state are right.
-    The wait is 3x tiny's decode, so that no load can hide it (a busy machine stretches the floor and its band); the
-    20 and 50 us waits are caught on a quiet machine."""
-    wait_us = 200
+    Each wait is 4x the decode it follows, so that no load can hide it: a busy machine stretches the floor and its
+    band (100% of the floor), and the wait with them (20 and 50 us fixed waits are caught on a quiet machine)."""
     from mtplab.engine import greedy
 
     loop = greedy._decode_loop
@@ -70,8 +69,9 @@ def test_a_busy_wait_in_the_timed_greedy_makes_the_point_suspect(tiny, monkeypat
         decode_one, ids, feeds = decoder
         if not margins:  # the timed runs only
             def waiting():
+                start = time.perf_counter()
                 out = decode_one()
-                _busy(wait_us * 1e-6)
+                _busy(4 * (time.perf_counter() - start))
                 return out
             decoder = (waiting, ids, feeds)
         return loop(engine, decoder, tokens, rows, gaps, n, keep_logits, margins)
