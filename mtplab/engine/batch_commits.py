@@ -98,7 +98,8 @@ def readvance_batched_rows(engine) -> Callable:
     return commit
 
 
-BATCH_COMMITS = {"select": select_rows, "per-position": per_position_rows, "readvance-m1": readvance_m1_rows, "readvance-batched": readvance_batched_rows}
+BATCH_COMMITS = {"select": select_rows, "per-position": per_position_rows, "readvance-m1": readvance_m1_rows,
+                 "readvance-batched": readvance_batched_rows}
 
 
 def batch_commit(engine) -> Callable:

@@ -25,7 +25,7 @@ import numpy as np
 
 from mtplab.engine.strategies import COMMITS
 from mtplab.model.graph import rebuild_conv
-from mtplab.model.per_position import per_position_form, per_position_problem
+from mtplab.model.per_position import CUDA_REFUSAL, per_position_form, per_position_problem
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.plans import direct_runner
@@ -289,7 +289,7 @@ class PerPosition(CommitStrategy):
         return per_position_problem(desc)
 
     def backend_refusal(self, backend):
-        return per_position_problem(None, "CUDAExecutionProvider") if backend == "cuda" else None
+        return CUDA_REFUSAL if backend == "cuda" else None
 
     def form(self, desc, decodes_apart=False, batch=1):
         return per_position_form(desc, decodes_apart, batch)
@@ -308,9 +308,9 @@ class PerPosition(CommitStrategy):
 
     def how(self, desc) -> str:
         ops = sorted({s.op for s in desc.target.states if s.kind == "recurrent"})
-        return (f"a Loop beside each {'/'.join(ops)} runs it one token at a time over the verify's tokens, writing "
-                "the state after each (graph surgery on a cached copy of the target); commit takes the n-th, the "
-                "conv carry rebuilt from the first n conv inputs")
+        return (f"each {'/'.join(ops)} runs one token at a time in a Loop over the verify's tokens, writing the state "
+                "after each (graph surgery on a cached copy of the target; a decode runs the op itself); commit takes "
+                "the n-th, the conv carry rebuilt from the first n conv inputs")
 
 
 def position_update(desc) -> Callable:

@@ -57,9 +57,8 @@ class Engine:
         B = self.batch = run.batch  # rows decoded together (mtplab.engine.batch runs B > 1)
         self.state = TargetState.allocate(desc, self.main, batch=B)
         shared = dev.shared_weights(desc.target.path) if pol.sibling_session else None
-        # With a session of its own, Primary runs the user's graph where the target is mtplab's copy (own_graph), at
-        # batch 1: the user's graph runs no [B, M > 1] forward after a past (mtplab.model.batch_form).
-        # A form's decode_target decodes every batch (per-position's: the graph before its Loop).
+        # With a session of its own, Primary runs the graph before mtplab's copy (own_graph): a user's graph at batch 1
+        # (it runs no [B, M > 1] forward after a past, mtplab.model.batch_form), a form's decode_target at every batch.
         own = desc.own_graph() if pol.sibling_session and (B == 1 or desc.decode_target is not None) else None
         self.primary_desc = own or desc
         primary_session = dev.session(self.primary_desc.target.path, own_weights(shared, own))

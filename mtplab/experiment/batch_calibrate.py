@@ -95,9 +95,11 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     own = {}  # a strategy whose verify runs a graph of its own (per-position): an engine of its own, as at batch 1
     for name in strategies:
         if COMMITS.get(name).own_verify_graph:
-            own[name] = Engine(run.replace(commit=name), art)
-            batching.start(own[name], prompts)
-            forward_on(own[name])(top)
+            e = own[name] = Engine(run.replace(commit=name), art)
+            batching.start(e, prompts)
+    own_forward = {name: forward_on(e) for name, e in own.items()}
+    for f in own_forward.values():
+        f(top)
     sync = engine.device.sync
     forward(1), forward(1)  # Primary's plan captured before the first reference sample
     forward(top)  # the Verify slot's largest forward first (time_targets)
@@ -116,9 +118,9 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
             e = own.get(strategy, engine)
             for n in range(1, top + 1):
                 add(f"commit/{strategy}/{n}", lambda e=e, strategy=strategy, n=n: commit(e, strategy, n))
-        for strategy, e in own.items():
+        for strategy, f in own_forward.items():
             for M in range(2, top + 1):
-                add(f"verify/{strategy}/{M}", lambda e=e, M=M: block_time(lambda: forward_on(e)(M), reps, sync))
+                add(f"verify/{strategy}/{M}", lambda f=f, M=M: block_time(lambda: f(M), reps, sync))
     summary = paired.summary()
 
     def table(prefix: str) -> dict:

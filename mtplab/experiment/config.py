@@ -292,6 +292,10 @@ def run_problems(values: dict) -> list[str]:
         return [f"unknown RunConfig fields {unknown} (the fields are {[f.name for f in fields()]})"]
     cfg = defaults() | values
     bad = {name: p for name, value in cfg.items() if (p := field_problem(name, [value]))}
+    # a commit a backend cannot run, named beside the backend's own problem (a backend this machine lacks is valid)
+    refused = COMMITS.get(cfg["commit"]).backend_refusal(cfg["backend"]) if (
+        cfg["commit"] in COMMITS.names() and cfg["backend"] in BACKENDS) else None
+    backend_refused = [refused] if refused else []
     if bad:  # the checks across fields need valid fields: those whose fields are all valid still run
         problems = list(bad.values())
         if not bad.keys() & {*SAMPLING_FIELDS, "acceptance", "drafter"}:
@@ -300,9 +304,7 @@ def run_problems(values: dict) -> list[str]:
             problems += rounds_problems(cfg, defaults())
         if not bad.keys() & {"k", "model"} and (k_refused := _preset_k_problem(cfg)):
             problems.append(k_refused)
-        if cfg["commit"] in COMMITS.names() and cfg["backend"] in BACKENDS:  # a backend this machine lacks is valid
-            problems += [p for p in [COMMITS.get(cfg["commit"]).backend_refusal(cfg["backend"])] if p]
-        return problems
+        return problems + backend_refused
     problems = []
     if cfg["engine"] == "ort-genai" and (not DRAFTERS.get(cfg["drafter"]).peer or cfg["backend"] != "cpu"):
         peers = [d.name for d in DRAFTERS.values() if d.peer]
@@ -317,9 +319,8 @@ def run_problems(values: dict) -> list[str]:
     problems += rounds_problems(cfg, defaults())
     problems += batch_problems(cfg, defaults())
     problems += k_policy_problems(cfg, defaults())
+    problems += backend_refused
     commit = COMMITS.get(cfg["commit"])
-    if refused := commit.backend_refusal(cfg["backend"]):
-        problems.append(refused)
     if not cfg["validate"] and commit.primary_multi_token and cfg["policy"] != "shared-jit":
         others = [c.name for c in COMMITS.values() if not c.primary_multi_token]
         problems.append(

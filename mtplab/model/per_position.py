@@ -6,7 +6,8 @@ The copy replaces each recurrent node (GatedDeltaNet or LinearAttention) by an I
 verify) runs a Loop over its tokens whose body runs the node's op (same attributes) on one token at a time, carrying
 the state: the kernel a decode runs, at the decode's M=1, on the verify's own per-token inputs; its outputs make the
 node's output and present, and its states go out as `mtplab.states.{layer}` [M - 1, B, *state], the state after
-each token but the last (after the last it is the present). A decode (M=1) runs the op itself and writes no state. The copy lives in mtplab's cache, made once per graph content.
+each token but the last (after the last it is the present). A decode (M=1) runs the op itself and writes no state.
+The copy lives in mtplab's cache, made once per graph content.
 
 onnxruntime's CUDA graphs cannot capture a Loop (control flow runs on the host between kernels), so this form runs
 on the CPU; a GPU would need the verify unrolled, one graph per M.
@@ -50,12 +51,13 @@ def states_bytes(desc: ModelDescription, k: int, batch: int = 1) -> int:
                                           and s.kind == "recurrent")
 
 
-def per_position_problem(desc: ModelDescription | None, provider: str = "CPUExecutionProvider") -> str | None:
-    """Why this model (None: any) cannot write a state per position on `provider` (None when it can)."""
-    if provider != "CPUExecutionProvider":
-        return ("commit='per-position' writes each position's state from a Loop over the verify's tokens, which "
+CUDA_REFUSAL = ("commit='per-position' writes each position's state from a Loop over the verify's tokens, which "
                 "onnxruntime's CUDA graphs cannot capture: it runs on the CPU (a GPU needs the verify unrolled per M)")
-    if desc is None or desc.target.position_states:  # any model, or one in per-position's form
+
+
+def per_position_problem(desc: ModelDescription) -> str | None:
+    """Why this model cannot write a state per position (None when it can, or is in per-position's form already)."""
+    if desc.target.position_states:
         return None
     recurrent = [s for s in desc.target.states if s.kind == "recurrent"]
     if not recurrent:
@@ -76,6 +78,8 @@ def per_position_form(desc: ModelDescription, decodes_apart: bool = False, batch
     folder's batch copy, or the built-in graph) else. decodes_apart: the engine's decodes run that graph in a
     session of their own (its states in place where the kernel allows); else they run the copy, whose If makes each
     present: no kernel table lets it onto its past's buffer."""
+    if desc.target.position_states:  # in this form already
+        return desc
     if why := per_position_problem(desc):
         raise ValueError(why)
     source = desc.target.path
