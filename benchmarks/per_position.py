@@ -26,6 +26,22 @@ from mtplab.model.prompts import run_prompt
 COMMITS = ("select", "per-position")
 
 
+def alternate(engines: dict, prompt: list[int], tokens: int, rounds: int) -> tuple[dict, dict]:
+    """Each round one speculative generation on every engine, the order reversed every other round: each engine's
+    seconds per round, and its verify and commit phases per step (ms) per round."""
+    names = list(engines)
+    seconds = {c: [] for c in names}
+    split = {c: {"verify": [], "commit": []} for c in names}
+    for i in range(rounds):
+        for c in names if i % 2 == 0 else names[::-1]:
+            out = engines[c].speculative(prompt, tokens)
+            seconds[c].append(out["seconds"])
+            steps = len(out["accepted"])
+            for phase in ("verify", "commit"):
+                split[c][phase].append(out["split"][phase] / steps * 1e3)
+    return seconds, split
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="pycode", help="a preset name or a model folder")
@@ -49,15 +65,7 @@ def main() -> None:
         prompt = run_prompt(runs["select"], engines["select"].desc.vocab_size)
         outs = {c: e.speculative(prompt, args.tokens) for c, e in engines.items()}  # warm-up, and the tokens
         assert outs["select"]["tokens"] == outs["per-position"]["tokens"], "the two commits emitted different tokens"
-        seconds = {c: [] for c in COMMITS}
-        split = {c: {"verify": [], "commit": []} for c in COMMITS}
-        for i in range(args.rounds):
-            for c in COMMITS if i % 2 == 0 else COMMITS[::-1]:
-                out = engines[c].speculative(prompt, args.tokens)
-                seconds[c].append(out["seconds"])
-                steps = len(out["accepted"])
-                for phase in ("verify", "commit"):
-                    split[c][phase].append(out["split"][phase] / steps * 1e3)
+        seconds, split = alternate(engines, prompt, args.tokens, args.rounds)
         ratio = np.asarray(seconds["per-position"]) / np.asarray(seconds["select"])
         lo, hi = stats.bootstrap_ci(ratio)
 

@@ -126,6 +126,12 @@ def test_each_row_chooses_its_own_k_as_its_batch_of_one_run_would(tiny, policy, 
         assert (alone["tokens"], alone["accepted"], alone["k"]) == (spec.tokens[b], spec.accepted[b], spec.ks[b]), b
     assert len({k for row in spec.ks for k in row}) > 1  # the rows' K varied
     assert spec.widths == [max(row[i] for row in spec.ks if i < len(row)) for i in range(spec.steps)]
+    if policy == "confidence" and not sampled:  # a padded verify (M = k + 1 every step) keeps every row's run
+        engine = Engine(run.replace(verify_plans="padded"), tiny)
+        padded = batch.speculative(engine, prompts, N, references=greedy.tokens)
+        assert (padded.tokens, padded.accepted, padded.ks) == (spec.tokens, spec.accepted, spec.ks)
+        assert {key for key in engine.forwards if key.startswith(("verify/", "mtp-commit/"))} == {
+            "verify/M=5", "mtp-commit/M=5"}
 
 
 @pytest.mark.parametrize("plant", ["row 1 seeded as row 0", "rows 1 and 2 swap generators", "an extra draw"])

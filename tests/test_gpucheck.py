@@ -32,6 +32,10 @@ def test_gpu_check_on_the_cpu_passes_and_writes_its_json(tiny, tmp_path, capsys)
     assert doc["capture"]["tiny"]["identical"] and doc["capture"]["tiny"]["replays"] > 0
     cap = doc["capture"]["tiny"]  # the CPU EP returns from a replay when it is done: queued and done alike
     assert 0 < cap["replays_queued_us"] <= cap["replays_done_us"] and "8 replays queued in" in printed
+    changing = doc["k_changing"]  # the head's confidence policy: a plan per M used, or one padded plan
+    assert changing["per-length"]["captures"] == len(changing["per-length"]["m_used"])
+    assert changing["padded"]["captures"] == 1 and [p["tokens"] for p in changing["padded"]["plans"]] == [3]
+    assert "K changing every step, verify plans padded: M used" in printed
 
 
 def test_a_fallback_in_a_pinned_policy_fails_the_check():

@@ -9,6 +9,7 @@ import pytest
 
 from mtplab.check.expected import checked_problems
 from mtplab.check.lossless import checked_pass
+from mtplab.check.trace import plans_held
 from mtplab.engine.engine import Engine
 from mtplab.engine.k_policies import Confidence, Goodput, Probe, StepCosts
 from mtplab.experiment.config import ConfigError, RunConfig
@@ -87,6 +88,28 @@ def test_one_verify_plan_is_invalidated_whenever_m_changes(tiny):
     changes = sum(a != b for a, b in zip(ks, ks[1:]))
     assert changes >= 2 and checked.identity["token_identical"]
     assert checked.spec_trace.activity["verify"]["invalidations"] == changes  # the thrash
+
+
+@pytest.mark.parametrize("commit, schedule", [("select", "fused"), ("per-position", "decode-verify"),
+                                              ("readvance-m1", "fused"), ("readvance-batched", "decode-verify")])
+def test_a_padded_verify_runs_one_plan_at_k_plus_1_and_keeps_the_per_length_runs_tokens(tiny, commit, schedule):
+    """verify_plans='padded': every verify runs M = k + 1 (the steps with fewer drafts pad them), judged on its own
+    drafts only; the tokens, accepted counts and K per step are the per-length run's, and one plan is captured."""
+    run = RunConfig(model="tiny", drafter="mtp", k=4, k_policy="confidence", k_confidence=0.9, commit=commit,
+                    schedule=schedule, tokens=40)
+    prompt = prompt_tokens(tiny.description.vocab_size, 8, 0)
+    per_length = checked_pass(Engine(run, tiny), prompt, run.tokens)
+    engine = Engine(run.replace(verify_plans="padded"), tiny)
+    padded = checked_pass(engine, prompt, run.tokens)
+    assert len(set(padded.spec["k"])) >= 2  # K varied
+    assert [padded.spec[key] for key in ("tokens", "accepted", "k")] == [per_length.spec[key] for key in
+                                                                          ("tokens", "accepted", "k")]
+    assert padded.identity["token_identical"] and padded.identity["state_first_divergence"] is None
+    assert checked_problems(engine, padded.spec_trace, len(prompt)) == []
+    assert {key for key in padded.spec_trace.forwards if key.startswith("verify/")} == {"verify/M=5"}
+    verify = padded.spec_trace.activity["verify"]
+    assert verify["captures"] == 1 and verify["invalidations"] == 0
+    assert [p["tokens"] for p in plans_held(engine)["verify"]] == [5]
 
 
 def test_a_policy_that_prices_steps_needs_the_calibration_and_one_that_reads_confidence_needs_the_head(tiny):

@@ -144,8 +144,9 @@ def timed_problems(engine, side: str, trace: Trace, n: int, prompt_len: int, che
         out.append(f"the speculative run's forwards {trace.forwards}, the checked run's {checked.spec_forwards}")
     steps, made, widths = checked.spec.steps, checked.spec_forwards, checked.spec.widths
     want: dict[str, int] = {}
-    for K in widths:  # one verify per step at its longest row's drafts
-        want[f"verify/M={K + 1}"] = want.get(f"verify/M={K + 1}", 0) + 1
+    for K in widths:  # one verify per step at its longest row's drafts (padded: at k_max)
+        key = f"verify/M={run.verified(K) + 1}"
+        want[key] = want.get(key, 0) + 1
     want |= head_forwards(run, steps, widths)
     if any(made.get(key, 0) != v for key, v in want.items()):
         out.append(f"the checked speculative run's {steps} steps made {made}; its config makes {want} of them")

@@ -20,14 +20,15 @@ def greedy_forwards(prompt_len: int, n: int) -> dict[str, int]:
 
 def head_forwards(run, steps: int, ks: list[int] | None = None) -> dict[str, int]:
     """The MTP head's forwards over `steps` speculative steps where the run's drafter runs it: each step's head steps
-    (Schedule.head_steps) and its commit of the verify's K+1 rows (ks: each step's drafts; k each where not given);
+    (Schedule.head_steps) and its commit of the verify's rows (ks: each step's drafts; k each where not given);
     none where the head does not run."""
     if not DRAFTERS.get(run.drafter).uses_head(run):
         return {}
     ks = [run.k] * steps if ks is None else ks
     out = {"mtp/M=1": sum(SCHEDULES.get(run.schedule).head_steps(k) for k in ks)}
-    for k in ks:
-        out[f"mtp-commit/M={k + 1}"] = out.get(f"mtp-commit/M={k + 1}", 0) + 1
+    for k in ks:  # at the verify's M (a padded verify's k_max + 1)
+        key = f"mtp-commit/M={run.verified(k) + 1}"
+        out[key] = out.get(key, 0) + 1
     return out
 
 
@@ -39,7 +40,8 @@ def expected_forwards(run, prompt_len: int, accepted: list[int], ks: list[int] |
     ks = [run.k] * steps if ks is None else ks
     want: dict[str, int] = {f"prefill/M={prompt_len}": 1, "primary/M=1": SCHEDULES.get(run.schedule).decodes * steps}
     for k in ks:
-        want[f"verify/M={k + 1}"] = want.get(f"verify/M={k + 1}", 0) + 1
+        key = f"verify/M={run.verified(k) + 1}"
+        want[key] = want.get(key, 0) + 1
     if DRAFTERS.get(run.drafter).uses_head(run):  # the head's prefill (M = the prompt), then its steps'
         want[f"mtp/M={prompt_len}"] = 1
     for part in (head_forwards(run, steps, ks), COMMITS.get(run.commit).forwards(accepted)):

@@ -150,6 +150,44 @@ def negative_control(art, backend: str, tokens: int) -> dict:
     return {"hazards": r.slots["verify"]["hazards"], "identical": r.lossless, "verdict": r.verdict}
 
 
+def _free_bytes(backend: str) -> int | None:
+    if backend != "cuda":
+        return None
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    return int(cupy.cuda.runtime.memGetInfo()[0])
+
+
+def k_changing_check(art, backend: str, tokens: int, k: int) -> dict:
+    """K changing from step to step (the MTP head's confidence policy) under each Verify plan setting: a plan per M
+    must capture once per M used and never invalidate, one padded plan must capture once; both lossless. Each
+    setting's plans, their bound bytes, and the device memory its run left taken (its graphs' pools, on CUDA)."""
+    from mtplab.experiment.point import run_point
+
+    out = {}
+    for plans in ("per-length", "padded"):
+        run = RunConfig(model=art.config.name, k=max(k, 2), drafter="mtp", k_policy="confidence", k_confidence=0.9,
+                        verify_plans=plans, tokens=tokens, backend=backend, rounds=1)
+        before = _free_bytes(backend)
+        try:
+            r = run_point(run, art)
+        except Exception as err:  # noqa: BLE001 - reported; the check goes on
+            out[plans] = {"error": _first_line(err), "ok": False}
+            continue
+        after = _free_bytes(backend)
+        verify = r.slots["verify"]
+        used = sorted({j + 1 for j in r.k_per_step}) or [run.k + 1]
+        want = 1 if plans == "padded" else len(used)
+        out[plans] = {"m_used": used, "captures": verify["captures"], "invalidations": verify["invalidations"],
+                      "fallbacks": verify["fallbacks"], "identical": r.lossless, "plans": r.extra["plans"]["verify"],
+                      "device_bytes_taken": None if before is None else before - after,
+                      "ok": bool(r.lossless and verify["captures"] == want and verify["invalidations"] == 0
+                                 and verify["fallbacks"] == 0)}
+        _release(backend)
+    return out
+
+
 def _row(spec: tuple, r=None, error: BaseException | None = None) -> dict:
     """One run of the check: from its RunResult, or the error that stopped it (and the op it names)."""
     from mtplab.model.onnx_read import failing_op
@@ -321,7 +359,17 @@ def gpu_check(
             f"negative control ({presets[0]}, sibling, validation off): hazards={control['hazards']} "
             f"identical={control['identical']} (expected: hazards > 0)"
         )
+    changing = k_changing_check(arts[presets[0]], backend, tokens, max(ks)) if (
+        time.perf_counter() - t0 <= budget_s) else None
+    for plans, c in (changing or {}).items():
+        print(f"K changing every step, verify plans {plans}: " + (f"ERROR {c['error']}" if "error" in c else
+              f"M used {c['m_used']}, captures {c['captures']}, invalidations {c['invalidations']}, fallbacks "
+              f"{c['fallbacks']}, identical {c['identical']}, plans bind " + ", ".join(
+                  f"M={p['tokens']} {p['plan_bytes'] / 1024:.1f} KiB" for p in c["plans"])
+              + ("" if c["device_bytes_taken"] is None else f", device memory taken {c['device_bytes_taken'] / 2**20:.1f} MiB")))
     result = checks(rows)
+    result["K changing every step: a plan per M captured once each, one padded plan once, no invalidation"] = bool(
+        changing and all(c["ok"] for c in changing.values()))
     result["negative control: an unpinned replay without validation is detected"] = bool(control and control["hazards"])
     result["capture protocol: greedy with graphs == greedy eager"] = all(c["identical"] for c in captures.values())
     if backend == "cuda":
@@ -338,6 +386,7 @@ def gpu_check(
         "kernel": kernels,
         "runs": rows,
         "negative_control": control,
+        "k_changing": changing,
         "skipped": skipped,
         "checks": result,
         "seconds": time.perf_counter() - t0,

@@ -174,13 +174,13 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
                                    + emitted[b][: committed - P] + [int(first[b])], committed, K, b))
         width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
         stamps.append(time.perf_counter())  # the drafts'
-        ids = np.empty((B, width + 1), dtype=np.int64)
-        ids[:, 0], ids[:, 1:] = first, drafts
+        ids = np.empty((B, run.verified(width) + 1), dtype=np.int64)  # padded: each row's last draft repeated
+        ids[:, 0], ids[:, 1 : width + 1], ids[:, width + 1 :] = first, drafts, drafts[:, -1:]
         if readvance:
             engine.save_state()
         verify_start = st.lengths.copy()
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
-        counts, targets = _judged(engine, drafts, ver["logits"], lengths)  # drafts each row keeps, [B, K+1]
+        counts, targets = _judged(engine, drafts, ver["logits"][:, : width + 1], lengths)  # kept drafts, [B, K+1]
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's

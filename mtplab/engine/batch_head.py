@@ -72,16 +72,16 @@ def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.n
 
 
 def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndarray, start: np.ndarray):
-    """The head's KV rows start.. for what each row's verify kept, one [B, k+1] forward on the head's Verify slot:
+    """The head's KV rows start.. for what each row's verify kept, one [B, M] forward on the head's Verify slot:
     row b's kept tokens are its targets up to counts[b] (the accepted drafts, then the bonus), padded with the
     bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden) at its
     last kept row: the next step's first head step where it starts there (fused)."""
-    io, B = engine.desc.mtp, engine.batch
-    rows = np.arange(B)
+    io, B, M = engine.desc.mtp, engine.batch, hidden.shape[1]  # M: the verify's (a padded one's k_max + 1)
+    rows, cols = np.arange(B), np.arange(M)
     bonus = targets[rows, counts]
-    kept = np.where(np.arange(targets.shape[1]) <= counts[:, None], targets, bonus[:, None])
+    kept = np.where(cols <= counts[:, None], targets[:, np.minimum(cols, targets.shape[1] - 1)], bonus[:, None])
     feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, kept, hidden, start)
     out = engine.mtp.run(Slot.VERIFY, feeds, outputs, bound)
-    key = f"mtp-commit/M={targets.shape[1]}"
+    key = f"mtp-commit/M={M}"
     engine.forwards[key] = engine.forwards.get(key, 0) + 1
     return np.array(out[io.logits][rows, counts]), np.array(out[io.hidden][rows, counts])

@@ -120,8 +120,7 @@ class Engine:
         the one token a decode or a draft runs (draft_io: mtp_io's one draft step at position 0); the state reset
         after them. onnxruntime's CPU memory keeps the layout of a session's first run: after a prefill's, decodes
         run slower for the session's life (benchmarks/forward_gap.py). A graph that does not run leaves its slot to
-        warm up later: its prefill tells why in one line, and a model whose head does not run still decodes greedily.
-        """
+        warm up later: its prefill tells why in one line; a model whose head does not run still decodes greedily."""
         tokens = np.zeros((self.batch, 1) if self.batch > 1 else 1, dtype=np.int64)
         self.target.warm_up(Slot.PRIMARY, *target_io(self.primary_desc, self.state, tokens, False))
         self.mtp.warm_up(Slot.PRIMARY, *draft_io)
@@ -350,30 +349,31 @@ class Engine:
     def verify(self, first, drafts) -> tuple[int, list[int], int, dict]:
         """Verify [first, d1..dk] on Slot.VERIFY: (accepted count, consumed tokens, bonus token, outputs).
 
-        consumed = [first, d1..dn]: the tokens whose state the commit keeps. The step's one host read.
-        """
+        consumed = [first, d1..dn]: the tokens whose state the commit keeps. The step's one host read. A padded
+        verify (verify_plans='padded') runs M = k_max + 1, the last draft repeated after the k judged."""
         xp, k, in_place = self.xp, int(drafts.shape[0]), self.commit_strategy.verify_in_place
-        self.last_k = k
+        self.last_k, M = k, self.spec.verified(k) + 1
         if in_place:
             self.save_state()
         self._verify_start = self.state.length
         on_host = xp is np and self.batch == 1  # host tokens: written straight into the verify's prepared feeds
         buffers = self._verify_buffers.get(k)
         if buffers is None:
-            buffers = self._verify_buffers[k] = (None if on_host else xp.empty(k + 1, dtype=np.int64),
+            buffers = self._verify_buffers[k] = (None if on_host else xp.empty(M, dtype=np.int64),
                                                  xp.empty(2 * k + 3, dtype=np.int64))
         ids, packed = buffers
-        hot = self._prepared_forward(Slot.VERIFY, k + 1, in_place) if on_host else None
+        hot = self._prepared_forward(Slot.VERIFY, M, in_place) if on_host else None
         if hot is not None:
             ids = hot.row
         ids[0] = first
-        ids[1:] = drafts
+        ids[1 : k + 1] = drafts
+        ids[k + 1 :] = ids[k]  # a padded verify's padding (none at M = k + 1)
         ver = self._run_prepared(hot) if hot is not None else self.forward(Slot.VERIFY, ids, in_place=in_place)
-        logits = ver["logits"][0]
+        logits = ver["logits"][0, : k + 1]
         # packed = [n, first, d1..dk, t0..tk]: the step's one read
         n_dev, targets = self.acceptance.accept(xp, drafts, logits)
         packed[0] = n_dev
-        packed[1 : k + 2] = ids
+        packed[1 : k + 2] = ids[: k + 1]
         packed[k + 2 :] = targets
         packed = self.device.read(packed).tolist()
         n = packed[0]

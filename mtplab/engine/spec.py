@@ -45,6 +45,10 @@ class EngineSpec:
         head's alike: the Verify slot, one plan per M, unless verify_plans='one'."""
         return frozenset({Slot.VERIFY}) if self.verify_plans == "per-length" else frozenset()
 
+    def verified(self, drafts: int) -> int:
+        """The drafts a verify of `drafts` runs at (its M - 1): k where verify_plans='padded', else drafts."""
+        return self.k if self.verify_plans == "padded" else drafts
+
     def replace(self, **changes) -> EngineSpec:
         return dataclasses.replace(self, **changes)
 

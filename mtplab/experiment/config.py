@@ -127,7 +127,8 @@ class RunConfig:
     )
     verify_plans: str = param(
         "per-length", "the Verify slot's plans: per-length (one per M, each captured once: a K that changes from step "
-        "to step replays them all) or one (a changed M invalidates it: the thrash CUDA-graph engines report)",
+        "to step replays them all), one (a changed M invalidates it: the thrash CUDA-graph engines report) or padded "
+        "(one plan at M = k + 1: a step with fewer drafts pads them, and only its own are judged)",
         group="executor", choices=VERIFY_PLANS, tag="vp-", id=("tail", 18, None),
     )
     # -- measurement

@@ -11,7 +11,7 @@ from mtplab.model.folders import model_folder, shipped_models
 
 BACKENDS = ("cpu", "cuda")
 ENGINES = ("mtplab", "ort-genai")
-VERIFY_PLANS = ("per-length", "one")  # the Verify slot: a plan per M, or one plan (Executor.plan_per_shape)
+VERIFY_PLANS = ("per-length", "one", "padded")  # the Verify slot: a plan per M, one plan, or one plan at M = k + 1
 GENAI_MAX_DRAFTS = 16  # onnxruntime-genai's bound on speculative.max_draft_tokens (it refuses more when the run starts)
 GROUPS = ("model", "decoding", "executor", "measurement")
 

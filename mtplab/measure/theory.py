@@ -203,9 +203,12 @@ def predict(alpha: float, k: int, schedule: str, commit: str, calibration: dict,
     }
 
 
-def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: dict | None) -> tuple[float, dict, dict]:
+def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: dict | None,
+            verified: int | None = None) -> tuple[float, dict, dict]:
     """(greedy's cost per token, a step's decode, draft and verify costs, the commit's cost per committed count)
-    from a calibration: predict's and predict_steps' one pricing."""
+    from a calibration: predict's and predict_steps' one pricing. verified: the drafts the verify runs at (a padded
+    verify's k_max), k where not given."""
+    v = k if verified is None else verified
     target, eager, share = calibration["target"], calibration.get("eager") or {}, eager_share or {}
 
     def forward(M: int, slot: str) -> float:
@@ -214,13 +217,14 @@ def _prices(k: int, schedule: str, commit: str, calibration: dict, eager_share: 
 
     own = (calibration.get("verify") or {}).get(commit, {})  # a commit whose verify runs a graph of its own
     parts = {"decode": SCHEDULES.get(schedule).decodes * forward(1, "primary"), "draft": draft_seconds(calibration, k, schedule),
-             "verify": verify_seconds(calibration, k, commit) if own else forward(k + 1, "verify")}
+             "verify": verify_seconds(calibration, v, commit) if own else forward(v + 1, "verify")}
     return greedy_seconds(calibration), parts, calibration["commit"][commit]
 
 
-def step_seconds(k: int, schedule: str, commit: str, calibration: dict) -> float:
-    """A step's decode, draft and verify at k drafts, priced by the calibration (its commit apart)."""
-    return float(sum(_prices(k, schedule, commit, calibration, None)[1].values()))
+def step_seconds(k: int, schedule: str, commit: str, calibration: dict, verified: int | None = None) -> float:
+    """A step's decode, draft and verify at k drafts (the verify at `verified` where padded), priced by the
+    calibration (its commit apart)."""
+    return float(sum(_prices(k, schedule, commit, calibration, None, verified)[1].values()))
 
 
 def predict_steps(accepted: list[int], k, schedule: str, commit: str, calibration: dict, tokens: int,
