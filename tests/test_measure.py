@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from mtplab.measure import rounds as measure
+from mtplab.measure import stats
 from mtplab.measure.result import RunResult
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mtplab"
@@ -113,6 +114,18 @@ def test_auto_rounds_stop_once_the_ci_is_within_target_but_never_before_three():
     samples = _run(plan, [1.20, 1.21, 1.19])  # tight from the start
     assert len(samples) == measure.AUTO_MIN_ROUNDS
     assert plan.outcome["stopped"] == "within target" and plan.outcome["half_width"] <= 0.03
+
+
+def test_auto_rounds_stop_on_the_interval_the_point_publishes_too():
+    """Ratios whose t interval (of their mean) is within target while the bootstrap of their median, the interval a
+    point publishes, is not: the rounds go on until both are, so a point that stops within target is stable."""
+    spread = [0.90, 0.95, 1.00, 1.05, 1.10, 0.92, 1.08, 0.97, 1.03, 1.00]  # cycled round after round
+    t_alone = next(n for n in range(5, 200) if measure.interval_half_width((spread * 20)[:n]) <= 0.03)
+    assert stats.summarize((spread * 20)[:t_alone])["half_width"] > 0.03  # where the t interval alone would stop
+    plan = measure.RoundsPlan(None, target=0.03, budget_s=1e9)
+    samples = _run(plan, spread)
+    assert len(samples) > t_alone and plan.outcome["stopped"] == "within target"
+    assert stats.summarize([s["speedup"] for s in samples])["half_width"] <= 0.03
 
 
 def test_auto_rounds_on_a_noisy_point_stop_at_the_budget_and_say_so(monkeypatch):
