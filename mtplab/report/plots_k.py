@@ -24,11 +24,13 @@ def k_chosen(row) -> list[int]:
 
 
 def label(row) -> str:
-    """A point's policy in words: 'fixed K=3', 'probe (K<=4)', 'confidence 0.5 (K<=4)'."""
+    """A point's policy in words: 'fixed K=3', 'probe (K<=4)', 'confidence 0.5 (K<=4, padded)' (a padded Verify
+    plan)."""
     if row["k_policy"] == "fixed":
         return f"fixed K={int(row['k'])}"
     extra = f" {row['k_confidence']:g}" if row["k_policy"] == "confidence" else ""
-    return f"{row['k_policy']}{extra} (K<={int(row['k'])})"
+    padded = ", padded" if row.get("verify_plans") == "padded" else ""
+    return f"{row['k_policy']}{extra} (K<={int(row['k'])}{padded})"
 
 
 def _groups(rows: pd.DataFrame) -> list:
