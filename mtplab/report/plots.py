@@ -313,9 +313,13 @@ def time_split(df: pd.DataFrame):
 
 
 def memory_by_policy(df: pd.DataFrame):
-    """Peak bytes held by all mtplab arenas (named buffers, pool blocks, persistent state) per policy."""
+    """Peak bytes held by all mtplab arenas (named buffers, pool blocks, persistent state) per policy, over the commit
+    strategies every policy ran (a mean over unlike sets of commits would compare the commits, not the policies)."""
     fig, ax = plt.subplots(figsize=(5.6, 3.4))
     g = policy_grid(df)
+    ran = [set(c.commit) for _, c in g.groupby("policy")]
+    shared = set.intersection(*ran) if ran else set()
+    g = g[g.commit.isin(shared)] if shared else g
     peak = peak_arena_mib(g)
     m = peak.groupby(g.policy).mean()
     m = m.loc[_policy_order(m.index)]
@@ -323,7 +327,9 @@ def memory_by_policy(df: pd.DataFrame):
     ax.set_ylabel("peak MiB held by mtplab arenas\n(state, buffers, pool blocks)")
     ax.set_xlabel("arena policy")
     where = f"k={g.k.iloc[0]}" + (f", alpha={g.alpha.iloc[0]:g}" if len(set_acceptance(g)) == len(g) else "")
-    ax.set_title(f"Peak arena memory per policy\n({where}, mean over {g.commit.nunique()} commit strategies)")
+    commits = sorted(g.commit.unique())
+    over = f"commit={commits[0]}" if len(commits) == 1 else f"mean over {len(commits)} commit strategies"
+    ax.set_title(f"Peak arena memory per policy\n({where}, {over})")
     fig.tight_layout()
     return fig
 
