@@ -110,6 +110,30 @@ def test_a_padded_verify_runs_one_plan_at_k_plus_1_and_keeps_the_per_length_runs
     verify = padded.spec_trace.activity["verify"]
     assert verify["captures"] == 1 and verify["invalidations"] == 0
     assert [p["tokens"] for p in plans_held(engine)["verify"]] == [5]
+    assert padded.identity["padded_twin"]["identical"]  # decoded again with a plan per length: the same run
+
+
+def test_a_padding_that_changes_what_a_sampled_verify_judges_is_caught_by_its_per_length_twin(tiny):
+    """Planted: a short step's padding starts one position early, over its last draft's input. Sampled, no greedy
+    token shows it; the same run decoded with a plan per length does."""
+    from mtplab.check.verdict import verdict
+
+    run = RunConfig(model="tiny", drafter="mtp", k=4, k_policy="confidence", k_confidence=0.9, schedule="fused",
+                    tokens=40, temperature=0.7, acceptance="rejection-sampling", verify_plans="padded")
+    engine = Engine(run, tiny)
+    real = engine._run_prepared
+
+    def early_padding(hot, own=True):
+        if hot.key.startswith("verify") and engine.last_k < engine.k:
+            hot.row[engine.last_k] = hot.row[engine.last_k - 1]
+        return real(hot, own)
+
+    engine._run_prepared = early_padding
+    checked = checked_pass(engine, prompt_tokens(tiny.description.vocab_size, 8, 0), run.tokens)
+    twin = checked.identity["padded_twin"]
+    assert not twin["identical"] and twin["exact"]
+    ok, text = verdict(checked.identity)
+    assert not ok and "its run with one padded Verify plan differs from the same run with a plan per length" in text
 
 
 def test_a_policy_that_prices_steps_needs_the_calibration_and_one_that_reads_confidence_needs_the_head(tiny):

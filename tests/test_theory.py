@@ -74,6 +74,11 @@ def test_the_steps_a_run_made_are_priced_at_the_predictions_costs():
     step = 0.1 * 2 + 1.6 + (0.03 + 0.03 + 0.01) / 3  # k - 1 head steps (fused) + T(4) + the mean commit
     assert got["step_seconds"] == pytest.approx(step) and got["tokens_per_step"] == pytest.approx(7 / 3)
     assert got["speedup"] == pytest.approx(7 * 1.0 / (3 * step))
+    # a K per step (a draft-length policy's): each verify at its own K + 1, or at k + 1 every step where padded
+    per_length = theory.step_prices([1, 0], [2, 1], "fused", "select", CALIBRATION)
+    padded = theory.step_prices([1, 0], [2, 1], "fused", "select", CALIBRATION, verified=4)
+    assert per_length["verify"] == pytest.approx((1.4 + 1.2) / 2) and padded["verify"] == pytest.approx(1.8)
+    assert padded["draft"] == per_length["draft"]  # the drafts are the step's own
     with pytest.raises(ValueError, match="prices a run's steps"):
         theory.predict_steps([], k, "fused", "select", CALIBRATION, 8)
     with pytest.raises(ValueError, match=r"prices commits of \[1, 2, 3, 4, 5, 6, 7, 8\] tokens, not of \[10\]"):

@@ -95,16 +95,18 @@ def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: batch.Bat
     [B, M] forward round as a [1, M] one to within a draw's resolution (fp32); in fp16 a draw at a boundary can go
     either way, and a difference is a warning, not a failure."""
     run, out = engine.spec, []
-    for b, prompt in enumerate(row_prompts):
-        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b), engine.art,
-                     engine.device)
+    for b, prompt in enumerate(row_prompts):  # a padded batch's rows against a plan per length: padding held too
+        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b,
+                                 verify_plans="per-length" if run.verify_plans == "padded" else run.verify_plans),
+                     engine.art, engine.device)
         one.k_costs = engine.k_costs  # the batch's prices: a row's policy chooses as in the batch
         tokens = one.speculative(prompt, n)["tokens"]
         mine = spec.tokens[b]
         first = next((i for i, (x, y) in enumerate(zip(tokens, mine)) if x != y),
                      None if len(tokens) == len(mine) else min(len(tokens), len(mine)))
         out.append({"identical": first is None, "first_divergence": first, "seed": run.seed + b,
-                    "sample_seed": run.sample_seed + b, "exact": engine.desc.precision == "fp32"})
+                    "sample_seed": run.sample_seed + b, "exact": engine.desc.precision == "fp32",
+                    "padded": run.verify_plans == "padded"})
     return out
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, states_difference, token_identity
 from mtplab.engine import sampling
+from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.model import Artifact
 from mtplab.model.reference import ReferenceModel, weights_from_onnx
@@ -285,6 +286,22 @@ def anchor_tokens(desc, n: int) -> int:
     return min(n, ANCHOR_TOKENS)
 
 
+def padded_twin(engine, prompt: list[int], n: int, reference: list[int], spec: dict) -> dict:
+    """A run with one padded Verify plan decoded again with a plan per length, on the same seeds and prices: its
+    tokens, accepted counts and K per step must be the same (padding adds positions nobody judges). Sampled, nothing
+    else sees a padding that changed what was judged. exact: fp32, where the verify's rows round alike at any M."""
+    twin = Engine(engine.spec.replace(verify_plans="per-length"), engine.art, engine.device)
+    twin.k_costs = engine.k_costs
+    out = twin.speculative(prompt, n, reference=reference)
+    first = next((i for i, (x, y) in enumerate(zip(out["tokens"], spec["tokens"])) if x != y),
+                 None if len(out["tokens"]) == len(spec["tokens"]) else min(len(out["tokens"]), len(spec["tokens"])))
+    steps = list(zip(out["accepted"], out["k"])), list(zip(spec["accepted"], spec["k"]))
+    step = next((i for i, (x, y) in enumerate(zip(*steps)) if x != y), None if len(steps[0]) == len(steps[1]) else
+                min(map(len, steps)))
+    return {"identical": first is None and step is None, "first_divergence": first, "first_step": step,
+            "exact": engine.desc.precision == "fp32"}
+
+
 class Checked(NamedTuple):
     """What the checked pass leaves for the verdict and for auditing the timed rounds."""
 
@@ -345,6 +362,8 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
     else:
         identity = token_identity(spec["tokens"][:n], greedy.tokens[:n], greedy.margins)
     identity |= lock.summary() | {"non_finite": watch.non_finite, "anchor": anchored}
+    if run.verify_plans == "padded" and run.k_policy != "fixed":  # a fixed K never pads
+        identity["padded_twin"] = padded_twin(engine, prompt, n, greedy.tokens, spec)
     identity["check_seconds"] = {
         "anchor": t1 - t0,
         "lockstep": checks[0],

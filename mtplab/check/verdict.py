@@ -140,9 +140,15 @@ def verdict(identity: dict) -> tuple[bool, str]:
         )
     alone = identity.get("batch_one")
     if sampled and alone and not alone["identical"] and alone["exact"]:
+        plans = ", a Verify plan per length" if alone.get("padded") else ""
         return False, fail + (f"its sampled tokens differ from a batch-1 run of its seeds (seed {alone['seed']}, "
-                              f"sample_seed {alone['sample_seed']}) at token {alone['first_divergence']}: the row did "
-                              "not decode by itself")
+                              f"sample_seed {alone['sample_seed']}{plans}) at token {alone['first_divergence']}: the "
+                              "row did not decode by itself")
+    twin = identity.get("padded_twin")
+    if twin and not twin["identical"] and twin["exact"]:
+        return False, fail + (f"its run with one padded Verify plan differs from the same run with a plan per length "
+                              f"at token {twin['first_divergence']} (step {twin['first_step']}: accepted count or K): "
+                              "the padding changed what was judged")
     anchor = identity.get("anchor")
     if anchor and not anchor["ok"]:
         where = anchor["first_token_disagreement"]

@@ -183,7 +183,8 @@ def run_mtplab_point(
     # the efficiency's prediction: the same costs for the steps the timed rounds made (the audit holds every round
     # to the checked run's accepted counts)
     varied = timed["ks"] if any(j != k for j in timed["ks"]) else k  # each step priced at its own K
-    priced = theory.predict_steps(timed["accepted"], varied, run.schedule, run.commit, calibration, n, share) if (
+    priced = theory.predict_steps(timed["accepted"], varied, run.schedule, run.commit, calibration, n, share,
+                                  k if run.verify_plans == "padded" else None) if (
         predicted and timed["accepted"] and n > 1) else None
     tracked = checked.spec.get("expected_acceptance")  # a sampled run's sum(min(p, q)) per judged draft
     sampled = theory.sampled_acceptance(checked.spec["accepted"], k, tracked, run.schedule,
@@ -250,6 +251,10 @@ def run_mtplab_point(
         alpha=run.alpha, sampled=sampled,  # sampled: alpha bounds the mixture's acceptance; else alpha^i is its law
         greedy_decode_seconds=measure.rate(1, result.greedy_tokens_per_s),
     )
+    twin = checked.identity.get("padded_twin")  # in fp16 an M = k + 1 verify may round a draw's boundary apart
+    if twin and not twin["identical"] and not twin["exact"]:
+        result.warnings.append(flags.warning("padded_apart", "its padded Verify plan's run differs from a plan per "
+                                             f"length's from token {twin['first_divergence']} ({engine.desc.precision})"))
     return result
 
 

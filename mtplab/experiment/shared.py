@@ -81,8 +81,8 @@ def step_costs(run: RunConfig, calibration: dict) -> StepCosts:
                          f"calibration measured (its verify sizes {sorted(int(m) for m in calibration['target'])}): "
                          "give a smaller k, or k_policy='fixed'")
     commits = {int(m): float(s) for m, s in calibration["commit"][run.commit].items()}
-    spec = run.engine_spec()  # a padded verify costs its k + 1 tokens whatever K drafts
-    return StepCosts({j: theory.step_seconds(j, run.schedule, run.commit, calibration, spec.verified(j))
+    verified = run.k if run.verify_plans == "padded" else None  # a padded verify costs k + 1 tokens whatever K drafts
+    return StepCosts({j: theory.step_seconds(j, run.schedule, run.commit, calibration, verified)
                       for j in range(1, run.k + 1)},
                      commits, SCHEDULES.get(run.schedule).extra_tokens)
 

@@ -228,7 +228,7 @@ def step_seconds(k: int, schedule: str, commit: str, calibration: dict, verified
 
 
 def predict_steps(accepted: list[int], k, schedule: str, commit: str, calibration: dict, tokens: int,
-                  eager_share: dict | None = None) -> dict:
+                  eager_share: dict | None = None, verified: int | None = None) -> dict:
     """The speedup the calibration prices for the steps a run made: len(accepted) steps, each committing its
     accepted count + 1, against greedy's tokens - 1 tokens. predict's costs at the acceptance a run realized, not
     the alpha it was set or calibrated to: a run of a few dozen steps lands away from its alpha by chance (the same
@@ -238,7 +238,7 @@ def predict_steps(accepted: list[int], k, schedule: str, commit: str, calibratio
     tokens - 1 after the prefill's, or fewer where its steps made fewer (a run stopped early)."""
     if not accepted or tokens <= 1:
         raise ValueError(f"predict_steps prices a run's steps: got {len(accepted)} steps and tokens={tokens}")
-    prices = step_prices(accepted, k, schedule, commit, calibration, eager_share)
+    prices = step_prices(accepted, k, schedule, commit, calibration, eager_share, verified)
     greedy, phases = prices.pop("greedy"), prices
     steps = len(accepted)
     step = sum(phases.values())
@@ -249,18 +249,19 @@ def predict_steps(accepted: list[int], k, schedule: str, commit: str, calibratio
 
 
 def step_prices(accepted: list[int], k, schedule: str, commit: str, calibration: dict,
-                eager_share: dict | None = None) -> dict:
+                eager_share: dict | None = None, verified: int | None = None) -> dict:
     """What the calibration prices the steps a run made at, in seconds: each phase per step ("decode", "draft",
     "verify", each step at its own K where k is a list of them, a draft-length policy's; "commit", the mean of the
     commits of each step's accepted count + 1) and greedy per token ("greedy"): predict_steps' costs, which the
-    report also sets each timed phase against. ValueError for a commit count the calibration did not measure."""
+    report also sets each timed phase against. verified: the drafts every verify runs at (a padded Verify plan's
+    k), each step's own K where None. ValueError for a commit count the calibration did not measure."""
     if not isinstance(k, int):  # a K per step: each distinct K priced once, the phases averaged over the steps
         ks = [int(j) for j in k]
-        priced = {j: _prices(j, schedule, commit, calibration, eager_share) for j in set(ks)}
+        priced = {j: _prices(j, schedule, commit, calibration, eager_share, verified) for j in set(ks)}
         greedy, _, commits = priced[ks[0]]
         parts = {p: sum(priced[j][1][p] for j in ks) / len(ks) for p in priced[ks[0]][1]}
     else:
-        greedy, parts, commits = _prices(k, schedule, commit, calibration, eager_share)
+        greedy, parts, commits = _prices(k, schedule, commit, calibration, eager_share, verified)
     if missing := sorted({int(j) + 1 for j in accepted} - {int(n) for n in commits}):
         raise ValueError(f"the calibration prices commits of {sorted(int(n) for n in commits)} tokens, not of {missing}")
     return parts | {"commit": sum(commits[str(int(j) + 1)] for j in accepted) / len(accepted), "greedy": greedy}
