@@ -136,9 +136,9 @@ class RoundsPlan:
     their repetitions the same way). It stops on the wider of two intervals: the t interval of the rounds' ratios
     (stats.ratio_interval), wider than the bootstrap of the median at a few rounds and honest there, and the
     bootstrap of the median the point publishes, up to a quarter wider at many rounds (a median is a less
-    efficient estimate than a mean): a point that stops within target publishes an interval within it. Checking after every
-    round still makes it a little optimistic (optional stopping), which the minimum bounds. `outcome` says which
-    happened, once the rounds are over."""
+    efficient estimate than a mean): a point that stops within target publishes an interval within it. Checking
+    after every round still makes it a little optimistic (optional stopping), which the minimum bounds. `outcome`
+    says which happened, once the rounds are over."""
 
     fixed: int | None
     target: float = 0.03
