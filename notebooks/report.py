@@ -77,8 +77,8 @@ figures.per_model(quality.efficiency_table, ok)
 # %% [markdown]
 # Where an efficiency off 1 comes from: each phase's time per step in the points' timed rounds over
 # what the calibration prices it at, and greedy's time per token over its calibrated cost (how far
-# the machine itself moved since the calibration); medians over the points. Diagnosis only: no
-# efficiency reads these times.
+# the machine itself moved since the calibration); medians over the points ("—": nothing to divide, as in the
+# fused schedule's decode, which it has not). Diagnosis only: no efficiency reads these times.
 
 # %%
 figures.per_model(quality.phase_table, ok, calibration)

@@ -102,7 +102,13 @@ def test_the_report_answers_first_with_the_real_heads_best_point_its_interval_an
     df = _sweep(_rounds([(72.0, 90.0)])).assign(model_name="tiny", point_id=["a", "b", "c"])
     line = findings.answer(df)
     assert line.startswith("**The answer.** Real MTP head: speculative decoding beats greedy (CI above 1) at 2 of 2")
-    assert "Best: **1.50x** [1.40, 1.60] (stable) at k=2, fused" in line and "every point token-identical to greedy" in line
+    assert "Best stable: **1.50x** [1.40, 1.60] (stable) at k=2, fused" in line
+    assert "every point token-identical to greedy" in line
+    best = df.speedup.idxmax()  # an unstable best is not the answer: the best stable point is, the other named
+    shaky = df.assign(stable=[i != best for i in df.index])
+    line = findings.answer(shaky)
+    assert "Best stable: " in line and "**1.50x**" not in line.split("Best stable: ")[1].split(";")[0]
+    assert "(an unstable point reads higher: 1.50x at k=2, fused)" in line
     lossy = df.assign(lossless=[True, False, True])
     assert "**1 of 3 points NOT identical to greedy**" in findings.answer(lossy)
     assert findings.answer(df[df.engine == "ort-genai"]).startswith("**No speculative point of mtplab's own engine")

@@ -127,13 +127,19 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
         ci = [_interval(v) for v in part.speedup_ci] if "speedup_ci" in part else [(float("nan"),) * 2] * len(part)
         above = sum(lo > 1 for lo, _ in ci)
         below = sum(hi < 1 for _, hi in ci)
-        best = part.loc[part.speedup.idxmax()]
+        # the best stable point where there is one: an unstable point's median is the least sure number
+        stable = part[part.stable.fillna(False).astype(bool)] if "stable" in part else part.iloc[:0]
+        best = (stable if len(stable) else part).loc[(stable if len(stable) else part).speedup.idxmax()]
+        top = part.loc[part.speedup.idxmax()]
+        higher = (f" (an unstable point reads higher: {top.speedup:.2f}x at k={top.k}, {top.schedule})"
+                  if top.speedup > best.speedup else "")
         out.append(
             f"- {label}{note}: speculative decoding beats greedy (CI above 1) at {above} of "
             f"{plural(len(part), 'point')}, loses "
-            f"(CI below 1) at {below}, within noise at {len(part) - above - below}. Best: {_point_text(best)}"
+            f"(CI below 1) at {below}, within noise at {len(part) - above - below}. Best"
+            f"{' stable' if len(stable) else ''}: {_point_text(best)}"
             + (f", alpha={best.alpha:g}" if selection.acceptance_source(best.drafter) == "setting" else "")
-            + f"; {best.tokens_per_s:.0f} vs {best.greedy_tokens_per_s:.0f} tok/s."
+            + f"; {best.tokens_per_s:.0f} vs {best.greedy_tokens_per_s:.0f} tok/s{higher}."
         )
     peer = peer_rows(ok)
     head = selection.measured_acceptance(selection.greedy_decoding(own))

@@ -138,8 +138,12 @@ def _per_schedule(df: pd.DataFrame, metric: str, scale, ylabel: str, title: str,
         ax.set_title(f"{title}, schedule={sched}\npolicy={s.policy.iloc[0]}, commit={s.commit.iloc[0]}", fontsize=10)
         ax.set_xlabel("per-position acceptance alpha (oracle drafter)")
         ax.set_ylabel(ylabel + "\nmedian of paired rounds, 95% CI")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, title="drafts per step (dashed: theory)", loc="center left",
+    drawn = {}  # every panel's k, once each (a panel may hold fewer k than another)
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            drawn.setdefault(label, h)
+    labels = sorted(drawn, key=lambda label: int(label.removeprefix("k=")))
+    fig.legend([drawn[label] for label in labels], labels, title="drafts per step (dashed: theory)", loc="center left",
                bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     return fig

@@ -103,7 +103,8 @@ def phase_table(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
     phase ran as calibrated; greedy's column is how far the machine itself moved. The prices are the ones the
     point's efficiency used (`predicted.phases`); an older result's are made again from the calibration, at plans
     alone. Diagnosis only: the efficiency reads no time of the point's own. A phase none of the points has (the
-    fused schedule's decode) has no column."""
+    fused schedule's decode) has no column; a cell with nothing to divide (a phase its schedule lacks, a rate not
+    measured) reads "—"."""
     if "engine" not in df or "time_split" not in df:
         return pd.DataFrame()
     rows = []
@@ -124,7 +125,8 @@ def phase_table(df: pd.DataFrame, calibration: dict) -> pd.DataFrame:
     by = ["policy", "commit", "schedule"]
     table = t.groupby(by)[[c for c in t.columns if c.endswith(" / calibrated")]].median().round(2)
     table.insert(0, "points", t.groupby(by).size())
-    return table.dropna(axis=1, how="all")  # a phase no point's schedule has (the fused schedule's decode)
+    table = table.dropna(axis=1, how="all")  # a phase no point's schedule has (the fused schedule's decode)
+    return table.astype(object).where(table.notna(), "—")
 
 
 def _parsed(value):

@@ -216,7 +216,7 @@ def finished_sweep(given: str | Path) -> Path:
     named = f", nor is there a sweep named {given!s} in {root}" if bare else ""
     if not path.exists():
         raise ValueError(f"{path}: no such folder{named}: give a sweep's folder, or its name in the results root "
-                         "($MTPLAB_RESULTS, else results/; `mtplab report --results DIR` names another)")
+                         "($MTPLAB_RESULTS, else results/), or the path of one elsewhere")
     if not path.is_dir():
         raise ValueError(f"{path} is a file: give a sweep's folder (the one `mtplab sweep --name NAME` wrote, "
                          f"e.g. {root / 'demo'})")
