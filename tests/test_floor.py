@@ -109,3 +109,11 @@ def test_a_lossless_point_beyond_a_band_is_stored_as_suspect_and_a_mismatch_stay
     assert store.result_status({"lossless": False, "suspect": ["x"]}) == "mismatch"
     assert store.result_status({"lossless": True, "suspect": []}) == "ok"
     assert store.result_status({"lossless": True}) == "ok"  # a result from before timing floors
+
+
+def test_a_host_time_below_the_floor_reads_none_measurable_not_a_negative_cost():
+    from mtplab.experiment.result_text import _floor_text
+
+    f = {"unit": "token", "host_per_unit": -175e-6, "allowed_per_unit": 35e-6, "priced_share": 1.0}
+    assert _floor_text("greedy", f) == ("greedy none measurable (-175 us a token: its fastest round beat the bare "
+                                        "replays), within its band of 35 us")

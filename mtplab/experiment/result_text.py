@@ -49,7 +49,9 @@ def _floor_text(side: str, f: dict) -> str:
         return (f"{side} {f['host_per_unit'] * us:.0f} us a {unit}, not held to its band (the floor priced "
                 f"{f['priced_share']:.0%} of its forwards)")
     verdict = "within" if f["host_per_unit"] <= f["allowed_per_unit"] else "BEYOND"
-    return f"{side} {f['host_per_unit'] * us:.0f} us a {unit}, {verdict} its band of {f['allowed_per_unit'] * us:.0f} us"
+    host = (f"{f['host_per_unit'] * us:.0f} us a {unit}" if f["host_per_unit"] >= 0 else
+            f"none measurable ({f['host_per_unit'] * us:.0f} us a {unit}: its fastest round beat the bare replays)")
+    return f"{side} {host}, {verdict} its band of {f['allowed_per_unit'] * us:.0f} us"
 
 
 def _share(v: float | None) -> str:
