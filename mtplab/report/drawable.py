@@ -51,12 +51,13 @@ def fills(ok: pd.DataFrame, figure: str) -> bool:
 def not_drawn(figure: str, points: int) -> None:
     """The one line a notebook shows where it asked for a figure its points cannot fill."""
     left = left_out[0]
-    markdown(f"*Not drawn ({figure.replace('_', ' ')}): it needs {NEEDS[figure]}, and these {points} "
+    markdown(f"*Not drawn ({TITLES.get(figure, figure.replace('_', ' '))}): it needs {NEEDS[figure]}, and these {points} "
              f"point{'s' if points != 1 else ''} hold none"
              + (f" ({left} batch point{'s' if left != 1 else ''} left out: the batch section draws "
                 f"{'them' if left != 1 else 'it'})" if left else "") + ".*")
 
 
+TITLES = {"greedy_draw": "each point's efficiency against its own greedy"}  # where a figure's key says too little
 left_out: list[int] = [0]  # batch rows a batch-1 recipe was handed and left out (its not-drawn line says so)
 
 

@@ -144,7 +144,8 @@ def slot_counters(ok: pd.DataFrame):
         f"for the {provenance.plural(len(grid), 'point')} "
         + (f"at k={ks[0]}" if len(ks) == 1 else f"at k={', '.join(map(str, ks))} (means per run over them)")
         + (f", alpha={grid.alpha.iloc[0]:g}" if len(selection.set_acceptance(grid)) == len(grid) else "")
-        + "."
+        + ". The counts are the checked speculative run's: the greedy reference before it captured the Primary plan, "
+        "so Primary's captures count its recaptures only (0 where the plan held)."
     )
     return plots.slot_counters(selection.counters_long(ok))
 
