@@ -19,7 +19,7 @@ from mtplab.check.audit import nonzero, state_problem
 from mtplab.check.expected import greedy_forwards, head_forwards
 from mtplab.check.lossless import HeadCheck, Lockstep, Watch, anchor, anchor_tokens, reference_model
 from mtplab.check.trace import Trace
-from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, token_identity
+from mtplab.check.verdict import STATE_RTOL, StateRule, first_difference, state_rule, token_identity
 from mtplab.engine import batch, sampling
 from mtplab.engine.engine import Engine
 from mtplab.engine.greedy import GreedyRows
@@ -100,10 +100,7 @@ def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: batch.Bat
                                  verify_plans="per-length" if run.verify_plans == "padded" else run.verify_plans),
                      engine.art, engine.device)
         one.k_costs = engine.k_costs  # the batch's prices: a row's policy chooses as in the batch
-        tokens = one.speculative(prompt, n)["tokens"]
-        mine = spec.tokens[b]
-        first = next((i for i, (x, y) in enumerate(zip(tokens, mine)) if x != y),
-                     None if len(tokens) == len(mine) else min(len(tokens), len(mine)))
+        first = first_difference(one.speculative(prompt, n)["tokens"], spec.tokens[b])
         out.append({"identical": first is None, "first_divergence": first, "seed": run.seed + b,
                     "sample_seed": run.sample_seed + b, "exact": engine.desc.precision == "fp32",
                     "padded": run.verify_plans == "padded"})

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mtplab.check.trace import Trace
-from mtplab.check.verdict import STATE_RTOL, StateRule, state_rule, states_difference, token_identity
+from mtplab.check.verdict import STATE_RTOL, StateRule, first_difference, state_rule, states_difference, token_identity
 from mtplab.engine import sampling
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import DRAFTERS, SCHEDULES
@@ -293,11 +293,8 @@ def padded_twin(engine, prompt: list[int], n: int, reference: list[int], spec: d
     twin = Engine(engine.spec.replace(verify_plans="per-length"), engine.art, engine.device)
     twin.k_costs = engine.k_costs
     out = twin.speculative(prompt, n, reference=reference)
-    first = next((i for i, (x, y) in enumerate(zip(out["tokens"], spec["tokens"])) if x != y),
-                 None if len(out["tokens"]) == len(spec["tokens"]) else min(len(out["tokens"]), len(spec["tokens"])))
-    steps = list(zip(out["accepted"], out["k"])), list(zip(spec["accepted"], spec["k"]))
-    step = next((i for i, (x, y) in enumerate(zip(*steps)) if x != y), None if len(steps[0]) == len(steps[1]) else
-                min(map(len, steps)))
+    first = first_difference(out["tokens"], spec["tokens"])
+    step = first_difference(list(zip(out["accepted"], out["k"])), list(zip(spec["accepted"], spec["k"])))
     return {"identical": first is None and step is None, "first_divergence": first, "first_step": step,
             "exact": engine.desc.precision == "fp32"}
 

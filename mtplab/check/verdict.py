@@ -53,12 +53,17 @@ def state_rule(commit: str | None, precision: str, same_device: bool) -> StateRu
     return StateRule(False, rtol, f"{commit} {why}")
 
 
+def first_difference(a, b) -> int | None:
+    """The first index where two sequences differ (the shorter one's length where one is the other's prefix), or
+    None where they are equal."""
+    n = min(len(a), len(b))
+    first = next((i for i in range(n) if a[i] != b[i]), None)
+    return n if first is None and len(a) != len(b) else first
+
+
 def token_identity(spec: list[int], greedy: list[int], greedy_margins: list[float]) -> dict:
     """Compare every token; on failure give the first diverging position and greedy's top-2 margin there."""
-    n = min(len(spec), len(greedy))
-    first = next((i for i in range(n) if spec[i] != greedy[i]), None)
-    if first is None and len(spec) != len(greedy):
-        first = n
+    first = first_difference(spec, greedy)
     return {
         "token_identical": first is None,
         "first_divergence": first,

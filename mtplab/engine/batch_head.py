@@ -77,9 +77,11 @@ def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndar
     bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden) at its
     last kept row: the next step's first head step where it starts there (fused)."""
     io, B, M = engine.desc.mtp, engine.batch, hidden.shape[1]  # M: the verify's (a padded one's k_max + 1)
-    rows, cols = np.arange(B), np.arange(M)
+    rows = np.arange(B)
     bonus = targets[rows, counts]
-    kept = np.where(cols <= counts[:, None], targets[:, np.minimum(cols, targets.shape[1] - 1)], bonus[:, None])
+    if M > targets.shape[1]:  # a padded verify's rows beyond the judged ones: the bonus, as past the kept ones
+        targets = np.pad(targets, ((0, 0), (0, M - targets.shape[1])), mode="edge")
+    kept = np.where(np.arange(M) <= counts[:, None], targets, bonus[:, None])
     feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, kept, hidden, start)
     out = engine.mtp.run(Slot.VERIFY, feeds, outputs, bound)
     key = f"mtp-commit/M={M}"

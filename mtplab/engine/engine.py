@@ -278,8 +278,7 @@ class Engine:
 
         The same forward as forward(Slot.PRIMARY, [token]) (on the feeds target_io keeps for M=1), less its
         bookkeeping, which the caller does. On the device the ids are a device array of their own: the loop never
-        waits for the device.
-        """
+        waits for the device."""
         B = self.batch
         feeds, outputs, bound = target_io(self.primary_desc, self.state,
                                           np.zeros((B, 1) if B > 1 else 1, dtype=np.int64))
@@ -350,7 +349,7 @@ class Engine:
         """Verify [first, d1..dk] on Slot.VERIFY: (accepted count, consumed tokens, bonus token, outputs).
 
         consumed = [first, d1..dn]: the tokens whose state the commit keeps. The step's one host read. A padded
-        verify (verify_plans='padded') runs M = k_max + 1, the last draft repeated after the k judged."""
+        verify (verify_plans='padded') runs M = k_max + 1, only its k drafts judged."""
         xp, k, in_place = self.xp, int(drafts.shape[0]), self.commit_strategy.verify_in_place
         self.last_k, M = k, self.spec.verified(k) + 1
         if in_place:
@@ -367,7 +366,8 @@ class Engine:
             ids = hot.row
         ids[0] = first
         ids[1 : k + 1] = drafts
-        ids[k + 1 :] = ids[k]  # a padded verify's padding (none at M = k + 1)
+        if M > k + 1:  # a padded verify: the last draft repeated
+            ids[k + 1 :] = ids[k]
         ver = self._run_prepared(hot) if hot is not None else self.forward(Slot.VERIFY, ids, in_place=in_place)
         logits = ver["logits"][0, : k + 1]
         # packed = [n, first, d1..dk, t0..tk]: the step's one read

@@ -129,8 +129,8 @@ def headline_findings(ok: pd.DataFrame) -> list[str]:
         below = sum(hi < 1 for _, hi in ci)
         # the best stable point where there is one: an unstable point's median is the least sure number
         stable = part[part.stable.fillna(False).astype(bool)] if "stable" in part else part.iloc[:0]
-        best = (stable if len(stable) else part).loc[(stable if len(stable) else part).speedup.idxmax()]
-        top = part.loc[part.speedup.idxmax()]
+        pool = stable if len(stable) else part
+        best, top = pool.loc[pool.speedup.idxmax()], part.loc[part.speedup.idxmax()]
         higher = (f" (an unstable point reads higher: {top.speedup:.2f}x at k={top.k}, {top.schedule})"
                   if top.speedup > best.speedup else "")
         out.append(
