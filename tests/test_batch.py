@@ -79,8 +79,10 @@ def test_a_sampled_row_is_the_batch_of_one_run_of_its_seeds(tiny, schedule, draf
     """At temperature > 0 row b samples from a generator of its own at sample_seed + b, in a batch-1 run's order:
     its tokens and accepted counts are those of the batch-1 run at seed + b and sample_seed + b, and so are its
     plain-sampling baseline's; the check follows each row's own tokens. The oracle samples as a mixture of the
-    target's rows and a distractor, each row its own (mtplab.engine.mixture)."""
-    run = batch_run(3, "readvance-m1", schedule, drafter).replace(temperature=0.7, acceptance="rejection-sampling")
+    target's rows and a distractor, each row its own (mtplab.engine.mixture), at its own alpha where given."""
+    own = [{"alpha": a} for a in (0.5, 0.9, 0.7)] if drafter == "oracle" else [{}] * 3
+    run = batch_run(3, "readvance-m1", schedule, drafter).replace(temperature=0.7, acceptance="rejection-sampling",
+                                                                   **({"alpha": (0.5, 0.9, 0.7)} if own[0] else {}))
     engine = Engine(run, tiny)
     prompts = batch.prompts(run, engine.desc.vocab_size)
     checked = checked_batch(engine, prompts, N)
@@ -88,7 +90,7 @@ def test_a_sampled_row_is_the_batch_of_one_run_of_its_seeds(tiny, schedule, draf
     assert ok and message.startswith("sampled (temperature 0.7") and "in each of its 3 rows bitwise" in message
     spec = checked.spec
     for b in range(3):
-        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b), tiny)
+        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b, **own[b]), tiny)
         prompt = [int(t) for t in prompts[b]]
         alone = one.speculative(prompt, N)
         assert alone["tokens"] == spec.tokens[b] and alone["accepted"] == spec.accepted[b], f"row {b}"

@@ -64,6 +64,30 @@ def test_toy_strategies_run_lossless_and_the_acceptance_rule_decides_what_is_kep
     assert all_kept.lossless and all_kept.acceptance_per_position == [1.0, 1.0, 1.0]  # greedy-match keeps all
 
 
+def test_the_head_under_a_rule_that_keeps_fewer_matches_is_not_judged_as_greedy_match(tiny, toys):
+    # first-only rejects drafts the reference chain agrees with: no disagreement to report there
+    r = run_point(RunConfig(model="tiny", k=3, tokens=24, rounds=1, acceptance="first-only"), tiny,
+                  calibration=synthetic_calibration(1e-4))
+    assert r.lossless, r.verdict
+    assert r.identity["head_kv_commits_checked"] and r.identity["head_drafts_judged"] is None
+
+
+def test_a_drafter_of_your_own_drafts_each_row_of_a_batch_alone(tiny, toys):
+    run = RunConfig(model="tiny", k=3, drafter="copy-reference", tokens=24, rounds=1, batch=2)
+    r = run_point(run, tiny, calibration=synthetic_calibration(1e-4) | {"batch": 2})
+    assert r.lossless, r.verdict
+    assert r.acceptance_per_position == [1.0, 1.0, 1.0]  # each row copies its own reference: every draft kept
+    assert not any(key.startswith("mtp") for key in r.forwards)  # the head never ran
+    rows = r.extra["batch"]["per_row"]
+    assert rows[0]["tokens"] != rows[1]["tokens"] and all(row["lossless"] for row in rows)
+
+
+def test_a_commit_of_your_own_is_refused_at_batch_above_one_before_any_work(toys):
+    with pytest.raises(ConfigError, match=r"commit='readvance-eager' commits one sequence \(it has no row-by-row "
+                                          r"form\): batch=2 runs commit in \['per-position', 'readvance-batched', "):
+        RunConfig(model="tiny", commit="readvance-eager", batch=2)
+
+
 def test_a_toy_commit_that_breaks_its_promise_is_caught(tiny, toys, monkeypatch):
     monkeypatch.setattr(toys.ReadvanceEager, "forwards", lambda self, accepted: {})
     r = run_point(RunConfig(**TOY), tiny, calibration=synthetic_calibration(1e-4))

@@ -21,6 +21,7 @@ from mtplab.check.lossless import HeadCheck, Lockstep, Watch, anchor, anchor_tok
 from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, first_difference, state_rule, token_identity
 from mtplab.engine import batch, sampling
+from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
 from mtplab.engine.greedy import GreedyRows
 from mtplab.engine.strategies import DRAFTERS, SCHEDULES
@@ -50,7 +51,7 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
                               keep_logits=anchor_tokens(engine.desc, n))
         kind = DRAFTERS.get(run.drafter)
         locks = [Lockstep.start(art, row_prompts[b], [] if sampled else greedy.tokens[b], rule, sampled=sampled,
-                                head=HeadCheck.start(engine.desc, run.k, kind.name == "mtp" and not sampled)
+                                head=HeadCheck.start(engine.desc, run.k, HeadCheck.judges(engine))
                                 if kind.uses_head(run) else None) for b in range(engine.batch)]
         extra = SCHEDULES.get(run.schedule).extra_tokens
         kv = engine.mtp_state.kv
@@ -95,8 +96,9 @@ def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: batch.Bat
     [B, M] forward round as a [1, M] one to within a draw's resolution (fp32); in fp16 a draw at a boundary can go
     either way, and a difference is a warning, not a failure."""
     run, out = engine.spec, []
+    alphas = row_alphas(run.alpha, run.batch)  # each row's own, as its batch-1 run takes it
     for b, prompt in enumerate(row_prompts):  # a padded batch's rows against a plan per length: padding held too
-        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b,
+        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b, alpha=alphas[b],
                                  verify_plans="per-length" if run.verify_plans == "padded" else run.verify_plans),
                      engine.art, engine.device)
         one.k_costs = engine.k_costs  # the batch's prices: a row's policy chooses as in the batch

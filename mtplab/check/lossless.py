@@ -99,6 +99,13 @@ class HeadCheck:
                          "which round apart from the reference's M=1 forwards")
         return cls(HeadStepper(desc), k, judge, rule, judged=[0] * k, accepted=[0] * k, agreed=[0] * k)
 
+    @staticmethod
+    def judges(engine) -> bool:
+        """Whether a run's head drafts are judged against the reference chain: the head drafts (not the oracle) and
+        greedily, under a rule that keeps every draft up to the first the target's argmax differs from (a rule that
+        keeps fewer rejects drafts the chain agrees with)."""
+        return engine.spec.drafter == "mtp" and engine.acceptance.keeps_longest_match
+
     def check_kv(self, step: int, length: int, kv: tuple) -> None:
         """The head's KV rows [0, length) against the reference's."""
         self.commits += 1
@@ -329,7 +336,7 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
         t1 = time.perf_counter()
         rule = state_rule(run.commit, engine.desc.precision, same_device)
         kind = DRAFTERS.get(run.drafter)
-        head = HeadCheck.start(engine.desc, run.k, kind.name == "mtp" and not sampled) if kind.uses_head(run) else None
+        head = HeadCheck.start(engine.desc, run.k, HeadCheck.judges(engine)) if kind.uses_head(run) else None
         lock = Lockstep.start(art, prompt, greedy.tokens, rule, None if sampled else len(prompt) + n - 1, sampled,
                               head)
         watch.start("speculative")

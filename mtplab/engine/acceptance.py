@@ -22,6 +22,7 @@ class AcceptanceRule:
     name: str = ""
     summary: str = ""
     samples: bool = False  # draws at temperature > 0 (its verdict is the target's distribution, not greedy's tokens)
+    keeps_longest_match: bool = False  # keeps every draft up to the first that differs from the target's argmax
 
     def for_run(self, run, xp) -> AcceptanceRule:
         """The rule as one run uses it (a sampling rule binds its transform and generator; greedy-match is itself)."""
@@ -68,6 +69,7 @@ class AcceptanceRule:
 class GreedyMatch(AcceptanceRule):
     name = "greedy-match"
     summary = "keep the longest prefix of drafts equal to the target's argmax, then the target's argmax (lossless)"
+    keeps_longest_match = True
 
     def token(self, xp, row):
         return row.argmax() if xp is np else xp.argmax(row)  # numpy: the method, without np.argmax's dispatch

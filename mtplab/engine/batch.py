@@ -31,6 +31,7 @@ from mtplab.engine.greedy import GreedyRows, decode_rows, start_rows
 from mtplab.engine.mixture import distractor_token, mixture_drafts, row_target_rows
 from mtplab.engine.schedules import Phases
 from mtplab.engine.speculative import k_chooser
+from mtplab.engine.strategies import DRAFTERS
 from mtplab.model.prompts import run_prompt
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.state import mtp_io
@@ -101,11 +102,12 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     far and each row's drafts per step (the checked pass compares each committed row's state there).
     """
     run, k, B = engine.spec, engine.k, engine.batch
+    kind = DRAFTERS.get(run.drafter)
     oracle = run.drafter == "oracle"
     mixture = oracle and engine.acceptance.samples  # at T > 0 the oracle drafts from the target's own rows
-    if oracle and not mixture and (references is None or len(references) != B or min(map(len, references)) < n + k + 1):
+    if kind.reads_reference(run) and (references is None or len(references) != B or min(map(len, references)) < n + k + 1):
         got = "none" if references is None else f"{len(references)} of {min(map(len, references), default=0)}+ tokens"
-        raise ValueError(f"the oracle drafter drafts from each row's greedy reference: {B} references of at least "
+        raise ValueError(f"the {kind.name} drafter drafts from each row's greedy reference: {B} references of at least "
                          f"n + k + 1 = {n + k + 1} tokens (got {got})")
     commit, decode_first = batch_commit(engine), run.schedule == "decode-verify"
     skip = 0 if decode_first else 1  # fused: the verify's first token was emitted by the step before
@@ -114,7 +116,7 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     out = start(engine, batch_prompts)
     first = engine.acceptance.row_tokens(np, out["logits"][:, -1])
     emitted = [[int(t)] for t in first]
-    head = engine.head if not (oracle and run.oracle_free_drafts) else None
+    head = engine.head if kind.uses_head(run) and kind.name in ("mtp", "oracle") else None
     if head is not None:  # the head's KV: entry j pairs token j+1 with the target's hidden j
         feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, np.concatenate([batch_prompts[:, 1:], first[:, None]], 1),
                                        out["hidden"], np.zeros(B, np.int64))
@@ -125,6 +127,11 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         ready = np.array(head_out[io.logits][:, -1]), np.array(head_out[io.hidden][:, -1])
     alphas, P = row_alphas(run.alpha, B), batch_prompts.shape[1]
     row_prompts = [[int(t) for t in row] for row in batch_prompts]
+    # a drafter of the user's own drafts one sequence: one per row, each told only its own row
+    own = [kind.build(engine, references[b] if references else None) for b in range(B)] if head is None and not (
+        oracle) else []
+    for b, d in enumerate(own):
+        d.prefill(row_prompts[b][1:] + [int(first[b])], out["hidden"][b])
     oracles = [OracleDrafter(references[b], alpha, run.seed + b, engine.desc.vocab_size, None)
                for b, alpha in enumerate(alphas)] if oracle and not mixture else []
     for o in oracles:
@@ -137,6 +144,8 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
     engine.last_hidden[...] = out["hidden"][:, -1]
     choosers = [k_chooser(engine) for _ in range(B)]  # each row's draft-length policy, on its own acceptance
     stop = choosers[0].stop  # a policy's stop reads the drafts' logits alone: the same for every row
+    for d in own if stop is not None else ():
+        d.stop = stop
     frozen_rows = RowKeeper(engine, "batch-frozen")
     frozen_len = np.zeros(B, dtype=np.int64)
     active = np.array([len(e) < n for e in emitted])
@@ -172,6 +181,14 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
                 drafts[b, :K] = oracles[b].draft(int(first[b]), None, committed - 1, K) if not mixture else (
                     mixture_drafts(engine.acceptance, mixtures[b][0], alphas[b], mixtures[b][1], row_prompts[b]
                                    + emitted[b][: committed - P] + [int(first[b])], committed, K, b))
+        if own:  # each row's own drafter, as in a batch-1 run of the row; a row may draft fewer than asked
+            drafts = np.zeros((B, width), dtype=np.int64)
+            for b in np.flatnonzero(active):
+                made = np.asarray(engine.device.read(own[b].draft(int(first[b]), hidden[b], int(position[b]),
+                                                                  int(lengths[b]))), dtype=np.int64)[: lengths[b]]
+                lengths[b] = made.shape[0]
+                drafts[b, : lengths[b]] = made
+            drafts = drafts[:, : int(lengths.max(initial=0))]
         width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
         stamps.append(time.perf_counter())  # the drafts'
         ids = np.empty((B, run.verified(width) + 1), dtype=np.int64)  # padded: each row's last draft repeated
@@ -186,6 +203,10 @@ def speculative(engine, batch_prompts: np.ndarray, n: int, references: list[list
         stamps.append(time.perf_counter())  # the verify's
         if head is not None:  # before the commit, for the same reason; draft work (Phases)
             ready = commit_head(engine, targets, counts, ver["hidden"], verify_start)
+        for b in np.flatnonzero(active) if own else ():  # a drafter with a cache of its own: what its row kept
+            if (commit_own := getattr(own[b], "commit", None)) is not None:
+                c = int(counts[b])
+                commit_own(ver["hidden"][b], ids[b, 1 : c + 1].tolist() + [int(targets[b, c])], int(verify_start[b]))
         stamps.append(time.perf_counter())  # the head's commit's
         st.lengths[...] = verify_start
         engine.target.rollback(Slot.PRIMARY)

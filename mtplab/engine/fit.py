@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from mtplab.base.memory import meminfo_gib
+from mtplab.engine.batch_commits import BATCH_COMMITS
 from mtplab.engine.spec import EngineSpec
 from mtplab.engine.strategies import COMMITS
 from mtplab.model.batch_form import batch_form_problem
@@ -16,10 +17,19 @@ from mtplab.model.config import k_problem
 from mtplab.runtime.device import backend_problem
 
 
-def commits_on(desc) -> tuple[list[str], dict[str, str]]:
-    """The registered commit strategies this model runs, and {name: why} for those it refuses."""
-    refused = {c.name: why for c in COMMITS.values() if (why := c.refusal(desc)) is not None}
+def commits_on(desc, batch: int = 1) -> tuple[list[str], dict[str, str]]:
+    """The registered commit strategies this model runs at `batch` rows, and {name: why} for those it refuses."""
+    refused = {c.name: why for c in COMMITS.values() if (why := c.refusal(desc) or batch_commit_problem(c.name, batch))}
     return [name for name in COMMITS.names() if name not in refused], refused
+
+
+def batch_commit_problem(commit: str, batch: int) -> str | None:
+    """Why a commit strategy cannot commit `batch` rows, or None: a strategy's own commit (CommitStrategy.prepare)
+    holds one sequence, so batch > 1 runs those with a form row by row (mtplab.engine.batch_commits)."""
+    if batch == 1 or commit in BATCH_COMMITS:
+        return None
+    return (f"commit={commit!r} commits one sequence (it has no row-by-row form): batch={batch} runs commit in "
+            f"{sorted(BATCH_COMMITS)}")
 
 
 def batch_problem(batch: int, desc) -> str | None:
@@ -86,6 +96,7 @@ def spec_problems(spec: EngineSpec, desc, strategies: bool = True, also: tuple =
         k_problem(spec.k, desc.transition_capacity) if strategies and desc.transition_capacity else None,
         COMMITS.get(spec.commit).refusal(desc) if strategies else None,
         COMMITS.get(spec.commit).backend_refusal(spec.backend) if strategies else None,
+        batch_commit_problem(spec.commit, spec.batch) if strategies else None,
         *also,
         batch_problem(spec.batch, desc),
         memory_problem(spec, desc),

@@ -91,7 +91,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
 
     from mtplab.engine.fit import commits_on
 
-    strategies, skipped = commits_on(engine.desc)
+    strategies, skipped = commits_on(engine.desc, B)
     own = {}  # a strategy whose verify runs a graph of its own (per-position): an engine of its own, as at batch 1
     for name in strategies:
         if COMMITS.get(name).own_verify_graph:
