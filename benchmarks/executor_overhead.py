@@ -186,7 +186,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
         clock.spans.clear()
         clock.on = True
         spec = eng.speculative(prompt, n, reference,
-                               on_commit=lambda step, length, emitted, c=commits: c.append(time.perf_counter()))
+                               on_commit=lambda step, length, emitted, drafted, c=commits: c.append(time.perf_counter()))
         clock.on = False
         assert spec["tokens"][:n] == reference[:n], "speculative output differs from greedy"
         t_from, t_to = commits[2], commits[-1]
@@ -206,7 +206,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
         clock.attach(False)
         try:
             eng.speculative(prompt, n, reference,
-                            on_commit=lambda step, length, emitted, c=commits: c.append(time.perf_counter()))
+                            on_commit=lambda step, length, emitted, drafted, c=commits: c.append(time.perf_counter()))
         finally:
             clock.attach(True)
         return (commits[-1] - commits[2]) / (len(commits) - 3) * 1e6

@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
 import pytest
 from conftest import synthetic_calibration
 
 from mtplab.check import audit
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.engine import Engine
-from mtplab.engine.strategies import COMMITS, SCHEDULES
+from mtplab.engine.strategies import COMMITS, SCHEDULES, Registry
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.measure import rounds as measure
@@ -281,24 +282,24 @@ def test_a_timed_speculative_run_returning_the_reference_without_forwards_is_a_m
 def test_an_oracle_drafter_skipping_the_head_after_the_first_generation_is_a_mismatch(tiny, monkeypatch):
     from mtplab.engine import speculative
 
-    real, calls = speculative.drafter_for, []
+    real, calls = speculative.prefill_head, []
 
-    def drafter(engine, reference):
+    def prefill(engine, tokens, hidden):  # from the second generation on, the oracle's head never drafts
         calls.append(1)
-        d = real(engine, reference)
-        if len(calls) > 1 and isinstance(d, OracleDrafter):
-            d.head = None
-        return d
+        if len(calls) > 1:
+            monkeypatch.setattr(speculative, "draft_head", lambda engine, first, hidden, position, k, *rest: np.zeros(
+                (engine.batch, k), dtype=np.int64))
+        return real(engine, tokens, hidden)
 
-    monkeypatch.setattr(speculative, "drafter_for", drafter)
+    monkeypatch.setattr(speculative, "prefill_head", prefill)
     _mismatch(_point(tiny), "forwards differ from the checked run's", "'mtp/M=1': (0,")
 
 
 def test_a_timed_only_state_drift_is_a_mismatch(tiny, monkeypatch):
     real = Engine.commit
 
-    def commit(self, ver, consumed, start=None):
-        real(self, ver, consumed, start)
+    def commit(self, *args):
+        real(self, *args)
         if self.watch is None:  # timed runs only: the checked pass watches every forward
             for a in self.state.gdn.values():
                 a *= 1.01
@@ -361,11 +362,11 @@ def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_i
 
 
 def test_a_head_drafting_from_a_lost_hidden_state_fails_the_head_check(tiny, monkeypatch):
-    from mtplab.engine.drafters import MtpDrafter
+    from mtplab.engine import speculative
 
-    real = MtpDrafter._draft
-    monkeypatch.setattr(MtpDrafter, "_draft", lambda self, first, hidden, position, k: real(
-        self, first, hidden * 0, position, k))  # the head loses its hidden-state input: its KV row is wrong
+    real = speculative.draft_head
+    monkeypatch.setattr(speculative, "draft_head", lambda engine, first, hidden, position, k, *rest: real(
+        engine, first, hidden * 0, position, k, *rest))  # the head loses its hidden-state input: its KV row is wrong
     planted = _point(tiny, drafter="mtp", alpha=0.8, tokens=24, rounds=1)
     assert not planted.lossless
     assert "the MTP head's KV differs from a teacher-forced head's" in planted.verdict
@@ -400,26 +401,21 @@ def test_an_executor_that_runs_eager_but_counts_a_replay_is_caught_by_the_backen
 
 @pytest.mark.parametrize("bug", ["no head", "k-1 drafts", "fused for decode-verify"])
 def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, monkeypatch, bug):
-    from mtplab.engine import schedules
+    from mtplab.engine import speculative
 
-    if bug == "no head":
-        from mtplab.engine import speculative
-
-        real = speculative.drafter_for
-
-        def drafter(engine, reference):
-            d = real(engine, reference)
-            d.head = None
-            return d
-
-        monkeypatch.setattr(speculative, "drafter_for", drafter)
+    if bug == "no head":  # drafts without running the head, and its KV never committed
+        monkeypatch.setattr(speculative, "draft_head", lambda engine, first, hidden, position, k, *rest: np.zeros(
+            (engine.batch, k), dtype=np.int64))
+        monkeypatch.setattr(speculative, "commit_head", lambda *a: (None, None))
     elif bug == "k-1 drafts":
         real = OracleDrafter.draft
         monkeypatch.setattr(OracleDrafter, "draft", lambda self, first, hidden, position, k: real(
             self, first, hidden, position, k - 1))
-    else:
-        planted = dataclasses.replace(SCHEDULES.get("decode-verify"), step=schedules.fused_step)
-        monkeypatch.setitem(SCHEDULES._items, "decode-verify", planted)
+    else:  # the loop steps as fused, where the registry (which every check reads) says decode-verify decodes first
+        planted = Registry("schedule")
+        for schedule in SCHEDULES.values():
+            planted.register(dataclasses.replace(schedule, decodes=0))
+        monkeypatch.setattr(speculative, "SCHEDULES", planted)
     r = _point(tiny)
     if bug == "no head":  # the head's KV, never written, is what the check finds first
         assert not r.lossless and "the MTP head's KV differs from a teacher-forced head's" in r.verdict, r.verdict

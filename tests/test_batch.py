@@ -10,12 +10,14 @@ from conftest import synthetic_calibration
 
 from mtplab.check.batch import checked_batch
 from mtplab.check.verdict import verdict
-from mtplab.engine import batch, batch_commits
+from mtplab.engine import batch_commits, speculative
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import batch_problem
+from mtplab.engine.greedy import decode_rows
 from mtplab.engine.k_policies import StepCosts
 from mtplab.experiment.config import ConfigError, RunConfig
 from mtplab.experiment.point_ids import point_id
+from mtplab.model.prompts import run_prompts
 
 N = 40
 
@@ -30,8 +32,8 @@ def batch_run(B: int, commit: str = "select", schedule: str = "decode-verify", d
 def test_each_rows_greedy_is_its_own_batch_of_one(tiny, B):
     run = batch_run(B)
     engine = Engine(run, tiny)
-    prompts = batch.prompts(run, engine.desc.vocab_size)
-    got = batch.greedy(engine, prompts, 24)
+    prompts = run_prompts(run, engine.desc.vocab_size)
+    got = decode_rows(engine, prompts, 24, margins=False)
     one = Engine(run.replace(batch=1), tiny)
     assert [one.greedy([int(t) for t in prompts[b]], 24).tokens for b in range(B)] == got.tokens
     assert len({tuple(t) for t in got.tokens}) == B  # distinct prompts, distinct rows
@@ -43,7 +45,7 @@ def test_each_rows_greedy_is_its_own_batch_of_one(tiny, B):
 def test_every_commit_is_lossless_per_row(tiny, B, commit, schedule):
     run = batch_run(B, commit, schedule).replace(seed=1)  # a seed whose rows finish on different steps (asserted below)
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert ok, message
     assert f"every token in each of its {B} rows" in message
@@ -65,9 +67,9 @@ def test_every_row_is_the_batch_of_one_run_of_its_seed(tiny, drafter, schedule):
     tokens and the same accepted counts, step by step."""
     run = batch_run(3, schedule=schedule, drafter=drafter)
     engine = Engine(run, tiny)
-    prompts = batch.prompts(run, engine.desc.vocab_size)
-    greedy = batch.greedy(engine, prompts, N + run.k + 1)
-    spec = batch.speculative(engine, prompts, N, references=greedy.tokens)
+    prompts = run_prompts(run, engine.desc.vocab_size)
+    greedy = decode_rows(engine, prompts, N + run.k + 1, margins=False)
+    spec = speculative.generate(engine, prompts, N, greedy.tokens)
     for b in range(3):
         one = Engine(run.replace(batch=1, seed=run.seed + b), tiny)
         alone = one.speculative([int(t) for t in prompts[b]], N, reference=greedy.tokens[b])
@@ -84,7 +86,7 @@ def test_a_sampled_row_is_the_batch_of_one_run_of_its_seeds(tiny, schedule, draf
     run = batch_run(3, "readvance-m1", schedule, drafter).replace(temperature=0.7, acceptance="rejection-sampling",
                                                                    **({"alpha": (0.5, 0.9, 0.7)} if own[0] else {}))
     engine = Engine(run, tiny)
-    prompts = batch.prompts(run, engine.desc.vocab_size)
+    prompts = run_prompts(run, engine.desc.vocab_size)
     checked = checked_batch(engine, prompts, N)
     ok, message = verdict(checked.identity)
     assert ok and message.startswith("sampled (temperature 0.7") and "in each of its 3 rows bitwise" in message
@@ -116,9 +118,9 @@ def test_each_row_chooses_its_own_k_as_its_batch_of_one_run_would(tiny, policy, 
     run = batch_run(3, "readvance-m1", "fused", drafter).replace(k=4, k_policy=policy, **extra)
     engine = Engine(run, tiny)
     engine.k_costs = COSTS
-    prompts = batch.prompts(run, engine.desc.vocab_size)
-    greedy = batch.greedy(engine, prompts, N + run.k + 1)
-    spec = batch.speculative(engine, prompts, N, references=greedy.tokens)
+    prompts = run_prompts(run, engine.desc.vocab_size)
+    greedy = decode_rows(engine, prompts, N + run.k + 1, margins=False)
+    spec = speculative.generate(engine, prompts, N, greedy.tokens)
     for b in range(3):
         own = ({"alpha": run.alpha[b]} if drafter == "oracle" else {}) | (
             {"sample_seed": run.sample_seed + b} if sampled else {})
@@ -130,7 +132,7 @@ def test_each_row_chooses_its_own_k_as_its_batch_of_one_run_would(tiny, policy, 
     assert spec.widths == [max(row[i] for row in spec.ks if i < len(row)) for i in range(spec.steps)]
     if policy == "confidence" and not sampled:  # a padded verify (M = k + 1 every step) keeps every row's run
         engine = Engine(run.replace(verify_plans="padded"), tiny)
-        padded = batch.speculative(engine, prompts, N, references=greedy.tokens)
+        padded = speculative.generate(engine, prompts, N, greedy.tokens)
         assert (padded.tokens, padded.accepted, padded.ks) == (spec.tokens, spec.accepted, spec.ks)
         assert {key for key in engine.forwards if key.startswith(("verify/", "mtp-commit/"))} == {
             "verify/M=5", "mtp-commit/M=5"}
@@ -161,7 +163,7 @@ def test_a_sampled_row_that_does_not_decode_by_itself_is_caught_naming_the_row(t
     monkeypatch.setattr(SampledRun, "_accept", accept)
     run = batch_run(3, "select", "fused", "mtp").replace(temperature=0.7, acceptance="rejection-sampling")
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     row = 2 if plant == "an extra draw" else 1
     assert not ok and message.startswith(f"LOSSLESS CHECK FAILED: row {row} of 3: its sampled tokens differ from a "
@@ -177,16 +179,16 @@ def test_a_commit_that_mixes_up_rows_is_caught_and_named(tiny, monkeypatch):
     """Planted: select replays row 0's count into row 1 and the other way round."""
 
     def swapped(commit):
-        def wrong(ver, counts, rows):
+        def wrong(ver, counts, rows, ids, start):
             counts = counts.copy()
             counts[[0, 1]] = counts[[1, 0]]
-            commit(ver, counts, rows)
+            commit(ver, counts, rows, ids, start)
         return wrong
 
     _planted(monkeypatch, "select", swapped)
     run = batch_run(2)
     engine = Engine(run, tiny)
-    ok, message = verdict(checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N).identity)
+    ok, message = verdict(checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N).identity)
     assert not ok and "LOSSLESS CHECK FAILED: row " in message and "of 2" in message
 
 
@@ -195,7 +197,7 @@ def test_a_riding_row_keeps_the_state_it_finished_with(tiny, monkeypatch):
     monkeypatch.setattr(batch_commits.RowKeeper, "put_back", lambda self, rows: None)
     run = batch_run(4)
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert not ok and "committed state differs" in message
 
@@ -213,9 +215,9 @@ def test_batch_refusals_say_what_is_allowed(tiny):
     assert "query_seqlens" in batch_problem(2, no_query)
     engine = Engine(batch_run(2), tiny)
     with pytest.raises(ValueError, match=r"prompts must be \[B=2, prompt_len\]"):
-        batch.greedy(engine, np.zeros((3, 8), dtype=np.int64), 4)
-    with pytest.raises(ValueError, match="batch > 1"):
-        batch.greedy(Engine(batch_run(1), tiny), np.zeros((1, 8), dtype=np.int64), 4)
+        decode_rows(engine, np.zeros((3, 8), dtype=np.int64), 4)
+    with pytest.raises(ValueError, match="this engine holds batch=2 rows"):
+        engine.speculative([1, 2, 3], 4)
 
 
 def test_batch_one_keeps_its_point_id():
@@ -257,7 +259,7 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
     from mtplab.experiment.point import run_point
 
     if plant == "timed state drift":  # the timed runs (after the checked pass) leave row 1's recurrent state off
-        real_spec, runs = batch.speculative, []
+        real_spec, runs = speculative.generate, []
 
         def drifting(engine, *a, **kw):
             out = real_spec(engine, *a, **kw)
@@ -266,9 +268,9 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
                 next(iter(engine.state.recurrent().values()))[1] *= 1.001
             return out
 
-        monkeypatch.setattr(batch, "speculative", drifting)
+        monkeypatch.setattr(speculative, "generate", drifting)
     elif plant == "clock shifted":
-        real = batch.greedy
+        real = decode_rows
 
         def shifted(e, p, n, margins=False, **kw):
             g = real(e, p, n, margins=margins, **kw)
@@ -276,13 +278,13 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
                 g.started, g.seconds = g.started + g.seconds / 3, g.seconds * 2 / 3
             return g
 
-        monkeypatch.setattr(batch, "greedy", shifted)
-    elif plant == "greedy twice":  # the timed greedy (no margins) does its work twice
-        real = batch.greedy
-        monkeypatch.setattr(batch, "greedy", lambda e, p, n, margins=False, **kw: (
-            real(e, p, n, margins=margins, **kw) if margins else (real(e, p, n), real(e, p, n))[1]))
+        monkeypatch.setattr(batch_point, "decode_rows", shifted)
+    elif plant == "greedy twice":  # the timed greedy does its work twice
+        real = decode_rows
+        monkeypatch.setattr(batch_point, "decode_rows", lambda e, p, n, margins=False, **kw: (
+            real(e, p, n, margins=False), real(e, p, n, margins=False))[1])
     elif plant in ("free drafts", "timed head skipped"):
-        real_draft = batch.draft_head
+        real_draft = speculative.draft_head
         checked = []
 
         def draft_head(engine, first, hidden, position, k, *rest):
@@ -292,7 +294,7 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
 
         real_checked = batch_point.checked_batch
         monkeypatch.setattr(batch_point, "checked_batch", lambda *a: (real_checked(*a), checked.append("done"))[0])
-        monkeypatch.setattr(batch, "draft_head", draft_head)
+        monkeypatch.setattr(speculative, "draft_head", draft_head)
     elif plant == "another policy":  # the engine builds another policy than its config names
         from mtplab.engine import engine as engine_mod
         from mtplab.runtime.policy import policy
@@ -325,7 +327,7 @@ def test_a_rows_logits_off_the_float64_reference_are_caught_naming_the_row(tiny,
         return out
 
     monkeypatch.setattr(engine, "forward", shifted)
-    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: greedy disagrees with the float64 "
                                          "reference"), message
@@ -349,7 +351,7 @@ def test_a_head_commit_that_writes_a_rows_kv_wrong_is_caught_naming_the_row(tiny
     monkeypatch.setattr(batch_head, "mtp_io", stale)
     run = batch_run(2, "select", schedule, "mtp")
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: the MTP head's KV differs"), message
     assert checked.rows[0]["head_kv_first_divergence"] is None and checked.rows[0]["head_kv_commits_checked"] > 0
@@ -358,7 +360,6 @@ def test_a_head_commit_that_writes_a_rows_kv_wrong_is_caught_naming_the_row(tiny
 def test_a_row_drafting_other_than_its_policy_chooses_is_caught_naming_the_row(tiny, monkeypatch):
     """Each row's K per step is its own policy's on its own accepted counts: a batch whose row 1 reads row 0's
     chooser fails the run check, named."""
-    from mtplab.engine import speculative
     from mtplab.experiment import batch_point
     from mtplab.experiment.point import run_point
 
@@ -368,7 +369,7 @@ def test_a_row_drafting_other_than_its_policy_chooses_is_caught_naming_the_row(t
         made.append(real(engine) if len(made) % engine.batch == 0 else made[-1])
         return made[-1]
 
-    monkeypatch.setattr(batch, "k_chooser", shared)
+    monkeypatch.setattr(speculative, "k_chooser", shared)
     monkeypatch.setattr(batch_point, "calibration_for_batch", lambda run: synthetic_calibration() | {"batch": 2})
     run = batch_run(2, "select", "fused").replace(k=4, k_policy="probe", alpha=(0.95, 0.1), rounds=1, tokens=48)
     result = run_point(run, tiny)
@@ -376,11 +377,11 @@ def test_a_row_drafting_other_than_its_policy_chooses_is_caught_naming_the_row(t
 
 
 def test_rows_given_row_0s_prompt_are_caught_naming_the_row(tiny, monkeypatch):
-    from mtplab.engine import batch as batch_mod
+    from mtplab.experiment import batch_point
     from mtplab.experiment.point import run_point
 
-    real = batch_mod.prompts
-    monkeypatch.setattr(batch_mod, "prompts", lambda run, vocab: np.repeat(real(run, vocab)[:1], run.batch, axis=0))
+    real = run_prompts
+    monkeypatch.setattr(batch_point, "run_prompts", lambda run, vocab: np.repeat(real(run, vocab)[:1], run.batch, axis=0))
     result = run_point(batch_run(2).replace(rounds=1, tokens=16), tiny)
     assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: row 1 decoded another prompt than its "
                                                              "seed's (1)"), result.verdict
@@ -412,9 +413,9 @@ def test_rows_with_alphas_of_their_own_are_each_the_batch_of_one_run_at_theirs(t
     prediction."""
     run = batch_run(3).replace(alpha=(0.9, 0.6, 0.1))
     engine = Engine(run, tiny)
-    prompts = batch.prompts(run, engine.desc.vocab_size)
-    greedy = batch.greedy(engine, prompts, N + run.k + 1)
-    spec = batch.speculative(engine, prompts, N, references=greedy.tokens)
+    prompts = run_prompts(run, engine.desc.vocab_size)
+    greedy = decode_rows(engine, prompts, N + run.k + 1, margins=False)
+    spec = speculative.generate(engine, prompts, N, greedy.tokens)
     for b, alpha in enumerate(run.alpha):
         one = Engine(run.replace(batch=1, seed=run.seed + b, alpha=alpha), tiny)
         alone = one.speculative([int(t) for t in prompts[b]], N, reference=greedy.tokens[b])
@@ -487,7 +488,7 @@ def test_select_commits_when_the_states_are_not_stacked(tiny, monkeypatch):
     monkeypatch.setattr(TargetState, "stacked", lambda self, kind, layers: None)
     run = batch_run(2)
     engine = Engine(run, tiny)
-    ok, message = verdict(checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N).identity)
+    ok, message = verdict(checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N).identity)
     assert ok, message
 
 
@@ -498,7 +499,7 @@ def test_a_bitwise_commit_is_held_to_a_tolerance_at_batch_b():
                     tokens=N, threads=1)
     engine = Engine(run)
     assert engine.desc.name == "tiny-int4"  # another model than tiny's fp32 build: named, timed and calibrated apart
-    checked = checked_batch(engine, batch.prompts(run, engine.desc.vocab_size), N)
+    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert ok, message
     assert "at batch 4 its [B, M] forwards may round apart" in checked.identity["state_rule"]

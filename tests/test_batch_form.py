@@ -11,12 +11,12 @@ import pytest
 
 from mtplab.check.batch import checked_batch
 from mtplab.check.verdict import verdict
-from mtplab.engine import batch
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import batch_problem
 from mtplab.experiment.config import RunConfig
 from mtplab.model import batch_form as form
 from mtplab.model.folders import open_model
+from mtplab.model.prompts import run_prompts
 
 DATA = Path(__file__).parent / "data"
 N = 24
@@ -32,7 +32,7 @@ def test_a_builder_folders_rows_each_decode_as_a_batch_of_one(folder, commit):
     before = _digest(DATA / folder)
     run = RunConfig(model=str(DATA / folder), k=3, commit=commit, batch=2, tokens=N, threads=1, seed=1)
     engine = Engine(run)
-    prompts = batch.prompts(run, engine.desc.vocab_size)
+    prompts = run_prompts(run, engine.desc.vocab_size)
     checked = checked_batch(engine, prompts, N)
     ok, message = verdict(checked.identity)
     assert ok and "every token in each of its 2 rows" in message, message

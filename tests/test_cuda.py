@@ -247,7 +247,7 @@ def test_every_run_is_queued_without_a_stream_sync_and_the_host_waits_once_per_s
     spec = eng.speculative(
         prompt_tokens(tiny.config.vocab_size, 8, 0),
         32,
-        on_commit=lambda step, length, emitted: transfers.append(fake_cupy.transfers),
+        on_commit=lambda step, length, emitted, drafted: transfers.append(fake_cupy.transfers),
     )
     assert len(entries) > 3 * len(spec["accepted"]) and all(sync == "1" for sync, _ in entries)
     assert {gid for _, gid in entries} == {"-1", "1", "2", "3", "4"}  # eager prefills, then each slot's one graph

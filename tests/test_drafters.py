@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import synthetic_calibration
 
+from mtplab.engine.batch_head import draft_head, prefill_head
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.engine import Engine
 from mtplab.experiment.config import RunConfig
@@ -16,34 +17,39 @@ from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.executor import Slot
 
 
-def test_the_heads_host_steps_draft_what_its_steps_through_executor_run_draft(tiny):
-    from mtplab.runtime.state import mtp_io
-
-    eng = Engine(RunConfig(model="tiny", k=4), tiny)
+def _head_ready(tiny, k: int = 4):
+    """An engine of one row started on a prompt, its head's KV prefilled (token 3 after it)."""
+    eng = Engine(RunConfig(model="tiny", k=k), tiny)
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
     out = eng.start(prompt)
-    eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
+    prefill_head(eng, np.array([prompt[1:] + [3]]), out["hidden"])
+    return eng, out["hidden"][:, -1].copy()
+
+
+def test_the_heads_steps_draft_what_its_steps_through_executor_run_draft(tiny):
+    from mtplab.runtime.state import mtp_io
+
+    eng, hidden = _head_ready(tiny)
     kv = [a.copy() for a in eng.mtp_state.kv]
-    hidden = np.array(out["hidden"][0, -1])
-    # at position 6, not 7: the prefill's last row (token 3 at 7) would give the first draft without a step
-    drafts = eng.head.draft(3, hidden, 6, 4).tolist()  # prepared feeds and the head's replayer, on the host
-    drafts_again = eng.head.draft(3, hidden, 6, 4).tolist()  # from its plan now: four replays
+    first, at = np.array([3]), np.array([6])
+    drafts = draft_head(eng, first, hidden, at, 4).tolist()
+    drafts_again = draft_head(eng, first, hidden, at, 4).tolist()  # from its plan now: four replays
     after = [a.copy() for a in eng.mtp_state.kv]
     for live, saved in zip(eng.mtp_state.kv, kv):
         live[...] = saved
-    token, h, steps = 3, hidden, []
-    for i in range(4):  # each step through mtp_io and the executor's full path
-        out = eng.mtp.run(Slot.PRIMARY, *mtp_io(eng.desc, eng.mtp_state, token, h, 6 + i))
+    token, h, steps = 3, hidden[0], []
+    for i in range(4):  # each step through mtp_io and the executor's full path, one sequence's
+        out = eng.mtp.run(Slot.PRIMARY, *mtp_io(eng.desc, eng.mtp_state, np.array([token]), h[None], np.array([6 + i])))
         token, h = int(out["logits"][0, 0].argmax()), out["mtp_hidden"][0, 0]
         steps.append(token)
-    assert drafts == drafts_again == steps
+    assert drafts == drafts_again == [steps]
     assert all(np.array_equal(a, b) for a, b in zip(after, eng.mtp_state.kv))
     assert eng.forwards["mtp/M=1"] == 8 and eng.mtp.state[Slot.PRIMARY].replays >= 4
 
 
 def _oracle(seed: int = 0, alpha: float = 0.7, reference=None) -> OracleDrafter:
     reference = reference if reference is not None else [int(t) for t in np.random.default_rng(9).integers(0, 50, 3000)]
-    oracle = OracleDrafter(reference, alpha, seed, 50, None)
+    oracle = OracleDrafter(reference, alpha, seed, 50)
     oracle.prefill([0] * 8, None)  # position p's next token is reference[p - 7]
     return oracle
 
@@ -86,33 +92,25 @@ def test_each_oracle_draft_is_its_reference_token_or_that_token_shifted_by_its_d
 
 
 def test_the_heads_steps_are_counted_when_a_step_raises(tiny):
-    eng = Engine(RunConfig(model="tiny", k=4), tiny)
-    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
-    out = eng.start(prompt)
-    eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
+    eng, hidden = _head_ready(tiny)
     picks = []
 
-    def choose(xp, row):  # the acceptance rule's draft_token, failing on the third step
+    def choose(xp, rows, drawing=None):  # the acceptance rule's draft_rows, failing on the third step
         picks.append(1)
         if len(picks) == 3:
             raise RuntimeError("planted")
-        return row.argmax()
+        return rows.argmax(-1)
 
-    eng.head.choose = choose
     with pytest.raises(RuntimeError, match="planted"):
-        eng.head.draft(3, np.array(out["hidden"][0, -1]), 6, 4)
+        draft_head(eng, np.array([3]), hidden, np.array([6]), 4, choose=choose)
     assert eng.forwards["mtp/M=1"] == 3  # three head forwards ran
 
 
-def test_a_draft_rule_set_after_the_plan_is_captured_is_the_one_the_drafts_follow(tiny):
-    eng = Engine(RunConfig(model="tiny", k=4), tiny)
-    prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
-    out = eng.start(prompt)
-    eng.head.prefill(prompt[1:] + [3], out["hidden"][0])
-    hidden = np.array(out["hidden"][0, -1])
-    argmax = [eng.head.draft(3, hidden, 7, 4).tolist() for _ in range(2)][1]  # the second from the captured plan
-    eng.head.choose = lambda xp, row: row.argmin()
-    assert eng.head.draft(3, hidden, 7, 4).tolist() != argmax
+def test_a_draft_rule_given_after_the_plan_is_captured_is_the_one_the_drafts_follow(tiny):
+    eng, hidden = _head_ready(tiny)
+    first, at = np.array([3]), np.array([7])
+    argmax = [draft_head(eng, first, hidden, at, 4).tolist() for _ in range(2)][1]  # the second from the captured plan
+    assert draft_head(eng, first, hidden, at, 4, choose=lambda xp, rows, drawing=None: rows.argmin(-1)).tolist() != argmax
 
 
 PYCODE = Path(__file__).parents[1] / "models" / "pycode"

@@ -124,8 +124,13 @@ def test_a_padding_that_changes_what_a_sampled_verify_judges_is_caught_by_its_pe
     real = engine._run_prepared
 
     def early_padding(hot, own=True):
-        if hot.key.startswith("verify") and engine.last_k < engine.k:
-            hot.row[engine.last_k] = hot.row[engine.last_k - 1]
+        if hot.key.startswith("verify"):  # a step of K < k drafts: its last draft repeated from K + 1 on
+            row = hot.ids[0]
+            K = len(row) - 1
+            while K > 1 and row[K - 1] == row[K]:
+                K -= 1
+            if K < engine.k:
+                row[K] = row[K - 1]
         return real(hot, own)
 
     engine._run_prepared = early_padding
@@ -158,7 +163,7 @@ def test_a_policy_that_peeks_beyond_its_observed_counts_fails_the_run_check(tiny
 
     def peeking(engine):
         chooser = real(engine)
-        chooser.next_k = lambda: 1 + len(engine.emitted) % engine.k
+        chooser.next_k = lambda: 1 + int(engine.state.lengths[0]) % engine.k  # the text's length so far
         return chooser
 
     monkeypatch.setattr(speculative, "k_chooser", peeking)

@@ -69,8 +69,8 @@ def test_a_skipped_restore_is_caught_at_the_first_commit(tiny, commit, monkeypat
 def test_a_commit_keeping_one_token_too_many_is_caught_at_the_first_commit_not_crashed(tiny, commit, monkeypatch):
     real = Engine.commit
 
-    def commit_one_more(self, ver, consumed, start=None):
-        real(self, ver, consumed, start)
+    def commit_one_more(self, *args):
+        real(self, *args)
         self.state.length += 1  # the planted bug: the state claims a token no forward wrote
 
     monkeypatch.setattr(Engine, "commit", commit_one_more)
@@ -116,7 +116,7 @@ def test_a_dropped_last_token_in_the_batched_readvance_is_caught_where_it_first_
 
     def forward(self, slot, tokens, in_place=True, eager=False, label=None):
         if slot is Slot.PRIMARY and label is None and np.size(tokens) > 1:
-            tokens = tokens[:-1]
+            tokens = tokens[..., :-1]
         return real(self, slot, tokens, in_place, eager, label)
 
     monkeypatch.setattr(Engine, "forward", forward)
@@ -149,8 +149,8 @@ def test_half_a_unit_on_one_state_element_after_one_commit_is_caught_at_that_com
     real = Engine.commit
     calls = []
 
-    def commit_fn(self, ver, consumed, start=None):
-        real(self, ver, consumed, start)
+    def commit_fn(self, *args):
+        real(self, *args)
         calls.append(1)
         if len(calls) == 8:
             self.state.gdn[self.cfg.gdn_layer_ids[0]][0, 1, 2, 3] += 0.5
@@ -282,21 +282,22 @@ def test_a_length_feed_bug_shared_by_greedy_and_speculative_is_caught_by_the_ind
 
 @pytest.mark.parametrize("commit", ["select", "readvance-batched"])
 def test_a_verify_writing_its_kv_one_row_late_in_a_few_steps_is_caught_in_the_kv(tiny, commit, monkeypatch):
-    real_verify, real_lengths, verifies, late = Engine.verify, engine_mod.length_feeds, [], []
+    real_forward, real_lengths, verifies, late = Engine.forward, engine_mod.length_feeds, [], []
 
-    def verify(self, first, drafts):
-        verifies.append(1)
-        if len(verifies) in (1, 2):
-            late.append(1)
+    def forward(self, slot, tokens, *args, **kw):
+        if slot is Slot.VERIFY:
+            verifies.append(1)
+            if len(verifies) in (1, 2):
+                late.append(1)
         try:
-            return real_verify(self, first, drafts)
+            return real_forward(self, slot, tokens, *args, **kw)
         finally:
             late.clear()
 
     def lengths(io, length, M, total, into=None):  # the engine's forwards' lengths: the verify's one too far
         return real_lengths(io, length + 1 if late else length, M, total, into)
 
-    monkeypatch.setattr(Engine, "verify", verify)
+    monkeypatch.setattr(Engine, "forward", forward)
     monkeypatch.setattr(engine_mod, "length_feeds", lengths)
     r = _run(tiny, commit)
     _failed(r)
@@ -307,8 +308,8 @@ def test_a_verify_writing_its_kv_one_row_late_in_a_few_steps_is_caught_in_the_kv
 def test_a_relative_drift_of_1e_5_per_commit_is_caught_within_two_commits(tiny, monkeypatch):
     real = Engine.commit
 
-    def commit(self, ver, consumed, start=None):
-        real(self, ver, consumed, start)
+    def commit(self, *args):
+        real(self, *args)
         for a in self.state.gdn.values():
             a *= 1 + 1e-5
 
@@ -325,14 +326,22 @@ def test_a_relative_drift_of_1e_5_per_commit_is_caught_within_two_commits(tiny, 
 def test_a_head_kv_left_with_its_own_drafts_is_caught(tiny, monkeypatch, schedule, plant):
     """The head's KV rows after a verify must be the emitted tokens with the target's hidden states: rows left as
     drafting wrote them (a draft's token, the head's own hidden state, a rejected draft) fail the check."""
-    from mtplab.engine.drafters import MtpDrafter
+    from mtplab.engine import speculative
 
-    real = MtpDrafter.commit
-    if plant == "no head commit":
-        monkeypatch.setattr(MtpDrafter, "commit", lambda self, hidden, tokens, start: None)
-    else:
-        monkeypatch.setattr(MtpDrafter, "commit", lambda self, hidden, tokens, start: real(
-            self, hidden[:-1], tokens[:-1], start) if len(tokens) > 1 else None)
+    real = speculative.commit_head
+
+    def planted(engine, targets, counts, hidden, start):
+        before = [a.copy() for a in engine.mtp_state.kv]
+        out = real(engine, targets, counts, hidden, start)
+        for live, kept in zip(engine.mtp_state.kv, before):  # rows [B, heads, positions, head_dim]
+            if plant == "no head commit":  # every row as drafting left it
+                live[...] = kept
+            else:  # the bonus row as drafting left it
+                for b, (s, c) in enumerate(zip(start, counts)):
+                    live[b, :, s + c] = kept[b, :, s + c]
+        return out
+
+    monkeypatch.setattr(speculative, "commit_head", planted)
     run = RunConfig(model="tiny", k=3, drafter="mtp", schedule=schedule, tokens=32, rounds=1)
     r = run_point(run, tiny)
     assert not r.lossless and "the MTP head's KV differs from a teacher-forced head's" in r.verdict, r.verdict
@@ -342,16 +351,16 @@ def test_a_head_whose_last_draft_is_always_wrong_is_caught_at_that_position(tiny
     """Planted: the head's last draft of every step replaced by another token. The head check judges each draft
     against a teacher-forced head chained on the same rows: a kept or rejected draft where that head drafts otherwise
     fails the point, naming the draft position."""
-    from mtplab.engine.drafters import MtpDrafter
+    from mtplab.engine import speculative
 
-    real = MtpDrafter.draft
+    real = speculative.draft_head
 
-    def last_wrong(self, first, hidden, position, k):
-        drafts = np.array(real(self, first, hidden, position, k))
-        if k > 1:
-            drafts[-1] = (drafts[-1] + 1) % self.desc.vocab_size
+    def last_wrong(engine, first, hidden, position, k, *rest):
+        drafts = real(engine, first, hidden, position, k, *rest)
+        if drafts.shape[1] > 1:
+            drafts[:, -1] = (drafts[:, -1] + 1) % engine.desc.vocab_size
         return drafts
 
-    monkeypatch.setattr(MtpDrafter, "draft", last_wrong)
+    monkeypatch.setattr(speculative, "draft_head", last_wrong)
     r = run_point(RunConfig(model="tiny", k=3, drafter="mtp", tokens=32, rounds=1), tiny)
     assert not r.lossless and "the MTP head's draft 3 at step" in r.verdict, r.verdict

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtplab.engine import commits
+from mtplab.engine import batch_commits
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import spec_problems
 from mtplab.experiment.config import ConfigError, RunConfig
@@ -71,7 +71,7 @@ def test_the_copy_is_made_once_and_the_users_folder_is_left_as_it_was():
 
 
 def test_a_commit_taking_the_state_one_token_early_is_caught_naming_the_state(tiny, monkeypatch):
-    real = commits.position_update
+    real = batch_commits.position_update
 
     def early(desc):
         apply = real(desc)
@@ -83,7 +83,7 @@ def test_a_commit_taking_the_state_one_token_early_is_caught_naming_the_state(ti
                     st.gdn[layer][...] = ver[name][n - 2]
         return planted
 
-    monkeypatch.setattr(commits, "position_update", early)
+    monkeypatch.setattr(batch_commits, "position_update", early)
     r = run_point(_run(rounds=1), tiny)
     assert not r.lossless
     assert r.identity["state_first_divergence"]["tensor"].startswith("gdn_state.")

@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 
 from mtplab.check import flags
-from mtplab.engine import batch, sampling
+from mtplab.engine import sampling, speculative
 from mtplab.engine.engine import Engine
 from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.sampling import Sampling, step_distribution
@@ -408,7 +408,7 @@ def test_each_row_of_a_batch_has_the_targets_joint_distribution(small_vocab, pla
     counts = np.zeros(V**COUNTED, dtype=np.int64)
     for r in range(N_RUNS // 4):
         engine.acceptance.seed = N_RUNS + 4 * r  # row b draws from seed + b: the rows' seeds never repeat
-        for tokens in batch.speculative(engine, prompts, COUNTED).tokens:
+        for tokens in speculative.generate(engine, prompts, COUNTED).tokens:
             counts[np.ravel_multi_index(tokens[:COUNTED], (V,) * COUNTED)] += 1
     p_value, tv = _chi_square(counts, plain["T=1"])
     print(f"batch 4, {bug or 'no bug'}: p = {p_value:.2g}, TV = {tv:.3f}")

@@ -20,17 +20,17 @@ from mtplab.check.expected import greedy_forwards, head_forwards
 from mtplab.check.lossless import HeadCheck, Lockstep, Watch, anchor, anchor_tokens, reference_model
 from mtplab.check.trace import Trace
 from mtplab.check.verdict import STATE_RTOL, StateRule, first_difference, state_rule, token_identity
-from mtplab.engine import batch, sampling
+from mtplab.engine import sampling, speculative
 from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
-from mtplab.engine.greedy import GreedyRows
+from mtplab.engine.greedy import GreedyRows, decode_rows
 from mtplab.engine.strategies import DRAFTERS, SCHEDULES
 from mtplab.runtime.executor import Slot
 
 
 class BatchChecked(NamedTuple):
     greedy: GreedyRows  # every row's reference tokens and margins (n + k + 1 each)
-    spec: batch.BatchRun  # the checked speculative run
+    spec: speculative.SpeculativeRun  # the checked speculative run
     rows: list[dict]  # per row: token identity and its lockstep summary
     identity: dict  # the rows pooled, in the form mtplab.check.verdict reads (the first failing row's, with "row")
     spec_forwards: dict = {}  # the forwards the checked speculative run made, by "slot/M=m" (the timed runs' too)
@@ -47,7 +47,7 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
     row_prompts = [[int(t) for t in row] for row in prompts]
     watch = engine.watch = Watch("greedy")
     try:
-        greedy = batch.greedy(engine, prompts, n + run.k + 1, margins=not sampled,
+        greedy = decode_rows(engine, prompts, n + run.k + 1, margins=not sampled,
                               keep_logits=anchor_tokens(engine.desc, n))
         kind = DRAFTERS.get(run.drafter)
         locks = [Lockstep.start(art, row_prompts[b], [] if sampled else greedy.tokens[b], rule, sampled=sampled,
@@ -69,7 +69,7 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
         watch.start("speculative")
         before = dict(engine.forwards)
         engine.acceptance.track(run.k)  # a sampling rule sums sum(min(p, q)) over the judged drafts
-        spec = batch.speculative(engine, prompts, n, references=greedy.tokens, on_commit=on_commit)
+        spec = speculative.generate(engine, prompts, n, greedy.tokens, on_commit)
         spec.expected_acceptance = engine.acceptance.tracked()
         spec_forwards = {key: d for key, v in engine.forwards.items() if (d := v - before.get(key, 0))}
         for b, lock in enumerate(locks):  # what each row left behind (a riding row: as it finished)
@@ -89,7 +89,7 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
     return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite), spec_forwards, left)
 
 
-def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: batch.BatchRun) -> list[dict]:
+def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: speculative.SpeculativeRun) -> list[dict]:
     """Each sampled row decoded by itself, at batch 1 on an engine of its own seeds (seed + b, sample_seed + b): its
     tokens must be the row's. A row that read another row's generator, drew once too often or sampled otherwise
     differs here (nothing else sees it: a sampled row has no greedy to equal). exact: the model's precision makes a

@@ -343,12 +343,12 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
         checks = [time.perf_counter() - t1]
         extra = SCHEDULES.get(run.schedule).extra_tokens
 
-        def on_commit(step: int, length: int, emitted: list[int], after_step: bool = True) -> None:
+        def on_commit(step: int, length: int, emitted: list[int], drafted: int | None, after_step: bool = True) -> None:
             t = time.perf_counter()
             if sampled:
                 lock.sequence = list(prompt) + list(emitted)
             lock.check(step, length, engine.state.snapshot(copy=False), engine.mtp_state.kv,
-                       extra if after_step else None, engine.last_k)
+                       extra if after_step else None, drafted)
             checks[0] += time.perf_counter() - t
 
         trace = Trace.begin(engine)
@@ -357,7 +357,7 @@ def checked_pass(engine, prompt: list[int], n: int) -> Checked:
         spec["expected_acceptance"] = engine.acceptance.tracked()
         trace.end(engine, spec["tokens"], spec["accepted"], spec["k"])
         # what the run left behind, after its last commit
-        on_commit(len(spec["accepted"]), engine.state.length, spec["tokens"], after_step=False)
+        on_commit(len(spec["accepted"]), engine.state.length, spec["tokens"], None, after_step=False)
         lock.advance_to(len(prompt) + n - 1)
     finally:
         engine.watch = None

@@ -98,6 +98,8 @@ def leading_run(xp, kept):
     device a 0-d array (nothing waits); on the host an int ([B] ints for rows)."""
     if xp is np:
         if kept.ndim > 1:
+            if not kept.shape[-1]:  # no drafts (a reference-reading drafter past the reference's end)
+                return np.zeros(kept.shape[:-1], dtype=np.int64)
             return np.where(kept.all(-1), kept.shape[-1], kept.argmin(-1))
         if not kept.size:
             return 0

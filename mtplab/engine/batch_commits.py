@@ -1,4 +1,6 @@
-"""Commit strategies at batch B: each row commits its own count c_b = n_b + 1 of the verify's tokens.
+"""Commit strategies row by row: each row of the batch (a batch of one included) commits its own count c_b = n_b + 1
+of the verify's tokens: commit(verify outputs, counts [B], the rows to commit, the verify's ids [B, M], each row's
+start [B]).
 
 - select: row b replays its own c_b transitions and rebuilds its conv carry from its own c_b inputs (or replays its
   LinearAttention inputs through the op). No forward; the same cost whatever the counts.
@@ -8,6 +10,9 @@
   forward. Cost: the longest row's count, not the mean.
 - readvance-batched: restore, then one [B, c] forward per distinct count c among the rows; the rows with
   another count are put back after it. Cost: one forward per distinct count (1 at B = 1).
+
+A strategy of the user's own commits one sequence (CommitStrategy.prepare): at batch 1 its commit takes the row's
+kept tokens; batch > 1 refuses it (mtplab.engine.fit.batch_commit_problem).
 """
 
 from __future__ import annotations
@@ -44,13 +49,16 @@ def select_rows(engine) -> Callable:
 
 def per_position_rows(engine) -> Callable:
     """per-position at batch B: each listed row takes its own state after its own count."""
+    if not engine.desc.target.position_states:
+        raise ValueError("commit='per-position' needs the verify graph that writes each position's state: this "
+                         f"engine was built for commit={engine.spec.commit!r} (build one with commit='per-position')")
     return _each_row(engine, position_update(engine.desc))
 
 
 def _each_row(engine, apply: Callable) -> Callable:
     st = engine.state
 
-    def commit(ver: dict, counts: np.ndarray, rows) -> None:
+    def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
         for b in rows:
             apply(st, ver, int(counts[b]), int(b))
 
@@ -60,22 +68,27 @@ def _each_row(engine, apply: Callable) -> Callable:
 def _restored(engine, counts: np.ndarray, rows) -> np.ndarray:
     """A re-advance's start: the state from before the verify put back; each row's count, 0 for rows not listed."""
     engine.restore_state()
-    return np.where(np.isin(np.arange(engine.batch), rows), counts, 0)
+    if len(rows) == engine.batch:
+        return counts
+    listed = np.zeros(engine.batch, dtype=np.int64)
+    listed[rows] = counts[rows]
+    return listed
 
 
 def readvance_m1_rows(engine) -> Callable:
     """readvance-m1 at batch B: restore, then max count forwards at [B, 1]; rows with fewer ride along."""
-    st, keeper, B = engine.state, RowKeeper(engine, "batch-keep"), engine.batch
+    st, keeper, every = engine.state, RowKeeper(engine, "batch-keep"), np.arange(engine.batch)
 
     def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
         counts = _restored(engine, counts, rows)
         for j in range(int(counts.max(initial=0))):
-            done = counts <= j
-            keeper.keep(np.flatnonzero(counts == j))  # rows whose tokens are all in: their state from now on
+            done = np.flatnonzero(counts <= j)
+            if done.size:  # rows whose tokens are all in: their state from now on, put back after the forward
+                keeper.keep(np.flatnonzero(counts == j))
             st.lengths[...] = start + np.minimum(j, counts)
-            tokens = ids[np.arange(B), np.minimum(j, np.maximum(counts - 1, 0))]
-            engine.forward(Slot.PRIMARY, tokens[:, None])
-            keeper.put_back(np.flatnonzero(done))
+            engine.forward(Slot.PRIMARY, ids[every, np.minimum(j, np.maximum(counts - 1, 0))][:, None])
+            if done.size:
+                keeper.put_back(done)
 
     return commit
 
@@ -89,11 +102,24 @@ def readvance_batched_rows(engine) -> Callable:
         held = np.zeros(B, dtype=np.int64)  # tokens each row holds so far
         for c in sorted(set(counts[counts > 0].tolist())):
             others = np.flatnonzero(counts != c)
-            keeper.keep(others)
+            if others.size:
+                keeper.keep(others)
             st.lengths[...] = start + held
             engine.forward(Slot.PRIMARY, ids[:, :c])
-            keeper.put_back(others)
+            if others.size:
+                keeper.put_back(others)
             held[counts == c] = c
+
+    return commit
+
+
+def one_sequence_rows(engine) -> Callable:
+    """A strategy's own commit (CommitStrategy.prepare: one sequence's consumed tokens from start), at batch 1."""
+    one = engine.commit_strategy.prepare(engine)
+
+    def commit(ver: dict, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
+        if len(rows):
+            one(ver, ids[0, : int(counts[0])].tolist(), int(start[0]))
 
     return commit
 
@@ -102,7 +128,6 @@ BATCH_COMMITS = {"select": select_rows, "per-position": per_position_rows, "read
                  "readvance-batched": readvance_batched_rows}
 
 
-def batch_commit(engine) -> Callable:
-    """The run's commit strategy at batch B, prepared once per engine (ValueError for one with no batched form)."""
-    name = engine.commit_strategy.name
-    return engine.prepared(("batch", name, BATCH_COMMITS[name]), BATCH_COMMITS[name])
+def commit_rows(engine) -> Callable:
+    """The engine's commit strategy row by row (its form here, else its own commit at batch 1)."""
+    return BATCH_COMMITS.get(engine.commit_strategy.name, one_sequence_rows)(engine)

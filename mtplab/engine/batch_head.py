@@ -4,11 +4,31 @@ as many as its own K and drawing for those only), and the head's commit of what 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
+from mtplab.model.description import length_feeds
+from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.executor import Slot
+from mtplab.runtime.sessions import refused_run
 from mtplab.runtime.state import mtp_io
+
+
+def prefill_head(engine, tokens: np.ndarray, hidden) -> tuple[np.ndarray, np.ndarray]:
+    """Fill the head's KV cache for the prompts (tokens [B, P]: each prompt's tokens after its first, then its
+    prefill's token; hidden: the prefill's [B, P, H]): entry j pairs token j+1 with the target's hidden j. Eager and
+    untimed, counted as "mtp/M=P". Returns each row's logits and hidden state at its last entry: a first draft from
+    the prompt's end, as a head commit's last kept row is."""
+    feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, tokens, hidden, np.zeros(engine.batch, np.int64))
+    try:
+        out = engine.mtp.run_eager(Slot.PRIMARY, feeds, outputs, bound)
+    except RuntimeError as err:  # onnxruntime's: the head's graph does not run with the buffers described
+        raise refused_run(f"{engine.desc.name}'s MTP head (its prefill)", err) from err
+    key = f"mtp/M={tokens.shape[1]}"
+    engine.forwards[key] = engine.forwards.get(key, 0) + 1
+    io = engine.desc.mtp
+    return out[io.logits][:, -1].copy(), out[io.hidden][:, -1].copy()
 
 
 def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int,
@@ -20,17 +40,24 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
     stop (the policy's, on a row's logits after a draft) lowers it in place where it ends the row's drafting; the
     drafts end where the longest row's do. choose: how the drafts are chosen (the acceptance rule's draft_rows; the
     mixture oracle's head, which runs for its cost, takes the argmax and draws nothing)."""
-    desc, io = engine.desc, engine.desc.mtp
+    desc, io, xp = engine.desc, engine.desc.mtp, engine.xp
     choose = choose or engine.acceptance.draft_rows
-    drafts = np.empty((engine.batch, k), dtype=np.int64)
+    drafts = xp.empty((engine.batch, k), dtype=np.int64)  # on the device: nothing here waits for it
+    step = head_step(engine) if xp is np else None
+    if step is not None:  # mtp_io's other callers put an array of theirs there
+        step.feeds[io.hidden_input] = step.hidden
     token, h = first, hidden
     for i in range(k):
-        feeds, outputs, bound = mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i)
-        out = engine.mtp.run(Slot.PRIMARY, feeds, outputs, bound)
+        if step is not None:  # host tokens: the step's feeds rewritten in place, replayed
+            step.ids[:, 0], step.hidden[:, 0] = token, h
+            length_feeds(io, position + i, 1, desc.capacity, step.feeds)
+            out = step.run()
+        else:
+            out = engine.mtp.run(Slot.PRIMARY, *mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i))
         engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + 1
         logits = out[io.logits][:, 0]
         drawing = None if lengths is None else np.flatnonzero(lengths > i)
-        token = choose(np, logits, drawing)
+        token = choose(xp, logits, drawing)
         h = out[io.hidden][:, 0]
         drafts[:, i] = token
         if lengths is not None and (ended := _stopped(lengths, drawing, logits, i + 1, stop)):
@@ -38,12 +65,40 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
     return drafts
 
 
+class HeadStep(NamedTuple):
+    """The head's M=1 step at [B, 1] as draft_head runs it on the host: mtp_io's feeds (its hidden state in an array
+    of its own), their token ids, and the head's Primary replayer on them (it decides as Executor.run does)."""
+
+    feeds: dict
+    ids: np.ndarray
+    hidden: np.ndarray
+    run: Callable[[], dict]
+    kv: tuple
+    executor: object
+
+
+def head_step(engine) -> HeadStep:
+    """The engine's prepared head step (made again when the head's KV buffers or executor change)."""
+    step = engine.drafter_memory.get("head step")
+    fixed = engine.mtp_state.io_cache.get(1)
+    if step is None or fixed is None or step.kv is not engine.mtp_state.kv or step.executor is not engine.mtp or (
+            step.feeds is not fixed.feeds):
+        desc, B = engine.desc, engine.batch
+        feeds, outputs, bound = mtp_io(desc, engine.mtp_state, np.zeros((B, 1), np.int64),
+                                       np.zeros((B, 1, desc.hidden_size), np.float32), np.zeros(B, np.int64))
+        hidden = feeds[desc.mtp.hidden_input] = np.zeros((B, 1, desc.hidden_size), desc.target.hidden_type)
+        step = engine.drafter_memory["head step"] = HeadStep(
+            feeds, feeds[desc.mtp.input_ids], hidden, engine.mtp.replayer(Slot.PRIMARY, feeds, outputs, bound),
+            engine.mtp_state.kv, engine.mtp)
+    return step
+
+
 def _stopped(lengths: np.ndarray, drawing: np.ndarray, logits, made: int, stop: Callable | None) -> int:
     """After `made` drafts: rows whose policy stops here have their lengths lowered to it; the drafts made when no
     row wants more (0 while some row does)."""
     if stop is not None:
         for b in drawing:
-            if lengths[b] > made and stop(logits[b]):
+            if lengths[b] > made and stop(to_numpy(logits[b])):  # the policy reads the row on the host
                 lengths[b] = made
     return made if lengths.max(initial=0) <= made else 0
 
@@ -56,9 +111,9 @@ def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.n
     stop and choose as draft_head's)."""
     logits, hidden = ready
     choose = choose or engine.acceptance.draft_rows
-    drafts = np.empty((engine.batch, k), dtype=np.int64)
+    drafts = engine.xp.empty((engine.batch, k), dtype=np.int64)
     drawing = None if lengths is None else np.flatnonzero(lengths > 0)
-    drafts[:, 0] = choose(np, logits, drawing)
+    drafts[:, 0] = choose(engine.xp, logits, drawing)
     if lengths is not None and _stopped(lengths, drawing, logits, 1, stop):
         return drafts[:, :1]
     if k > 1:
@@ -86,4 +141,4 @@ def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndar
     out = engine.mtp.run(Slot.VERIFY, feeds, outputs, bound)
     key = f"mtp-commit/M={M}"
     engine.forwards[key] = engine.forwards.get(key, 0) + 1
-    return np.array(out[io.logits][rows, counts]), np.array(out[io.hidden][rows, counts])
+    return out[io.logits][rows, counts].copy(), out[io.hidden][rows, counts].copy()

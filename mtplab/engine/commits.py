@@ -27,7 +27,6 @@ from mtplab.engine.strategies import COMMITS
 from mtplab.model.graph import rebuild_conv
 from mtplab.model.per_position import CUDA_REFUSAL, per_position_form, per_position_problem
 from mtplab.runtime.arena import to_numpy
-from mtplab.runtime.executor import Slot
 from mtplab.runtime.plans import direct_runner
 
 
@@ -65,7 +64,8 @@ class CommitStrategy:
         return desc
 
     def prepare(self, engine) -> Callable[[dict, list[int], int], None]:
-        """The engine's commit for this strategy: commit(verify outputs, consumed tokens, start).
+        """A strategy of the user's own: its commit of one sequence, commit(verify outputs, consumed tokens, start)
+        (mtplab's own commit every row at once: mtplab.engine.batch_commits).
 
         Called once per Engine. On entry the state's length is `start` (KV rollback is contents-only) and,
         when verify_in_place, the live recurrent state still holds the verify's advance; on return it must
@@ -92,15 +92,6 @@ class ReadvanceM1(CommitStrategy):
     bitwise = True
     why = "advances one token at a time with the reference's kernels"
 
-    def prepare(self, engine):
-        def commit(ver: dict, consumed: list[int], start: int) -> None:
-            engine.restore_state()
-            for j, tok in enumerate(consumed):
-                engine.state.length = start + j
-                engine.forward(Slot.PRIMARY, [tok])
-
-        return commit
-
     def forwards(self, accepted):
         return {"primary/M=1": sum(a + 1 for a in accepted)} if accepted else {}
 
@@ -110,13 +101,6 @@ class ReadvanceBatched(CommitStrategy):
     summary = "restore the state, re-advance the accepted tokens in one M=n forward"
     why = "re-advances the accepted tokens in one M=n forward, whose products round differently from the reference's M=1"
     primary_multi_token = True
-
-    def prepare(self, engine):
-        def commit(ver: dict, consumed: list[int], start: int) -> None:
-            engine.restore_state()
-            engine.forward(Slot.PRIMARY, consumed)
-
-        return commit
 
     def forwards(self, accepted):
         out: dict[str, int] = {}
@@ -135,14 +119,6 @@ class Select(CommitStrategy):
     def refusal(self, desc):
         return None if desc.select else (f"commit='select' cannot run on {desc.name}: "
                                          f"{desc.select_refused or 'its graphs give select nothing to replay'}")
-
-    def prepare(self, engine):
-        apply = select_commit(engine.desc, engine.device)
-
-        def commit(ver: dict, consumed: list[int], start: int) -> None:
-            apply(engine.state, ver, len(consumed))
-
-        return commit
 
     def how(self, desc) -> str:
         """select's form on a model, in words."""
@@ -293,18 +269,6 @@ class PerPosition(CommitStrategy):
 
     def form(self, desc, decodes_apart=False, batch=1):
         return per_position_form(desc, decodes_apart, batch)
-
-    def prepare(self, engine):
-        if not engine.desc.target.position_states:
-            raise ValueError("commit='per-position' needs the verify graph that writes each position's state: this "
-                             f"engine was built for commit={engine.spec.commit!r} (build one with "
-                             "commit='per-position')")
-        apply = position_update(engine.desc)
-
-        def commit(ver: dict, consumed: list[int], start: int) -> None:
-            apply(engine.state, ver, len(consumed))
-
-        return commit
 
     def how(self, desc) -> str:
         ops = sorted({s.op for s in desc.target.states if s.kind == "recurrent"})

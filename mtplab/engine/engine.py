@@ -16,11 +16,12 @@ from collections.abc import Callable
 import numpy as np
 
 from mtplab.engine import greedy, speculative
-from mtplab.engine.drafters import MtpDrafter, head_executor
+from mtplab.engine.batch_commits import commit_rows
+from mtplab.engine.drafters import head_executor
 from mtplab.engine.fit import check_spec_on_model
 from mtplab.engine.forwards import PreparedForward, host_count
 from mtplab.engine.greedy import Greedy
-from mtplab.engine.k_policies import Fixed, StepCosts
+from mtplab.engine.k_policies import StepCosts
 from mtplab.engine.models import model_for, own_weights
 from mtplab.engine.spec import EngineSpec
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS
@@ -85,8 +86,6 @@ class Engine:
         self.mtp, draft_io = head_executor(desc, dev, self.mtp_state, run, desc.mtp.path, self.arenas)
         self.forwards: dict[str, int] = {}
         self.drafter_memory: dict = {}  # what a drafter keeps between this engine's runs (the mixture's target rows)
-        self.prompt: list[int] = []  # the speculative generation in progress: its prompt and emitted tokens so far
-        self.emitted: list[int] = []
         self._keys: dict[tuple, str] = {}  # forward counter names by (slot, label, M)
         self._prepared_runs: dict[tuple, PreparedForward] = {}  # forward()'s prepared runs by (slot, M, in_place, label)
         io = desc.target
@@ -98,19 +97,13 @@ class Engine:
         self.last_forward: float | None = None
         self.acceptance = ACCEPTANCE.get(run.acceptance).for_run(run, self.xp)
         self.k_costs: StepCosts | None = None  # what a draft-length policy prices a step at K with (the calibration's)
-        self.k_chooser = Fixed(run.k)  # the generation's draft-length chooser (speculative.generate makes it)
-        self.last_k = run.k  # the drafts the last verify judged
-        self.head = MtpDrafter(desc, self.mtp, self.mtp_state, self.forwards, self.acceptance.draft_token)
         self.snapshot = [
             self.main.reserve(f"snapshot.{i}", a.shape, a.dtype) for i, a in enumerate(self.state.recurrent_arrays())
         ]
-        self._handoff_bytes = desc.hidden_size * 4
+        # each row's hidden state at its last committed position (the fused schedule drafts from it)
+        self.last_hidden = self.main.reserve("last_hidden", (B, desc.hidden_size), np.float32)
         self._handoff = None  # the step's hidden-state block from the shared pool, given back at end_step
-        self._handoff_views: dict = {}  # its hidden-state view, by block
-        self.last_hidden = self.main.reserve("last_hidden", (desc.hidden_size,) if B == 1 else (B, desc.hidden_size),
-                                             np.float32)
-        self._verify_start = 0
-        self._verify_buffers: dict = {}  # by k: the verify's token ids (a device's) and the step's packed read
+        self._handoff_views: dict = {}  # its [B, H] view, by block
         self._prepared: dict = {}  # each commit strategy's prepared commit, by name
         self.use_commit(run.commit)
         self._warm_up(draft_io)
@@ -137,7 +130,8 @@ class Engine:
         if problem := strategy.refusal(self.desc):
             raise ValueError(problem)
         # prepared once per engine (select's replay graph is a session of its own)
-        self.commit_strategy, self._commit = strategy, self.prepared(name, strategy.prepare)
+        self.commit_strategy = strategy
+        self.commit_rows = self.prepared(name, commit_rows)
 
     def prepared(self, key, build: Callable):
         """What build(self) makes, made once per engine under key (a commit strategy's prepared commit)."""
@@ -308,35 +302,30 @@ class Engine:
     def speculative(
         self, prompt: list[int], n: int, reference: list[int] | None = None, on_commit: Callable | None = None
     ) -> dict:
-        """Speculative decoding until at least n tokens (mtplab.engine.speculative.generate)."""
-        return speculative.generate(self, prompt, n, reference, on_commit)
+        """Speculative decoding of one sequence until at least n tokens (mtplab.engine.speculative.generate, its batch
+        of one): tokens, seconds, accepted counts and drafts per step ("k": what the draft-length policy chose, or
+        fewer where the drafter stopped early), the phases' time split and when the timed window opened.
+        on_commit(step, length, emitted, drafted), when given, is called after every commit (drafted: the drafts its
+        verify judged)."""
+        self.one_sequence()
+        told = None if on_commit is None else (
+            lambda step, rows, emitted, ks: on_commit(step, self.state.length, emitted[0], ks[0][-1]))
+        out = speculative.generate(self, np.asarray([prompt], dtype=np.int64), n,
+                                   None if reference is None else [reference], told)
+        return {"tokens": out.tokens[0], "seconds": out.seconds, "accepted": out.accepted[0], "k": out.ks[0],
+                "split": out.split, "started": out.started}
 
-    # -- one step's parts (mtplab.engine.schedules) ----------------------------------------------
     def begin_step(self, hidden=None):
-        """The step's hidden-state handoff buffer, from the shared pool until end_step; `hidden` copied in if given."""
-        block = self._handoff = self.main.acquire("decode-handoff", self._handoff_bytes)
+        """The step's hidden-state handoff buffer [B, H] (what its drafts start from), from the main arena's shared
+        pool until end_step; `hidden` copied in if given."""
+        block = self._handoff = self.main.acquire("decode-handoff", self.batch * self.desc.hidden_size * 4)
         buf = self._handoff_views.get(block)
         if buf is None:  # carved once per block: a block's memory never moves
-            buf = self._handoff_views[block] = block.carve({"hidden": ((self.desc.hidden_size,), np.float32)})["hidden"]
+            buf = self._handoff_views[block] = block.carve(
+                {"hidden": ((self.batch, self.desc.hidden_size), np.float32)})["hidden"]
         if hidden is not None:
             buf[...] = hidden
         return buf
-
-    def decode(self, token, hidden):
-        """One M=1 decode of `token` on Slot.PRIMARY; its hidden state into `hidden`; its token (on the device)."""
-        if self.xp is np and self.batch == 1:  # a host token: straight into the decode's prepared feeds
-            hot = self._prepared_forward(Slot.PRIMARY, 1, True)
-            hot.ids[...] = token
-            out = self._run_prepared(hot, own=False)  # read here, before any other forward
-        else:
-            out = self.forward(Slot.PRIMARY, token)
-        self.state.length += 1
-        hidden[...] = out["hidden"][0, 0]
-        return self.acceptance.token(self.xp, out["logits"][0, 0])
-
-    def keep_hidden(self, ver: dict, n: int) -> None:
-        """Keep the verify's hidden state at the last committed position (the fused schedule drafts from it)."""
-        self.last_hidden[...] = ver["hidden"][0, n]
 
     def end_step(self) -> None:
         """Give the handoff buffer back and tell the executor the step is over."""
@@ -345,40 +334,13 @@ class Engine:
             self._handoff = None
         self.target.end_step()
 
-    def verify(self, first, drafts) -> tuple[int, list[int], int, dict]:
-        """Verify [first, d1..dk] on Slot.VERIFY: (accepted count, consumed tokens, bonus token, outputs).
-
-        consumed = [first, d1..dn]: the tokens whose state the commit keeps. The step's one host read. A padded
-        verify (verify_plans='padded') runs M = k_max + 1, only its k drafts judged."""
-        xp, k, in_place = self.xp, int(drafts.shape[0]), self.commit_strategy.verify_in_place
-        self.last_k, M = k, self.spec.verified(k) + 1
-        if in_place:
-            self.save_state()
-        self._verify_start = self.state.length
-        on_host = xp is np and self.batch == 1  # host tokens: written straight into the verify's prepared feeds
-        buffers = self._verify_buffers.get(k)
-        if buffers is None:
-            buffers = self._verify_buffers[k] = (None if on_host else xp.empty(M, dtype=np.int64),
-                                                 xp.empty(2 * k + 3, dtype=np.int64))
-        ids, packed = buffers
-        hot = self._prepared_forward(Slot.VERIFY, M, in_place) if on_host else None
-        if hot is not None:
-            ids = hot.row
-        ids[0] = first
-        ids[1 : k + 1] = drafts
-        if M > k + 1:  # a padded verify: the last draft repeated
-            ids[k + 1 :] = ids[k]
-        ver = self._run_prepared(hot) if hot is not None else self.forward(Slot.VERIFY, ids, in_place=in_place)
-        logits = ver["logits"][0, : k + 1]
-        # packed = [n, first, d1..dk, t0..tk]: the step's one read
-        n_dev, targets = self.acceptance.accept(xp, drafts, logits)
-        packed[0] = n_dev
-        packed[1 : k + 2] = ids[: k + 1]
-        packed[k + 2 :] = targets
-        packed = self.device.read(packed).tolist()
-        n = packed[0]
-        self.k_chooser.observe(k, n)
-        return n, packed[1 : 2 + n], packed[k + 2 + n], ver
+    def commit(self, ver: dict | None, counts: np.ndarray, rows, ids: np.ndarray, start: np.ndarray) -> None:
+        """Make each listed row's state hold its first counts[b] verify tokens (ids[b]) after position start[b], with
+        the run's commit strategy (row by row: mtplab.engine.batch_commits); KV rollback is contents-only."""
+        self.state.lengths[...] = start
+        self.target.rollback(Slot.PRIMARY)
+        self.commit_rows(ver, counts, rows, ids, start)
+        self.state.lengths[...] = start + counts
 
     def save_state(self) -> None:
         """Snapshot the recurrent state (before a verify that advances it in place)."""
@@ -389,12 +351,3 @@ class Engine:
         """Put back the recurrent state of the last save_state."""
         for snap, live in zip(self.snapshot, self.state.recurrent_arrays()):
             live[...] = snap
-
-    def commit(self, ver: dict | None, consumed: list[int], start: int | None = None) -> None:
-        """Make the state hold exactly `consumed` after position `start` (default: where the last verify began),
-        with the run's commit strategy; KV rollback is contents-only."""
-        start = self._verify_start if start is None else start
-        self.state.length = start
-        self.target.rollback(Slot.PRIMARY)
-        self._commit(ver, consumed, start)
-        self.state.length = start + len(consumed)

@@ -92,35 +92,6 @@ class TargetRows:
         self.rows[context] = self.xp.asarray(np.array(logits[-1]))
 
 
-class MixtureDrafter:
-    """Drafts k tokens from alpha * p + (1 - alpha) * [distractor], p the target's own (see the module)."""
-
-    def __init__(self, engine, alpha: float, seed: int, head):
-        self.engine, self.alpha, self.head, self.xp = engine, alpha, head, engine.xp
-        self.rule = engine.acceptance
-        self.rows = row_target_rows(engine, 0)
-        self.distractor = distractor_token(seed, engine.desc.vocab_size)
-
-    def prefill(self, tokens: list[int], hidden) -> None:
-        self.rows.start(self.engine.prompt)
-        if self.head is not None:
-            self.head.prefill(tokens, hidden)
-
-    def commit(self, hidden, tokens: list[int], start: int) -> None:
-        if self.head is not None:
-            self.head.commit(hidden, tokens, start)
-
-    def draft(self, first, hidden, position: int, k: int):
-        """k drafts after `first` (at position + 1), each from the mixture after the drafts before it."""
-        if self.head is not None:  # its cost, as the greedy oracle pays it
-            self.head.draft(first, hidden, position, k)
-        e, xp = self.engine, self.xp
-        committed = position + 1
-        context = list(e.prompt) + e.emitted[: committed - len(e.prompt)] + [int(first)]
-        drafts = mixture_drafts(self.rule, self.rows, self.alpha, self.distractor, context, committed, k)
-        return xp.asarray(np.asarray(drafts, dtype=np.int64))
-
-
 def mixture_drafts(rule, rows: TargetRows, alpha: float, distractor: int, context: list[int], committed: int, k: int,
                    row: int = 0) -> list[int]:
     """k drafts after `context` (its first `committed` tokens committed), each from alpha * p + (1 - alpha) *

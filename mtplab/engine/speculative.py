@@ -1,31 +1,53 @@
-"""Speculative decoding on an Engine: the run's drafter, the prefill, then one schedule step at a time until there
-are n tokens. Each step (draft, verify on Slot.VERIFY, accept, commit) is the schedule's short function
-(mtplab.engine.schedules) over the Engine's public step parts."""
+"""Speculative decoding of every row of an engine's batch (a batch of one included), one step at a time.
+
+A step drafts for every row its own K (k, or its draft-length policy's: the MTP head at [B, 1]; the oracle from
+each row's own reference or, sampled, its own mixture, seeded per row; a drafter of the user's own, one per row),
+verifies [B, K+1] in one forward on Slot.VERIFY (K the longest row's), accepts per row on its own drafts (row b keeps
+n_b; sampled, from its own generator) and commits per row (mtplab.engine.batch_commits). The schedule says whether
+the step first decodes the pending token at M=1 on Slot.PRIMARY (decode-verify) or drafts from the hidden state of
+the last committed position (fused: vLLM's, SGLang's). Row b decodes as a batch of one of its seeds would. A row that
+has its tokens (n or more) rides along until every row has: its token repeated, its length held, its state rows
+put back after each step. The batch shape, and so each slot's plan, never changes.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from mtplab.engine.drafters import Drafter
+import numpy as np
+
+from mtplab.engine.acceptance import GREEDY_MATCH
+from mtplab.engine.batch_commits import RowKeeper
+from mtplab.engine.batch_head import commit_head, draft_from_rows, draft_head, prefill_head
+from mtplab.engine.drafters import OracleDrafter, row_alphas
+from mtplab.engine.greedy import start_rows
 from mtplab.engine.k_policies import StepCosts
+from mtplab.engine.mixture import distractor_token, mixture_drafts, row_target_rows
 from mtplab.engine.schedules import Phases
 from mtplab.engine.strategies import DRAFTERS, K_POLICIES, SCHEDULES
 from mtplab.model.description import beyond_capacity
+from mtplab.runtime.executor import Slot
 
 
-def drafter_for(engine, reference: list[int] | None) -> Drafter:
-    """The run's drafter (its registered kind builds it; the oracle drafts from the greedy reference)."""
-    run = engine.spec
-    kind = DRAFTERS.get(run.drafter)
-    if kind.reads_reference(run) and reference is None:
-        raise ValueError(f"the {kind.name} drafter needs the greedy reference tokens")
-    return kind.build(engine, reference)
+@dataclass
+class SpeculativeRun:
+    tokens: list[list[int]]  # per row, what it emitted (n or a few more: a step emits up to k + 1)
+    accepted: list[list[int]]  # per row, its accepted drafts per step while it was decoding
+    steps: int
+    seconds: float
+    finished: list[float]  # per row, seconds from the start until it had its n tokens
+    split: dict = field(default_factory=dict)  # seconds per phase: decode, draft, verify, commit
+    started: float = float("nan")  # perf_counter when the timed window opened
+    expected_acceptance: dict | None = None  # a sampled checked run's expected acceptance per draft position
+    ks: list[list[int]] = field(default_factory=list)  # per row, the drafts it made at each step while decoding
+    widths: list[int] = field(default_factory=list)  # per batch step, its drafts (the verify's M - 1): the longest row's
 
 
 def k_chooser(engine):
-    """The run's draft-length chooser for one generation (mtplab.engine.k_policies); a policy that prices steps reads
-    engine.k_costs (the point runner sets them from the calibration)."""
+    """The run's draft-length chooser for one row's generation (mtplab.engine.k_policies); a policy that prices steps
+    reads engine.k_costs (the point runner sets them from the calibration)."""
     policy = K_POLICIES.get(engine.spec.k_policy)
     costs: StepCosts | None = engine.k_costs
     if policy.needs_costs and costs is None:
@@ -35,45 +57,202 @@ def k_chooser(engine):
     return policy.make(engine.spec, costs)
 
 
-def check_reference(engine, reference: list[int] | None, n: int) -> None:
-    """A reference-reading drafter reads up to k + 1 tokens past the n a run makes (its last step's drafts)."""
-    run, need = engine.spec, n + engine.k + 1
-    if DRAFTERS.get(run.drafter).reads_reference(run) and reference is not None and len(reference) < need:
-        raise ValueError(f"the {run.drafter} drafter drafts from the greedy reference: a run of {n} tokens "
-                         f"at k={engine.k} needs its first {need} tokens (n + k + 1), got {len(reference)}")
+def check_inputs(engine, prompts: np.ndarray, n: int, references) -> None:
+    """ValueError before any forward: a reference-reading drafter reads up to k + 1 tokens past the n a run makes
+    (its last step's drafts), and the last verify must fit the KV capacity."""
+    run, B, need = engine.spec, engine.batch, n + engine.k + 1
+    kind = DRAFTERS.get(run.drafter)
+    if kind.reads_reference(run):
+        lengths = [] if references is None else [len(r) for r in references]
+        if len(lengths) != B or min(lengths) < need:
+            got = "none" if references is None else (f"{min(lengths, default=0)}" + (
+                f" in the shortest of {len(lengths)}" if len(lengths) != 1 else ""))
+            raise ValueError(f"the {kind.name} drafter drafts from the greedy reference: a run of {n} tokens at "
+                             f"k={engine.k} needs its first {need} tokens (n + k + 1), got {got} (one per row, "
+                             f"{B} here)")
+    if prompts.shape[1] + n + engine.k > engine.desc.capacity:  # its last verify's reach, at most
+        raise beyond_capacity(prompts.shape[1] + n + engine.k, engine.desc.capacity)
 
 
-def generate(engine, prompt: list[int], n: int, reference: list[int] | None = None,
-             on_commit: Callable | None = None) -> dict:
-    """Speculative decoding until at least n tokens: tokens, seconds, accepted counts and drafts per step ("k": what
-    the draft-length policy chose, or fewer where the drafter stopped early), the phases' time split and when the
-    timed window opened.
+def _judged(engine, drafts, logits, lengths: np.ndarray) -> tuple:
+    """The acceptance rule's verdict on each row's own drafts (lengths: row b's K_b, 0 for a row that has its tokens):
+    (each row's accepted count, its targets [B, K+1]). A row is judged on its first K_b drafts only (its bonus the
+    target at K_b); a riding row keeps nothing (its state is put back), so it is not judged: a sampled row's
+    generator stops where a batch-1 run of it ends, and the expected acceptance counts decoding rows only. Both on
+    the engine's device (nothing here waits for it)."""
+    K, xp = drafts.shape[1], engine.xp
+    if (lengths == K).all():
+        counts, targets = engine.acceptance.accept(xp, drafts, logits)
+        return xp.asarray(counts), targets
+    counts, targets = xp.zeros(engine.batch, dtype=np.int64), xp.zeros((engine.batch, K + 1), dtype=np.int64)
+    for k in sorted(set(lengths[lengths > 0].tolist())):  # the rows of each K at once
+        rows = np.flatnonzero(lengths == k)
+        kept, chosen = engine.acceptance.accept(xp, drafts[rows, :k], logits[rows, : k + 1], rows)
+        counts[rows], targets[rows, : k + 1] = xp.asarray(kept), chosen
+    return counts, targets
 
-    on_commit(step, length, emitted), when given, is called after every commit (the checked pass compares the
-    committed state there; timed runs pass nothing).
+
+class RowDrafters:
+    """A drafter of the user's own drafts one sequence: one per row, each told only its own row (prefill, draft,
+    and commit where it has one)."""
+
+    def __init__(self, engine, kind, references, prompts: list[list[int]], first: np.ndarray, hidden, stop):
+        self.engine = engine
+        self.rows = [kind.build(engine, references[b] if references else None) for b in range(engine.batch)]
+        for b, d in enumerate(self.rows):
+            if stop is not None:
+                d.stop = stop
+            d.prefill(prompts[b][1:] + [int(first[b])], hidden[b])
+
+    def draft(self, first, hidden, position, lengths: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """Each decoding row's drafts [B, K] (a row may draft fewer than asked: its length lowered to them)."""
+        drafts = np.zeros((self.engine.batch, int(lengths.max(initial=0))), dtype=np.int64)
+        for b in np.flatnonzero(active):
+            made = self.engine.device.read(self.rows[b].draft(int(first[b]), hidden[b], int(position[b]),
+                                                              int(lengths[b])))
+            made = np.asarray(made, dtype=np.int64)[: lengths[b]]
+            lengths[b] = made.shape[0]
+            drafts[b, : lengths[b]] = made
+        return drafts[:, : int(lengths.max(initial=0))]
+
+    def commit(self, hidden, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray, start, active) -> None:
+        """What each decoding row's verify kept: its accepted drafts and bonus at start + 1.., the verify's hidden
+        rows from start."""
+        for b in np.flatnonzero(active):
+            if (commit := getattr(self.rows[b], "commit", None)) is not None:
+                c = int(counts[b])
+                commit(hidden[b], ids[b, 1 : c + 1].tolist() + [int(targets[b, c])], int(start[b]))
+
+
+def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | None = None,
+             on_commit: Callable | None = None) -> SpeculativeRun:
+    """Speculative decoding of every row (prompts [B, P]) until it has n tokens; per-row tokens and accepted counts.
+
+    references: each row's greedy tokens (a reference-reading drafter drafts from them; n + k + 1 each).
+    on_commit(step, rows, emitted, ks), when given, is called after every step's commit with the rows it committed,
+    every row's tokens so far and each row's drafts per step (the checked pass compares each committed row's state).
     """
-    check_reference(engine, reference, n)
-    if len(prompt) + n + engine.k > engine.desc.capacity:  # its last verify's reach, at most (the head's is less)
-        raise beyond_capacity(len(prompt) + n + engine.k, engine.desc.capacity)
-    drafter = drafter_for(engine, reference)
-    chooser = engine.k_chooser = k_chooser(engine)
-    if chooser.stop is not None:
-        drafter.stop = chooser.stop
-    out = engine.start(prompt)
-    emitted = [int(engine.device.read(engine.acceptance.token(engine.xp, out["logits"][0, -1])))]
-    engine.prompt, engine.emitted = list(prompt), emitted
-    drafter.prefill(prompt[1:] + emitted, out["hidden"][0])
-    engine.last_hidden[...] = out["hidden"][0, -1]
-    engine.setup_done()  # the head's prefill is untimed setup too
-    step, phases = SCHEDULES.get(engine.spec.schedule).step, Phases()
-    accepted: list[int] = []
-    ks: list[int] = []
-    t_start = time.perf_counter()
-    while len(emitted) < n:
-        accepted.append(step(engine, emitted, drafter, phases))
-        ks.append(engine.last_k)
+    run, B, xp, read = engine.spec, engine.batch, engine.xp, engine.device.read
+    prompts = np.asarray(prompts, dtype=np.int64)
+    check_inputs(engine, prompts, n, references)
+    kind = DRAFTERS.get(run.drafter)
+    oracle = run.drafter == "oracle"
+    mixture = oracle and engine.acceptance.samples  # at T > 0 the oracle drafts from the target's own rows
+    decode_first = SCHEDULES.get(run.schedule).decodes > 0
+    skip = 0 if decode_first else 1  # fused: the verify's first token was emitted by the step before
+    readvance = engine.commit_strategy.verify_in_place
+    st = engine.state
+    out = start_rows(engine, prompts)
+    first = read(engine.acceptance.row_tokens(xp, out["logits"][:, -1]))
+    emitted = [[int(t)] for t in first]
+    P, row_prompts = prompts.shape[1], [[int(t) for t in row] for row in prompts]
+    head = not kind.per_row and kind.uses_head(run)
+    if head:
+        ready = prefill_head(engine, np.concatenate([prompts[:, 1:], first[:, None]], 1), out["hidden"])
+    alphas = row_alphas(run.alpha, B)
+    oracles = [OracleDrafter(references[b], alpha, run.seed + b, engine.desc.vocab_size)
+               for b, alpha in enumerate(alphas)] if oracle and not mixture else []
+    for o in oracles:
+        o.prefill([0] * P, None)
+    mixtures = [(row_target_rows(engine, b), distractor_token(run.seed + b, engine.desc.vocab_size))
+                for b in range(B)] if mixture else []
+    for b, (rows_b, _) in enumerate(mixtures):
+        rows_b.start(row_prompts[b])
+    head_choice = GREEDY_MATCH.draft_rows if mixture else None  # the mixture's head runs for its cost, drawing nothing
+    engine.last_hidden[...] = out["hidden"][:, -1]
+    choosers = [k_chooser(engine) for _ in range(B)]  # each row's draft-length policy, on its own acceptance
+    stop = choosers[0].stop  # a policy's stop reads the drafts' logits alone: the same for every row
+    own = RowDrafters(engine, kind, references, row_prompts, first, out["hidden"], stop) if kind.per_row else None
+    frozen_rows = RowKeeper(engine, "batch-frozen") if B > 1 else None
+    frozen_len = np.zeros(B, dtype=np.int64)
+    active = np.array([len(e) < n for e in emitted])
+    accepted: list[list[int]] = [[] for _ in range(B)]
+    ks: list[list[int]] = [[] for _ in range(B)]
+    widths: list[int] = []
+    finished = [float("nan")] * B
+    phases, steps, all_rows = Phases(), 0, np.arange(B)
+    pending = np.empty(B, dtype=np.int64)
+    engine.setup_done()
+    t0 = time.perf_counter()
+    while active.any():
+        stamps = [time.perf_counter()]
+        for b in range(B):
+            pending[b] = emitted[b][-1]
+        if decode_first:  # decode the pending token at [B, 1]; draft from its hidden state
+            hidden = engine.begin_step()
+            dec = engine.forward(Slot.PRIMARY, pending[:, None])
+            st.lengths += 1
+            hidden[...] = dec["hidden"][:, 0]  # the next forward rewrites the slot's outputs
+            first = engine.acceptance.row_tokens(xp, dec["logits"][:, 0])  # on the device
+        else:  # fused: draft from the pending token and the hidden state of the last committed position
+            hidden, first = engine.begin_step(engine.last_hidden), pending
+        stamps.append(time.perf_counter())  # the decode's end
+        position = st.lengths - 1
+        # each row's K this step (its policy's), 0 for a row riding along: it drafts nothing and is not judged
+        lengths = np.array([c.next_k() if active[b] else 0 for b, c in enumerate(choosers)], dtype=np.int64)
+        width, drafts = int(lengths.max()), None
+        if head:
+            drafts = draft_head(engine, first, hidden, position, width, lengths, stop, head_choice) if (
+                decode_first) else draft_from_rows(engine, ready, position, width, lengths, stop, head_choice)
+        if oracle:  # each row its own K drafts (its generator stays where a batch-1 run of the row is)
+            drafts = np.zeros((B, width), dtype=np.int64)  # on the host, as the drafts of a drafter of the user's own
+            for b in np.flatnonzero(active):
+                K, committed = int(lengths[b]), int(position[b]) + 1
+                made = oracles[b].draft(int(first[b]), None, committed - 1, K) if not mixture else (
+                    mixture_drafts(engine.acceptance, mixtures[b][0], alphas[b], mixtures[b][1], row_prompts[b]
+                                   + emitted[b][: committed - P] + [int(first[b])], committed, K, b))
+                lengths[b] = len(made)  # fewer where the reference ends (a run's last step drafts past it at most)
+                drafts[b, : lengths[b]] = made
+            drafts = drafts[:, : int(lengths.max(initial=0))]
+        if own is not None:
+            drafts = own.draft(first, hidden, position, lengths, active)
+        width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
+        stamps.append(time.perf_counter())  # the drafts'
+        ids = xp.empty((B, run.verified(width) + 1), dtype=np.int64)  # padded: each row's last draft repeated
+        ids[:, 0], ids[:, 1 : width + 1] = xp.asarray(first), xp.asarray(drafts)
+        if ids.shape[1] > width + 1:
+            ids[:, width + 1 :] = ids[:, width : width + 1]
+        if readvance:
+            engine.save_state()
+        verify_start = st.lengths.copy()
+        ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
+        counts, targets = _judged(engine, ids[:, 1 : width + 1], ver["logits"][:, : width + 1], lengths)
+        # the step's one host read: each row's kept drafts, its targets [K+1] and its verify's ids
+        packed = read(xp.concatenate([counts[:, None], targets, ids], axis=1))
+        counts, targets, ids = packed[:, 0], packed[:, 1 : width + 2], packed[:, width + 2 :]
+        if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
+            engine.last_hidden[...] = ver["hidden"][all_rows, counts]
+        stamps.append(time.perf_counter())  # the verify's
+        if head:  # before the commit, for the same reason; draft work (Phases)
+            ready = commit_head(engine, targets, counts, ver["hidden"], verify_start)
+        if own is not None:
+            own.commit(ver["hidden"], ids, targets, counts, verify_start, active)
+        stamps.append(time.perf_counter())  # the head's commit's
+        rows = np.flatnonzero(active)
+        engine.commit(ver, counts + 1, rows, ids, verify_start)
+        engine.end_step()
+        steps += 1
+        widths.append(width)
+        now = time.perf_counter()
+        for b in rows:
+            c = int(counts[b])
+            accepted[b].append(c)
+            ks[b].append(int(lengths[b]))
+            choosers[b].observe(int(lengths[b]), c)
+            emitted[b] += ids[b, skip : c + 1].tolist() + [int(targets[b, c])]
         if on_commit is not None:
-            on_commit(len(accepted), engine.state.length, emitted)
-    seconds = time.perf_counter() - t_start
-    return {"tokens": emitted, "seconds": seconds, "accepted": accepted, "k": ks, "split": phases.seconds,
-            "started": t_start}
+            on_commit(steps, rows, emitted, ks)
+        done = [b for b in rows if len(emitted[b]) >= n]
+        for b in done:
+            active[b] = False
+            finished[b] = now - t0
+        if done and frozen_rows is not None:
+            frozen_rows.keep(done)
+            frozen_len[done] = st.lengths[done]
+        riding = np.flatnonzero(~active)
+        if riding.size and frozen_rows is not None:  # rows that have their tokens: state and length as they finished
+            frozen_rows.put_back(riding)
+            st.lengths[riding] = frozen_len[riding]
+        phases.append((*stamps, time.perf_counter()))  # and the commit's
+    return SpeculativeRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds, t0, ks=ks,
+                          widths=widths)

@@ -20,10 +20,9 @@ import numpy as np
 
 from mtplab.base.files import write_atomic
 from mtplab.base.threads import threads_used
-from mtplab.engine import batch as batching
-from mtplab.engine.batch_commits import batch_commit
 from mtplab.engine.batch_head import commit_head, draft_from_rows
 from mtplab.engine.engine import Engine
+from mtplab.engine.greedy import decode_rows, start_rows
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.calibrate import (
     GREEDY_TOKENS,
@@ -38,6 +37,7 @@ from mtplab.experiment.calibrate import (
 )
 from mtplab.experiment.timing import FORWARD_SAMPLES, PairedSamples, block_time, call_time, time_after, time_targets
 from mtplab.measure.result import dumps
+from mtplab.model.prompts import run_prompts
 from mtplab.runtime.executor import Slot
 
 
@@ -50,8 +50,8 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     top, _ = calibration_sizes(art.description)
     engine = Engine(run, art)
     st, B = engine.state, batch
-    prompts = batching.prompts(run.replace(prompt_len=PROMPT_LEN), engine.desc.vocab_size)
-    batching.start(engine, prompts)
+    prompts = run_prompts(run.replace(prompt_len=PROMPT_LEN), engine.desc.vocab_size)
+    start_rows(engine, prompts)
     L0 = st.lengths.copy()
     ids = np.tile(prompts[:, :1], (1, top))
     rows = np.zeros((B, top, engine.desc.hidden_size), np.float32)
@@ -71,18 +71,17 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
         draft_from_rows(engine, ready, L0 + k, k)
 
     def greedy_step() -> float:
-        g = batching.greedy(engine, prompts, run.tokens)  # GREEDY_TOKENS + 1, or what the capacity holds
+        g = decode_rows(engine, prompts, run.tokens, margins=False)  # GREEDY_TOKENS + 1, or what the capacity holds
         return g.seconds / g.decodes
 
     def commit(e: Engine, strategy: str, n: int) -> float:
         e.use_commit(strategy)
-        apply = batch_commit(e)
+        apply = e.commit_rows
         e.state.lengths[...] = L0
         ver = None if e.commit_strategy.verify_in_place else forward_on(e)(top)
         e.save_state()
         counts, rows = np.full(B, n), np.arange(B)
-        args = (ver, counts, rows, ids, L0) if e.commit_strategy.verify_in_place else (ver, counts, rows)
-        commit_once = functools.partial(apply, *args)
+        commit_once = functools.partial(apply, ver, counts, rows, ids, L0)
         times = []
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
             e.state.lengths[...] = L0
@@ -96,7 +95,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
     for name in strategies:
         if COMMITS.get(name).own_verify_graph:
             e = own[name] = Engine(run.replace(commit=name), art)
-            batching.start(e, prompts)
+            start_rows(e, prompts)
     own_forward = {name: forward_on(e) for name, e in own.items()}
     for f in own_forward.values():
         f(top)
@@ -113,7 +112,7 @@ def measure_batch(model: str, batch: int, threads: int = 0, repeats: int = REPEA
                 lambda: forward(k + 1), lambda: head_work(k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_step() for _ in range(reps)])))
-        batching.start(engine, prompts)
+        start_rows(engine, prompts)
         for strategy in strategies:
             e = own.get(strategy, engine)
             for n in range(1, top + 1):

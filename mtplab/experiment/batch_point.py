@@ -22,9 +22,10 @@ from mtplab.check.audit import clock_problems, engine_problems
 from mtplab.check.batch import batch_one_failed, checked_batch, timed_problems, timed_state_problems
 from mtplab.check.expected import chosen_problems, oracle_draw_problems
 from mtplab.check.trace import Trace
-from mtplab.engine import batch
+from mtplab.engine import speculative
 from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
+from mtplab.engine.greedy import decode_rows
 from mtplab.engine.strategies import K_POLICIES
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.shared import acceptance_alpha, commit_memory, engine_for, step_costs
@@ -34,7 +35,7 @@ from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
 from mtplab.measure.published import result_problems
 from mtplab.measure.result import RunResult
-from mtplab.model.prompts import run_prompt
+from mtplab.model.prompts import run_prompt, run_prompts
 
 
 def _counters(engine: Engine) -> dict:
@@ -62,7 +63,7 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                          f"batch {run.batch}: pass its own (mtplab.experiment.batch_calibrate.load_or_measure_batch)")
     engine = engine_for(run, artifact, engine)
     B, k, n = run.batch, run.k, run.tokens
-    prompts = batch.prompts(run, engine.desc.vocab_size)
+    prompts = run_prompts(run, engine.desc.vocab_size)
     problems: list[str] = [f"the engine: {p}" for p in engine_problems(engine)]
     problems += row_prompt_problems(run, prompts, engine.desc.vocab_size)
     if K_POLICIES.get(run.k_policy).needs_costs:  # each row's policy prices its K with the calibration at B
@@ -82,14 +83,14 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
         for side in order:
             trace, plans = Trace.begin(engine), plan_runs(engine)
             if side == "greedy":
-                g = timed = batch.greedy(engine, prompts, n)
+                g = timed = decode_rows(engine, prompts, n, margins=False)
                 returned = time.perf_counter()
                 trace.end(engine, g.tokens[0])
                 _record(sample, side, g.tokens, n, g.seconds)
                 if g.tokens != [t[:n] for t in checked.greedy.tokens]:
                     problems.append(f"round {r}: a timed greedy run's tokens differ from the checked run's")
             else:
-                spec = got["spec"] = timed = batch.speculative(engine, prompts, n, references=checked.greedy.tokens)
+                spec = got["spec"] = timed = speculative.generate(engine, prompts, n, checked.greedy.tokens)
                 returned = time.perf_counter()
                 trace.end(engine, spec.tokens[0])
                 _record(sample, side, spec.tokens, n, spec.seconds)

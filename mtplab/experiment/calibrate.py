@@ -36,6 +36,7 @@ from mtplab.base.files import write_atomic
 from mtplab.base.memory import calibration_pages
 from mtplab.base.paths import cache_root
 from mtplab.base.threads import threads_used
+from mtplab.engine.batch_head import commit_head, draft_from_rows, draft_head, prefill_head
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.config import RunConfig, model_name
 from mtplab.experiment.timing import FORWARD_SAMPLES, PairedSamples, block_time, call_time, time_after, time_targets
@@ -141,6 +142,9 @@ def _calibration_run(model: str, threads: int, int4: bool = False, **fields) -> 
     return RunConfig(model=model, threads=threads, int4=int4, commit=commit, **fields), art
 
 
+ONE_ROW = np.arange(1)
+
+
 def _acceptance(model: str, tokens: int, threads: int, int4: bool = False) -> dict:
     """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
     from mtplab.engine.engine import Engine
@@ -173,16 +177,20 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     main = _on_prompt(run, art)
     engine, prompt, forward, greedy_token, top = main
     L0, tok = engine.state.length, int(prompt[0])
-    engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
+    head_prompt = np.asarray([prompt[1:] + [tok]], dtype=np.int64)
+    hidden0 = np.zeros((1, PROMPT_LEN, engine.desc.hidden_size), np.float32)
+    prefill_head(engine, head_prompt, hidden0)
+    first, at = np.full(1, tok, dtype=np.int64), np.full(1, L0, dtype=np.int64)
 
     def head() -> None:
-        engine.head.draft(tok, engine.last_hidden, L0, 1)
+        draft_head(engine, first, engine.last_hidden, at, 1)
 
-    rows = np.repeat(np.asarray(engine.last_hidden)[None], top, 0)
+    rows = np.repeat(np.asarray(engine.last_hidden)[:, None], top, 1)
+    ids = np.full((1, top), tok, dtype=np.int64)
 
     def draft(k: int) -> None:  # a fused step's head work for k drafts: the commit of k+1 rows, k - 1 steps from its last
-        engine.head.commit(rows[: k + 1], [tok] * (k + 1), L0)
-        engine.head.draft(tok, engine.last_hidden, L0 + k, k)
+        ready = commit_head(engine, ids[:, : k + 1], np.full(1, k), rows[:, : k + 1], at)
+        draft_from_rows(engine, ready, at + k, k)
 
     def copy_forward() -> dict:  # M=1 on mtplab's copy (Verify's graph): what a shared policy's Primary runs
         engine.state.length = L0
@@ -203,8 +211,15 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         ver = None if e.commit_strategy.verify_in_place else on.forward(top)
         e.save_state()
         times = []
+        counts, starts = np.full(1, n), np.full(1, L0)
+
+        def once() -> None:  # as a step commits: the length back at the verify's start, n tokens kept
+            e.state.length = L0
+            e.target.rollback(Slot.PRIMARY)
+            e.commit_rows(ver, counts, ONE_ROW, ids, starts)
+
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
-            times.append(call_time(lambda: e.commit(ver, [tok] * n, L0), e.device.sync))
+            times.append(call_time(once, e.device.sync))
         return float(np.mean(times[1:]))
 
     strategies, skipped = commits_on(engine.desc)
@@ -230,7 +245,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_token() for _ in range(reps)])))
         engine.start(prompt)  # back to the state the other items are measured from
-        engine.head.prefill(prompt[1:] + [tok], np.zeros((PROMPT_LEN, engine.desc.hidden_size), np.float32))
+        prefill_head(engine, head_prompt, hidden0)
         for strategy in strategies:
             on = own.get(strategy, main)
             for n in range(1, top + 1):

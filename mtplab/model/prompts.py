@@ -61,3 +61,8 @@ def run_prompt(run, vocab: int, seed: int | None = None) -> list[int]:
     if run.prompts:
         return prompt_from_set(run.model, run.prompts, seed, run.context)
     return prompt_tokens(vocab, run.prompt_len, seed)
+
+
+def run_prompts(run, vocab: int) -> np.ndarray:
+    """A run's prompts [B, P], one per row: row b's is the batch-1 prompt of seed + b."""
+    return np.array([run_prompt(run, vocab, run.seed + b) for b in range(run.batch)], dtype=np.int64)
