@@ -476,7 +476,8 @@ def test_the_report_draws_speedup_against_batch(tiny):
 
 def test_a_batch_engine_refuses_the_one_sequence_calls(tiny):
     engine = Engine(batch_run(2), tiny)
-    with pytest.raises(ValueError, match="mtplab.engine.batch"):
+    with pytest.raises(ValueError, match=r"decode them with mtplab.engine.greedy.decode_rows and "
+                                         r"mtplab.engine.speculative.generate \(prompts \[B, P\]\)"):
         engine.greedy([1, 2, 3], 4)
 
 

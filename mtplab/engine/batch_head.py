@@ -46,28 +46,36 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
     step = head_step(engine) if xp is np else None
     if step is not None:  # mtp_io's other callers put an array of theirs there
         step.feeds[io.hidden_input] = step.hidden
-    token, h = first, hidden
-    for i in range(k):
-        if step is not None:  # host tokens: the step's feeds rewritten in place, replayed
-            step.ids[:, 0], step.hidden[:, 0] = token, h
-            length_feeds(io, position + i, 1, desc.capacity, step.feeds)
-            out = step.run()
-        else:
-            out = engine.mtp.run(Slot.PRIMARY, *mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], position + i))
-        engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + 1
-        logits = out[io.logits][:, 0]
-        drawing = None if lengths is None else np.flatnonzero(lengths > i)
-        token = choose(xp, logits, drawing)
-        h = out[io.hidden][:, 0]
-        drafts[:, i] = token
-        if lengths is not None and (ended := _stopped(lengths, drawing, logits, i + 1, stop)):
-            return drafts[:, :ended]
+    # every row drafts all k unless its policy said fewer or may stop it early: then each step says which rows draw
+    uniform = stop is None and (lengths is None or (lengths == k).all())
+    token, h, logits_name, hidden_name = first, hidden, io.logits, io.hidden
+    done = 0
+    try:
+        for i in range(k):
+            if step is not None:  # host tokens: the step's feeds rewritten in place, replayed
+                step.ids[:, 0] = token
+                step.hidden[:, 0] = h
+                length_feeds(io, position + i, 1, desc.capacity, step.feeds)
+                out = step.run()
+            else:
+                out = engine.mtp.run(Slot.PRIMARY, *mtp_io(desc, engine.mtp_state, token[:, None], h[:, None],
+                                                           position + i))
+            done += 1
+            logits = out[logits_name][:, 0]
+            drawing = None if uniform else np.flatnonzero(lengths > i)
+            token = choose(xp, logits, drawing)
+            h = out[hidden_name][:, 0]
+            drafts[:, i] = token
+            if not uniform and (ended := _stopped(lengths, drawing, logits, i + 1, stop)):
+                return drafts[:, :ended]
+    finally:  # counted once, and kept true when a step raises
+        engine.forwards["mtp/M=1"] = engine.forwards.get("mtp/M=1", 0) + done
     return drafts
 
 
 class HeadStep(NamedTuple):
-    """The head's M=1 step at [B, 1] as draft_head runs it on the host: mtp_io's feeds (its hidden state in an array
-    of its own), their token ids, and the head's Primary replayer on them (it decides as Executor.run does)."""
+    """A head forward of M tokens per row as the host runs it: mtp_io's feeds (its hidden state in an array of its
+    own), their token ids, and the head's replayer on them (it decides as Executor.run does)."""
 
     feeds: dict
     ids: np.ndarray
@@ -77,18 +85,21 @@ class HeadStep(NamedTuple):
     executor: object
 
 
-def head_step(engine) -> HeadStep:
-    """The engine's prepared head step (made again when the head's KV buffers or executor change)."""
-    step = engine.drafter_memory.get("head step")
-    fixed = engine.mtp_state.io_cache.get(1)
+def head_step(engine, M: int = 1) -> HeadStep:
+    """The engine's prepared head forward of M tokens per row: a draft step (M=1, the head's Primary slot) or a commit
+    (M > 1, its Verify slot); made again when the head's KV buffers or executor change."""
+    key = f"head step {M}"
+    step = engine.drafter_memory.get(key)
+    fixed = engine.mtp_state.io_cache.get(M)
     if step is None or fixed is None or step.kv is not engine.mtp_state.kv or step.executor is not engine.mtp or (
             step.feeds is not fixed.feeds):
         desc, B = engine.desc, engine.batch
-        feeds, outputs, bound = mtp_io(desc, engine.mtp_state, np.zeros((B, 1), np.int64),
-                                       np.zeros((B, 1, desc.hidden_size), np.float32), np.zeros(B, np.int64))
-        hidden = feeds[desc.mtp.hidden_input] = np.zeros((B, 1, desc.hidden_size), desc.target.hidden_type)
-        step = engine.drafter_memory["head step"] = HeadStep(
-            feeds, feeds[desc.mtp.input_ids], hidden, engine.mtp.replayer(Slot.PRIMARY, feeds, outputs, bound),
+        feeds, outputs, bound = mtp_io(desc, engine.mtp_state, np.zeros((B, M), np.int64),
+                                       np.zeros((B, M, desc.hidden_size), np.float32), np.zeros(B, np.int64))
+        hidden = feeds[desc.mtp.hidden_input] = np.zeros((B, M, desc.hidden_size), desc.target.hidden_type)
+        slot = Slot.PRIMARY if M == 1 else Slot.VERIFY
+        step = engine.drafter_memory[key] = HeadStep(
+            feeds, feeds[desc.mtp.input_ids], hidden, engine.mtp.replayer(slot, feeds, outputs, bound),
             engine.mtp_state.kv, engine.mtp)
     return step
 
@@ -126,19 +137,26 @@ def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.n
     return drafts
 
 
-def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden: np.ndarray, start: np.ndarray):
+def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden, start: np.ndarray):
     """The head's KV rows start.. for what each row's verify kept, one [B, M] forward on the head's Verify slot:
     row b's kept tokens are its targets up to counts[b] (the accepted drafts, then the bonus), padded with the
     bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden) at its
-    last kept row: the next step's first head step where it starts there (fused)."""
+    last kept row: the next step's first head step where it starts there (fused). targets, counts: on the host."""
     io, B, M = engine.desc.mtp, engine.batch, hidden.shape[1]  # M: the verify's (a padded one's k_max + 1)
     rows = np.arange(B)
     bonus = targets[rows, counts]
     if M > targets.shape[1]:  # a padded verify's rows beyond the judged ones: the bonus, as past the kept ones
         targets = np.pad(targets, ((0, 0), (0, M - targets.shape[1])), mode="edge")
     kept = np.where(np.arange(M) <= counts[:, None], targets, bonus[:, None])
-    feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, kept, hidden, start)
-    out = engine.mtp.run(Slot.VERIFY, feeds, outputs, bound)
+    step = head_step(engine, M) if engine.xp is np else None
+    if step is not None:  # the commit's feeds at this M rewritten in place, replayed
+        step.feeds[io.hidden_input] = step.hidden
+        step.ids[...] = kept
+        step.hidden[...] = hidden
+        length_feeds(io, start, M, engine.desc.capacity, step.feeds)
+        out = step.run()
+    else:
+        out = engine.mtp.run(Slot.VERIFY, *mtp_io(engine.desc, engine.mtp_state, kept, hidden, start))
     key = f"mtp-commit/M={M}"
     engine.forwards[key] = engine.forwards.get(key, 0) + 1
     return out[io.logits][rows, counts].copy(), out[io.hidden][rows, counts].copy()

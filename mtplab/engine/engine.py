@@ -55,7 +55,7 @@ class Engine:
         dev.check_model(desc)
         self.xp = dev.xp
         self.main = dev.arena("main")
-        B = self.batch = run.batch  # rows decoded together (mtplab.engine.batch runs B > 1)
+        B = self.batch = run.batch  # rows decoded together (mtplab.engine.speculative decodes every batch size)
         self.state = TargetState.allocate(desc, self.main, batch=B)
         shared = dev.shared_weights(desc.target.path) if pol.sibling_session else None
         # With a session of its own, Primary runs the graph before mtplab's copy (own_graph): a user's graph at batch 1
@@ -222,8 +222,9 @@ class Engine:
     def one_sequence(self) -> None:
         """ValueError unless the engine holds one row: the calls that decode one sequence."""
         if self.batch > 1:
-            raise ValueError(f"this engine holds batch={self.batch} rows: decode them with mtplab.engine.batch "
-                             "(greedy, speculative); Engine.greedy and Engine.speculative decode one sequence")
+            raise ValueError(f"this engine holds batch={self.batch} rows: decode them with "
+                             "mtplab.engine.greedy.decode_rows and mtplab.engine.speculative.generate (prompts [B, P]); "
+                             "Engine.greedy and Engine.speculative decode one sequence")
 
     def start(self, prompt: list[int]) -> dict:
         """A new generation: state and plans reset, the prompt prefilled (eager, untimed); the prefill's outputs."""

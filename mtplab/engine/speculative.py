@@ -217,9 +217,11 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         verify_start = st.lengths.copy()
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
         counts, targets = _judged(engine, ids[:, 1 : width + 1], ver["logits"][:, : width + 1], lengths)
-        # the step's one host read: each row's kept drafts, its targets [K+1] and its verify's ids
-        packed = read(xp.concatenate([counts[:, None], targets, ids], axis=1))
-        counts, targets, ids = packed[:, 0], packed[:, 1 : width + 2], packed[:, width + 2 :]
+        if xp is np:  # the step's one host read (host arrays: nothing to copy)
+            counts = read(counts)
+        else:  # each row's kept drafts, its targets [K+1] and its verify's ids, in one copy
+            packed = read(xp.concatenate([counts[:, None], targets, ids], axis=1))
+            counts, targets, ids = packed[:, 0], packed[:, 1 : width + 2], packed[:, width + 2 :]
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's
@@ -234,12 +236,12 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         steps += 1
         widths.append(width)
         now = time.perf_counter()
-        for b in rows:
-            c = int(counts[b])
+        for b, c, K, kept in zip(rows.tolist(), counts[rows].tolist(), lengths[rows].tolist(), ids[rows].tolist()):
             accepted[b].append(c)
-            ks[b].append(int(lengths[b]))
-            choosers[b].observe(int(lengths[b]), c)
-            emitted[b] += ids[b, skip : c + 1].tolist() + [int(targets[b, c])]
+            ks[b].append(K)
+            choosers[b].observe(K, c)
+            emitted[b] += kept[skip : c + 1]
+            emitted[b].append(int(targets[b, c]))
         if on_commit is not None:
             on_commit(steps, rows, emitted, ks)
         done = [b for b in rows if len(emitted[b]) >= n]

@@ -82,6 +82,6 @@ def batch_problems(cfg: dict, default: dict) -> list[str]:
         out.append(f"batch={cfg['batch']} with engine={cfg['engine']!r}: onnxruntime-genai's MtpGenerator refuses any "
                    "batch size but 1; run batch > 1 with engine='mtplab'")
     if cfg["backend"] != "cpu":
-        out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: mtplab.engine.batch "
-                   "is written for host arrays, its select commit included)")
+        out.append(f"batch={cfg['batch']} runs on backend='cpu' (got backend={cfg['backend']!r}: the row-by-row "
+                   "commits and the state copies of rows riding along have run on host arrays only)")
     return out
