@@ -74,14 +74,14 @@ def check_inputs(engine, prompts: np.ndarray, n: int, references) -> None:
         raise beyond_capacity(prompts.shape[1] + n + engine.k, engine.desc.capacity)
 
 
-def _judged(engine, drafts, logits, lengths: np.ndarray) -> tuple:
+def _judged(engine, drafts, logits, lengths: np.ndarray | None) -> tuple:
     """The acceptance rule's verdict on each row's own drafts (lengths: row b's K_b, 0 for a row that has its tokens):
     (each row's accepted count, its targets [B, K+1]). A row is judged on its first K_b drafts only (its bonus the
     target at K_b); a riding row keeps nothing (its state is put back), so it is not judged: a sampled row's
     generator stops where a batch-1 run of it ends, and the expected acceptance counts decoding rows only. Both on
     the engine's device (nothing here waits for it)."""
     K, xp = drafts.shape[1], engine.xp
-    if (lengths == K).all():
+    if lengths is None or (lengths == K).all():  # every row judged on all K
         counts, targets = engine.acceptance.accept(xp, drafts, logits)
         return xp.asarray(counts), targets
     counts, targets = xp.zeros(engine.batch, dtype=np.int64), xp.zeros((engine.batch, K + 1), dtype=np.int64)
@@ -104,10 +104,10 @@ class RowDrafters:
                 d.stop = stop
             d.prefill(prompts[b][1:] + [int(first[b])], hidden[b])
 
-    def draft(self, first, hidden, position, lengths: np.ndarray, active: np.ndarray) -> np.ndarray:
+    def draft(self, first, hidden, position, lengths: np.ndarray, rows: list[int]) -> np.ndarray:
         """Each decoding row's drafts [B, K] (a row may draft fewer than asked: its length lowered to them)."""
         drafts = np.zeros((self.engine.batch, int(lengths.max(initial=0))), dtype=np.int64)
-        for b in np.flatnonzero(active):
+        for b in rows:
             made = self.engine.device.read(self.rows[b].draft(int(first[b]), hidden[b], int(position[b]),
                                                               int(lengths[b])))
             made = np.asarray(made, dtype=np.int64)[: lengths[b]]
@@ -115,10 +115,10 @@ class RowDrafters:
             drafts[b, : lengths[b]] = made
         return drafts[:, : int(lengths.max(initial=0))]
 
-    def commit(self, hidden, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray, start, active) -> None:
+    def commit(self, hidden, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray, start, rows: list[int]) -> None:
         """What each decoding row's verify kept: its accepted drafts and bonus at start + 1.., the verify's hidden
         rows from start."""
-        for b in np.flatnonzero(active):
+        for b in rows:
             if (commit := getattr(self.rows[b], "commit", None)) is not None:
                 c = int(counts[b])
                 commit(hidden[b], ids[b, 1 : c + 1].tolist() + [int(targets[b, c])], int(start[b]))
@@ -165,7 +165,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     own = RowDrafters(engine, kind, references, row_prompts, first, out["hidden"], stop) if kind.per_row else None
     frozen_rows = RowKeeper(engine, "batch-frozen") if B > 1 else None
     frozen_len = np.zeros(B, dtype=np.int64)
-    active = np.array([len(e) < n for e in emitted])
+    active = [len(e) < n for e in emitted]  # the rows still decoding
     accepted: list[list[int]] = [[] for _ in range(B)]
     ks: list[list[int]] = [[] for _ in range(B)]
     widths: list[int] = []
@@ -174,7 +174,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     pending = np.empty(B, dtype=np.int64)
     engine.setup_done()
     t0 = time.perf_counter()
-    while active.any():
+    while any(active):
         stamps = [time.perf_counter()]
         for b in range(B):
             pending[b] = emitted[b][-1]
@@ -189,14 +189,18 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         stamps.append(time.perf_counter())  # the decode's end
         position = st.lengths - 1
         # each row's K this step (its policy's), 0 for a row riding along: it drafts nothing and is not judged
-        lengths = np.array([c.next_k() if active[b] else 0 for b, c in enumerate(choosers)], dtype=np.int64)
-        width, drafts = int(lengths.max()), None
+        rows = [b for b in range(B) if active[b]]
+        chosen = [c.next_k() if active[b] else 0 for b, c in enumerate(choosers)]
+        lengths, width, drafts = np.array(chosen, dtype=np.int64), max(chosen), None
+        # every row drafts `width` (no row's policy chose fewer, none may stop early): nothing to tell the drafts apart
+        uniform = stop is None and min(chosen) == width
         if head:
-            drafts = draft_head(engine, first, hidden, position, width, lengths, stop, head_choice) if (
-                decode_first) else draft_from_rows(engine, ready, position, width, lengths, stop, head_choice)
+            told = None if uniform else lengths
+            drafts = draft_head(engine, first, hidden, position, width, told, stop, head_choice) if (
+                decode_first) else draft_from_rows(engine, ready, position, width, told, stop, head_choice)
         if oracle:  # each row its own K drafts (its generator stays where a batch-1 run of the row is)
             drafts = np.zeros((B, width), dtype=np.int64)  # on the host, as the drafts of a drafter of the user's own
-            for b in np.flatnonzero(active):
+            for b in rows:
                 K, committed = int(lengths[b]), int(position[b]) + 1
                 made = oracles[b].draft(int(first[b]), None, committed - 1, K) if not mixture else (
                     mixture_drafts(engine.acceptance, mixtures[b][0], alphas[b], mixtures[b][1], row_prompts[b]
@@ -205,8 +209,10 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
                 drafts[b, : lengths[b]] = made
             drafts = drafts[:, : int(lengths.max(initial=0))]
         if own is not None:
-            drafts = own.draft(first, hidden, position, lengths, active)
+            drafts = own.draft(first, hidden, position, lengths, rows)
         width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
+        if uniform and (oracle or own is not None):  # a row may have drafted fewer (its reference ended)
+            uniform = bool((lengths == width).all())
         stamps.append(time.perf_counter())  # the drafts'
         ids = xp.empty((B, run.verified(width) + 1), dtype=np.int64)  # padded: each row's last draft repeated
         ids[:, 0], ids[:, 1 : width + 1] = xp.asarray(first), xp.asarray(drafts)
@@ -216,7 +222,8 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
             engine.save_state()
         verify_start = st.lengths.copy()
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
-        counts, targets = _judged(engine, ids[:, 1 : width + 1], ver["logits"][:, : width + 1], lengths)
+        counts, targets = _judged(engine, ids[:, 1 : width + 1], ver["logits"][:, : width + 1],
+                                  None if uniform else lengths)
         if xp is np:  # the step's one host read (host arrays: nothing to copy)
             counts = read(counts)
         else:  # each row's kept drafts, its targets [K+1] and its verify's ids, in one copy
@@ -228,15 +235,16 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         if head:  # before the commit, for the same reason; draft work (Phases)
             ready = commit_head(engine, targets, counts, ver["hidden"], verify_start)
         if own is not None:
-            own.commit(ver["hidden"], ids, targets, counts, verify_start, active)
+            own.commit(ver["hidden"], ids, targets, counts, verify_start, rows)
         stamps.append(time.perf_counter())  # the head's commit's
-        rows = np.flatnonzero(active)
         engine.commit(ver, counts + 1, rows, ids, verify_start)
         engine.end_step()
         steps += 1
         widths.append(width)
         now = time.perf_counter()
-        for b, c, K, kept in zip(rows.tolist(), counts[rows].tolist(), lengths[rows].tolist(), ids[rows].tolist()):
+        kept_counts, verified, K_of = counts.tolist(), ids.tolist(), lengths.tolist()
+        for b in rows:
+            c, K, kept = kept_counts[b], K_of[b], verified[b]
             accepted[b].append(c)
             ks[b].append(K)
             choosers[b].observe(K, c)
@@ -251,8 +259,8 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         if done and frozen_rows is not None:
             frozen_rows.keep(done)
             frozen_len[done] = st.lengths[done]
-        riding = np.flatnonzero(~active)
-        if riding.size and frozen_rows is not None:  # rows that have their tokens: state and length as they finished
+        riding = [b for b in range(B) if not active[b]]
+        if riding and frozen_rows is not None:  # rows that have their tokens: state and length as they finished
             frozen_rows.put_back(riding)
             st.lengths[riding] = frozen_len[riding]
         phases.append((*stamps, time.perf_counter()))  # and the commit's

@@ -272,7 +272,7 @@ def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = No
     seqlens, positions = into.get("seqlens_k"), into.get("position_ids")
     rows = isinstance(length, np.ndarray) and length.ndim == 1  # each row's own length
     if seqlens is not None:
-        seqlens[...] = length + M - 1
+        np.add(length, M - 1, out=seqlens, casting="unsafe")
     elif not rows:
         mask = into["attention_mask"]
         mask[0, : length + M] = 1
@@ -284,7 +284,7 @@ def length_feeds(io: GraphIO, length, M: int, total: int, into: dict | None = No
         if not rows:
             positions[...] = length if M == 1 else np.arange(length, length + M)
         else:
-            positions[...] = length[:, None] + _span(M)
+            np.add(length[:, None], _span(M), out=positions)
     return into
 
 
