@@ -215,7 +215,7 @@ class Engine:
         feeds, outputs, bound = fixed_io(desc, self.state, M, in_place)
         io = desc.target
         ids = feeds[io.input_ids]
-        return PreparedForward(self.state, self.target, self.state.layout(), io, feeds, ids, ids[0], M,
+        return PreparedForward(self.state, self.target, self.state.layout(), io, feeds, ids, M,
                                self.target.replayer(slot, feeds, outputs, bound),
                                tuple(self.state.carries()) if in_place else (), self.forward_key(slot, M, label))
 

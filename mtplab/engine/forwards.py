@@ -24,7 +24,6 @@ class PreparedForward(NamedTuple):
     io: GraphIO
     feeds: dict
     ids: np.ndarray
-    row: np.ndarray  # ids[0]: the first row's [M] (a view)
     M: int
     run: Callable[[], dict]
     carries: tuple
