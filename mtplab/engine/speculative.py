@@ -171,7 +171,8 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     widths: list[int] = []
     finished = [float("nan")] * B
     phases, steps, all_rows = Phases(), 0, np.arange(B)
-    pending = np.empty(B, dtype=np.int64)
+    pending, position, verify_start = (np.empty(B, dtype=np.int64) for _ in range(3))
+    lengths, verify_ids = np.empty(B, dtype=np.int64), {}  # each step's K per row; the verify's ids, by M
     engine.setup_done()
     t0 = time.perf_counter()
     while any(active):
@@ -187,11 +188,11 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         else:  # fused: draft from the pending token and the hidden state of the last committed position
             hidden, first = engine.begin_step(engine.last_hidden), pending
         stamps.append(time.perf_counter())  # the decode's end
-        position = st.lengths - 1
+        np.subtract(st.lengths, 1, out=position)
         # each row's K this step (its policy's), 0 for a row riding along: it drafts nothing and is not judged
         rows = [b for b in range(B) if active[b]]
         chosen = [c.next_k() if active[b] else 0 for b, c in enumerate(choosers)]
-        lengths, width, drafts = np.array(chosen, dtype=np.int64), max(chosen), None
+        lengths[:], width, drafts = chosen, max(chosen), None
         # every row drafts `width` (no row's policy chose fewer, none may stop early): nothing to tell the drafts apart
         uniform = stop is None and min(chosen) == width
         if head:
@@ -214,13 +215,16 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         if uniform and (oracle or own is not None):  # a row may have drafted fewer (its reference ended)
             uniform = bool((lengths == width).all())
         stamps.append(time.perf_counter())  # the drafts'
-        ids = xp.empty((B, run.verified(width) + 1), dtype=np.int64)  # padded: each row's last draft repeated
+        M = run.verified(width) + 1  # padded: each row's last draft repeated
+        ids = verify_ids.get(M)
+        if ids is None:
+            ids = verify_ids[M] = xp.empty((B, M), dtype=np.int64)
         ids[:, 0], ids[:, 1 : width + 1] = xp.asarray(first), xp.asarray(drafts)
         if ids.shape[1] > width + 1:
             ids[:, width + 1 :] = ids[:, width : width + 1]
         if readvance:
             engine.save_state()
-        verify_start = st.lengths.copy()
+        verify_start[:] = st.lengths
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
         counts, targets = _judged(engine, ids[:, 1 : width + 1], ver["logits"][:, : width + 1],
                                   None if uniform else lengths)
