@@ -49,17 +49,17 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
     # every row drafts all k unless its policy said fewer or may stop it early: then each step says which rows draw
     uniform = stop is None and (lengths is None or (lengths == k).all())
     token, h, logits_name, hidden_name = first, hidden, io.logits, io.hidden
-    done = 0
+    at, done = position.copy(), 0  # each row's position at this step
     try:
         for i in range(k):
             if step is not None:  # host tokens: the step's feeds rewritten in place, replayed
                 step.ids[:, 0] = token
                 step.hidden[:, 0] = h
-                length_feeds(io, position + i, 1, desc.capacity, step.feeds)
+                length_feeds(io, at, 1, desc.capacity, step.feeds)
                 out = step.run()
             else:
-                out = engine.mtp.run(Slot.PRIMARY, *mtp_io(desc, engine.mtp_state, token[:, None], h[:, None],
-                                                           position + i))
+                out = engine.mtp.run(Slot.PRIMARY, *mtp_io(desc, engine.mtp_state, token[:, None], h[:, None], at))
+            at += 1
             done += 1
             logits = out[logits_name][:, 0]
             drawing = None if uniform else np.flatnonzero(lengths > i)
