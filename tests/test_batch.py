@@ -258,7 +258,8 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
     from mtplab.experiment import batch_point
     from mtplab.experiment.point import run_point
 
-    if plant == "timed state drift":  # the timed runs (after the checked pass) leave row 1's recurrent state off
+    if plant == "timed state drift":  # the timed runs (after the checked pass) leave row 1's recurrent state off;
+        # they also say row 0 had its tokens at 0 s, and a phase of the split below zero
         real_spec, runs = speculative.generate, []
 
         def drifting(engine, *a, **kw):
@@ -266,6 +267,8 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
             runs.append(1)
             if len(runs) > 1:
                 next(iter(engine.state.recurrent().values()))[1] *= 1.001
+                out.finished[0] = 0.0
+                out.split["verify"] = -out.split["verify"]
             return out
 
         monkeypatch.setattr(speculative, "generate", drifting)
@@ -312,6 +315,9 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
     assert not result.lossless and result.verdict.startswith(first), result.verdict
     problems = " | ".join(result.identity["timed_audit"]["problems"])
     assert words in problems, problems
+    if plant == "timed state drift":
+        assert "round 0, speculative: row 0 had its tokens at 0 ms, outside its run's (0, " in problems, problems
+        assert "the published numbers: time split " in problems and "a phase below zero" in problems, problems
 
 
 def test_a_rows_logits_off_the_float64_reference_are_caught_naming_the_row(tiny, monkeypatch):

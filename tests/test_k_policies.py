@@ -151,6 +151,15 @@ def test_a_policy_that_prices_steps_needs_the_calibration_and_one_that_reads_con
         RunConfig(model="tiny", k=1, k_policy="probe")
 
 
+def test_a_step_that_kept_more_drafts_than_it_made_is_named():
+    from types import SimpleNamespace
+
+    from mtplab.check.expected import chosen_problems
+
+    engine = SimpleNamespace(spec=RunConfig(model="tiny", k=3, k_policy="probe").engine_spec(), k_costs=None)  # a stand-in
+    assert chosen_problems(engine, [1, 2, 1], [2, 1, 2]) == ["it kept 2 drafts at step 2, where it drafted 1"]
+
+
 @pytest.mark.parametrize("k_policy", ["fixed", "probe"])
 def test_a_policy_that_peeks_beyond_its_observed_counts_fails_the_run_check(tiny, monkeypatch, k_policy):
     """Planted: the chooser reads the text so far (anything besides the counts it observed: the target's tokens, a

@@ -109,6 +109,12 @@ def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: speculati
     return out
 
 
+def finish_problems(spec: speculative.SpeculativeRun) -> list[str]:
+    """Where a row's finishing time (its tokens/s) lies outside its run's window (0, seconds]."""
+    return [f"row {b} had its tokens at {t * 1e3:.4g} ms, outside its run's (0, {spec.seconds * 1e3:.4g}] ms"
+            for b, t in enumerate(spec.finished) if not 0 < t <= spec.seconds]
+
+
 def timed_state_problems(engine, checked: BatchChecked) -> list[str]:
     """Where a timed speculative run left a row's state (recurrent states, KV rows) other than the checked run left
     it (audit.state_problem: the same computation on the same device gives the same bits on the CPU)."""

@@ -77,9 +77,13 @@ def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
 
 def chosen_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
     """Where a run drafted other than its draft-length policy chooses: the policy replayed on the run's own accepted
-    counts must choose each step's K (a policy that stops drafting on the drafter's confidence: at most k)."""
+    counts must choose each step's K (a policy that stops drafting on the drafter's confidence: at most k); no step
+    keeps more drafts than it made."""
     run = engine.spec
     policy = K_POLICIES.get(run.k_policy)
+    over = next((i for i, (k, a) in enumerate(zip(ks, accepted)) if a > k), None)
+    if over is not None:
+        return [f"it kept {accepted[over]} drafts at step {over + 1}, where it drafted {ks[over]}"]
     if policy.needs_confidence:
         return []
     chooser, want = policy.make(run, engine.k_costs), []

@@ -19,7 +19,7 @@ import numpy as np
 from mtplab.check import flags
 from mtplab.check import verdict as oracle
 from mtplab.check.audit import clock_problems, engine_problems
-from mtplab.check.batch import batch_one_failed, checked_batch, timed_problems, timed_state_problems
+from mtplab.check.batch import batch_one_failed, checked_batch, finish_problems, timed_problems, timed_state_problems
 from mtplab.check.expected import chosen_problems, oracle_draw_problems
 from mtplab.check.trace import Trace
 from mtplab.engine import speculative
@@ -98,7 +98,8 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
                 got["split"] = {key: got["split"].get(key, 0.0) + v for key, v in spec.split.items()}
                 for b, s in enumerate(spec.finished):
                     row_seconds[b].append(s)
-                problems.extend(f"round {r}, speculative: {p}" for p in timed_state_problems(engine, checked))
+                problems.extend(f"round {r}, speculative: {p}" for p in timed_state_problems(engine, checked)
+                                + finish_problems(spec))
                 if spec.tokens != checked.spec.tokens or spec.accepted != checked.spec.accepted:
                     problems.append(f"round {r}: a timed speculative run's tokens or accepted counts differ from the "
                                     "checked run's")

@@ -91,6 +91,11 @@ def result_problems(result, n: int, k: int, generated: int | None) -> list[str]:
         ci = _interval(efficiency)
         if ci_off(result.efficiency_ci, ci):
             out.append(f"efficiency_ci {result.efficiency_ci} is not its rounds' bootstrap CI {ci}")
+    split = result.time_split or {}
+    seconds = float(np.mean([s["seconds"] for s in samples])) if samples else float("nan")
+    if any(v < 0 for v in split.values()) or sum(split.values()) > seconds * (1 + 1e-9):
+        out.append(f"time split {', '.join(f'{p}={v * 1e3:.4g} ms' for p, v in split.items())} per run: a phase "
+                   f"below zero, or more than its run's {seconds * 1e3:.4g} ms in all")
     acc = np.asarray(result.accepted_per_step, dtype=float)
     steps = len(acc)
     ks = np.asarray(result.k_per_step or [k] * steps, dtype=float)  # a draft-length policy's K per step
