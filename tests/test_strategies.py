@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import synthetic_calibration
 
@@ -80,6 +81,38 @@ def test_a_drafter_of_your_own_drafts_each_row_of_a_batch_alone(tiny, toys):
     assert not any(key.startswith("mtp") for key in r.forwards)  # the head never ran
     rows = r.extra["batch"]["per_row"]
     assert rows[0]["tokens"] != rows[1]["tokens"] and all(row["lossless"] for row in rows)
+
+
+@pytest.mark.parametrize("plant", [None, "row 0's positions"])
+def test_each_row_of_a_drafter_of_your_own_is_held_to_its_batch_of_one_run(tiny, toys, monkeypatch, plant):
+    """A drafter of one's own whose drafts depend on its position: each row's accepted counts must be its batch-1
+    run's. Planted: every row's drafter is told row 0's positions; its tokens stay greedy's, its drafts do not."""
+    from mtplab.check.batch import checked_batch
+    from mtplab.check.verdict import verdict
+    from mtplab.engine import speculative
+    from mtplab.engine.engine import Engine
+    from mtplab.model.prompts import run_prompts
+
+    class Garbling(toys.CopyReference):  # the reference's next k tokens, each one whose value is odd garbled
+        def draft(self, first, hidden, position, k):
+            right = super().draft(first, hidden, position, k)
+            return np.where(right % 2 == 1, right + 1, right)
+
+    monkeypatch.setattr(toys.CopyReferenceKind, "build", lambda self, engine, reference: Garbling(reference, engine.xp))
+    if plant:
+        real = speculative.RowDrafters.draft
+        monkeypatch.setattr(speculative.RowDrafters, "draft", lambda self, first, hidden, position, lengths, rows: real(
+            self, first, hidden, np.full_like(position, position[0]), lengths, rows))
+    run = RunConfig(model="tiny", k=3, drafter="copy-reference", tokens=24, batch=2)
+    engine = Engine(run, tiny)
+    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), run.tokens)
+    ok, message = verdict(checked.identity)
+    assert all(row["token_identical"] for row in checked.rows)  # greedy's tokens, whatever was drafted
+    if plant is None:
+        assert ok and all(row["batch_one"]["identical"] for row in checked.rows), message
+        assert checked.spec.accepted[0] != checked.spec.accepted[1]  # the rows drafted apart
+    else:
+        assert not ok and "row 1 of 2" in message and "differs from a batch-1 run of its seeds" in message, message
 
 
 def test_a_commit_of_your_own_is_refused_at_batch_above_one_before_any_work(toys):

@@ -82,19 +82,23 @@ def checked_batch(engine, prompts: np.ndarray, n: int) -> BatchChecked:
     # reference is its lockstep stepper)
     anchors = [anchor(art, row_prompts[b], greedy.logits[b], greedy.tokens[b], sampled, ref) if ref is not None
                else None for b in range(engine.batch)]
-    alone = batch_one_runs(engine, row_prompts, n, spec) if sampled else [None] * engine.batch
-    rows = [({"token_identical": None, "first_divergence": None, "sampled": settings, "batch_one": alone[b]}
+    # sampled rows, and rows a drafter of the user's own drafts (nothing else holds it to its own row's inputs)
+    alone = batch_one_runs(engine, row_prompts, n, spec, None if sampled else greedy.tokens) if (
+        sampled or kind.per_row) else [None] * engine.batch
+    rows = [({"token_identical": None, "first_divergence": None, "sampled": settings}
              if sampled else token_identity(spec.tokens[b][:n], greedy.tokens[b][:n], greedy.margins[b]))
-            | locks[b].summary() | {"anchor": anchors[b]} for b in range(engine.batch)]
+            | locks[b].summary() | {"anchor": anchors[b], "batch_one": alone[b]} for b in range(engine.batch)]
     return BatchChecked(greedy, spec, rows, pooled(rows, watch.non_finite), spec_forwards, left)
 
 
-def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: speculative.SpeculativeRun) -> list[dict]:
-    """Each sampled row decoded by itself, at batch 1 on an engine of its own seeds (seed + b, sample_seed + b): its
-    tokens must be the row's. A row that read another row's generator, drew once too often or sampled otherwise
-    differs here (nothing else sees it: a sampled row has no greedy to equal). exact: the model's precision makes a
-    [B, M] forward round as a [1, M] one to within a draw's resolution (fp32); in fp16 a draw at a boundary can go
-    either way, and a difference is a warning, not a failure."""
+def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: speculative.SpeculativeRun,
+                   references: list[list[int]] | None = None) -> list[dict]:
+    """Each row decoded by itself, at batch 1 on an engine of its own seeds (seed + b, sample_seed + b): its tokens,
+    accepted counts and K per step must be the row's. A sampled row that read another row's generator, drew once too
+    often or sampled otherwise differs here (nothing else sees it: a sampled row has no greedy to equal); so does a
+    row whose drafter of the user's own was given another row's inputs (its tokens are greedy's whatever it drafts).
+    exact: the model's precision makes a [B, M] forward round as a [1, M] one to within a draw's resolution (fp32);
+    in fp16 a draw at a boundary can go either way, and a difference is a warning, not a failure."""
     run, out = engine.spec, []
     alphas = row_alphas(run.alpha, run.batch)  # each row's own, as its batch-1 run takes it
     for b, prompt in enumerate(row_prompts):  # a padded batch's rows against a plan per length: padding held too
@@ -102,10 +106,13 @@ def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: speculati
                                  verify_plans="per-length" if run.verify_plans == "padded" else run.verify_plans),
                      engine.art, engine.device)
         one.k_costs = engine.k_costs  # the batch's prices: a row's policy chooses as in the batch
-        first = first_difference(one.speculative(prompt, n)["tokens"], spec.tokens[b])
-        out.append({"identical": first is None, "first_divergence": first, "seed": run.seed + b,
-                    "sample_seed": run.sample_seed + b, "exact": engine.desc.precision == "fp32",
-                    "padded": run.verify_plans == "padded"})
+        by_itself = one.speculative(prompt, n, reference=references[b] if references else None)
+        first = first_difference(by_itself["tokens"], spec.tokens[b])
+        step = first_difference(list(zip(by_itself["accepted"], by_itself["k"])),
+                                list(zip(spec.accepted[b], spec.ks[b])))
+        out.append({"identical": first is None and step is None, "first_divergence": first, "first_step": step,
+                    "seed": run.seed + b, "sample_seed": run.sample_seed + b,
+                    "exact": engine.desc.precision == "fp32", "padded": run.verify_plans == "padded"})
     return out
 
 
@@ -172,7 +179,7 @@ def batch_rule(rule: StateRule, engine) -> StateRule:
 
 
 def batch_one_failed(row: dict) -> bool:
-    """A sampled row whose tokens differ from its batch-1 run where the precision makes that a failure (exact)."""
+    """A row that decoded otherwise than its batch-1 run, where the precision makes that a failure (exact)."""
     alone = row.get("batch_one")
     return bool(alone and not alone["identical"] and alone["exact"])
 

@@ -144,11 +144,14 @@ def verdict(identity: dict) -> tuple[bool, str]:
             + (f"; the recurrent state first differed{_state_where(first)}" if first and "step" in first else "")
         )
     alone = identity.get("batch_one")
-    if sampled and alone and not alone["identical"] and alone["exact"]:
+    if alone and not alone["identical"] and alone["exact"]:
         plans = ", a Verify plan per length" if alone.get("padded") else ""
-        return False, fail + (f"its sampled tokens differ from a batch-1 run of its seeds (seed {alone['seed']}, "
-                              f"sample_seed {alone['sample_seed']}{plans}) at token {alone['first_divergence']}: the "
-                              "row did not decode by itself")
+        steps_only = alone.get("first_step") is not None and not (sampled and alone["first_divergence"] is not None)
+        where = (f"its accepted count or K at step {alone['first_step'] + 1} differs from a batch-1 run of its seeds "
+                 f"(seed {alone['seed']}{plans})" if steps_only else
+                 f"its sampled tokens differ from a batch-1 run of its seeds (seed {alone['seed']}, sample_seed "
+                 f"{alone['sample_seed']}{plans}) at token {alone['first_divergence']}")
+        return False, fail + where + ": the row did not decode by itself"
     twin = identity.get("padded_twin")
     if twin and not twin["identical"] and twin["exact"]:
         return False, fail + (f"its run with one padded Verify plan differs from the same run with a plan per length "

@@ -204,10 +204,12 @@ def run_batch_point(run: RunConfig, artifact=None, engine: Engine | None = None,
     for b, row in enumerate(checked.rows):  # in a precision whose [B, M] forward rounds apart, a draw may flip
         alone = row.get("batch_one")
         if alone and not alone["identical"] and not alone["exact"]:
+            where = (f"tokens differ from its batch-1 run from token {alone['first_divergence']}"
+                     if alone["first_divergence"] is not None else
+                     f"accepted count or K differs from its batch-1 run's at step {alone['first_step'] + 1}")
             result.warnings.append(flags.warning(
-                "row_apart_from_batch_one", f"row {b}'s sampled tokens differ from its batch-1 run from token "
-                f"{alone['first_divergence']} ({engine.desc.precision}: a [B, M] forward rounds apart from a [1, M] "
-                "one, and a draw at a boundary can go either way)"))
+                "row_apart_from_batch_one", f"row {b}'s {where} ({engine.desc.precision}: a [B, M] forward rounds "
+                "apart from a [1, M] one, and a draw or a near-tie at a boundary can go either way)"))
     return result
 
 
