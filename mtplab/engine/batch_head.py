@@ -44,8 +44,6 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
     choose = choose or engine.acceptance.draft_rows
     drafts = xp.empty((engine.batch, k), dtype=np.int64)  # on the device: nothing here waits for it
     step = head_step(engine) if xp is np else None
-    if step is not None:  # mtp_io's other callers put an array of theirs there
-        step.feeds[io.hidden_input] = step.hidden
     # every row drafts all k unless its policy said fewer or may stop it early: then each step says which rows draw
     uniform = stop is None and (lengths is None or (lengths == k).all())
     token, h, logits_name, hidden_name = first, hidden, io.logits, io.hidden
@@ -101,6 +99,7 @@ def head_step(engine, M: int = 1) -> HeadStep:
         step = engine.drafter_memory[key] = HeadStep(
             feeds, feeds[desc.mtp.input_ids], hidden, engine.mtp.replayer(slot, feeds, outputs, bound),
             engine.mtp_state.kv, engine.mtp)
+    step.feeds[engine.desc.mtp.hidden_input] = step.hidden  # mtp_io's other callers put an array of theirs there
     return step
 
 
@@ -150,7 +149,6 @@ def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden, start: 
     kept = np.where(np.arange(M) <= counts[:, None], targets, bonus[:, None])
     step = head_step(engine, M) if engine.xp is np else None
     if step is not None:  # the commit's feeds at this M rewritten in place, replayed
-        step.feeds[io.hidden_input] = step.hidden
         step.ids[...] = kept
         step.hidden[...] = hidden
         length_feeds(io, start, M, engine.desc.capacity, step.feeds)

@@ -12,6 +12,7 @@ put back after each step. The batch shape, and so each slot's plan, never change
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,6 +93,17 @@ def _judged(engine, drafts, logits, lengths: np.ndarray | None) -> tuple:
     return counts, targets
 
 
+def host_drafts(lengths: np.ndarray, rows: list[int], draft: Callable) -> np.ndarray:
+    """The drafts [B, K] of rows drafted one at a time on the host, draft(b, K_b) each: a row that drafts fewer than
+    its K (its reference ends, its drafter stops) has its length lowered to them; K is the longest row's."""
+    drafts = np.zeros((len(lengths), int(lengths.max(initial=0))), dtype=np.int64)
+    for b in rows:
+        made = np.asarray(draft(b, int(lengths[b])), dtype=np.int64)[: lengths[b]]
+        lengths[b] = made.shape[0]
+        drafts[b, : lengths[b]] = made
+    return drafts[:, : int(lengths.max(initial=0))]
+
+
 class RowDrafters:
     """A drafter of the user's own drafts one sequence: one per row, each told only its own row (prefill, draft,
     and commit where it has one)."""
@@ -105,15 +117,10 @@ class RowDrafters:
             d.prefill(prompts[b][1:] + [int(first[b])], hidden[b])
 
     def draft(self, first, hidden, position, lengths: np.ndarray, rows: list[int]) -> np.ndarray:
-        """Each decoding row's drafts [B, K] (a row may draft fewer than asked: its length lowered to them)."""
-        drafts = np.zeros((self.engine.batch, int(lengths.max(initial=0))), dtype=np.int64)
-        for b in rows:
-            made = self.engine.device.read(self.rows[b].draft(int(first[b]), hidden[b], int(position[b]),
-                                                              int(lengths[b])))
-            made = np.asarray(made, dtype=np.int64)[: lengths[b]]
-            lengths[b] = made.shape[0]
-            drafts[b, : lengths[b]] = made
-        return drafts[:, : int(lengths.max(initial=0))]
+        """Each decoding row's drafts [B, K] (host_drafts: a row may draft fewer than asked)."""
+        read = self.engine.device.read
+        return host_drafts(lengths, rows, lambda b, K: read(self.rows[b].draft(int(first[b]), hidden[b],
+                                                                               int(position[b]), K)))
 
     def commit(self, hidden, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray, start, rows: list[int]) -> None:
         """What each decoding row's verify kept: its accepted drafts and bonus at start + 1.., the verify's hidden
@@ -173,6 +180,14 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     phases, steps, all_rows = Phases(), 0, np.arange(B)
     pending, position, verify_start = (np.empty(B, dtype=np.int64) for _ in range(3))
     lengths, verify_ids = np.empty(B, dtype=np.int64), {}  # each step's K per row; the verify's ids, by M
+    def oracle_draft(b: int, K: int, first) -> list[int]:
+        """Row b's K oracle drafts after its token `first[b]` (at the row's position + 1)."""
+        committed = int(position[b]) + 1
+        if not mixture:
+            return oracles[b].draft(None, None, committed - 1, K)
+        context = row_prompts[b] + emitted[b][: committed - P] + [int(first[b])]
+        return mixture_drafts(engine.acceptance, mixtures[b][0], alphas[b], mixtures[b][1], context, committed, K, b)
+
     engine.setup_done()
     t0 = time.perf_counter()
     while any(active):
@@ -200,15 +215,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
             drafts = draft_head(engine, first, hidden, position, width, told, stop, head_choice) if (
                 decode_first) else draft_from_rows(engine, ready, position, width, told, stop, head_choice)
         if oracle:  # each row its own K drafts (its generator stays where a batch-1 run of the row is)
-            drafts = np.zeros((B, width), dtype=np.int64)  # on the host, as the drafts of a drafter of the user's own
-            for b in rows:
-                K, committed = int(lengths[b]), int(position[b]) + 1
-                made = oracles[b].draft(int(first[b]), None, committed - 1, K) if not mixture else (
-                    mixture_drafts(engine.acceptance, mixtures[b][0], alphas[b], mixtures[b][1], row_prompts[b]
-                                   + emitted[b][: committed - P] + [int(first[b])], committed, K, b))
-                lengths[b] = len(made)  # fewer where the reference ends (a run's last step drafts past it at most)
-                drafts[b, : lengths[b]] = made
-            drafts = drafts[:, : int(lengths.max(initial=0))]
+            drafts = host_drafts(lengths, rows, functools.partial(oracle_draft, first=first))
         if own is not None:
             drafts = own.draft(first, hidden, position, lengths, rows)
         width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
