@@ -17,7 +17,10 @@ from conftest import synthetic_calibration
 from mtplab.check import audit
 from mtplab.engine.drafters import OracleDrafter
 from mtplab.engine.engine import Engine
+from mtplab.engine.greedy import decode_rows
+from mtplab.engine.speculative import SpeculativeRun
 from mtplab.engine.strategies import COMMITS, SCHEDULES, Registry
+from mtplab.experiment import point
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.point import run_point
 from mtplab.measure import rounds as measure
@@ -50,15 +53,10 @@ def _warned(r, name):
 
 
 def _timed_greedy(monkeypatch, change):
-    """Plant `change(real, self, prompt, n)` into the timed greedy runs (those without margins) only."""
-    real = Engine.greedy
-
-    def greedy(self, prompt, n, eager=False, keep_logits=0, margins=True):
-        if margins:
-            return real(self, prompt, n, eager=eager, keep_logits=keep_logits, margins=margins)
-        return change(real, self, prompt, n)
-
-    monkeypatch.setattr(Engine, "greedy", greedy)
+    """Plant `change(real, engine, prompts, n)` into the timed greedy runs only (the point's; the checked pass decodes
+    its greedy reference in mtplab.check.lossless)."""
+    real = decode_rows
+    monkeypatch.setattr(point, "decode_rows", lambda engine, prompts, n, margins=True: change(real, engine, prompts, n))
 
 
 # A one-token prompt: the head's prefill is M=1 too. A short readvance-batched run ends with Primary's plan at M=n
@@ -116,18 +114,18 @@ def test_a_timed_round_that_began_elsewhere_explains_fewer_invalidations_only_wi
 
 def _timed_rounds_only(monkeypatch, change):
     """Planted: `change(engine)` (returning its undo) applies to the timed speculative rounds only, not the checked run."""
-    real = Engine.speculative
+    real = point.speculative.generate
 
-    def speculative(self, prompt, n, reference=None, on_commit=None):
+    def generate(engine, prompts, n, references=None, on_commit=None):
         if on_commit is not None:  # the checked run
-            return real(self, prompt, n, reference, on_commit)
-        undo = change(self)
+            return real(engine, prompts, n, references, on_commit)
+        undo = change(engine)
         try:
-            return real(self, prompt, n, reference, on_commit)
+            return real(engine, prompts, n, references, on_commit)
         finally:
             undo()
 
-    monkeypatch.setattr(Engine, "speculative", speculative)
+    monkeypatch.setattr(point.speculative, "generate", generate)
 
 
 def test_timed_rounds_held_still_under_an_unpinned_policy_fail_the_run_check(tiny, monkeypatch):
@@ -246,7 +244,7 @@ def test_timed_greedy_computing_wrong_or_fewer_tokens_is_a_mismatch(tiny, monkey
         if bug == "half the tokens":
             return real(self, p, n // 2, margins=False)
         g = real(self, p, n, margins=False)
-        g.tokens[30] = (g.tokens[30] + 1) % tiny.config.vocab_size
+        g.tokens[0][30] = (g.tokens[0][30] + 1) % tiny.config.vocab_size
         return g
 
     _timed_greedy(monkeypatch, planted)
@@ -266,16 +264,17 @@ def test_timed_greedy_ending_one_position_short_with_its_state_thrown_away_is_a_
 
 
 def test_a_timed_speculative_run_returning_the_reference_without_forwards_is_a_mismatch(tiny, monkeypatch):
-    real = Engine.speculative
+    real = point.speculative.generate
 
-    def speculative(self, prompt, n, reference=None, on_commit=None):
+    def generate(engine, prompts, n, references=None, on_commit=None):
         if on_commit is not None:  # the checked run
-            return real(self, prompt, n, reference, on_commit)
+            return real(engine, prompts, n, references, on_commit)
         t = time.perf_counter()
         split = dict.fromkeys(("decode", "draft", "verify", "commit"), 0.0)
-        return {"tokens": reference[:n], "seconds": 1e-5, "accepted": [3] * 12, "split": split, "started": t}
+        return SpeculativeRun([references[0][:n]], [[3] * 12], 12, 1e-5, [1e-5], split, t, ks=[[3] * 12],
+                              widths=[3] * 12)
 
-    monkeypatch.setattr(Engine, "speculative", speculative)
+    monkeypatch.setattr(point.speculative, "generate", generate)
     _mismatch(_point(tiny), "speculative: accepted counts differ", "forwards differ from the checked run's")
 
 
@@ -321,14 +320,14 @@ def test_a_greedy_clock_that_includes_the_prefill_is_a_mismatch(tiny, monkeypatc
 
 
 def test_untimed_commits_are_a_mismatch(tiny, monkeypatch):
-    real = Engine.speculative
+    real = point.speculative.generate
 
-    def speculative(self, *a, **kw):
-        out = real(self, *a, **kw)
-        out["seconds"] -= out["split"]["commit"] + out["split"]["verify"]
+    def generate(*a, **kw):
+        out = real(*a, **kw)
+        out.seconds -= out.split["commit"] + out.split["verify"]
         return out
 
-    monkeypatch.setattr(Engine, "speculative", speculative)
+    monkeypatch.setattr(point.speculative, "generate", generate)
     r = _point(tiny, rounds=2)
     _run_check_failed(r, "before its last forward ended")
     assert "phases timed outside the clock" in next(w["message"] for w in r.warnings if w["name"] == "unaccounted")
@@ -337,8 +336,8 @@ def test_untimed_commits_are_a_mismatch(tiny, monkeypatch):
 def test_a_speculative_side_counting_its_overshoot_is_a_mismatch(tiny, monkeypatch):
     real = measure.record_side
 
-    def record_side(sample, side, tokens, n, seconds):
-        real(sample, side, tokens, len(tokens) if side == "speculative" else n, seconds)
+    def record_side(sample, side, rows, n, seconds):
+        real(sample, side, rows, max(map(len, rows)) if side == "speculative" else n, seconds)
 
     monkeypatch.setattr(measure, "record_side", record_side)
     _mismatch(_point(tiny), "speculative: counted")

@@ -1,4 +1,4 @@
-"""Batches (mtplab.engine.batch, mtplab.check.batch): B rows decoded together, each one lossless on its own."""
+"""Batches (mtplab.engine.speculative, mtplab.check.lossless): B rows decoded together, each one lossless on its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import synthetic_calibration
 
-from mtplab.check.batch import checked_batch
+from mtplab.check.lossless import checked_pass
 from mtplab.check.verdict import verdict
 from mtplab.engine import batch_commits, speculative
 from mtplab.engine.engine import Engine
@@ -45,7 +45,7 @@ def test_each_rows_greedy_is_its_own_batch_of_one(tiny, B):
 def test_every_commit_is_lossless_per_row(tiny, B, commit, schedule):
     run = batch_run(B, commit, schedule).replace(seed=1)  # a seed whose rows finish on different steps (asserted below)
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
+    checked = checked_pass(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert ok, message
     assert f"every token in each of its {B} rows" in message
@@ -87,7 +87,7 @@ def test_a_sampled_row_is_the_batch_of_one_run_of_its_seeds(tiny, schedule, draf
                                                                    **({"alpha": (0.5, 0.9, 0.7)} if own[0] else {}))
     engine = Engine(run, tiny)
     prompts = run_prompts(run, engine.desc.vocab_size)
-    checked = checked_batch(engine, prompts, N)
+    checked = checked_pass(engine, prompts, N)
     ok, message = verdict(checked.identity)
     assert ok and message.startswith("sampled (temperature 0.7") and "in each of its 3 rows bitwise" in message
     spec = checked.spec
@@ -163,7 +163,7 @@ def test_a_sampled_row_that_does_not_decode_by_itself_is_caught_naming_the_row(t
     monkeypatch.setattr(SampledRun, "_accept", accept)
     run = batch_run(3, "select", "fused", "mtp").replace(temperature=0.7, acceptance="rejection-sampling")
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
+    checked = checked_pass(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     row = 2 if plant == "an extra draw" else 1
     assert not ok and message.startswith(f"LOSSLESS CHECK FAILED: row {row} of 3: its sampled tokens differ from a "
@@ -188,7 +188,7 @@ def test_a_commit_that_mixes_up_rows_is_caught_and_named(tiny, monkeypatch):
     _planted(monkeypatch, "select", swapped)
     run = batch_run(2)
     engine = Engine(run, tiny)
-    ok, message = verdict(checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N).identity)
+    ok, message = verdict(checked_pass(engine, run_prompts(run, engine.desc.vocab_size), N).identity)
     assert not ok and "LOSSLESS CHECK FAILED: row " in message and "of 2" in message
 
 
@@ -197,7 +197,7 @@ def test_a_riding_row_keeps_the_state_it_finished_with(tiny, monkeypatch):
     monkeypatch.setattr(batch_commits.RowKeeper, "put_back", lambda self, rows: None)
     run = batch_run(4)
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
+    checked = checked_pass(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert not ok and "committed state differs" in message
 
@@ -246,16 +246,17 @@ def test_a_batch_point_reports_rows_and_its_prediction(tiny):
 
 
 @pytest.mark.parametrize("plant, words", [
-    ("greedy twice", "round 0, greedy: greedy's forwards {'prefill/M=8': 2, 'primary/M=1': 30}"),
+    ("greedy twice", "timed round 0, greedy: forwards {'prefill/M=8': 2, 'primary/M=1': 30}"),
     ("another policy", "the engine: its arena policy is 'shared-max', the config says 'sibling-pinned'"),
     ("faster tokens/s", "the published numbers: round 0's tokens_per_s"),
-    ("free drafts", "its config makes {'verify/M=4': "),  # the head never runs, in the checked run too
-    ("timed head skipped", "round 0, speculative: the speculative run's forwards"),  # in the timed runs only
-    ("clock shifted", "round 0, greedy: the timed window opened"),  # a third of the greedy run left uncounted
-    ("timed state drift", "round 0, speculative: row 1's state it ends in differs from the checked run's"),
+    ("free drafts", "the checked speculative run: its forwards are not what"),  # the head never runs, checked too
+    ("timed head skipped", "timed round 0, speculative: forwards differ from the checked run's"),  # timed only
+    ("clock shifted", "timed round 0, greedy: the timed window opened"),  # a third of the greedy run left uncounted
+    ("timed state drift", "timed round 0, speculative: row 1: the state it ends in differs from the checked run's"),
 ])
 def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, monkeypatch, plant, words):
-    from mtplab.experiment import batch_point
+    from mtplab.check import lossless
+    from mtplab.experiment import point
     from mtplab.experiment.point import run_point
 
     if plant == "timed state drift":  # the timed runs (after the checked pass) leave row 1's recurrent state off;
@@ -281,10 +282,10 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
                 g.started, g.seconds = g.started + g.seconds / 3, g.seconds * 2 / 3
             return g
 
-        monkeypatch.setattr(batch_point, "decode_rows", shifted)
+        monkeypatch.setattr(point, "decode_rows", shifted)
     elif plant == "greedy twice":  # the timed greedy does its work twice
         real = decode_rows
-        monkeypatch.setattr(batch_point, "decode_rows", lambda e, p, n, margins=False, **kw: (
+        monkeypatch.setattr(point, "decode_rows", lambda e, p, n, margins=False, **kw: (
             real(e, p, n, margins=False), real(e, p, n, margins=False))[1])
     elif plant in ("free drafts", "timed head skipped"):
         real_draft = speculative.draft_head
@@ -295,8 +296,8 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
                 return np.zeros((engine.batch, k), dtype=np.int64)
             return real_draft(engine, first, hidden, position, k, *rest)
 
-        real_checked = batch_point.checked_batch
-        monkeypatch.setattr(batch_point, "checked_batch", lambda *a: (real_checked(*a), checked.append("done"))[0])
+        real_checked = lossless.checked_pass
+        monkeypatch.setattr(lossless, "checked_pass", lambda *a: (real_checked(*a), checked.append("done"))[0])
         monkeypatch.setattr(speculative, "draft_head", draft_head)
     elif plant == "another policy":  # the engine builds another policy than its config names
         from mtplab.engine import engine as engine_mod
@@ -304,8 +305,8 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
 
         monkeypatch.setattr(engine_mod, "policy", lambda name: policy("shared-max"))
     else:
-        real_close = batch_point.measure.close_round
-        monkeypatch.setattr(batch_point.measure, "close_round",
+        real_close = point.measure.close_round
+        monkeypatch.setattr(point.measure, "close_round",
                             lambda s: real_close(s | {"tokens_per_s": s["tokens_per_s"] * 1.2}))
     drafter = "mtp" if plant in ("free drafts", "timed head skipped") else "oracle"
     run = batch_run(2, drafter=drafter).replace(rounds=2, tokens=16)
@@ -316,7 +317,7 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
     problems = " | ".join(result.identity["timed_audit"]["problems"])
     assert words in problems, problems
     if plant == "timed state drift":
-        assert "round 0, speculative: row 0 had its tokens at 0 ms, outside its run's (0, " in problems, problems
+        assert "timed round 0, speculative: row 0 had its tokens at 0 ms, outside its run's (0, " in problems, problems
         assert "the published numbers: time split " in problems and "a phase below zero" in problems, problems
 
 
@@ -333,7 +334,7 @@ def test_a_rows_logits_off_the_float64_reference_are_caught_naming_the_row(tiny,
         return out
 
     monkeypatch.setattr(engine, "forward", shifted)
-    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
+    checked = checked_pass(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: greedy disagrees with the float64 "
                                          "reference"), message
@@ -357,7 +358,7 @@ def test_a_head_commit_that_writes_a_rows_kv_wrong_is_caught_naming_the_row(tiny
     monkeypatch.setattr(batch_head, "mtp_io", stale)
     run = batch_run(2, "select", schedule, "mtp")
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
+    checked = checked_pass(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: the MTP head's KV differs"), message
     assert checked.rows[0]["head_kv_first_divergence"] is None and checked.rows[0]["head_kv_commits_checked"] > 0
@@ -366,7 +367,7 @@ def test_a_head_commit_that_writes_a_rows_kv_wrong_is_caught_naming_the_row(tiny
 def test_a_row_drafting_other_than_its_policy_chooses_is_caught_naming_the_row(tiny, monkeypatch):
     """Each row's K per step is its own policy's on its own accepted counts: a batch whose row 1 reads row 0's
     chooser fails the run check, named."""
-    from mtplab.experiment import batch_point
+    from mtplab.experiment import point
     from mtplab.experiment.point import run_point
 
     made, real = [], speculative.k_chooser
@@ -376,18 +377,18 @@ def test_a_row_drafting_other_than_its_policy_chooses_is_caught_naming_the_row(t
         return made[-1]
 
     monkeypatch.setattr(speculative, "k_chooser", shared)
-    monkeypatch.setattr(batch_point, "calibration_for_batch", lambda run: synthetic_calibration() | {"batch": 2})
+    monkeypatch.setattr(point, "calibration_for", lambda run: synthetic_calibration() | {"batch": 2})
     run = batch_run(2, "select", "fused").replace(k=4, k_policy="probe", alpha=(0.95, 0.1), rounds=1, tokens=48)
     result = run_point(run, tiny)
-    assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: the checked run's row "), result.verdict
+    assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: the checked speculative run: row "), result.verdict
 
 
 def test_rows_given_row_0s_prompt_are_caught_naming_the_row(tiny, monkeypatch):
-    from mtplab.experiment import batch_point
+    from mtplab.experiment import point
     from mtplab.experiment.point import run_point
 
     real = run_prompts
-    monkeypatch.setattr(batch_point, "run_prompts", lambda run, vocab: np.repeat(real(run, vocab)[:1], run.batch, axis=0))
+    monkeypatch.setattr(point, "run_prompts", lambda run, vocab: np.repeat(real(run, vocab)[:1], run.batch, axis=0))
     result = run_point(batch_run(2).replace(rounds=1, tokens=16), tiny)
     assert not result.lossless and result.verdict.startswith("RUN CHECK FAILED: row 1 decoded another prompt than its "
                                                              "seed's (1)"), result.verdict
@@ -409,7 +410,7 @@ def test_a_row_drafting_at_another_alpha_than_its_own_is_caught_naming_the_row(t
     monkeypatch.setattr(OracleDrafter, "__init__", planted)
     result = run_point(batch_run(2).replace(alpha=(0.6, 0.5), rounds=1, tokens=48), tiny)
     assert not result.lossless and result.verdict.startswith(
-        "RUN CHECK FAILED: row 1: the oracle (alpha 0.5, seed 1) accepted"), result.verdict
+        "RUN CHECK FAILED: the checked speculative run: row 1: the oracle (alpha 0.5, seed 1) accepted"), result.verdict
     assert [p["alpha"] for p in result.extra["batch"]["per_row"]] == [0.6, 0.5]
 
 
@@ -495,7 +496,7 @@ def test_select_commits_when_the_states_are_not_stacked(tiny, monkeypatch):
     monkeypatch.setattr(TargetState, "stacked", lambda self, kind, layers: None)
     run = batch_run(2)
     engine = Engine(run, tiny)
-    ok, message = verdict(checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N).identity)
+    ok, message = verdict(checked_pass(engine, run_prompts(run, engine.desc.vocab_size), N).identity)
     assert ok, message
 
 
@@ -506,7 +507,7 @@ def test_a_bitwise_commit_is_held_to_a_tolerance_at_batch_b():
                     tokens=N, threads=1)
     engine = Engine(run)
     assert engine.desc.name == "tiny-int4"  # another model than tiny's fp32 build: named, timed and calibrated apart
-    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), N)
+    checked = checked_pass(engine, run_prompts(run, engine.desc.vocab_size), N)
     ok, message = verdict(checked.identity)
     assert ok, message
     assert "at batch 4 its [B, M] forwards may round apart" in checked.identity["state_rule"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from mtplab.check.batch import checked_batch
+from mtplab.check.lossless import checked_pass
 from mtplab.check.verdict import verdict
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import batch_problem
@@ -33,7 +33,7 @@ def test_a_builder_folders_rows_each_decode_as_a_batch_of_one(folder, commit):
     run = RunConfig(model=str(DATA / folder), k=3, commit=commit, batch=2, tokens=N, threads=1, seed=1)
     engine = Engine(run)
     prompts = run_prompts(run, engine.desc.vocab_size)
-    checked = checked_batch(engine, prompts, N)
+    checked = checked_pass(engine, prompts, N)
     ok, message = verdict(checked.identity)
     assert ok and "every token in each of its 2 rows" in message, message
     one = Engine(run.replace(batch=1))

@@ -41,7 +41,8 @@ def _run(**changes) -> RunConfig:
 def _checked(model, run: RunConfig):
     engine = Engine(run, model)
     prompt = prompt_tokens(model.description.vocab_size, run.prompt_len, run.seed)
-    greedy, spec, identity, *_ = checked_pass(engine, prompt, run.tokens)
+    checked = checked_pass(engine, prompt, run.tokens)
+    greedy, spec, identity = checked.greedy, checked.spec, checked.identity
     ok, verdict = oracle.verdict(identity)
     return engine, greedy, spec, identity, ok, verdict
 
@@ -100,9 +101,9 @@ def test_oracle_drafts_are_lossless_at_k_1_and_4_for_every_commit(builder, commi
     for k in (1, 4):
         _, greedy, spec, identity, ok, verdict = _checked(builder, _run(k=k, commit=commit, schedule=schedule))
         assert ok, verdict
-        assert spec["tokens"][:24] == greedy.tokens[:24]
-        assert identity["state_commits_checked"] == len(spec["accepted"]) + 1
-        assert sum(spec["accepted"]) > 0  # alpha 0.7: some drafts accepted, the commit path exercised
+        assert spec.tokens[0][:24] == greedy.tokens[0][:24]
+        assert identity["state_commits_checked"] == spec.steps + 1
+        assert sum(spec.accepted[0]) > 0  # alpha 0.7: some drafts accepted, the commit path exercised
 
 
 def test_select_keeps_the_state_readvance_m1_keeps(builder):
@@ -118,7 +119,7 @@ def test_select_keeps_the_state_readvance_m1_keeps(builder):
 def test_the_mtp_head_drafts_losslessly(builder):
     engine, greedy, spec, _, ok, verdict = _checked(builder, _run(k=2, drafter="mtp"))
     assert ok, verdict
-    assert engine.forwards["mtp/M=1"] == 2 * len(spec["accepted"])
+    assert engine.forwards["mtp/M=1"] == 2 * spec.steps
 
 
 @pytest.mark.parametrize("policy", ["sibling-pinned", "shared-max"])
@@ -429,7 +430,7 @@ def test_float16_logits_beside_float32_states_are_read_and_run_losslessly(fp16_l
 def test_bfloat16_graphs_are_refused_before_any_session_with_the_reason(builder):
     import dataclasses
 
-    from mtplab.experiment.shared import check_run_on_model
+    from mtplab.experiment.build import check_run_on_model
 
     desc = builder.description
     bf16 = dataclasses.replace(desc, target=dataclasses.replace(desc.target, dtype="bfloat16"))

@@ -69,10 +69,10 @@ def test_k_changing_every_few_steps_stays_lossless_with_one_verify_plan_per_m(ti
     engine = Engine(run, tiny)
     prompt = prompt_tokens(tiny.description.vocab_size, 8, 0)
     checked = checked_pass(engine, prompt, run.tokens)
-    ks = checked.spec["k"]
+    ks = checked.spec.ks[0]
     assert len(set(ks)) >= 2  # the threshold splits the head's drafts: K varies
     assert checked.identity["token_identical"] and checked.identity["state_first_divergence"] is None
-    assert checked_problems(engine, checked.spec_trace, len(prompt)) == []
+    assert checked_problems(engine, checked.spec_trace, len(prompt), checked.spec.widths) == []
     verify = checked.spec_trace.activity["verify"]
     assert verify["captures"] == len(set(ks)) and verify["invalidations"] == 0  # one plan per M, each once
     plans = engine.target.plans(Slot.VERIFY)
@@ -84,7 +84,7 @@ def test_one_verify_plan_is_invalidated_whenever_m_changes(tiny):
                     tokens=40, verify_plans="one", max_recaptures=100)
     engine = Engine(run, tiny)
     checked = checked_pass(engine, prompt_tokens(tiny.description.vocab_size, 8, 0), run.tokens)
-    ks = checked.spec["k"]
+    ks = checked.spec.ks[0]
     changes = sum(a != b for a, b in zip(ks, ks[1:]))
     assert changes >= 2 and checked.identity["token_identical"]
     assert checked.spec_trace.activity["verify"]["invalidations"] == changes  # the thrash
@@ -101,11 +101,11 @@ def test_a_padded_verify_runs_one_plan_at_k_plus_1_and_keeps_the_per_length_runs
     per_length = checked_pass(Engine(run, tiny), prompt, run.tokens)
     engine = Engine(run.replace(verify_plans="padded"), tiny)
     padded = checked_pass(engine, prompt, run.tokens)
-    assert len(set(padded.spec["k"])) >= 2  # K varied
-    assert [padded.spec[key] for key in ("tokens", "accepted", "k")] == [per_length.spec[key] for key in
-                                                                          ("tokens", "accepted", "k")]
+    assert len(set(padded.spec.ks[0])) >= 2  # K varied
+    assert [padded.spec.tokens, padded.spec.accepted, padded.spec.ks] == [
+        per_length.spec.tokens, per_length.spec.accepted, per_length.spec.ks]
     assert padded.identity["token_identical"] and padded.identity["state_first_divergence"] is None
-    assert checked_problems(engine, padded.spec_trace, len(prompt)) == []
+    assert checked_problems(engine, padded.spec_trace, len(prompt), padded.spec.widths) == []
     assert {key for key in padded.spec_trace.forwards if key.startswith("verify/")} == {"verify/M=5"}
     verify = padded.spec_trace.activity["verify"]
     assert verify["captures"] == 1 and verify["invalidations"] == 0

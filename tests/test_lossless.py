@@ -7,7 +7,7 @@ import pytest
 from conftest import plant_over_accept
 
 from mtplab.check import verdict as oracle
-from mtplab.engine import commits
+from mtplab.engine import commits, speculative
 from mtplab.engine import engine as engine_mod
 from mtplab.engine.engine import Engine
 from mtplab.engine.strategies import COMMITS
@@ -129,14 +129,14 @@ def test_a_dropped_last_token_in_the_batched_readvance_is_caught_where_it_first_
 
 @pytest.mark.parametrize("commit", COMMITS)
 def test_a_nan_written_after_the_final_commit_fails(tiny, commit, monkeypatch):
-    real = Engine.speculative
+    real = speculative.generate
 
-    def speculative(self, *args, **kw):
-        out = real(self, *args, **kw)
-        self.state.gdn[self.cfg.gdn_layer_ids[-1]][0, 0, 0, 0] = np.nan
+    def generate(engine, *args, **kw):
+        out = real(engine, *args, **kw)
+        engine.state.gdn[engine.cfg.gdn_layer_ids[-1]][0, 0, 0, 0] = np.nan
         return out
 
-    monkeypatch.setattr(Engine, "speculative", speculative)
+    monkeypatch.setattr(speculative, "generate", generate)
     r = _run(tiny, commit)
     _failed(r)
     first = r.identity["state_first_divergence"]

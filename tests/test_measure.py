@@ -23,8 +23,8 @@ def test_a_run_counts_the_tokens_after_the_prefills_up_to_n():
 
 def test_a_paired_round_has_both_sides_and_their_ratio():
     sample = measure.paired_round(1, ("speculative", "greedy"))
-    measure.record_side(sample, "speculative", list(range(12)), 9, 1.0)
-    measure.record_side(sample, "greedy", list(range(9)), 9, 2.0)
+    measure.record_side(sample, "speculative", [list(range(12))], 9, 1.0)
+    measure.record_side(sample, "greedy", [list(range(9))], 9, 2.0)
     measure.close_round(sample)
     assert sample == {
         "round": 1,
@@ -52,8 +52,8 @@ def _samples(speedups):
     out = []
     for r, s in enumerate(speedups):
         sample = measure.paired_round(r, ("greedy", "speculative"))
-        measure.record_side(sample, "greedy", list(range(9)), 9, 1.0)
-        measure.record_side(sample, "speculative", list(range(9)), 9, 1.0 / s)
+        measure.record_side(sample, "greedy", [list(range(9))], 9, 1.0)
+        measure.record_side(sample, "speculative", [list(range(9))], 9, 1.0 / s)
         out.append(measure.close_round(sample))
     return out
 

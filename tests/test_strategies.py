@@ -87,7 +87,7 @@ def test_a_drafter_of_your_own_drafts_each_row_of_a_batch_alone(tiny, toys):
 def test_each_row_of_a_drafter_of_your_own_is_held_to_its_batch_of_one_run(tiny, toys, monkeypatch, plant):
     """A drafter of one's own whose drafts depend on its position: each row's accepted counts must be its batch-1
     run's. Planted: every row's drafter is told row 0's positions; its tokens stay greedy's, its drafts do not."""
-    from mtplab.check.batch import checked_batch
+    from mtplab.check.lossless import checked_pass
     from mtplab.check.verdict import verdict
     from mtplab.engine import speculative
     from mtplab.engine.engine import Engine
@@ -105,7 +105,7 @@ def test_each_row_of_a_drafter_of_your_own_is_held_to_its_batch_of_one_run(tiny,
             self, first, hidden, np.full_like(position, position[0]), lengths, rows))
     run = RunConfig(model="tiny", k=3, drafter="copy-reference", tokens=24, batch=2)
     engine = Engine(run, tiny)
-    checked = checked_batch(engine, run_prompts(run, engine.desc.vocab_size), run.tokens)
+    checked = checked_pass(engine, run_prompts(run, engine.desc.vocab_size), run.tokens)
     ok, message = verdict(checked.identity)
     assert all(row["token_identical"] for row in checked.rows)  # greedy's tokens, whatever was drafted
     if plant is None:

@@ -79,7 +79,8 @@ def test_the_copy_computes_bitwise_what_the_users_graph_computes(folder):
 def _checked(model, run: RunConfig):
     engine = Engine(run, model)
     prompt = prompt_tokens(model.description.vocab_size, run.prompt_len, run.seed)
-    greedy, spec, identity, *_ = checked_pass(engine, prompt, run.tokens)
+    checked = checked_pass(engine, prompt, run.tokens)
+    spec, identity = checked.spec, checked.identity
     ok, verdict = oracle.verdict(identity)
     return engine, spec, identity, ok, verdict
 
@@ -89,7 +90,7 @@ def test_every_commit_is_lossless_on_the_gated_delta_net_export(gdn, commit):
     run = RunConfig(model="tiny", drafter="oracle", alpha=0.7, k=3, tokens=24, commit=commit)
     engine, spec, identity, ok, verdict = _checked(gdn, run)
     assert ok, verdict
-    assert identity["state_commits_checked"] == len(spec["accepted"]) + 1 and sum(spec["accepted"]) > 0
+    assert identity["state_commits_checked"] == spec.steps + 1 and sum(spec.accepted[0]) > 0
     counters = engine.target.counters()
     assert counters["verify"]["replays"] > 0 and counters["verify"]["fallbacks"] == 0
 
@@ -111,4 +112,4 @@ def test_select_keeps_the_state_readvance_m1_keeps_on_the_gated_delta_net_export
 def test_the_mtp_head_drafts_losslessly_on_the_gated_delta_net_export(gdn):
     engine, spec, _, ok, verdict = _checked(gdn, RunConfig(model="tiny", drafter="mtp", k=2, tokens=24))
     assert ok, verdict
-    assert engine.forwards["mtp/M=1"] == 2 * len(spec["accepted"])
+    assert engine.forwards["mtp/M=1"] == 2 * spec.steps

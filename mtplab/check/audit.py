@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from mtplab.base.threads import thread_pool, threads_used
 from mtplab.check.expected import forwards_diff, greedy_forwards
 from mtplab.check.trace import Trace, off_plan, runs, slot_states
-from mtplab.check.verdict import StateRule, states_difference
+from mtplab.check.verdict import STATE_RTOL, StateRule, batch_rule, state_rule, states_difference
 from mtplab.runtime.executor import Slot
 
 # The forwards a slot may spend setting its plan up again at the start of a run (a warm-up and a capture): the
@@ -57,15 +57,26 @@ class Audit:
     engine: object
     n: int
     prompt_len: int
-    reference: list[int]
+    reference: list[list[int]]  # per row, greedy's tokens
     spec_trace: Trace
-    spec_state: dict
-    greedy_state: dict | None
+    spec_state: list[dict]  # per row
+    greedy_state: list[dict | None]  # per row (None: sampled, no greedy state to hold it to)
     greedy_rule: StateRule
     rtol: float  # the precision's relative tolerance (oracle.STATE_RTOL): beyond it a state difference is a problem
     problems: list[str] = field(default_factory=list)
     warnings: dict[str, str] = field(default_factory=dict)  # name -> the first message of that kind
     warning_counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, engine, n: int, prompt_len: int, checked) -> Audit:
+        """The audit of a point's timed runs against its checked pass (mtplab.check.lossless.Checked)."""
+        rule = batch_rule(state_rule(None, engine.desc.precision, engine.device.name == "cpu"), engine.batch,
+                          engine.desc.precision)
+        return cls(engine, n, prompt_len, checked.greedy.tokens, checked.spec_trace, checked.spec_state,
+                   checked.greedy_state, rule, STATE_RTOL[engine.desc.precision])
+
+    def _row(self, b: int) -> str:
+        return f"row {b}'s " if len(self.reference) > 1 else ""
 
     def _problem(self, r: int | None, side: str, text: str) -> None:
         self.problems.append(f"{side}: {text}" if r is None else f"timed round {r}, {side}: {text}")
@@ -80,8 +91,9 @@ class Audit:
         side, n, P = "greedy", self.n, self.prompt_len
         started, seconds = g.started, g.seconds
         self._tokens(r, side, trace.tokens)
-        if g.margins or g.logits:
-            self._problem(r, side, f"it computed {len(g.margins)} top-2 margins and kept {len(g.logits)} logits rows: "
+        margins, logits = sum(map(len, g.margins)), sum(map(len, g.logits))
+        if margins or logits:
+            self._problem(r, side, f"it computed {margins} top-2 margins and kept {logits} logits rows: "
                                    "work the decoder it measures does not do")
         for text in trace.honesty_problems():
             self._problem(r, side, text)
@@ -108,31 +120,39 @@ class Audit:
         elif setup > SETUP_RUNS or c.get("invalidations", 0) > may_invalidate:
             self._problem(r, side, f"primary {nonzero(c)}: expected {n - 1} decodes replayed after at most a "
                                    "warm-up and a capture")
-        end = self.engine.state.length
-        if end != P + n - 1:
-            self._problem(r, side, f"its state ends at length {end}, expected {P + n - 1} (the prompt's {P} tokens and "
-                                   f"{n - 1} decodes)")
-        elif self.greedy_state is not None:
-            self._state(r, side, self.engine.state.snapshot(copy=False), self.greedy_state, self.greedy_rule,
-                        "the lockstep reference's")
+        for b, kept in enumerate(self.greedy_state):
+            end = int(self.engine.state.lengths[b])
+            if end != P + n - 1:
+                self._problem(r, side, f"{self._row(b) or 'its '}state ends at length {end}, expected {P + n - 1} (the prompt's "
+                                       f"{P} tokens and {n - 1} decodes)")
+            elif kept is not None:
+                self._state(r, side, self.engine.state.snapshot(copy=False, row=b), kept, self.greedy_rule,
+                            "the lockstep reference's", row=b)
         self._clock(r, side, sample, "greedy_", started, seconds, returned)
 
-    def speculative(self, r: int, trace: Trace, sample: dict, started: float, seconds: float, returned: float) -> None:
-        """Audit one timed speculative run against the checked speculative run."""
+    def speculative(self, r: int, trace: Trace, sample: dict, spec, returned: float) -> None:
+        """Audit one timed speculative run `spec` (mtplab.engine.speculative.SpeculativeRun) against the checked
+        speculative run."""
+        started, seconds = spec.started, spec.seconds
         side, checked = "speculative", self.spec_trace
         # a sampled run's tokens are its own (the same seed, the same tokens), not greedy's
         self._tokens(r, side, trace.tokens, checked.tokens if self.engine.acceptance.samples else None)
         for text in trace.honesty_problems():
             self._problem(r, side, text)
-        if trace.ks != checked.ks:
-            first = next((i for i, (a, b) in enumerate(zip(trace.ks or [], checked.ks or [])) if a != b), None)
-            self._problem(r, side, f"its draft lengths differ from the checked run's from step {(first or 0) + 1} "
-                                   "(a draft-length policy must choose alike for the same tokens)")
-        if trace.accepted != checked.accepted:
-            first = next((i for i, (a, b) in enumerate(zip(trace.accepted, checked.accepted)) if a != b),
-                         min(len(trace.accepted), len(checked.accepted)))
-            self._problem(r, side, f"accepted counts differ from the checked run's from step {first + 1} "
-                                   f"({len(trace.accepted)} steps, checked {len(checked.accepted)})")
+        for b, (ks, want) in enumerate(zip(trace.ks or [], checked.ks or [])):
+            if ks != want:
+                first = next((i for i, (x, y) in enumerate(zip(ks, want)) if x != y), min(len(ks), len(want)))
+                self._problem(r, side, f"{self._row(b)}draft lengths differ from the checked run's from step "
+                                       f"{first + 1} (a draft-length policy must choose alike for the same tokens)")
+        for b, (got, want) in enumerate(zip(trace.accepted, checked.accepted)):
+            if got != want:
+                first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+                self._problem(r, side, f"{self._row(b)}accepted counts differ from the checked run's from step "
+                                       f"{first + 1} ({len(got)} steps, checked {len(want)})")
+        for b, t in enumerate(spec.finished):  # a row's tokens/s is timed to when it had its n tokens
+            if not 0 < t <= seconds:
+                self._problem(r, side, f"row {b} had its tokens at {t * 1e3:.4g} ms, outside its run's "
+                                       f"(0, {seconds * 1e3:.4g}] ms")
         if trace.forwards != checked.forwards:
             diff = forwards_diff(trace.forwards, checked.forwards)
             self._problem(r, side, f"forwards differ from the checked run's, (timed, checked): {diff}")
@@ -167,18 +187,23 @@ class Audit:
         for text in _budget_problems(self.engine):
             self._problem(r, side, text)
         same = StateRule(True, 0.0, "the timed run repeats the checked run's computation")
-        self._state(r, side, self.engine.state.snapshot(copy=False), self.spec_state, same, "the checked run's",
-                    bitwise_or_problem=self.engine.device.name == "cpu")
+        for b, ref in enumerate(self.spec_state):
+            self._state(r, side, self.engine.state.snapshot(copy=False, row=b), ref, same, "the checked run's",
+                        bitwise_or_problem=self.engine.device.name == "cpu", row=b)
         self._clock(r, side, sample, "", started, seconds, returned)
 
     # -- pieces --------------------------------------------------------------------------------
-    def _tokens(self, r: int, side: str, tokens: list[int], reference: list[int] | None = None) -> None:
-        n, reference = self.n, self.reference if reference is None else reference
-        if len(tokens) < n:
-            self._problem(r, side, f"made {len(tokens)} tokens, asked for {n}")
-        elif tokens[:n] != reference[:n]:
-            first = next(i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b)
-            self._problem(r, side, f"token {first} is {tokens[first]}, the reference has {reference[first]}")
+    def _tokens(self, r: int, side: str, rows: list[list[int]], references: list[list[int]] | None = None) -> None:
+        n, references = self.n, self.reference if references is None else references
+        if len(rows) != len(references):
+            self._problem(r, side, f"it decoded {len(rows)} rows, the batch has {len(references)}")
+        for b, (tokens, reference) in enumerate(zip(rows, references)):
+            where = f"row {b}: " if len(references) > 1 else ""
+            if len(tokens) < n:
+                self._problem(r, side, f"{where}made {len(tokens)} tokens, asked for {n}")
+            elif tokens[:n] != reference[:n]:
+                first = next(i for i, (x, y) in enumerate(zip(tokens, reference)) if x != y)
+                self._problem(r, side, f"{where}token {first} is {tokens[first]}, the reference has {reference[first]}")
 
     def _budget_spent(self, got: dict) -> str | None:
         """Why a timed run's slot may invalidate and fall back otherwise than the checked run's: the timed run spent
@@ -203,8 +228,10 @@ class Audit:
             self._problem(r, side, f"the {slot} slot: {text}, and no declined capture explains it")
 
     def _state(self, r: int, side: str, got: dict, ref: dict, rule: StateRule, whose: str,
-               bitwise_or_problem: bool = False) -> None:
+               bitwise_or_problem: bool = False, row: int = 0) -> None:
         problem, warning = state_problem(got, ref, rule, self.rtol, whose, bitwise_or_problem)
+        if len(self.reference) > 1:
+            problem, warning = (None if t is None else f"row {row}: {t}" for t in (problem, warning))
         if problem:
             self._problem(r, side, problem)
         elif warning:
@@ -212,16 +239,17 @@ class Audit:
 
     def _clock(self, r: int, side: str, sample: dict, prefix: str, started: float, seconds: float,
                returned: float) -> None:
-        n = self.n
+        B = len(self.reference)
+        want = B * (self.n - 1)  # every row's tokens after its prefill's, up to the n-th
         counted = sample.get(f"{prefix}counted")
-        if counted != n - 1:
-            self._problem(r, side, f"counted {counted} tokens, expected {n - 1} (those after the prefill's token, "
-                                   "up to the n-th)")
+        if counted != want:
+            self._problem(r, side, f"counted {counted} tokens, expected {want} (" + (f"{B} rows' " if B > 1 else "")
+                          + "those after the prefill's token, up to the n-th)")
         rate = sample.get(f"{prefix}tokens_per_s")
-        if n == 1:  # nothing is counted: the rate says nothing (NaN)
+        if want == 0:  # nothing is counted: the rate says nothing (NaN)
             pass
-        elif not (seconds > 0 and rate is not None and abs(rate * seconds - (n - 1)) <= 1e-9 * (n - 1)):
-            self._problem(r, side, f"tokens/s {rate} is not {n - 1} tokens / {seconds:.6g} s")
+        elif not (seconds > 0 and rate is not None and abs(rate * seconds - want) <= 1e-9 * want):
+            self._problem(r, side, f"tokens/s {rate} is not {want} tokens / {seconds:.6g} s")
         for text in clock_problems(self.engine, started, seconds, returned):
             self._problem(r, side, text)
 

@@ -9,7 +9,7 @@ import hashlib
 import numpy as np
 
 from mtplab.check.trace import Trace
-from mtplab.engine.drafters import OracleDrafter
+from mtplab.engine.drafters import OracleDrafter, row_alphas
 from mtplab.engine.strategies import COMMITS, DRAFTERS, K_POLICIES, SCHEDULES
 
 
@@ -32,42 +32,52 @@ def head_forwards(run, steps: int, ks: list[int] | None = None) -> dict[str, int
     return out
 
 
-def expected_forwards(run, prompt_len: int, accepted: list[int], ks: list[int] | None = None) -> dict[str, int]:
-    """The forwards by (slot, M) a speculative run of these accepted counts (and drafts per step, ks: k each where not
-    given) makes, from its config alone: the prefill, the schedule's decodes and one verify per step, the head's if
-    the drafter runs it, the commits'."""
-    steps = len(accepted)
-    ks = [run.k] * steps if ks is None else ks
+def expected_forwards(run, prompt_len: int, accepted: list[list[int]], widths: list[int]) -> dict[str, int]:
+    """The forwards by (slot, M) a speculative run makes, from its config alone, for these accepted counts (per row)
+    and steps (widths: each batch step's drafts, its longest row's): the prefill, the schedule's decodes and one
+    verify per step, the head's if the drafter runs it, and each row's commits."""
+    steps = len(widths)
     want: dict[str, int] = {f"prefill/M={prompt_len}": 1, "primary/M=1": SCHEDULES.get(run.schedule).decodes * steps}
-    for k in ks:
+    for k in widths:
         key = f"verify/M={run.verified(k) + 1}"
         want[key] = want.get(key, 0) + 1
     if DRAFTERS.get(run.drafter).uses_head(run):  # the head's prefill (M = the prompt), then its steps'
         want[f"mtp/M={prompt_len}"] = 1
-    for part in (head_forwards(run, steps, ks), COMMITS.get(run.commit).forwards(accepted)):
+    commit = COMMITS.get(run.commit)
+    if len(accepted) == 1:  # one sequence's commits (a strategy of the user's own says them for one sequence)
+        parts = [commit.forwards(accepted[0])]
+    else:  # each batch step commits the rows still decoding, together
+        parts = [commit.step_forwards([row[i] for row in accepted if i < len(row)]) for i in range(steps)]
+    parts.append(head_forwards(run, steps, widths))
+    for part in parts:
         for key, n in part.items():
             want[key] = want.get(key, 0) + n
     return {key: v for key, v in want.items() if v}
 
 
-def checked_problems(engine, trace: Trace, prompt_len: int) -> list[str]:
-    """Where the checked speculative run did not do what its config implies (the timed runs are held to it)."""
-    run, accepted, out = engine.spec, trace.accepted or [], []
-    ks = trace.ks if trace.ks is not None else [run.k] * len(accepted)
-    if len(ks) != len(accepted) or any(not 1 <= k <= run.k for k in ks):
-        out.append(f"draft lengths outside 1..{run.k} or not one a step: {len(ks)} for {len(accepted)} steps, "
-                   f"{sorted(set(ks))}")
-        ks = [run.k] * len(accepted)
-    if any(not 0 <= a <= k for a, k in zip(accepted, ks)):
-        bad = sorted({(a, k) for a, k in zip(accepted, ks) if not 0 <= a <= k})
-        out.append(f"accepted counts outside 0..K of their step, (accepted, K): {bad}")
-    out += chosen_problems(engine, accepted, ks)
-    out += oracle_problems(engine, accepted, ks)
+def checked_problems(engine, trace: Trace, prompt_len: int, widths: list[int]) -> list[str]:
+    """Where the checked speculative run did not do what its config implies, row by row (the timed runs are held to
+    it): each row's drafts per step within 1..k and chosen by its draft-length policy, its accepted counts within
+    them and (an oracle's) its seeded draws', its tokens what its steps make; the run's forwards what its schedule,
+    drafter and commit make for them (widths: each batch step's drafts)."""
+    run, out = engine.spec, []
+    rows = trace.accepted or []
     per_step = SCHEDULES.get(run.schedule).extra_tokens  # tokens a step makes beyond its accepted drafts
-    made = 1 + sum(a + per_step for a in accepted)
-    if len(trace.tokens) != made:
-        out.append(f"it made {len(trace.tokens)} tokens, its {len(accepted)} steps account for {made}")
-    want = expected_forwards(run, prompt_len, accepted, ks)
+    for b, accepted in enumerate(rows):
+        where = f"row {b}: " if len(rows) > 1 else ""
+        ks = trace.ks[b] if trace.ks is not None else [run.k] * len(accepted)
+        if len(ks) != len(accepted) or any(not 1 <= k <= run.k for k in ks):
+            out.append(f"{where}draft lengths outside 1..{run.k} or not one a step: {len(ks)} for {len(accepted)} "
+                       f"steps, {sorted(set(ks))}")
+            ks = [run.k] * len(accepted)
+        if any(not 0 <= a <= k for a, k in zip(accepted, ks)):
+            bad = sorted({(a, k) for a, k in zip(accepted, ks) if not 0 <= a <= k})
+            out.append(f"{where}accepted counts outside 0..K of their step, (accepted, K): {bad}")
+        out += [where + p for p in chosen_problems(engine, accepted, ks) + oracle_problems(engine, accepted, ks, b)]
+        made = 1 + sum(a + per_step for a in accepted)
+        if len(trace.tokens[b]) != made:
+            out.append(f"{where}it made {len(trace.tokens[b])} tokens, its {len(accepted)} steps account for {made}")
+    want = expected_forwards(run, prompt_len, rows, widths)
     if trace.forwards != want:
         diff = forwards_diff(trace.forwards, want)
         out.append(f"its forwards are not what {run.schedule}, drafter {run.drafter} and commit {run.commit} make "
@@ -108,13 +118,14 @@ def oracle_uniforms(seed: int, alpha: float, vocab: int):
         yield block
 
 
-def oracle_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
-    """Where a greedy run's oracle accepted other than its seeded draws say (oracle_draw_problems, at the run's seed
-    and alpha)."""
+def oracle_problems(engine, accepted: list[int], ks: list[int], row: int = 0) -> list[str]:
+    """Where a greedy run's oracle accepted other than its seeded draws say (oracle_draw_problems, at the row's seed
+    and alpha: a batch's row b draws from seed + b, at its own alpha)."""
     run = engine.spec
     if run.drafter != "oracle" or engine.acceptance.samples:
         return []
-    return oracle_draw_problems(accepted, ks, run.seed, run.alpha, engine.desc.vocab_size)
+    alpha = row_alphas(run.alpha, run.batch)[row]
+    return oracle_draw_problems(accepted, ks, run.seed + row, alpha, engine.desc.vocab_size)
 
 
 def oracle_draw_problems(accepted: list[int], ks: list[int], seed: int, alpha: float, vocab: int) -> list[str]:

@@ -1,376 +1,193 @@
-"""The checked (untimed) pass of a point: what the lossless verdict is built from.
+"""The checked (untimed) pass of a point, at any batch size: what the lossless verdict is built from.
 
-Three independent looks, none of them inside a timed loop:
-- a `Watch` on every forward of the greedy reference and of the checked speculative run: any
-  NaN or Inf in logits or hidden states is recorded with where it was first seen;
-- a `Lockstep` reference: a plain `session.run` stepper (no IOBinding, no plans, no arenas) fed
-  the greedy tokens, advanced to each length the speculative run commits to, where the committed
-  GatedDeltaNet and conv states are compared tensor by tensor (memory: one extra state);
-- an `anchor`: the float64 numpy reference (`mtplab.model.reference`) on the weights the ONNX
-  file holds, for the prefill and the first decoded tokens, which catches a bug that greedy and
-  speculative share (the prefill, the decode path);
-- where the MTP head runs, a `HeadCheck`: a teacher-forced head (`mtplab.model.stepper.HeadStepper`, fed the
-  text's tokens and the lockstep reference's hidden states) whose KV rows the head's KV must hold after every
-  commit, and, where the head drafts greedily, whose chained drafts from each step's row must be accepted
-  where the engine's were (a difference beyond a near-tie is a head bug: a poisoned cache, a wrong chain).
+Every row is held to references of that row alone (mtplab.check.lockstep), never to the batch code that decoded it:
+- the greedy reference decodes every row ([B, 1] forwards); the speculative run's row must equal its row token by
+  token (a sampled row has no greedy to equal: its state and KV are checked, its distribution is the rule's
+  guarantee, tests/test_sampling.py);
+- a `Watch` on every forward of both runs: the first NaN or Inf, and where;
+- a `Lockstep` per row: a plain `session.run` stepper of that row alone (batch 1), advanced to each length the
+  speculative run commits the row to, where its state and KV rows are compared under the commit's rule (and the
+  head's KV and drafts, where the head runs);
+- an `anchor` per row: greedy's logits rows against the float64 numpy reference of that row alone;
+- at batch > 1, a row that samples or that a drafter of the user's own drafts is decoded again by itself, at batch 1
+  on its own seeds (nothing else holds it to its own row's inputs); a padded Verify plan under a draft-length policy
+  is decoded again with a plan per length.
+The verdict pools the rows and names the first row that fails.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
+from mtplab.check.lockstep import HeadCheck, Lockstep, Watch, anchor, anchor_tokens, reference_model
 from mtplab.check.trace import Trace
-from mtplab.check.verdict import STATE_RTOL, StateRule, first_difference, state_rule, states_difference, token_identity
-from mtplab.engine import sampling
+from mtplab.check.verdict import batch_rule, first_difference, state_rule, token_identity
+from mtplab.engine import sampling, speculative
+from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
+from mtplab.engine.greedy import GreedyRows, decode_rows
 from mtplab.engine.strategies import DRAFTERS, SCHEDULES
-from mtplab.model import Artifact
-from mtplab.model.reference import ReferenceModel, weights_from_onnx
-from mtplab.model.stepper import HeadStepper, Stepper
-from mtplab.runtime.arena import to_numpy
-
-ANCHOR_TOKENS = 16  # greedy tokens the float64 anchor checks on models larger than tiny (see anchor_tokens)
-# The anchor compares ONNX Runtime's logits with float64 numpy: rounding of the run's dtype only.
-ANCHOR_TOLERANCE = {"fp32": 5e-3, "fp16": 0.25}
-# The lockstep reference's argmax may differ from greedy's only where its top logits are this close.
-DISAGREEMENT_MARGIN = {"fp32": 1e-3, "fp16": 5e-2, "int8": 5e-2}
-
-
-def _first_non_finite(a: np.ndarray) -> int | None:
-    bad = ~np.isfinite(a)
-    return int(np.argmax(bad.reshape(-1))) if bad.any() else None
-
-
-@dataclass
-class Watch:
-    """Looks at every forward's logits and hidden states; keeps the first non-finite one seen."""
-
-    run: str = "greedy"
-    forwards: int = 0
-    non_finite: dict | None = None
-
-    def start(self, run: str) -> None:
-        """Count the forwards of another run from 1 (the first non-finite seen is kept)."""
-        self.run, self.forwards = run, 0
-
-    def __call__(self, label: str, length: int, out: dict) -> None:
-        self.forwards += 1
-        if self.non_finite is not None:
-            return
-        for tensor in ("logits", "hidden"):
-            where = _first_non_finite(to_numpy(out[tensor]))
-            if where is not None:
-                self.non_finite = {
-                    "run": self.run,
-                    "forward": self.forwards,
-                    "label": label,
-                    "position": length,
-                    "tensor": tensor,
-                    "element": where,
-                }
-                return
-
-
-@dataclass
-class HeadCheck:
-    """The MTP head's KV after every commit against a teacher-forced head, and (judge) its drafts' acceptance per
-    position against the teacher-forced head chained from the same rows on the same tokens."""
-
-    head: HeadStepper
-    k: int
-    judge: bool  # the head drafts greedily: its acceptance is the reference chain's, near-ties aside
-    rule: StateRule
-    commits: int = 0
-    max_rel_diff: float = 0.0
-    bitwise: bool = True
-    first_divergence: dict | None = None
-    judged: list[int] = field(default_factory=list)  # per draft position: steps that judged it
-    accepted: list[int] = field(default_factory=list)  # ... where the run accepted it
-    agreed: list[int] = field(default_factory=list)  # ... where the teacher-forced chain drafts the text's token
-    disagreements: list[dict] = field(default_factory=list)
-
-    @classmethod
-    def start(cls, desc, k: int, judge: bool) -> HeadCheck:
-        rule = StateRule(False, STATE_RTOL[desc.precision], "the head's rows come from the verify's hidden states, "
-                         "which round apart from the reference's M=1 forwards")
-        return cls(HeadStepper(desc), k, judge, rule, judged=[0] * k, accepted=[0] * k, agreed=[0] * k)
-
-    @staticmethod
-    def judges(engine) -> bool:
-        """Whether a run's head drafts are judged against the reference chain: the head drafts (not the oracle) and
-        greedily, under a rule that keeps every draft up to the first the target's argmax differs from (a rule that
-        keeps fewer rejects drafts the chain agrees with)."""
-        return engine.spec.drafter == "mtp" and engine.acceptance.keeps_longest_match
-
-    def check_kv(self, step: int, length: int, kv: tuple) -> None:
-        """The head's KV rows [0, length) against the reference's."""
-        self.commits += 1
-        got = {"mtp.key": to_numpy(kv[0][:, :, :length]), "mtp.value": to_numpy(kv[1][:, :, :length])}
-        diff = states_difference(got, self.head.rows(length), self.rule)
-        self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
-        self.bitwise &= diff["bitwise"]
-        if diff["first_bad"] is not None and self.first_divergence is None:
-            self.first_divergence = {"step": step, "length": length} | diff["first_bad"]
-
-    def check_drafts(self, step: int, p: int, n: int, sequence: list[int], hidden: np.ndarray,
-                     drafted: int | None = None) -> None:
-        """A step that drafted from row p and kept n of its drafts: the reference chained from row p on the text's
-        tokens must draft the text's token exactly at the positions the run accepted (rounding decides near-ties
-        only)."""
-        steps = min(n + 1, self.k if drafted is None else drafted)
-        rows = self.head.chain(p, sequence[p + 1 : p + 1 + steps], hidden)
-        margin = DISAGREEMENT_MARGIN[self.head.desc.precision]
-        for j, row in enumerate(rows):
-            truth, pred = sequence[p + 2 + j], int(row.argmax())
-            self.judged[j] += 1
-            self.accepted[j] += j < n
-            self.agreed[j] += pred == truth
-            if (j < n) != (pred == truth):
-                gap = float(row[pred] - row[truth]) if pred != truth else float(row[pred] - np.partition(row, -2)[-2])
-                if gap > margin and len(self.disagreements) < 8:
-                    self.disagreements.append({"step": step, "draft_position": j + 1, "position": p + 2 + j,
-                                               "accepted": j < n, "reference": pred, "text": truth, "margin": gap})
-
-    def summary(self) -> dict:
-        rates = [[c / j if j else None for c, j in zip(counts, self.judged)] for counts in (self.accepted, self.agreed)]
-        return {
-            "head_kv_commits_checked": self.commits,
-            "head_kv_max_rel_diff": self.max_rel_diff if self.commits else None,
-            "head_kv_bitwise": self.bitwise if self.commits else None,
-            "head_kv_first_divergence": self.first_divergence,
-            "head_kv_rule": self.rule.text(),
-            "head_drafts_judged": list(self.judged) if self.judge else None,
-            "head_acceptance_by_position": rates[0] if self.judge else None,
-            "head_reference_agreement_by_position": rates[1] if self.judge else None,
-            "head_draft_disagreements": self.disagreements,
-        }
-
-
-@dataclass
-class Lockstep:
-    """The independent reference stepped to every committed length, compared state and KV by state and KV."""
-
-    stepper: Stepper
-    sequence: list[int]  # prompt + greedy tokens (a sampled run's own emitted tokens): every committed prefix
-    rule: StateRule
-    keep_at: int | None = None  # a length whose reference state is kept (the timed greedy runs end there)
-    sampled: bool = False  # the sequence is sampled: no argmax to agree with
-    kept: dict | None = None
-    commits: int = 0
-    max_abs_diff: float = 0.0
-    max_rel_diff: float = 0.0
-    bitwise: bool = True
-    first_divergence: dict | None = None
-    reference_disagreements: list[dict] = field(default_factory=list)
-    head: HeadCheck | None = None  # where the MTP head runs
-    hidden: list[np.ndarray] = field(default_factory=list)  # the reference's hidden state at each position
-    last_length: int = 0  # the length at the last check
-
-    @classmethod
-    def start(cls, art: Artifact, prompt: list[int], greedy_tokens: list[int], rule: StateRule,
-              keep_at: int | None = None, sampled: bool = False, head: HeadCheck | None = None):
-        """A lockstep reference after the prompt, comparing under `rule` (oracle.state_rule) and the head's
-        (where it runs) fed as the checks come."""
-        step = Stepper(art.description)
-        out = step.forward(prompt)
-        return cls(step, list(prompt) + list(greedy_tokens), rule, keep_at, sampled, head=head,
-                   hidden=list(out["hidden"]), last_length=len(prompt))
-
-    @property
-    def reference_bytes(self) -> int:
-        return sum(a.nbytes for a in self.stepper.snapshot().values())
-
-    def advance_to(self, length: int) -> None:
-        while self.stepper.length < length:
-            pos = self.stepper.length
-            out = self.stepper.forward([self.sequence[pos]])
-            self.hidden.append(out["hidden"][0])
-            if self.stepper.length == self.keep_at:
-                self.kept = self.stepper.snapshot()
-            expected = self.sequence[pos + 1] if pos + 1 < len(self.sequence) and not self.sampled else None
-            row = out["logits"][0]
-            got = int(row.argmax())
-            if expected is not None and got != expected and len(self.reference_disagreements) < 8:
-                margin = float(row[got]) - float(row[expected])
-                if margin > DISAGREEMENT_MARGIN[self.stepper.desc.precision]:  # not a near-tie that rounding decides
-                    self.reference_disagreements.append(
-                        {"position": pos + 1, "greedy": expected, "reference": got, "margin": margin}
-                    )
-
-    def check(self, step: int, length: int, state: dict[str, np.ndarray], head_kv: tuple | None = None,
-              extra_tokens: int | None = None, drafted: int | None = None) -> None:
-        """Compare the committed state and KV rows at `length` with the reference's; keep the first divergence.
-        head_kv: the MTP head's KV, held to the teacher-forced head's rows; extra_tokens: the tokens a step makes
-        beyond its accepted drafts (the schedule's), where this check follows a step: its drafts are judged
-        (drafted: how many the step made, the head's k where not given)."""
-        self.commits += 1
-        previous, self.last_length = self.last_length, length
-        if length > len(self.sequence):  # a commit kept more tokens than were ever emitted: nothing to step to
-            if self.first_divergence is None:
-                self.first_divergence = {"step": step, "length": length, "tensor": "its length", "non_finite": False,
-                                         "beyond": len(self.sequence)}
-            return
-        self.advance_to(length)
-        if self.head is not None and head_kv is not None:
-            reference = self.head.head  # fed row j: the text's token j + 1 with the reference's hidden state j
-            if reference.length < length:
-                reference.forward(self.sequence[reference.length + 1 : length + 1],
-                                  np.stack(self.hidden[reference.length : length]))
-            self.head.check_kv(step, length, head_kv)
-            n = length - previous - (extra_tokens or 0)
-            drafted = self.head.k if drafted is None else drafted
-            if self.head.judge and extra_tokens is not None and 0 <= n <= drafted:
-                p = length - n - 2  # the row the step drafted from
-                self.head.check_drafts(step, p, n, self.sequence, self.hidden[p], drafted)
-        diff = states_difference(state, self.stepper.snapshot(), self.rule)
-        self.max_abs_diff = max(self.max_abs_diff, diff["max_abs_diff"])
-        self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
-        self.bitwise &= diff["bitwise"]
-        if diff["first_bad"] is not None and self.first_divergence is None:
-            self.first_divergence = {"step": step, "length": length} | diff["first_bad"]
-
-    def summary(self) -> dict:
-        return {
-            "state_max_abs_diff": self.max_abs_diff if self.commits else None,
-            "state_max_rel_diff": self.max_rel_diff if self.commits else None,
-            "state_bitwise": self.bitwise if self.commits else None,
-            "state_first_divergence": self.first_divergence,
-            "state_commits_checked": self.commits,
-            "state_rule": self.rule.text(),
-            "kv_checked": bool(self.stepper.kv),
-            "state_reference_bytes": self.reference_bytes,
-            "reference_disagreements": self.reference_disagreements,
-        } | (self.head.summary() if self.head is not None else {})
-
-
-def anchor(art: Artifact, prompt: list[int], logits: list[np.ndarray], tokens: list[int],
-           sampled: bool = False, ref: ReferenceModel | None = None) -> dict | None:
-    """Greedy's first logits rows (prefill's last, then each decode) against the float64 reference.
-
-    logits[j] is the row that produced tokens[j]. Reports the max logit difference, the first
-    token the reference disagrees on, and whether both stay within ANCHOR_TOLERANCE. None for a
-    model mtplab has no numpy reference of (builder models: the lockstep stepper is their reference).
-    ref: the reference already made (reference_model), where one anchors several sequences.
-    """
-    cfg = art.description.config
-    if cfg is None:
-        return None
-    ref = ref or reference_model(art)
-    # One teacher-forced forward over the prompt and greedy's first tokens: row P-1+j produced tokens[j].
-    out = ref.forward(list(prompt) + list(tokens[: len(logits) - 1]), ref.new_state())["logits"]
-    rows = list(out[len(prompt) - 1 :])
-    tolerance = ANCHOR_TOLERANCE[cfg.dtype]
-    diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - r))) for a, r in zip(logits, rows)]
-    worst = max(diffs) if all(np.isfinite(diffs)) else float("inf")
-    # A token disagreement counts where the reference prefers another token by more than rounding can explain
-    # (sampled tokens are not the argmax: their logits are compared, not their choice).
-    first = None if sampled else next((j for j, r in enumerate(rows) if r.max() - r[tokens[j]] > tolerance), None)
-    return {
-        "positions": len(rows),
-        "max_logit_diff": worst,
-        "tolerance": tolerance,
-        "first_token_disagreement": first,
-        "ok": worst <= tolerance and first is None,
-    }
-
-
-def reference_model(art: Artifact) -> ReferenceModel | None:
-    """The float64 numpy reference of a built-in model (None for a model mtplab has none of)."""
-    cfg = art.description.config
-    return None if cfg is None else ReferenceModel(cfg, weights_from_onnx(art.target))
-
-
-def anchor_tokens(desc, n: int) -> int:
-    """How many of greedy's tokens the float64 anchor checks: every token on a model as small as tiny
-    (layers x hidden^2 under 1e6: the numpy forward costs milliseconds), else the first ANCHOR_TOKENS."""
-    cfg = desc.config
-    if cfg is not None and cfg.num_layers * cfg.hidden_size**2 < 1e6:
-        return n
-    return min(n, ANCHOR_TOKENS)
-
-
-def padded_twin(engine, prompt: list[int], n: int, reference: list[int], spec: dict) -> dict:
-    """A run with one padded Verify plan decoded again with a plan per length, on the same seeds and prices: its
-    tokens, accepted counts and K per step must be the same (padding adds positions nobody judges). Sampled, nothing
-    else sees a padding that changed what was judged. exact: fp32, where the verify's rows round alike at any M."""
-    twin = Engine(engine.spec.replace(verify_plans="per-length"), engine.art, engine.device)
-    twin.k_costs = engine.k_costs
-    out = twin.speculative(prompt, n, reference=reference)
-    first = first_difference(out["tokens"], spec["tokens"])
-    step = first_difference(list(zip(out["accepted"], out["k"])), list(zip(spec["accepted"], spec["k"])))
-    return {"identical": first is None and step is None, "first_divergence": first, "first_step": step,
-            "exact": engine.desc.precision == "fp32"}
 
 
 class Checked(NamedTuple):
-    """What the checked pass leaves for the verdict and for auditing the timed rounds."""
+    """What the checked pass leaves for the verdict and for auditing the timed rounds (a list per row)."""
 
-    greedy: Any  # engine.Greedy: the reference tokens and margins
-    spec: dict  # the checked speculative run (tokens, accepted, ...)
-    identity: dict  # what oracle.verdict reads
-    spec_trace: Trace  # what the checked speculative run executed
-    spec_state: dict  # its committed state (and KV rows) at its end
-    greedy_state: dict | None  # the reference's state at prompt + n - 1, where an n-token greedy run ends
+    greedy: GreedyRows  # every row's reference tokens and margins (n + k + 1 each)
+    spec: speculative.SpeculativeRun  # the checked speculative run
+    rows: list[dict]  # per row: its token identity, lockstep summary, anchor and batch-1 run
+    identity: dict  # the rows pooled, in the form mtplab.check.verdict reads
+    spec_trace: Trace  # what the checked speculative run executed (the timed runs must execute it too)
+    spec_state: list[dict]  # per row, the state the checked speculative run left (a riding row: as it finished)
+    greedy_state: list[dict | None]  # per row, the reference's state where an n-token greedy run ends (None: sampled)
 
 
-def checked_pass(engine, prompt: list[int], n: int) -> Checked:
-    """The untimed reference and checked speculative run of a point.
+def as_rows(prompts) -> np.ndarray:
+    """Prompts as [B, P] token ids: a list of token ids is a batch of one."""
+    rows = np.asarray(prompts, dtype=np.int64)
+    return rows[None] if rows.ndim == 1 else rows
 
-    The greedy reference gives the tokens and margins; the speculative run is compared with it
-    token by token, and with the lockstep reference state and KV after every commit and once more
-    after it returns; every forward of both runs is watched for NaN and Inf; the anchor checks
-    greedy's rows against float64 numpy (every token on tiny, the first 16 elsewhere).
-    """
+
+def checked_pass(engine, prompts, n: int) -> Checked:
+    """The untimed greedy reference and checked speculative run of every row (see the module's docstring); prompts
+    [B, P], or one prompt's token ids at batch 1."""
     run, art = engine.spec, engine.art
-    same_device = engine.device.name == "cpu"
-    sampled = engine.acceptance.samples  # the reference follows the run's own tokens; no greedy state to keep
+    prompts = as_rows(prompts)
+    B = prompts.shape[0]
+    rule = batch_rule(state_rule(run.commit, engine.desc.precision, engine.device.name == "cpu"), B,
+                      engine.desc.precision)
+    sampled = engine.acceptance.samples  # each row's reference follows its own emitted tokens
+    row_prompts = [[int(t) for t in row] for row in prompts]
+    kind = DRAFTERS.get(run.drafter)
     watch = engine.watch = Watch("greedy")
     try:
-        greedy = engine.greedy(prompt, n + run.k + 1, keep_logits=anchor_tokens(engine.desc, n))
+        greedy = decode_rows(engine, prompts, n + run.k + 1, margins=not sampled,
+                             keep_logits=anchor_tokens(engine.desc, n))
         t0 = time.perf_counter()
-        anchored = anchor(art, prompt, greedy.logits, greedy.tokens, sampled)
+        ref = reference_model(art)  # built-in models; a builder folder's reference is its lockstep stepper
+        anchors = [anchor(art, row_prompts[b], greedy.logits[b], greedy.tokens[b], sampled, ref) if ref is not None
+                   else None for b in range(B)]
         t1 = time.perf_counter()
-        rule = state_rule(run.commit, engine.desc.precision, same_device)
-        kind = DRAFTERS.get(run.drafter)
-        head = HeadCheck.start(engine.desc, run.k, HeadCheck.judges(engine)) if kind.uses_head(run) else None
-        lock = Lockstep.start(art, prompt, greedy.tokens, rule, None if sampled else len(prompt) + n - 1, sampled,
-                              head)
-        watch.start("speculative")
+        locks = [Lockstep.start(art, row_prompts[b], [] if sampled else greedy.tokens[b], rule,
+                                None if sampled else len(row_prompts[b]) + n - 1, sampled,
+                                HeadCheck.start(engine.desc, run.k, HeadCheck.judges(engine))
+                                if kind.uses_head(run) else None) for b in range(B)]
         checks = [time.perf_counter() - t1]
         extra = SCHEDULES.get(run.schedule).extra_tokens
+        kv = engine.mtp_state.kv
 
-        def on_commit(step: int, length: int, emitted: list[int], drafted: int | None, after_step: bool = True) -> None:
+        def check_row(step: int, b: int, emitted: list[int], drafted: int | None, after_step: bool) -> None:
             t = time.perf_counter()
             if sampled:
-                lock.sequence = list(prompt) + list(emitted)
-            lock.check(step, length, engine.state.snapshot(copy=False), engine.mtp_state.kv,
-                       extra if after_step else None, drafted)
+                locks[b].sequence = row_prompts[b] + list(emitted)
+            locks[b].check(step, int(engine.state.lengths[b]), engine.state.snapshot(copy=False, row=b),
+                           (kv[0][b : b + 1], kv[1][b : b + 1]), extra if after_step else None, drafted)
             checks[0] += time.perf_counter() - t
 
+        def on_commit(step: int, rows, emitted: list[list[int]], ks: list[list[int]]) -> None:
+            for b in rows:
+                check_row(step, b, emitted[b], ks[b][-1], True)
+
+        watch.start("speculative")
         trace = Trace.begin(engine)
         engine.acceptance.track(run.k)  # a sampling rule sums sum(min(p, q)) over the judged drafts
-        spec = engine.speculative(prompt, n, reference=greedy.tokens, on_commit=on_commit)
-        spec["expected_acceptance"] = engine.acceptance.tracked()
-        trace.end(engine, spec["tokens"], spec["accepted"], spec["k"])
-        # what the run left behind, after its last commit
-        on_commit(len(spec["accepted"]), engine.state.length, spec["tokens"], None, after_step=False)
-        lock.advance_to(len(prompt) + n - 1)
+        spec = speculative.generate(engine, prompts, n, greedy.tokens, on_commit)
+        spec.expected_acceptance = engine.acceptance.tracked()
+        trace.end(engine, spec.tokens, spec.accepted, spec.ks)
+        for b in range(B):  # what each row left behind, after its last commit
+            check_row(spec.steps, b, spec.tokens[b], None, after_step=False)
+            if not sampled:
+                locks[b].advance_to(len(row_prompts[b]) + n - 1)
+        left = [engine.state.snapshot(row=b) for b in range(B)]
     finally:
         engine.watch = None
-    if sampled:  # no token to compare: the distribution is the rule's guarantee (tests/test_sampling.py)
-        identity = {"token_identical": None, "first_divergence": None, "sampled": sampling.settings(run)}
-    else:
-        identity = token_identity(spec["tokens"][:n], greedy.tokens[:n], greedy.margins)
-    identity |= lock.summary() | {"non_finite": watch.non_finite, "anchor": anchored}
+    alone = batch_one_runs(engine, row_prompts, n, spec, None if sampled else greedy.tokens) if (
+        B > 1 and (sampled or kind.per_row)) else [None] * B
+    rows = [({"token_identical": None, "first_divergence": None, "sampled": sampling.settings(run)}
+             if sampled else token_identity(spec.tokens[b][:n], greedy.tokens[b][:n], greedy.margins[b]))
+            | locks[b].summary() | {"anchor": anchors[b], "batch_one": alone[b]} for b in range(B)]
+    identity = pooled(rows, watch.non_finite)
     if run.verify_plans == "padded" and run.k_policy != "fixed":  # a fixed K never pads
-        identity["padded_twin"] = padded_twin(engine, prompt, n, greedy.tokens, spec)
-    identity["check_seconds"] = {
-        "anchor": t1 - t0,
-        "lockstep": checks[0],
-        "speculative": spec["seconds"],
-    }
-    return Checked(greedy, spec, identity, trace, engine.state.snapshot(), lock.kept)
+        identity["padded_twin"] = padded_twin(engine, prompts, n, greedy.tokens, spec)
+    identity["check_seconds"] = {"anchor": t1 - t0, "lockstep": checks[0], "speculative": spec.seconds}
+    return Checked(greedy, spec, rows, identity, trace, left, [lock.kept for lock in locks])
+
+
+def padded_twin(engine, prompts: np.ndarray, n: int, references: list[list[int]],
+                spec: speculative.SpeculativeRun) -> dict:
+    """A run with one padded Verify plan decoded again with a plan per length, on the same seeds and prices: every
+    row's tokens, accepted counts and K per step must be the same (padding adds positions nobody judges). Sampled,
+    nothing else sees a padding that changed what was judged. exact: fp32, where the verify's rows round alike at
+    any M."""
+    twin = Engine(engine.spec.replace(verify_plans="per-length"), engine.art, engine.device)
+    twin.k_costs = engine.k_costs
+    out = speculative.generate(twin, prompts, n, references)
+    found = [(b, first_difference(out.tokens[b], spec.tokens[b]),
+              first_difference(list(zip(out.accepted[b], out.ks[b])), list(zip(spec.accepted[b], spec.ks[b]))))
+             for b in range(len(spec.tokens))]
+    row, first, step = next(((b, f, s) for b, f, s in found if f is not None or s is not None), (None, None, None))
+    return {"identical": row is None, "first_divergence": first, "first_step": step,
+            "row": row if len(found) > 1 else None, "exact": engine.desc.precision == "fp32"}
+
+
+def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: speculative.SpeculativeRun,
+                   references: list[list[int]] | None = None) -> list[dict]:
+    """Each row decoded by itself, at batch 1 on an engine of its own seeds (seed + b, sample_seed + b): its tokens,
+    accepted counts and K per step must be the row's. A sampled row that read another row's generator, drew once too
+    often or sampled otherwise differs here (nothing else sees it: a sampled row has no greedy to equal); so does a
+    row whose drafter of the user's own was given another row's inputs (its tokens are greedy's whatever it drafts).
+    exact: the model's precision makes a [B, M] forward round as a [1, M] one to within a draw's resolution (fp32);
+    in fp16 a draw at a boundary can go either way, and a difference is a warning, not a failure."""
+    run, out = engine.spec, []
+    alphas = row_alphas(run.alpha, run.batch)  # each row's own, as its batch-1 run takes it
+    for b, prompt in enumerate(row_prompts):  # a padded batch's rows against a plan per length: padding held too
+        one = Engine(run.replace(batch=1, seed=run.seed + b, sample_seed=run.sample_seed + b, alpha=alphas[b],
+                                 verify_plans="per-length" if run.verify_plans == "padded" else run.verify_plans),
+                     engine.art, engine.device)
+        one.k_costs = engine.k_costs  # the batch's prices: a row's policy chooses as in the batch
+        by_itself = speculative.generate(one, as_rows(prompt), n, [references[b]] if references else None)
+        first = first_difference(by_itself.tokens[0], spec.tokens[b])
+        step = first_difference(list(zip(by_itself.accepted[0], by_itself.ks[0])),
+                                list(zip(spec.accepted[b], spec.ks[b])))
+        out.append({"identical": first is None and step is None, "first_divergence": first, "first_step": step,
+                    "seed": run.seed + b, "sample_seed": run.sample_seed + b,
+                    "exact": engine.desc.precision == "fp32", "padded": run.verify_plans == "padded"})
+    return out
+
+
+def batch_one_failed(row: dict) -> bool:
+    """A row that decoded otherwise than its batch-1 run, where the precision makes that a failure (exact)."""
+    alone = row.get("batch_one")
+    return bool(alone and not alone["identical"] and alone["exact"])
+
+
+def row_failed(row: dict) -> bool:
+    """A row that fails one of its own checks: its tokens, its committed state, its anchor, its head's KV or drafts,
+    its batch-1 run."""
+    return bool(row["token_identical"] is False or row["state_first_divergence"]
+                or (row.get("anchor") and not row["anchor"]["ok"]) or row.get("head_kv_first_divergence")
+                or row.get("head_draft_disagreements") or batch_one_failed(row))
+
+
+def pooled(rows: list[dict], non_finite: dict | None) -> dict:
+    """One identity for the batch: the first row that fails a check (its fields, with "row" where the batch has more
+    than one), else the rows' worst differences; per-row fields stay in `rows`."""
+    failing = next((b for b, r in enumerate(rows) if row_failed(r)), None)
+    out = dict(rows[0 if failing is None else failing])
+    out |= {"row": failing if len(rows) > 1 else None, "rows": len(rows), "non_finite": non_finite}
+    if len(rows) == 1:
+        return out
+    out["state_max_abs_diff"] = max(r["state_max_abs_diff"] or 0.0 for r in rows)
+    out["state_max_rel_diff"] = max(r["state_max_rel_diff"] or 0.0 for r in rows)
+    out["state_bitwise"] = all(r["state_bitwise"] for r in rows)
+    out["state_commits_checked"] = sum(r["state_commits_checked"] for r in rows)
+    out["token_identical"] = None if rows[0].get("sampled") else all(r["token_identical"] for r in rows)
+    out["reference_disagreements"] = [d | {"row": b} for b, r in enumerate(rows) for d in r["reference_disagreements"]]
+    if rows[0].get("head_kv_commits_checked") is not None:  # the head's checks, every row's
+        out["head_kv_max_rel_diff"] = max(r["head_kv_max_rel_diff"] or 0.0 for r in rows)
+        out["head_kv_commits_checked"] = sum(r["head_kv_commits_checked"] for r in rows)
+        out["head_draft_disagreements"] = [d | {"row": b} for b, r in enumerate(rows)
+                                           for d in r["head_draft_disagreements"]]
+    return out

@@ -34,9 +34,9 @@ class Trace:
     forwards: dict = field(default_factory=dict)
     activity: dict = field(default_factory=dict)
     calls: dict = field(default_factory=dict)
-    tokens: list[int] = field(default_factory=list)
-    accepted: list[int] | None = None
-    ks: list[int] | None = None  # the drafts each step made (a draft-length policy's K_t)
+    tokens: list[list[int]] = field(default_factory=list)  # per row
+    accepted: list[list[int]] | None = None  # per row, each step's accepted drafts
+    ks: list[list[int]] | None = None  # per row, the drafts each step made (a draft-length policy's K_t)
     validated: bool = True  # the executors check every replay's signature (a hazard is then a bug)
 
     @classmethod
@@ -47,7 +47,9 @@ class Trace:
                    plan_tokens(engine.target.state[Slot.PRIMARY], engine.primary_desc.target.input_ids),
                    plans_before=plans, validated=engine.target.validate and engine.mtp.validate)
 
-    def end(self, engine, tokens: list[int], accepted: list[int] | None = None, ks: list[int] | None = None) -> Trace:
+    def end(self, engine, tokens: list[list[int]], accepted: list[list[int]] | None = None,
+            ks: list[list[int]] | None = None) -> Trace:
+        """The run is over: its deltas, and its tokens, accepted counts and drafts per row."""
         before = self.forwards_before
         self.forwards = {k: d for k, v in engine.forwards.items() if (d := v - before.get(k, 0))}
         self.activity = {
@@ -55,8 +57,9 @@ class Trace:
             for slot, c in activity(engine).items()
         }
         self.calls = {k: v - self.calls_before.get(k, 0) for k, v in engine.device.backend.calls.items()}
-        self.tokens, self.accepted = list(tokens), None if accepted is None else list(accepted)
-        self.ks = None if ks is None else list(ks)
+        self.tokens = [list(t) for t in tokens]
+        self.accepted = None if accepted is None else [list(a) for a in accepted]
+        self.ks = None if ks is None else [list(k) for k in ks]
         self.plans_after = {label: n for label, (n, _) in plan_counts(engine).items()}
         return self
 

@@ -53,6 +53,17 @@ def state_rule(commit: str | None, precision: str, same_device: bool) -> StateRu
     return StateRule(False, rtol, f"{commit} {why}")
 
 
+def batch_rule(rule: StateRule, batch: int, precision: str) -> StateRule:
+    """A bitwise rule is not one at batch B > 1: the rows run [B, M] forwards, the reference [1, M] ones, and a kernel
+    may take another path at B rows (MatMulNBits' int4 does; fp32 MatMul has been bitwise). The relative tolerance of
+    the precision instead."""
+    if not rule.bitwise or batch == 1:
+        return rule
+    return StateRule(False, STATE_RTOL[precision],
+                     rule.why + f"; at batch {batch} its [B, M] forwards may round apart from the batch-1 "
+                     "reference's [1, M] (another kernel path for more rows)")
+
+
 def first_difference(a, b) -> int | None:
     """The first index where two sequences differ (the shorter one's length where one is the other's prefix), or
     None where they are equal."""
@@ -126,7 +137,7 @@ def verdict(identity: dict) -> tuple[bool, str]:
     under the commit's rule (`state_rule`, named in the message).
     """
     fail = "LOSSLESS CHECK FAILED: "
-    if identity.get("row") is not None:  # a batch: the first row that fails (mtplab.check.batch)
+    if identity.get("row") is not None:  # a batch: the first row that fails (mtplab.check.lossless.pooled)
         fail += f"row {identity['row']} of {identity['rows']}: "
     bad = identity.get("non_finite")
     if bad:
@@ -192,7 +203,7 @@ def verdict(identity: dict) -> tuple[bool, str]:
             f"the MTP head's draft {d['draft_position']} at step {d['step']} (position {d['position']}) was "
             f"{'accepted' if d['accepted'] else 'rejected'}, where a teacher-forced head chained from the same row "
             f"drafts {d['reference']} and the text has {d['text']} (margin {_fmt(d['margin'])})")
-    rows = f" in each of its {identity['rows']} rows" if identity.get("rows") else ""
+    rows = f" in each of its {identity['rows']} rows" if identity.get("rows", 1) > 1 else ""
     if sampled:
         return True, f"sampled ({settings_text(sampled)}): state and KV follow the emitted tokens{rows}{_state_text(identity)}"
     return True, f"identical to greedy: every token{rows}{_state_text(identity, ', state and KV')}"

@@ -124,16 +124,16 @@ def _run(args) -> int:
         # loaded (or made) here too, before its calibration: a runtime that cannot run it is refused first
         if run.model not in PRESETS or run.batch > 1 or run.engine == "mtplab":
             from mtplab.engine.models import model_for
-            from mtplab.experiment.shared import check_run_on_model
+            from mtplab.experiment.build import check_run_on_model
 
             model = model_for(run)
             check_run_on_model(run, model.description)
         calibration = None
         if run.engine == "mtplab":  # the cached calibration, measured first when missing (and said so)
-            from mtplab.experiment.batch_calibrate import load_or_measure_batch
+            from mtplab.experiment.calibrate import load_or_measure
 
             say = lambda m: print(f"mtplab run: {m}", file=sys.stderr)  # noqa: E731
-            calibration = load_or_measure_batch(run.model, run.batch, say=say, threads=run.threads, int4=run.int4)
+            calibration = load_or_measure(run.model, say=say, threads=run.threads, int4=run.int4, batch=run.batch)
         result = run_point(run, model, calibration=calibration)
     except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
         print(f"mtplab run: {err}", file=sys.stderr)
@@ -185,19 +185,13 @@ def _calibrate(args) -> int:
             return 2
         print(json.dumps(now))
         return 0
-    from mtplab.experiment.batch_calibrate import batch_key, measure_batch
-
     try:
-        if batch > 1:
-            calib = measure_batch(model, batch, repeats=args.repeats, threads=threads, int4=int4)
-        else:
-            calib = measure(model, repeats=args.repeats, threads=threads, int4=int4)
+        calib = measure(model, repeats=args.repeats, threads=threads, int4=int4, batch=batch)
     except ValueError as err:  # a folder mtplab refuses (or int4 with a folder): before any measurement
         print(f"mtplab calibrate: {err}", file=sys.stderr)
         return 2
     text = dumps(calib, indent=1)
-    key = (batch_key(model, threads, batch, args.repeats, int4) if batch > 1
-           else cache_key(model, threads_used(threads), args.repeats, int4))
+    key = cache_key(model, threads_used(threads), args.repeats, int4, batch)
     path = cache_path(key)
     write_atomic(path, text)
     if args.out:

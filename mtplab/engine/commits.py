@@ -78,7 +78,16 @@ class CommitStrategy:
         return self.summary
 
     def forwards(self, accepted: list[int]) -> dict[str, int]:
-        """The target forwards its commits make for these accepted counts, by "slot/M=m" (the audit's expectation)."""
+        """The target forwards its commits make for one sequence's accepted counts (one a step), by "slot/M=m" (the
+        audit's expectation)."""
+        out: dict[str, int] = {}
+        for a in accepted:
+            for key, n in self.step_forwards([a]).items():
+                _add(out, key, n)
+        return out
+
+    def step_forwards(self, accepted: list[int]) -> dict[str, int]:
+        """The target forwards one batch step's commit makes, given the accepted counts of the rows it commits."""
         return {}
 
 
@@ -92,8 +101,8 @@ class ReadvanceM1(CommitStrategy):
     bitwise = True
     why = "advances one token at a time with the reference's kernels"
 
-    def forwards(self, accepted):
-        return {"primary/M=1": sum(a + 1 for a in accepted)} if accepted else {}
+    def step_forwards(self, accepted):  # the longest row's count at [B, 1]; shorter rows ride along
+        return {"primary/M=1": max(accepted) + 1} if accepted else {}
 
 
 class ReadvanceBatched(CommitStrategy):
@@ -102,11 +111,8 @@ class ReadvanceBatched(CommitStrategy):
     why = "re-advances the accepted tokens in one M=n forward, whose products round differently from the reference's M=1"
     primary_multi_token = True
 
-    def forwards(self, accepted):
-        out: dict[str, int] = {}
-        for a in accepted:
-            _add(out, f"primary/M={a + 1}")
-        return out
+    def step_forwards(self, accepted):  # one [B, c] forward per distinct count c among the rows
+        return {f"primary/M={a + 1}": 1 for a in set(accepted)}
 
 
 class Select(CommitStrategy):

@@ -15,9 +15,12 @@ occasional slow forward too). Every sample is timed beside a sample of T(1), whi
 every other sample of the same cost (PairedSamples): a cost is its median ratio to the T(1) beside
 it times T(1)'s median over all of them, so a machine that speeds up or slows down between items
 moves no ratio a prediction divides (greedy's token against T(k+1)).
-It also measures the MTP head's acceptance on prompts no point uses, and records the load average
-before and after. Results are cached per model, machine, threads and onnxruntime version;
-`mtplab.measure.theory.predict` turns them into a point's predicted speedup.
+At batch B every forward runs at [B, M] on an engine made for B rows (one prompt per row), greedy's token is a
+[B, 1] decode and every commit commits n tokens in each row: T(B, M), the same measurement at any batch size.
+It also measures the MTP head's acceptance on prompts no point uses (at batch 1: a row drafts as a batch of one
+does), and records the load average before and after. Results are cached per model, machine, threads, onnxruntime
+version and batch; `mtplab.measure.theory.predict` (`predict_batch` at B > 1) turns them into a point's predicted
+speedup.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from mtplab.base.memory import calibration_pages
 from mtplab.base.paths import cache_root
 from mtplab.base.threads import threads_used
 from mtplab.engine.batch_head import commit_head, draft_from_rows, draft_head, prefill_head
+from mtplab.engine.greedy import decode_rows, start_rows
 from mtplab.engine.strategies import COMMITS
 from mtplab.experiment.config import RunConfig, model_name
 from mtplab.experiment.timing import FORWARD_SAMPLES, PairedSamples, block_time, call_time, time_after, time_targets
@@ -72,15 +76,16 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 # timed after the verify forward a step runs before it, not back to back; 9: each decoding session's first run its
 # one-token warm-up, and a builder graph's GatedDeltaNet state in place; 10: its LinearAttention state in place on the CPU;
 # 11: the draft phase is the head's commit of the verify's k+1 rows and the k - 1 head steps after it; 12: one host
-# path, in Python; 13: the verify of a commit with a graph of its own, per-position's, on an engine of its own).
-MEASURES = 13
+# path, in Python; 13: the verify of a commit with a graph of its own, per-position's, on an engine of its own; 14: one
+# measurement for every batch size, a batch's as batch 1's).
+MEASURES = 14
 
 
-def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
+def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False, batch: int = 1) -> dict:
     """What a calibration is valid for: model (a preset name, with int4 weights or not, or a folder), machine,
     threads, onnxruntime, the commit strategies registered (a new one is measured, not missing from a cached
     table), how many repeats measured it, what the engine runs where (MEASURES), and whether GLIBC_TUNABLES puts
-    malloc's memory on huge pages (mtplab.base.memory: a sweep's points run as its calibration did)."""
+    malloc's memory on huge pages (mtplab.base.memory: a sweep's points run as its calibration did), and the batch."""
     import onnxruntime
 
     return {
@@ -94,6 +99,7 @@ def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = Fal
         **({"malloc_hugetlb": pages} if (pages := calibration_pages()) else {}),
         **({} if repeats == REPEATS else {"repeats": repeats}),
         **({"int4": True} if int4 else {}),
+        **({"batch": batch} if batch > 1 else {}),
     }
 
 
@@ -142,9 +148,6 @@ def _calibration_run(model: str, threads: int, int4: bool = False, **fields) -> 
     return RunConfig(model=model, threads=threads, int4=int4, commit=commit, **fields), art
 
 
-ONE_ROW = np.arange(1)
-
-
 def _acceptance(model: str, tokens: int, threads: int, int4: bool = False) -> dict:
     """The MTP head's per-position acceptance on prompts of their own, and the alpha fitted to it."""
     from mtplab.engine.engine import Engine
@@ -165,64 +168,66 @@ def _acceptance(model: str, tokens: int, threads: int, int4: bool = False) -> di
 
 
 def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens: int = 48, threads: int = 0,
-            int4: bool = False) -> dict:
+            int4: bool = False, batch: int = 1) -> dict:
     """Measure the calibration of one model (a preset name, int4: its int4 form, or a folder) on `threads`
-    intra-op threads (RunConfig.threads: 0 is every core)."""
+    intra-op threads (RunConfig.threads: 0 is every core), at `batch` rows: every forward at [B, M], every commit
+    committing n tokens in each row. The head's acceptance is measured at batch 1 (a row drafts as a batch of one
+    does): load_or_measure adds it to a batch's."""
     from mtplab.engine.fit import commits_on
 
     run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
-                                rounds=1)
+                                rounds=1, batch=batch)
     # from here, once the model is built: a first use's build is no part of the measurement or its load
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     main = _on_prompt(run, art)
-    engine, prompt, forward, greedy_token, top = main
-    L0, tok = engine.state.length, int(prompt[0])
-    head_prompt = np.asarray([prompt[1:] + [tok]], dtype=np.int64)
-    hidden0 = np.zeros((1, PROMPT_LEN, engine.desc.hidden_size), np.float32)
+    engine, prompts, forward, greedy_token, top = main
+    L0, B = engine.state.lengths.copy(), batch
+    ids = np.tile(prompts[:, :1], (1, top))  # each row's first prompt token, M times
+    hidden0 = np.zeros((B, PROMPT_LEN, engine.desc.hidden_size), np.float32)
+    head_prompt = np.concatenate([prompts[:, 1:], prompts[:, :1]], axis=1)
     prefill_head(engine, head_prompt, hidden0)
-    first, at = np.full(1, tok, dtype=np.int64), np.full(1, L0, dtype=np.int64)
+    first = prompts[:, 0].copy()
 
     def head() -> None:
-        draft_head(engine, first, engine.last_hidden, at, 1)
+        draft_head(engine, first, engine.last_hidden, L0, 1)
 
     rows = np.repeat(np.asarray(engine.last_hidden)[:, None], top, 1)
-    ids = np.full((1, top), tok, dtype=np.int64)
 
     def draft(k: int) -> None:  # a fused step's head work for k drafts: the commit of k+1 rows, k - 1 steps from its last
-        ready = commit_head(engine, ids[:, : k + 1], np.full(1, k), rows[:, : k + 1], at)
-        draft_from_rows(engine, ready, at + k, k)
+        ready = commit_head(engine, ids[:, : k + 1], np.full(B, k), rows[:, : k + 1], L0)
+        draft_from_rows(engine, ready, L0 + k, k)
 
     def copy_forward() -> dict:  # M=1 on mtplab's copy (Verify's graph): what a shared policy's Primary runs
-        engine.state.length = L0
-        return engine.forward(Slot.VERIFY, [tok])
+        engine.state.lengths[...] = L0
+        return engine.forward(Slot.VERIFY, ids[:, :1])
 
     def eager(M: int) -> dict:  # the same forward outside the slot's plan: what a fallback runs
-        engine.state.length = L0
+        engine.state.lengths[...] = L0
         if M == 1:
-            return engine.forward(Slot.PRIMARY, [tok], eager=True)
-        return engine.forward(Slot.VERIFY, [tok] * M, in_place=False, eager=True)
+            return engine.forward(Slot.PRIMARY, ids[:, :1], eager=True)
+        return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False, eager=True)
 
     def commit(on: _OnPrompt, strategy: str, n: int, reps: int) -> float:
-        """Mean seconds of one commit of n tokens (the verify it commits from is untimed, run once)."""
+        """Mean seconds of one commit of n tokens in every row (the verify it commits from is untimed, run once)."""
         e = on.engine
         e.use_commit(strategy)
-        e.state.length = L0
+        e.state.lengths[...] = L0
         # A strategy that reads the verify's outputs gets them; one whose verify runs in place restores a snapshot.
         ver = None if e.commit_strategy.verify_in_place else on.forward(top)
         e.save_state()
         times = []
-        counts, starts = np.full(1, n), np.full(1, L0)
+        counts, every = np.full(B, n), np.arange(B)
 
-        def once() -> None:  # as a step commits: the length back at the verify's start, n tokens kept
-            e.state.length = L0
+        def once() -> None:  # as a step commits: the lengths back at the verify's start, n tokens kept
+            e.state.lengths[...] = L0
             e.target.rollback(Slot.PRIMARY)
-            e.commit_rows(ver, counts, ONE_ROW, ids, starts)
+            e.commit_rows(ver, counts, every, ids, L0)
 
         for _ in range(reps + 1):  # the first is untimed: a changed size recaptures the slot's plan
             times.append(call_time(once, e.device.sync))
         return float(np.mean(times[1:]))
 
-    strategies, skipped = commits_on(engine.desc)
+    strategies, skipped = commits_on(engine.desc, B)
     # a strategy whose verify runs a graph of its own (per-position) is timed on an engine of its own: its verify at
     # each M and its commits
     own = {name: _on_prompt(run.replace(commit=name), art) for name in strategies if COMMITS.get(name).own_verify_graph}
@@ -244,7 +249,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
             add(f"draft/{k}", lambda k=k: time_after(lambda: forward(k + 1), lambda: draft(k), reps, sync))
         for _ in range(FORWARD_SAMPLES):
             add("greedy_token", lambda: float(np.mean([greedy_token() for _ in range(reps)])))
-        engine.start(prompt)  # back to the state the other items are measured from
+        start_rows(engine, prompts)  # back to the state the other items are measured from
         prefill_head(engine, head_prompt, hidden0)
         for strategy in strategies:
             on = own.get(strategy, main)
@@ -255,14 +260,15 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
                 add(f"verify/{strategy}/{M}", lambda on=on, M=M: block_time(lambda: on.forward(M), reps, sync))
             for _ in range(FORWARD_SAMPLES):  # its copy at M=1: what a shared policy's Primary decodes on
                 add(f"copy_decode/{strategy}", lambda on=on: block_time(lambda: on.engine.forward(
-                    Slot.VERIFY, [tok], in_place=False), reps, sync))
+                    Slot.VERIFY, ids[:, :1], in_place=False), reps, sync))
     summary = paired.summary()
 
     def table(prefix: str) -> dict:
         return {name[len(prefix) :]: s["median"] for name, s in summary.items() if name.startswith(prefix)}
 
     return {
-        "key": cache_key(model, threads_used(threads), repeats, int4),
+        "key": cache_key(model, threads_used(threads), repeats, int4, batch),
+        "batch": B,
         "repeats": repeats,
         "reps_per_sample": reps,
         "target": table("target/"),
@@ -278,7 +284,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         "commits_skipped": skipped,
         "ci": {name: s["ci"] for name, s in summary.items()},
         "ratio_to_t1": {name: s["ratio"] for name, s in summary.items()},
-        "mtp_acceptance": _acceptance(model, acceptance_tokens, threads, int4),
+        **({"mtp_acceptance": _acceptance(model, acceptance_tokens, threads, int4)} if B == 1 else {}),
         "seconds": time.perf_counter() - t_start,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load": [round(load_start, 2), round(os.getloadavg()[0], 2)],
@@ -286,44 +292,45 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
 
 class _OnPrompt(NamedTuple):
-    """What measure() and recheck_now() time: the calibration's engine, started on its prompt; the prompt;
-    forward(M), the target's forward of M copies of the prompt's first token at the prompt's end (M=1 on Primary as
-    greedy decodes, M >= 2 on Verify as select's verify); greedy_token(), greedy's own loop in seconds per decode (a
-    replayed M=1 forward plus its per-token host work), the engine back on the prompt after it; and the largest M."""
+    """What measure() and recheck_now() time: the calibration's engine, started on its prompts (one per row); the
+    prompts [B, P]; forward(M), the target's forward of M copies of each row's first prompt token at the prompts' end
+    (M=1 on Primary as greedy decodes, M >= 2 on Verify as select's verify); greedy_token(), greedy's own loop in
+    seconds per [B, 1] decode (a replayed M=1 forward plus its per-token host work), the engine back on the prompts
+    after it; and the largest M."""
 
     engine: Any
-    prompt: list[int]
+    prompts: np.ndarray
     forward: Callable[[int], dict]
     greedy_token: Callable[[], float]
     top: int
 
 
 def _on_prompt(run: RunConfig, art) -> _OnPrompt:
-    """The calibration's engine on its prompt, both slots' plans captured (Primary first, then the Verify slot at its
-    largest M: a pinned workspace keeps the size of its first forward, see time_targets)."""
+    """The calibration's engine on its prompts, both slots' plans captured (Primary first, then the Verify slot at
+    its largest M: a pinned workspace keeps the size of its first forward, see time_targets)."""
     from mtplab.engine.engine import Engine
-    from mtplab.model.prompts import prompt_tokens
+    from mtplab.model.prompts import run_prompts
 
     top, greedy_n = calibration_sizes(art.description)
     engine = Engine(run, art)
-    prompt = prompt_tokens(engine.desc.vocab_size, PROMPT_LEN, 0)
-    engine.start(prompt)
-    L0, tok = engine.state.length, int(prompt[0])
+    prompts = run_prompts(run.replace(prompt_len=PROMPT_LEN, seed=0), engine.desc.vocab_size)
+    start_rows(engine, prompts)
+    L0, ids = engine.state.lengths.copy(), np.tile(prompts[:, :1], (1, top))
 
     def forward(M: int) -> dict:
-        engine.state.length = L0
+        engine.state.lengths[...] = L0
         if M == 1:
-            return engine.forward(Slot.PRIMARY, [tok])
-        return engine.forward(Slot.VERIFY, [tok] * M, in_place=False)
+            return engine.forward(Slot.PRIMARY, ids[:, :1])
+        return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False)
 
     def greedy_token() -> float:
-        g = engine.greedy(prompt, greedy_n + 1, margins=False)
-        engine.start(prompt)  # back to the state the forwards are timed from
+        g = decode_rows(engine, prompts, greedy_n + 1, margins=False)
+        start_rows(engine, prompts)  # back to the state the forwards are timed from
         return g.seconds / g.decodes
 
     forward(1), forward(1)
     forward(top)
-    return _OnPrompt(engine, prompt, forward, greedy_token, top)
+    return _OnPrompt(engine, prompts, forward, greedy_token, top)
 
 
 def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
@@ -364,20 +371,25 @@ def sweep_calibration(calibration_file: str, run: RunConfig) -> dict | None:
     return calib
 
 
-def load_or_measure(model: str, say=print, threads: int = 0, int4: bool = False, **kwargs) -> dict:
-    """The cached calibration for this model (int4: a preset's int4 form), machine, threads and onnxruntime;
-    measured first when missing."""
-    key = cache_key(model, threads_used(threads), int4=int4)
+def load_or_measure(model: str, say=print, threads: int = 0, int4: bool = False, batch: int = 1, **kwargs) -> dict:
+    """The cached calibration for this model (int4: a preset's int4 form), machine, threads, onnxruntime and batch;
+    measured first when missing. A batch's carries the head's acceptance from the batch-1 calibration (measured too
+    when missing)."""
+    key = cache_key(model, threads_used(threads), int4=int4, batch=batch)
     path = cache_path(key)
+    calib = None
     if path.exists():
         try:
             calib = json.loads(path.read_text())
-            if calib.get("key") == key:
-                return calib
         except (OSError, ValueError):
-            pass
-    say(f"no calibration for {key['preset']} on {key['threads']} threads (onnxruntime {key['onnxruntime']}): "
-        "measuring it")
-    calib = measure(model, threads=threads, int4=int4, **kwargs)
-    write_atomic(path, dumps(calib, indent=1))
-    return calib | {"source": "measured now (none was cached on this machine)"}
+            calib = None
+    if calib is None or calib.get("key") != key:
+        at = f" at batch {batch}" if batch > 1 else ""
+        say(f"no calibration for {key['preset']}{at} on {key['threads']} threads (onnxruntime {key['onnxruntime']}): "
+            "measuring it")
+        calib = measure(model, threads=threads, int4=int4, batch=batch, **kwargs)
+        write_atomic(path, dumps(calib, indent=1))
+        calib |= {"source": "measured now (none was cached on this machine)"}
+    if batch > 1:
+        calib |= {"mtp_acceptance": load_or_measure(model, say, threads, int4)["mtp_acceptance"]}
+    return calib

@@ -7,11 +7,11 @@ from mtplab.check import verdict as oracle
 from mtplab.engine.engine import Engine
 from mtplab.engine.models import model_for
 from mtplab.engine.sampling import settings, settings_text
+from mtplab.experiment.build import check_run_on_model, reference_run
 from mtplab.experiment.config import RunConfig
 from mtplab.experiment.genai_builder import builder_peer_folder
 from mtplab.experiment.genai_export import HEAD_THREADS, PEER_FORM, drop_older_forms, export_genai
 from mtplab.experiment.genai_runner import GenaiPeer, genai_version, require_genai
-from mtplab.experiment.shared import check_run_on_model, reference_run
 from mtplab.measure import rounds as measure
 from mtplab.measure.env import environment
 from mtplab.measure.result import RunResult
@@ -49,11 +49,11 @@ def peer_rounds(peer, engine: Engine, prompt: list[int], n: int, k: int, plan: m
             settled.append(settle())
             if side == "greedy":
                 tokens, seconds = peer.greedy(prompt, n)
-                measure.record_side(sample, side, tokens, n, seconds)
+                measure.record_side(sample, side, [tokens], n, seconds)
                 greedy_tokens = greedy_tokens or tokens
             elif side == "mtp":
                 tokens, seconds, stats = peer.mtp(prompt, n, k)
-                measure.record_side(sample, side, tokens, n, seconds)
+                measure.record_side(sample, side, [tokens], n, seconds)
                 last = (tokens, stats)
             else:
                 g = engine.greedy(prompt, n, margins=False)

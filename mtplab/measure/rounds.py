@@ -45,15 +45,12 @@ def paired_round(r: int, order: tuple[str, str]) -> dict:
     return {"round": r, "order": "-".join(order)}
 
 
-def record_side(sample: dict, side: str, tokens: list[int], n: int, seconds: float) -> None:
-    """One side of a paired round: `greedy` sets greedy_tokens_per_s, greedy_seconds and greedy_counted, any
-    other side (the speculative one) tokens_per_s, seconds and counted."""
-    record_counted(sample, side, counted(tokens, n), seconds)
-
-
-def record_counted(sample: dict, side: str, count: int, seconds: float) -> None:
-    """One side of a paired round from its counted tokens (a batch counts every row's): record_side's fields."""
+def record_side(sample: dict, side: str, rows: list[list[int]], n: int, seconds: float) -> None:
+    """One side of a paired round from every row's tokens (one row at batch 1): `greedy` sets greedy_tokens_per_s,
+    greedy_seconds and greedy_counted, any other side (the speculative one) tokens_per_s, seconds and counted; the
+    count is every row's tokens after its prefill's token, up to the n-th."""
     prefix = "greedy_" if side == "greedy" else ""
+    count = sum(counted(tokens, n) for tokens in rows)
     sample[f"{prefix}counted"] = count
     sample[f"{prefix}tokens_per_s"] = rate(count, seconds)
     sample[f"{prefix}seconds"] = seconds

@@ -44,12 +44,7 @@ def calibrate_sweep(spec, sweep_dir: Path, threads: int, quiet: bool, fresh: boo
         into = calibrations if B == 1 else batched
         if name in into:
             continue
-        if B == 1:
-            path = cache_path(cache_key(spec_, n, int4=int4))
-        else:  # the engine's import only for a batch sweep: the sweep process runs no onnxruntime session
-            from mtplab.experiment.batch_calibrate import batch_key
-
-            path = cache_path(batch_key(spec_, n, B, int4=int4))
+        path = cache_path(cache_key(spec_, n, int4=int4, batch=B))
         measure = fresh or not path.exists()
         if measure:  # in a process of its own: the sweep process runs no onnxruntime session
             if not quiet:

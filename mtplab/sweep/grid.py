@@ -266,7 +266,7 @@ def check_models(spec: GridSpec) -> None:
     model cannot run (k, commit, tokens, a batch's memory), is refused before any point runs. A preset is checked from
     its config, and opened (built where missing, as its calibration would) for a batch > 1's memory."""
     from mtplab.engine.models import model_for
-    from mtplab.experiment.shared import check_run_on_model
+    from mtplab.experiment.build import check_run_on_model
 
     problems, opened = [], {}
     for p in spec.points:
