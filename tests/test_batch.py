@@ -15,8 +15,11 @@ from mtplab.engine.engine import Engine
 from mtplab.engine.fit import batch_problem
 from mtplab.engine.greedy import decode_rows
 from mtplab.engine.k_policies import StepCosts
+from mtplab.experiment.calibrate import load_or_measure
 from mtplab.experiment.config import ConfigError, RunConfig
+from mtplab.experiment.point import row_lossless
 from mtplab.experiment.point_ids import point_id
+from mtplab.experiment.prediction import check_calibration
 from mtplab.model.prompts import run_prompts
 
 N = 40
@@ -218,6 +221,19 @@ def test_batch_refusals_say_what_is_allowed(tiny):
         decode_rows(engine, np.zeros((3, 8), dtype=np.int64), 4)
     with pytest.raises(ValueError, match="this engine holds batch=2 rows"):
         engine.speculative([1, 2, 3], 4)
+    for ragged in ([[1, 2, 3], [4, 5]], [[1, -2, 3], [4, 5, 6]], [[1.5, 2, 3], [4, 5, 6]]):
+        with pytest.raises(ValueError, match=r"prompts must be token ids >= 0 of one length per batch"):
+            checked_pass(engine, ragged, 4)
+    with pytest.raises(ValueError, match="a calibration is measured at a whole number of rows, 1 or more"):
+        load_or_measure("tiny", batch=0)
+    cal = synthetic_calibration()
+    with pytest.raises(ValueError, match=r"measured at batch 1; this point runs batch 2"):
+        check_calibration(batch_run(2), cal)
+    with pytest.raises(ValueError, match=r"measured at batch 2/3; this point runs batch 2"):
+        check_calibration(batch_run(2), cal | {"batch": 2, "key": {"batch": 3}})
+    no_head = {k: v for k, v in cal.items() if k != "mtp_acceptance"} | {"batch": 2}
+    with pytest.raises(ValueError, match=r"carries no head acceptance \(mtp_acceptance\) to price drafter='mtp'"):
+        check_calibration(batch_run(2, drafter="mtp"), no_head)
 
 
 def test_batch_one_keeps_its_point_id():
@@ -253,6 +269,8 @@ def test_a_batch_point_reports_rows_and_its_prediction(tiny):
     ("timed head skipped", "timed round 0, speculative: forwards differ from the checked run's"),  # timed only
     ("clock shifted", "timed round 0, greedy: the timed window opened"),  # a third of the greedy run left uncounted
     ("timed state drift", "timed round 0, speculative: row 1: the state it ends in differs from the checked run's"),
+    ("row 1 done early", "timed round 0, speculative: row 1 had its tokens at "),  # its tokens/s inflated
+    ("sampled greedy drift", "timed round 0, greedy: row 1: the state it ends in differs from the lockstep reference's"),
 ])
 def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, monkeypatch, plant, words):
     from mtplab.check import lossless
@@ -266,7 +284,7 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
         def drifting(engine, *a, **kw):
             out = real_spec(engine, *a, **kw)
             runs.append(1)
-            if len(runs) > 1:
+            if len(runs) > 1 and engine.batch > 1:
                 next(iter(engine.state.recurrent().values()))[1] *= 1.001
                 out.finished[0] = 0.0
                 out.split["verify"] = -out.split["verify"]
@@ -299,6 +317,25 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
         real_checked = lossless.checked_pass
         monkeypatch.setattr(lossless, "checked_pass", lambda *a: (real_checked(*a), checked.append("done"))[0])
         monkeypatch.setattr(speculative, "draft_head", draft_head)
+    elif plant == "row 1 done early":  # the timed runs say row 1 had its tokens sooner than the step it had them at
+        real_spec = speculative.generate
+
+        def early(engine, prompts, n, references=None, on_commit=None):
+            out = real_spec(engine, prompts, n, references, on_commit)
+            if on_commit is None and engine.batch > 1:  # the timed runs (not the calibration's)
+                out.finished[1] *= 0.3
+            return out
+
+        monkeypatch.setattr(speculative, "generate", early)
+    elif plant == "sampled greedy drift":  # the timed plain-sampling greedy leaves row 1's state off
+        real = decode_rows
+
+        def drifting(e, p, n, margins=True, **kw):
+            g = real(e, p, n, margins=margins, **kw)
+            e.state.recurrent_arrays()[-1][1] += 1e-3
+            return g
+
+        monkeypatch.setattr(point, "decode_rows", drifting)
     elif plant == "another policy":  # the engine builds another policy than its config names
         from mtplab.engine import engine as engine_mod
         from mtplab.runtime.policy import policy
@@ -310,7 +347,9 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
                             lambda s: real_close(s | {"tokens_per_s": s["tokens_per_s"] * 1.2}))
     drafter = "mtp" if plant in ("free drafts", "timed head skipped") else "oracle"
     run = batch_run(2, drafter=drafter).replace(rounds=2, tokens=16)
-    result = run_point(run, tiny)
+    if plant == "sampled greedy drift":
+        run = run.replace(temperature=0.7, acceptance="rejection-sampling")
+    result = run_point(run, tiny, calibration=synthetic_calibration() | {"batch": 2})
     # free drafts: the head that never drafts leaves its KV rows unwritten, which the head check sees first
     first = "LOSSLESS CHECK FAILED: row 0 of 2: the MTP head's KV" if plant == "free drafts" else "RUN CHECK FAILED: "
     assert not result.lossless and result.verdict.startswith(first), result.verdict
@@ -362,6 +401,7 @@ def test_a_head_commit_that_writes_a_rows_kv_wrong_is_caught_naming_the_row(tiny
     ok, message = verdict(checked.identity)
     assert not ok and message.startswith("LOSSLESS CHECK FAILED: row 1 of 2: the MTP head's KV differs"), message
     assert checked.rows[0]["head_kv_first_divergence"] is None and checked.rows[0]["head_kv_commits_checked"] > 0
+    assert [row_lossless(row) for row in checked.rows] == [True, False]  # what the point publishes per row
 
 
 def test_a_row_drafting_other_than_its_policy_chooses_is_caught_naming_the_row(tiny, monkeypatch):

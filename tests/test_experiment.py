@@ -64,14 +64,16 @@ def test_the_prediction_takes_nothing_from_the_points_run(tiny, monkeypatch):
     run = RunConfig(model="tiny", k=3, tokens=20, drafter="oracle", alpha=0.8, rounds=2)
     calib = _calibration()
     first = run_point(run, tiny, calibration=calib)
-    speculative = Engine.speculative
+    from mtplab.engine import speculative
 
-    def slowed(self, *args, **kwargs):  # test double: the same run, its time split ten times longer
-        out = speculative(self, *args, **kwargs)
-        out["split"] = {key: 10 * v + 1.0 for key, v in out["split"].items()}
+    real = speculative.generate
+
+    def slowed(*args, **kwargs):  # test double: the same run, its time split ten times longer
+        out = real(*args, **kwargs)
+        out.split = {key: 10 * v + 1.0 for key, v in out.split.items()}
         return out
 
-    monkeypatch.setattr(Engine, "speculative", slowed)
+    monkeypatch.setattr(speculative, "generate", slowed)
     second = run_point(run, tiny, calibration=calib)
     assert second.time_split != first.time_split
     assert second.predicted == first.predicted

@@ -397,8 +397,8 @@ def test_the_loop_test_catches_a_planted_bug(small_vocab, plain, bug, monkeypatc
 
 @pytest.mark.parametrize("bug", [None, "residual drawn from p"])
 def test_each_row_of_a_batch_has_the_targets_joint_distribution(small_vocab, plain, bug, monkeypatch):
-    """Four rows sampled together (mtplab.engine.batch), each from a generator of its own: the rows share the prompt,
-    so a batch run gives four samples of the joint, N_RUNS in all, against plain sampling at batch 1 (flat drafts: the
+    """Four rows sampled together (mtplab.engine.speculative.generate), each from a generator of its own: the rows
+    share the prompt, so a batch run gives four samples of the joint, N_RUNS in all, against plain sampling at batch 1 (flat drafts: the
     resample and bonus paths carry weight). The rows' tokens are each a batch-1 run's (tests/test_batch.py); this
     holds what they pool to, and a planted bug is caught the same way at batch 4."""
     engine = _engine(small_vocab, batch=4, flat_drafts=True)

@@ -60,9 +60,11 @@ class Audit:
     reference: list[list[int]]  # per row, greedy's tokens
     spec_trace: Trace
     spec_state: list[dict]  # per row
-    greedy_state: list[dict | None]  # per row (None: sampled, no greedy state to hold it to)
+    greedy_state: list[dict]  # per row, the reference's state where the timed greedy runs end
     greedy_rule: StateRule
     rtol: float  # the precision's relative tolerance (oracle.STATE_RTOL): beyond it a state difference is a problem
+    spec_lengths: list[int] = field(default_factory=list)  # per row, where the checked speculative run left it
+    first_greedy: list[dict] | None = None  # per row, the state the first timed greedy run ended in
     problems: list[str] = field(default_factory=list)
     warnings: dict[str, str] = field(default_factory=dict)  # name -> the first message of that kind
     warning_counts: dict[str, int] = field(default_factory=dict)
@@ -73,7 +75,7 @@ class Audit:
         rule = batch_rule(state_rule(None, engine.desc.precision, engine.device.name == "cpu"), engine.batch,
                           engine.desc.precision)
         return cls(engine, n, prompt_len, checked.greedy.tokens, checked.spec_trace, checked.spec_state,
-                   checked.greedy_state, rule, STATE_RTOL[engine.desc.precision])
+                   checked.greedy_state, rule, STATE_RTOL[engine.desc.precision], checked.spec_lengths)
 
     def _row(self, b: int) -> str:
         return f"row {b}'s " if len(self.reference) > 1 else ""
@@ -120,14 +122,23 @@ class Audit:
         elif setup > SETUP_RUNS or c.get("invalidations", 0) > may_invalidate:
             self._problem(r, side, f"primary {nonzero(c)}: expected {n - 1} decodes replayed after at most a "
                                    "warm-up and a capture")
+        # each row's end state: against the lockstep reference under the precision's rule, and against the first timed
+        # greedy run's bitwise (the same computation on the same device gives the same bits on the CPU)
+        same = StateRule(True, 0.0, "every timed greedy run repeats the first one's computation")
+        cpu, first = self.engine.device.name == "cpu", self.first_greedy
         for b, kept in enumerate(self.greedy_state):
             end = int(self.engine.state.lengths[b])
             if end != P + n - 1:
-                self._problem(r, side, f"{self._row(b) or 'its '}state ends at length {end}, expected {P + n - 1} (the prompt's "
-                                       f"{P} tokens and {n - 1} decodes)")
-            elif kept is not None:
-                self._state(r, side, self.engine.state.snapshot(copy=False, row=b), kept, self.greedy_rule,
-                            "the lockstep reference's", row=b)
+                self._problem(r, side, f"{self._row(b) or 'its '}state ends at length {end}, expected {P + n - 1} "
+                                       f"(the prompt's {P} tokens and {n - 1} decodes)")
+                continue
+            got = self.engine.state.snapshot(copy=False, row=b)
+            if kept is not None:
+                self._state(r, side, got, kept, self.greedy_rule, "the lockstep reference's", row=b)
+            if first is not None:
+                self._state(r, side, got, first[b], same, "the first timed greedy run's", cpu, row=b)
+        if first is None:
+            self.first_greedy = [self.engine.state.snapshot(row=b) for b in range(len(self.greedy_state))]
         self._clock(r, side, sample, "greedy_", started, seconds, returned)
 
     def speculative(self, r: int, trace: Trace, sample: dict, spec, returned: float) -> None:
@@ -149,10 +160,15 @@ class Audit:
                 first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
                 self._problem(r, side, f"{self._row(b)}accepted counts differ from the checked run's from step "
                                        f"{first + 1} ({len(got)} steps, checked {len(want)})")
-        for b, t in enumerate(spec.finished):  # a row's tokens/s is timed to when it had its n tokens
+        for b, t in enumerate(spec.finished):  # a row's tokens/s is timed to the end of the step it had its n tokens at
+            at = len(spec.accepted[b])
+            end = spec.step_ends[at - 1] if 0 < at <= len(spec.step_ends) else float("nan")
             if not 0 < t <= seconds:
                 self._problem(r, side, f"row {b} had its tokens at {t * 1e3:.4g} ms, outside its run's "
                                        f"(0, {seconds * 1e3:.4g}] ms")
+            elif t != end:
+                self._problem(r, side, f"row {b} had its tokens at {t * 1e3:.4g} ms, where step {at}, its last, "
+                                       f"ended at {end * 1e3:.4g} ms")
         if trace.forwards != checked.forwards:
             diff = forwards_diff(trace.forwards, checked.forwards)
             self._problem(r, side, f"forwards differ from the checked run's, (timed, checked): {diff}")
@@ -188,6 +204,11 @@ class Audit:
             self._problem(r, side, text)
         same = StateRule(True, 0.0, "the timed run repeats the checked run's computation")
         for b, ref in enumerate(self.spec_state):
+            end = int(self.engine.state.lengths[b])
+            if self.spec_lengths and end != self.spec_lengths[b]:
+                self._problem(r, side, f"{self._row(b) or 'its '}state ends at length {end}, the checked run's at "
+                                       f"{self.spec_lengths[b]}")
+                continue
             self._state(r, side, self.engine.state.snapshot(copy=False, row=b), ref, same, "the checked run's",
                         bitwise_or_problem=self.engine.device.name == "cpu", row=b)
         self._clock(r, side, sample, "", started, seconds, returned)

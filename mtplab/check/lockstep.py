@@ -170,7 +170,8 @@ class Lockstep:
         step = Stepper(art.description)
         out = step.forward(prompt)
         return cls(step, list(prompt) + list(greedy_tokens), rule, keep_at, sampled, head=head,
-                   hidden=list(out["hidden"]), last_length=len(prompt))
+                   hidden=list(out["hidden"]), last_length=len(prompt),
+                   kept=step.snapshot() if keep_at == len(prompt) else None)
 
     @property
     def reference_bytes(self) -> int:

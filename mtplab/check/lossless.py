@@ -24,7 +24,7 @@ import numpy as np
 
 from mtplab.check.lockstep import HeadCheck, Lockstep, Watch, anchor, anchor_tokens, reference_model
 from mtplab.check.trace import Trace
-from mtplab.check.verdict import batch_rule, first_difference, state_rule, token_identity
+from mtplab.check.verdict import StateRule, batch_rule, first_difference, state_rule, token_identity
 from mtplab.engine import sampling, speculative
 from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
@@ -41,12 +41,22 @@ class Checked(NamedTuple):
     identity: dict  # the rows pooled, in the form mtplab.check.verdict reads
     spec_trace: Trace  # what the checked speculative run executed (the timed runs must execute it too)
     spec_state: list[dict]  # per row, the state the checked speculative run left (a riding row: as it finished)
-    greedy_state: list[dict | None]  # per row, the reference's state where an n-token greedy run ends (None: sampled)
+    greedy_state: list[dict]  # per row, the reference's state where an n-token greedy run ends (along its tokens)
+    spec_lengths: list[int] = []  # per row, the length the checked speculative run left it at
 
 
 def as_rows(prompts) -> np.ndarray:
-    """Prompts as [B, P] token ids: a list of token ids is a batch of one."""
-    rows = np.asarray(prompts, dtype=np.int64)
+    """Prompts as [B, P] token ids (ValueError otherwise): a list of token ids is a batch of one."""
+    try:
+        rows = np.asarray(prompts)
+    except ValueError:  # rows of different lengths
+        rows = None
+    if rows is None or rows.dtype == object or rows.ndim not in (1, 2) or rows.shape[-1] == 0 or (
+            rows.size and (rows.dtype.kind not in "iu" or rows.min() < 0)):
+        raise ValueError("prompts must be token ids >= 0 of one length per batch, [B, prompt_len] (or one prompt's "
+                         f"[prompt_len]), got {getattr(rows, 'shape', 'rows of different lengths')} of "
+                         f"{getattr(rows, 'dtype', '?')}")
+    rows = rows.astype(np.int64)
     return rows[None] if rows.ndim == 1 else rows
 
 
@@ -55,6 +65,8 @@ def checked_pass(engine, prompts, n: int) -> Checked:
     [B, P], or one prompt's token ids at batch 1."""
     run, art = engine.spec, engine.art
     prompts = as_rows(prompts)
+    if n < 1:
+        raise ValueError(f"n={n}: the checked pass decodes at least the prefill's token (n >= 1)")
     B = prompts.shape[0]
     rule = batch_rule(state_rule(run.commit, engine.desc.precision, engine.device.name == "cpu"), B,
                       engine.desc.precision)
@@ -101,6 +113,7 @@ def checked_pass(engine, prompts, n: int) -> Checked:
             if not sampled:
                 locks[b].advance_to(len(row_prompts[b]) + n - 1)
         left = [engine.state.snapshot(row=b) for b in range(B)]
+        lengths = [int(length) for length in engine.state.lengths]
     finally:
         engine.watch = None
     alone = batch_one_runs(engine, row_prompts, n, spec, None if sampled else greedy.tokens) if (
@@ -112,7 +125,18 @@ def checked_pass(engine, prompts, n: int) -> Checked:
     if run.verify_plans == "padded" and run.k_policy != "fixed":  # a fixed K never pads
         identity["padded_twin"] = padded_twin(engine, prompts, n, greedy.tokens, spec)
     identity["check_seconds"] = {"anchor": t1 - t0, "lockstep": checks[0], "speculative": spec.seconds}
-    return Checked(greedy, spec, rows, identity, trace, left, [lock.kept for lock in locks])
+    # where an n-token greedy run ends: the lockstep's state there, or (sampled: the lockstep follows the run's own
+    # tokens) a stepper's along the greedy reference's
+    ends = [lock.kept for lock in locks] if not sampled else [
+        greedy_end(art, row_prompts[b], greedy.tokens[b], n, rule) for b in range(B)]
+    return Checked(greedy, spec, rows, identity, trace, left, ends, lengths)
+
+
+def greedy_end(art, prompt: list[int], tokens: list[int], n: int, rule: StateRule) -> dict:
+    """The state a plain stepper reaches along a greedy run's tokens after its n - 1 decodes."""
+    lock = Lockstep.start(art, prompt, tokens, rule, keep_at=len(prompt) + n - 1, sampled=True)
+    lock.advance_to(len(prompt) + n - 1)
+    return lock.kept
 
 
 def padded_twin(engine, prompts: np.ndarray, n: int, references: list[list[int]],

@@ -165,9 +165,11 @@ def verdict(identity: dict) -> tuple[bool, str]:
         return False, fail + where + ": the row did not decode by itself"
     twin = identity.get("padded_twin")
     if twin and not twin["identical"] and twin["exact"]:
-        return False, fail + (f"its run with one padded Verify plan differs from the same run with a plan per length "
-                              f"at token {twin['first_divergence']} (step {twin['first_step']}: accepted count or K): "
-                              "the padding changed what was judged")
+        row = f"row {twin['row']}'s " if twin.get("row") is not None else "its "
+        where = (f"at step {twin['first_step'] + 1} (its accepted count or K)" if twin["first_step"] is not None else
+                 f"at token {twin['first_divergence']}")
+        return False, fail + (f"{row}run with one padded Verify plan differs from the same run with a plan per length "
+                              f"{where}: the padding changed what was judged")
     anchor = identity.get("anchor")
     if anchor and not anchor["ok"]:
         where = anchor["first_token_disagreement"]

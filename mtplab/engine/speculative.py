@@ -44,6 +44,7 @@ class SpeculativeRun:
     expected_acceptance: dict | None = None  # a sampled checked run's expected acceptance per draft position
     ks: list[list[int]] = field(default_factory=list)  # per row, the drafts it made at each step while decoding
     widths: list[int] = field(default_factory=list)  # per batch step, its drafts (the verify's M - 1): the longest row's
+    step_ends: list[float] = field(default_factory=list)  # per batch step, seconds from the start to its commit's end
 
 
 def k_chooser(engine):
@@ -176,6 +177,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     accepted: list[list[int]] = [[] for _ in range(B)]
     ks: list[list[int]] = [[] for _ in range(B)]
     widths: list[int] = []
+    step_ends: list[float] = []
     finished = [float("nan")] * B
     phases, steps, all_rows = Phases(), 0, np.arange(B)
     pending, position, verify_start = (np.empty(B, dtype=np.int64) for _ in range(3))
@@ -253,6 +255,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         steps += 1
         widths.append(width)
         now = time.perf_counter()
+        step_ends.append(now - t0)
         kept_counts, verified, K_of = counts.tolist(), ids.tolist(), lengths.tolist()
         for b in rows:
             c, K, kept = kept_counts[b], K_of[b], verified[b]
@@ -276,4 +279,4 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
             st.lengths[riding] = frozen_len[riding]
         phases.append((*stamps, time.perf_counter()))  # and the commit's
     return SpeculativeRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds, t0, ks=ks,
-                          widths=widths)
+                          widths=widths, step_ends=step_ends)

@@ -81,6 +81,12 @@ REPEATS = 3  # what runs and sweeps use; another count is cached apart and never
 MEASURES = 14
 
 
+def check_batch(batch) -> None:
+    """ValueError unless batch is a whole number of rows, 1 or more."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch={batch!r}: a calibration is measured at a whole number of rows, 1 or more")
+
+
 def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = False, batch: int = 1) -> dict:
     """What a calibration is valid for: model (a preset name, with int4 weights or not, or a folder), machine,
     threads, onnxruntime, the commit strategies registered (a new one is measured, not missing from a cached
@@ -88,6 +94,7 @@ def cache_key(model: str, threads: int, repeats: int = REPEATS, int4: bool = Fal
     malloc's memory on huge pages (mtplab.base.memory: a sweep's points run as its calibration did), and the batch."""
     import onnxruntime
 
+    check_batch(batch)
     return {
         "preset": model_name(model, int4),
         "model": model_hash(model, int4),
@@ -175,6 +182,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     does): load_or_measure adds it to a batch's."""
     from mtplab.engine.fit import commits_on
 
+    check_batch(batch)
     run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
                                 rounds=1, batch=batch)
     # from here, once the model is built: a first use's build is no part of the measurement or its load

@@ -21,7 +21,7 @@ from mtplab.check import flags, lossless
 from mtplab.check import verdict as oracle
 from mtplab.check.audit import Audit, engine_problems
 from mtplab.check.expected import checked_problems
-from mtplab.check.lossless import Checked, batch_one_failed
+from mtplab.check.lossless import Checked, row_failed
 from mtplab.check.trace import Trace, plans_held
 from mtplab.engine import speculative
 from mtplab.engine.drafters import row_alphas
@@ -309,8 +309,6 @@ def row_prompt_problems(run: RunConfig, prompts: np.ndarray, vocab: int) -> list
 
 
 def row_lossless(row: dict) -> bool:
-    """A row's own checks passed: its tokens (none to compare where sampled), its committed state, its reference's
-    argmax where not a near-tie, and its float64 anchor where the model has one."""
-    return (row["token_identical"] is not False and row["state_first_divergence"] is None
-            and not row["reference_disagreements"] and (row.get("anchor") is None or row["anchor"]["ok"])
-            and not batch_one_failed(row))
+    """A row's own checks passed (lossless.row_failed: its tokens, committed state, anchor, head, batch-1 run), and its
+    reference's argmax agreed with its tokens where not a near-tie."""
+    return not row_failed(row) and not row["reference_disagreements"]

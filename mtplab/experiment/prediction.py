@@ -56,10 +56,20 @@ def calibration_for(run: RunConfig, say=print) -> dict:
 
 
 def check_calibration(run: RunConfig, calibration: dict | None) -> None:
-    """ValueError where a calibration given for a point was measured at another batch than the point runs."""
-    if calibration is not None and calibration.get("batch", 1) != run.batch:
-        raise ValueError(f"the calibration given was measured at batch {calibration.get('batch', 1)}; this point runs "
-                         f"batch {run.batch}: pass its own (mtplab.experiment.calibrate.load_or_measure(..., batch=B))")
+    """ValueError, before any work, where a calibration given for a point was measured at another batch than the point
+    runs (its "batch" and its key's), or lacks the head's acceptance the run's drafter is priced at."""
+    if calibration is None:
+        return
+    key = calibration.get("key") or {}
+    batches = {calibration.get("batch", 1)} | ({key["batch"]} if "batch" in key else set())
+    if batches != {run.batch}:
+        raise ValueError(f"the calibration given was measured at batch {'/'.join(map(str, sorted(batches)))}; this "
+                         f"point runs batch {run.batch}: pass its own (mtplab.experiment.calibrate.load_or_measure("
+                         "model, batch=B))")
+    if DRAFTERS.get(run.drafter).acceptance == "calibration" and "mtp_acceptance" not in calibration:
+        raise ValueError(f"the calibration given carries no head acceptance (mtp_acceptance) to price drafter="
+                         f"{run.drafter!r} at: a batch's calibration takes batch 1's "
+                         "(mtplab.experiment.calibrate.load_or_measure(model, batch=B) adds it)")
 
 
 def run_alpha(run: RunConfig, calibration: dict, spec: SpeculativeRun) -> tuple[float | list[float] | None, str]:

@@ -144,9 +144,7 @@ def result_text(r: RunResult, verbose: bool = False) -> str:
         per_step = 1e3 / steps if steps else 1e3
         lines.append(f"  time split, ms per {'step' if steps else 'run'}: "
                      + " ".join(f"{k}={v * per_step:.3f}" for k, v in r.time_split.items()))
-    if r.slots and r.extra.get("batch"):
-        lines.append("  slot counters of the checked pass (its greedy reference and speculative run, every row):")
-    elif r.slots:
+    if r.slots:
         lines.append("  slot counters of the checked speculative run (the greedy reference run before it had already "
                      "captured the Primary plan: primary captures=0):")
     for slot, counters in r.slots.items():
