@@ -69,15 +69,8 @@ def model_hash(model: str, int4: bool = False) -> str:
 
 
 REPEATS = 3  # what runs and sweeps use; another count is cached apart and never replaces it
-# Bumped when what a calibration measures changes (2: a builder folder's Primary slot runs the user's own graph;
-# 3: every cost a ratio to the T(1) timed beside it; 4: greedy's decodes through the executor's replayer;
-# 5: select's host update compiled; 6: forwards of host tokens and the head's draft steps on prepared feeds;
-# 7: T(M) for M >= 3 replayed, not eager: the Verify workspace is sized by the largest M first; 8: the draft phase
-# timed after the verify forward a step runs before it, not back to back; 9: each decoding session's first run its
-# one-token warm-up, and a builder graph's GatedDeltaNet state in place; 10: its LinearAttention state in place on the CPU;
-# 11: the draft phase is the head's commit of the verify's k+1 rows and the k - 1 head steps after it; 12: one host
-# path, in Python; 13: the verify of a commit with a graph of its own, per-position's, on an engine of its own; 14: one
-# measurement for every batch size, a batch's as batch 1's).
+# Bumped whenever what a calibration measures changes, so a cached one from before is measured again (14: one
+# measurement for every batch size; the CHANGELOG says what each bump changed).
 MEASURES = 14
 
 
