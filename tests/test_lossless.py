@@ -80,7 +80,7 @@ def test_a_commit_keeping_one_token_too_many_is_caught_at_the_first_commit_not_c
 
 
 def test_a_committed_length_beyond_every_emitted_token_is_a_divergence_with_its_words(tiny):
-    from mtplab.check.lossless import Lockstep
+    from mtplab.check.lockstep import Lockstep
     from mtplab.check.verdict import StateRule
 
     lock = Lockstep.start(tiny, [1, 2, 3], [4, 5], StateRule(True, 0.0, "bitwise"))

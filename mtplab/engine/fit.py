@@ -1,5 +1,5 @@
 """What an engine asks of a model, refused before any session is made: the commits the model runs, batches, the
-memory a batch's state takes. (A run's KV capacity, its tokens and prompt: mtplab.experiment.shared.)"""
+memory a batch's state takes. (A run's KV capacity, its tokens and prompt: mtplab.experiment.build.)"""
 
 from __future__ import annotations
 
