@@ -24,7 +24,7 @@ import numpy as np
 
 from mtplab.check.lockstep import HeadCheck, Lockstep, Watch, anchor, anchor_tokens, reference_model
 from mtplab.check.trace import Trace
-from mtplab.check.verdict import StateRule, batch_rule, first_difference, state_rule, token_identity
+from mtplab.check.verdict import batch_rule, first_difference, state_rule, token_identity
 from mtplab.engine import sampling, speculative
 from mtplab.engine.drafters import row_alphas
 from mtplab.engine.engine import Engine
@@ -82,8 +82,9 @@ def checked_pass(engine, prompts, n: int) -> Checked:
         anchors = [anchor(art, row_prompts[b], greedy.logits[b], greedy.tokens[b], sampled, ref) if ref is not None
                    else None for b in range(B)]
         t1 = time.perf_counter()
+        ends = [len(p) + n - 1 for p in row_prompts]  # where an n-token greedy run leaves each row
         locks = [Lockstep.start(art, row_prompts[b], [] if sampled else greedy.tokens[b], rule,
-                                None if sampled else len(row_prompts[b]) + n - 1, sampled,
+                                None if sampled else ends[b], sampled,
                                 HeadCheck.start(engine.desc, run.k, HeadCheck.judges(engine))
                                 if kind.uses_head(run) else None) for b in range(B)]
         checks = [time.perf_counter() - t1]
@@ -110,12 +111,16 @@ def checked_pass(engine, prompts, n: int) -> Checked:
         trace.end(engine, spec.tokens, spec.accepted, spec.ks)
         for b in range(B):  # what each row left behind, after its last commit
             check_row(spec.steps, b, spec.tokens[b], None, after_step=False)
-            if not sampled:
-                locks[b].advance_to(len(row_prompts[b]) + n - 1)
         left = [engine.state.snapshot(row=b) for b in range(B)]
         lengths = [int(length) for length in engine.state.lengths]
     finally:
         engine.watch = None
+    # the state where an n-token greedy run ends, along greedy's tokens: the lockstep's own stepper, or (sampled: it
+    # follows the run's own tokens) one of its own
+    along = locks if not sampled else [Lockstep.start(art, row_prompts[b], greedy.tokens[b], rule, ends[b], True)
+                                       for b in range(B)]
+    for lock, length in zip(along, ends):
+        lock.advance_to(length)
     alone = batch_one_runs(engine, row_prompts, n, spec, None if sampled else greedy.tokens) if (
         B > 1 and (sampled or kind.per_row)) else [None] * B
     rows = [({"token_identical": None, "first_divergence": None, "sampled": sampling.settings(run)}
@@ -125,18 +130,7 @@ def checked_pass(engine, prompts, n: int) -> Checked:
     if run.verify_plans == "padded" and run.k_policy != "fixed":  # a fixed K never pads
         identity["padded_twin"] = padded_twin(engine, prompts, n, greedy.tokens, spec)
     identity["check_seconds"] = {"anchor": t1 - t0, "lockstep": checks[0], "speculative": spec.seconds}
-    # where an n-token greedy run ends: the lockstep's state there, or (sampled: the lockstep follows the run's own
-    # tokens) a stepper's along the greedy reference's
-    ends = [lock.kept for lock in locks] if not sampled else [
-        greedy_end(art, row_prompts[b], greedy.tokens[b], n, rule) for b in range(B)]
-    return Checked(greedy, spec, rows, identity, trace, left, ends, lengths)
-
-
-def greedy_end(art, prompt: list[int], tokens: list[int], n: int, rule: StateRule) -> dict:
-    """The state a plain stepper reaches along a greedy run's tokens after its n - 1 decodes."""
-    lock = Lockstep.start(art, prompt, tokens, rule, keep_at=len(prompt) + n - 1, sampled=True)
-    lock.advance_to(len(prompt) + n - 1)
-    return lock.kept
+    return Checked(greedy, spec, rows, identity, trace, left, [lock.kept for lock in along], lengths)
 
 
 def padded_twin(engine, prompts: np.ndarray, n: int, references: list[list[int]],

@@ -178,7 +178,6 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     ks: list[list[int]] = [[] for _ in range(B)]
     widths: list[int] = []
     step_ends: list[float] = []
-    finished = [float("nan")] * B
     phases, steps, all_rows = Phases(), 0, np.arange(B)
     pending, position, verify_start = (np.empty(B, dtype=np.int64) for _ in range(3))
     lengths, verify_ids = np.empty(B, dtype=np.int64), {}  # each step's K per row; the verify's ids, by M
@@ -254,8 +253,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         engine.end_step()
         steps += 1
         widths.append(width)
-        now = time.perf_counter()
-        step_ends.append(now - t0)
+        step_ends.append(time.perf_counter() - t0)
         kept_counts, verified, K_of = counts.tolist(), ids.tolist(), lengths.tolist()
         for b in rows:
             c, K, kept = kept_counts[b], K_of[b], verified[b]
@@ -269,7 +267,6 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         done = [b for b in rows if len(emitted[b]) >= n]
         for b in done:
             active[b] = False
-            finished[b] = now - t0
         if done and frozen_rows is not None:
             frozen_rows.keep(done)
             frozen_len[done] = st.lengths[done]
@@ -278,5 +275,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
             frozen_rows.put_back(riding)
             st.lengths[riding] = frozen_len[riding]
         phases.append((*stamps, time.perf_counter()))  # and the commit's
-    return SpeculativeRun(emitted, accepted, steps, time.perf_counter() - t0, finished, phases.seconds, t0, ks=ks,
-                          widths=widths, step_ends=step_ends)
+    seconds = time.perf_counter() - t0
+    finished = [step_ends[len(a) - 1] if a else float("nan") for a in accepted]  # the end of each row's last step
+    return SpeculativeRun(emitted, accepted, steps, seconds, finished, phases.seconds, t0, ks=ks, widths=widths,
+                          step_ends=step_ends)

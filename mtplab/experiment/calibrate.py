@@ -181,9 +181,8 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     # from here, once the model is built: a first use's build is no part of the measurement or its load
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     main = _on_prompt(run, art)
-    engine, prompts, forward, greedy_token, top = main
-    L0, B = engine.state.lengths.copy(), batch
-    ids = np.tile(prompts[:, :1], (1, top))  # each row's first prompt token, M times
+    engine, prompts, forward, greedy_token, top, ids, L0 = main
+    B = batch
     hidden0 = np.zeros((B, PROMPT_LEN, engine.desc.hidden_size), np.float32)
     head_prompt = np.concatenate([prompts[:, 1:], prompts[:, :1]], axis=1)
     prefill_head(engine, head_prompt, hidden0)
@@ -297,13 +296,16 @@ class _OnPrompt(NamedTuple):
     prompts [B, P]; forward(M), the target's forward of M copies of each row's first prompt token at the prompts' end
     (M=1 on Primary as greedy decodes, M >= 2 on Verify as select's verify); greedy_token(), greedy's own loop in
     seconds per [B, 1] decode (a replayed M=1 forward plus its per-token host work), the engine back on the prompts
-    after it; and the largest M."""
+    after it; the largest M; the ids forward(M) feeds ([B, top]: each row's first prompt token) and the lengths it
+    runs at (the prompts')."""
 
     engine: Any
     prompts: np.ndarray
     forward: Callable[[int], dict]
     greedy_token: Callable[[], float]
     top: int
+    ids: np.ndarray
+    start: np.ndarray
 
 
 def _on_prompt(run: RunConfig, art) -> _OnPrompt:
@@ -331,7 +333,7 @@ def _on_prompt(run: RunConfig, art) -> _OnPrompt:
 
     forward(1), forward(1)
     forward(top)
-    return _OnPrompt(engine, prompts, forward, greedy_token, top)
+    return _OnPrompt(engine, prompts, forward, greedy_token, top, ids, L0)
 
 
 def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = False) -> dict:
@@ -340,7 +342,7 @@ def recheck_now(model: str, threads: int, repeats: int = REPEATS, int4: bool = F
     to the T(1) timed beside it ("ratio_to_t1", M = 2..top), over `repeats` interleaved repeats."""
     run, art = _calibration_run(model, threads, int4, k=MAX_M - 1, drafter="mtp", tokens=2, max_recaptures=10**9,
                                 rounds=1)
-    engine, _, forward, greedy_token, top = _on_prompt(run, art)
+    engine, _, forward, greedy_token, top, *_ = _on_prompt(run, art)
     sync = engine.device.sync
     paired = PairedSamples(lambda: block_time(lambda: forward(1), 3, sync), "target/1")
     for _ in range(repeats):

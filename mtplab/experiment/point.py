@@ -128,9 +128,9 @@ def run_mtplab_point(
     engine = engine_for(run, artifact, engine)
     desc, k, n = engine.desc, run.k, run.tokens
     prompts = run_prompts(run, desc.vocab_size)
+    calibration = on_the_copy(engine, calibration if calibration is not None else calibration_for(run))
     if K_POLICIES.get(run.k_policy).needs_costs:  # the policy prices each K with the calibration, before any run
-        calibration = calibration if calibration is not None else calibration_for(run)
-        engine.k_costs = step_costs(run, on_the_copy(engine, calibration, run))
+        engine.k_costs = step_costs(run, calibration)
     built = [f"the engine: {p}" for p in engine_problems(engine)]  # it runs what the config says
     built += row_prompt_problems(run, prompts, desc.vocab_size)
     # Untimed first: the greedy reference and the checked speculative run (it also warms every plan up).
@@ -148,16 +148,14 @@ def run_mtplab_point(
     audit["problems"] = built + audit["problems"]
     audit["problem_count"] += len(built)
     samples, spec, slots = timed["samples"], timed["spec"], checked.spec_trace.counters()
-    calibration = on_the_copy(engine, calibration if calibration is not None else calibration_for(run), run)
     alpha, alpha_source = run_alpha(run, calibration, checked.spec)
     predicted, described = predict_point(run, calibration, alpha, alpha_source, spec,
                                          eager_share(slots, engine.target.labels))
     tracked = checked.spec.expected_acceptance  # a sampled run's sum(min(p, q)) per judged draft, rows pooled
-    pooled = [a for row in checked.spec.accepted for a in row]
-    sampled = theory.sampled_acceptance(pooled, k, tracked, run.schedule,
-                                        [j for row in checked.spec.ks for j in row]) if tracked else None
+    sampled = theory.sampled_acceptance(flat(checked.spec.accepted), k, tracked, run.schedule,
+                                        flat(checked.spec.ks)) if tracked else None
     split = {key: v / len(samples) for key, v in timed["split"].items()}  # per speculative run
-    accepted, ks = [a for row in spec.accepted for a in row], [j for row in spec.ks for j in row]  # rows pooled
+    accepted, ks = flat(spec.accepted), flat(spec.ks)  # rows pooled
     generated = sum(len(t) - 1 for t in spec.tokens)  # after each row's prefill token, overshoot included
     acceptance = measure.acceptance(len(accepted), int(sum(accepted)), int(sum(ks)), generated, accepted, k, ks)
     result = measure.run_result(
@@ -215,11 +213,11 @@ def point_warnings(run: RunConfig, engine: Engine, result: RunResult, checked: C
     rounding can take apart from its twin."""
     k = run.k
     # the acceptance warnings' laws are a fixed k's: a draft-length policy's steps are not held to them
-    fixed_k = all(j == k for row in checked.spec.ks for j in row)
+    fixed_k = all(j == k for j in flat(checked.spec.ks))
     alphas = row_alphas(run.alpha, run.batch)
     out = flags.point_warnings(
         result.efficiency, result.extra["accounting"]["unaccounted"], run.drafter,
-        [a for row in checked.spec.accepted for a in row] if fixed_k else [], k,
+        flat(checked.spec.accepted) if fixed_k else [], k,
         None if run.temperature > 0 else calibration, audit,  # the calibration's acceptance is greedy's
         # sampled: alpha bounds the mixture's acceptance; else alpha^i is its law (one for every row, or none)
         alpha=alphas[0] if len(set(alphas)) == 1 else None, sampled=sampled,
@@ -280,10 +278,15 @@ def baseline_words(run: RunConfig, engine: Engine, went_eager: bool) -> str:
     return words
 
 
-def on_the_copy(engine: Engine, calibration: dict, run: RunConfig) -> dict:
+def on_the_copy(engine: Engine, calibration: dict) -> dict:
     """The calibration as the point's engine runs it: where its Primary slot runs mtplab's copy of the graph, the
     copy's costs (theory.on_the_copy)."""
-    return theory.on_the_copy(calibration, run.commit) if engine.primary_runs_copy else calibration
+    return theory.on_the_copy(calibration, engine.spec.commit) if engine.primary_runs_copy else calibration
+
+
+def flat(rows: list[list]) -> list:
+    """Every row's values, pooled in row order."""
+    return [x for row in rows for x in row]
 
 
 def commit_memory(engine) -> dict:
