@@ -123,7 +123,7 @@ def test_a_padding_that_changes_what_a_sampled_verify_judges_is_caught_by_its_pe
     engine = Engine(run, tiny)
     real = engine._run_prepared
 
-    def early_padding(hot, own=True):
+    def early_padding(hot):
         if hot.key.startswith("verify"):  # a step of K < k drafts: its last draft repeated from K + 1 on
             row = hot.ids[0]
             K = len(row) - 1
@@ -131,7 +131,7 @@ def test_a_padding_that_changes_what_a_sampled_verify_judges_is_caught_by_its_pe
                 K -= 1
             if K < engine.k:
                 row[K] = row[K - 1]
-        return real(hot, own)
+        return real(hot)
 
     engine._run_prepared = early_padding
     checked = checked_pass(engine, prompt_tokens(tiny.description.vocab_size, 8, 0), run.tokens)

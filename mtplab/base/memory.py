@@ -13,16 +13,22 @@ TUNABLE = "glibc.malloc.hugetlb"
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def meminfo_gib(key: str) -> float | None:
-    """A /proc/meminfo entry ("MemTotal", "MemAvailable") in GiB; None where there is none."""
+def proc_kib(path: str, key: str) -> int | None:
+    """A "key: N kB" line's N from a /proc file; None where the file or the line is missing."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in Path(path).read_text().splitlines():
             name, _, value = line.partition(":")
             if name == key:
-                return int(value.split()[0]) / 2**20
+                return int(value.split()[0])
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def meminfo_gib(key: str) -> float | None:
+    """A /proc/meminfo entry ("MemTotal", "MemAvailable") in GiB; None where there is none."""
+    kib = proc_kib("/proc/meminfo", key)
+    return None if kib is None else kib / 2**20
 
 
 def thp_mode(path: Path = THP_MODE) -> str | None:
@@ -43,13 +49,8 @@ def hugetlb_of(tunables: str) -> str | None:
 
 def anon_huge_mib() -> float | None:
     """This process's anonymous memory on transparent huge pages now, in MiB; None where the kernel does not say."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    kib = proc_kib("/proc/self/smaps_rollup", "AnonHugePages")
+    return None if kib is None else kib / 1024
 
 
 def malloc_hugetlb() -> str | None:

@@ -37,6 +37,15 @@ def _first_non_finite(a: np.ndarray) -> int | None:
     return int(np.argmax(bad.reshape(-1))) if bad.any() else None
 
 
+def fold(check, diff: dict, step: int, length: int) -> None:
+    """A state comparison at one commit folded into a check's running worst: its relative difference, whether every
+    one so far was bitwise, and the first divergence."""
+    check.max_rel_diff = max(check.max_rel_diff, diff["max_rel_diff"])
+    check.bitwise &= diff["bitwise"]
+    if diff["first_bad"] is not None and check.first_divergence is None:
+        check.first_divergence = {"step": step, "length": length} | diff["first_bad"]
+
+
 @dataclass
 class Watch:
     """Looks at every forward's logits and hidden states; keeps the first non-finite one seen."""
@@ -102,18 +111,13 @@ class HeadCheck:
         """The head's KV rows [0, length) against the reference's."""
         self.commits += 1
         got = {"mtp.key": to_numpy(kv[0][:, :, :length]), "mtp.value": to_numpy(kv[1][:, :, :length])}
-        diff = states_difference(got, self.head.rows(length), self.rule)
-        self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
-        self.bitwise &= diff["bitwise"]
-        if diff["first_bad"] is not None and self.first_divergence is None:
-            self.first_divergence = {"step": step, "length": length} | diff["first_bad"]
+        fold(self, states_difference(got, self.head.rows(length), self.rule), step, length)
 
-    def check_drafts(self, step: int, p: int, n: int, sequence: list[int], hidden: np.ndarray,
-                     drafted: int | None = None) -> None:
+    def check_drafts(self, step: int, p: int, n: int, sequence: list[int], hidden: np.ndarray, drafted: int) -> None:
         """A step that drafted from row p and kept n of its drafts: the reference chained from row p on the text's
         tokens must draft the text's token exactly at the positions the run accepted (rounding decides near-ties
         only)."""
-        steps = min(n + 1, self.k if drafted is None else drafted)
+        steps = min(n + 1, drafted)
         rows = self.head.chain(p, sequence[p + 1 : p + 1 + steps], hidden)
         margin = DISAGREEMENT_MARGIN[self.head.desc.precision]
         for j, row in enumerate(rows):
@@ -173,10 +177,6 @@ class Lockstep:
                    hidden=list(out["hidden"]), last_length=len(prompt),
                    kept=step.snapshot() if keep_at == len(prompt) else None)
 
-    @property
-    def reference_bytes(self) -> int:
-        return sum(a.nbytes for a in self.stepper.snapshot().values())
-
     def advance_to(self, length: int) -> None:
         while self.stepper.length < length:
             pos = self.stepper.length
@@ -221,10 +221,7 @@ class Lockstep:
                 self.head.check_drafts(step, p, n, self.sequence, self.hidden[p], drafted)
         diff = states_difference(state, self.stepper.snapshot(), self.rule)
         self.max_abs_diff = max(self.max_abs_diff, diff["max_abs_diff"])
-        self.max_rel_diff = max(self.max_rel_diff, diff["max_rel_diff"])
-        self.bitwise &= diff["bitwise"]
-        if diff["first_bad"] is not None and self.first_divergence is None:
-            self.first_divergence = {"step": step, "length": length} | diff["first_bad"]
+        fold(self, diff, step, length)
 
     def summary(self) -> dict:
         return {
@@ -235,7 +232,7 @@ class Lockstep:
             "state_commits_checked": self.commits,
             "state_rule": self.rule.text(),
             "kv_checked": bool(self.stepper.kv),
-            "state_reference_bytes": self.reference_bytes,
+            "state_reference_bytes": sum(a.nbytes for a in self.stepper.snapshot().values()),
             "reference_disagreements": self.reference_disagreements,
         } | (self.head.summary() if self.head is not None else {})
 

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import subprocess
 import sys
 
 from mtplab.base.memory import huge_pages_summary
+from mtplab.measure.env import package_version
 from mtplab.model.artifact import REQUIRED_OPS
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
 
 
 def report() -> dict:
     """Python, the onnxruntime package and providers, required ops, CuPy/CUDA, and the Jupyter kernel."""
     out: dict = {"python": sys.version.split()[0]}
-    runtimes = {d: _version(d) for d in ("onnxruntime", "onnxruntime-gpu")}
+    runtimes = {d: package_version(d) for d in ("onnxruntime", "onnxruntime-gpu")}
     out["onnxruntime_packages"] = {d: v for d, v in runtimes.items() if v}
     if runtimes["onnxruntime"] and runtimes["onnxruntime-gpu"]:
         out["warning"] = "onnxruntime and onnxruntime-gpu are both installed: the CPU one wins; uninstall one"
@@ -38,7 +31,7 @@ def report() -> dict:
     except ImportError as err:
         out["onnxruntime"] = None
         out["error"] = f"onnxruntime is not importable ({err}): pip install 'mtplab[cpu]' or 'mtplab[gpu]'"
-    cupys = {d: _version(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy")}
+    cupys = {d: package_version(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy")}
     out["cupy_packages"] = {d: v for d, v in cupys.items() if v}
     try:
         import cupy

@@ -13,21 +13,25 @@ from mtplab.experiment.config import RunConfig
 from mtplab.experiment.params import BACKENDS
 
 
+def failed(message: str) -> int:
+    """A command's refusal: its message on stderr, and the exit status 2."""
+    print(message, file=sys.stderr)
+    return 2
+
+
 def _model_build(args) -> int:
     from mtplab.base.files import output_folder_problem
     from mtplab.base.threads import use_global_pool
     from mtplab.model import build_model, preset_config
 
     if args.out is not None and (problem := output_folder_problem("--out", args.out)):
-        print(f"mtplab model build: {problem}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab model build: {problem}")
     if args.own_process:  # the build's reference runs thousands of forwards alone: one pool, spinning as default
         use_global_pool(0)
     try:
         art = build_model(preset_config(args.preset, args.int4, args.dtype), out=args.out, force=args.force)
     except ValueError as err:
-        print(f"mtplab model build: {err}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab model build: {err}")
     print(art.path)
     print(art.summary())
     return 0
@@ -42,8 +46,7 @@ def _model_inspect(args) -> int:
     try:
         model = model_for(RunConfig(model=args.folder)) if args.folder in PRESETS else open_model(args.folder)
     except ValueError as err:
-        print(f"mtplab model inspect: {err}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab model inspect: {err}")
     print(inspect_text(model))
     return 0
 
@@ -59,8 +62,7 @@ def _export_genai(args) -> int:
         if problem := output_folder_problem("--out", args.out):
             raise ValueError(problem)
     except ValueError as err:
-        print(f"mtplab model export-genai: {err}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab model export-genai: {err}")
     art = build_model(preset_config(args.preset, args.int4))
     print(export_genai(art, args.out))
     return 0
@@ -74,9 +76,8 @@ def _doctor(args) -> int:
 
     stray = [o for o in GPU_CHECK_OPTIONS if any(a == o or a.startswith(o + "=") for a in args.argv)]
     if stray and not args.gpu_check:
-        print(f"mtplab doctor: {', '.join(stray)} belong to --gpu-check (the device check); without it doctor only "
-              "reports", file=sys.stderr)
-        return 2
+        return failed(f"mtplab doctor: {', '.join(stray)} belong to --gpu-check (the device check); without it doctor "
+                      "only reports")
     if args.gpu_check:
         from pathlib import Path
 
@@ -84,13 +85,11 @@ def _doctor(args) -> int:
         from mtplab.cli.gpucheck import gpu_check
 
         if problem := output_file_problem("--out", args.out):
-            print(f"mtplab doctor --gpu-check: {problem}", file=sys.stderr)
-            return 2
+            return failed(f"mtplab doctor --gpu-check: {problem}")
         try:
             return gpu_check(args.presets, args.ks, args.tokens, Path(args.out), args.backend, args.budget)
         except ValueError as err:
-            print(f"mtplab doctor --gpu-check: {err}", file=sys.stderr)
-            return 2
+            return failed(f"mtplab doctor --gpu-check: {err}")
     r = report()
     print(json.dumps(r, indent=1) if args.json else format_report(r))
     return 0
@@ -111,8 +110,7 @@ def _run(args) -> int:
         except ValueError as err:
             problems.append(f"--backend cuda: {err}")
     if problems:
-        print("mtplab run: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
-        return 2
+        return failed("mtplab run: " + "\n  ".join(["bad options:", *problems]))
     from mtplab.experiment.point import dedicate_process, run_point
     from mtplab.experiment.result_text import result_text
 
@@ -136,8 +134,7 @@ def _run(args) -> int:
             calibration = load_or_measure(run.model, say=say, threads=run.threads, int4=run.int4, batch=run.batch)
         result = run_point(run, model, calibration=calibration)
     except ValueError as err:  # the peer engine without its package, no CUDA backend: before any work
-        print(f"mtplab run: {err}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab run: {err}")
     if args.out:
         result.save(args.out)
     print(result.to_json() if args.json else result_text(result, args.verbose))
@@ -167,8 +164,7 @@ def _calibrate(args) -> int:
     if args.recheck and (args.out or not problems and batch > 1):
         problems.append("--recheck measures at batch 1 and writes nothing: it takes neither --batch nor --out")
     if problems:
-        print("mtplab calibrate: " + "\n  ".join(["bad options:", *problems]), file=sys.stderr)
-        return 2
+        return failed("mtplab calibrate: " + "\n  ".join(["bad options:", *problems]))
     from mtplab.base.threads import use_global_pool
 
     if args.own_process:  # as the points it calibrates run: every session on one pool
@@ -181,15 +177,13 @@ def _calibrate(args) -> int:
         try:
             now = recheck_now(model, threads_used(threads), repeats=args.repeats, int4=int4)
         except ValueError as err:
-            print(f"mtplab calibrate: {err}", file=sys.stderr)
-            return 2
+            return failed(f"mtplab calibrate: {err}")
         print(json.dumps(now))
         return 0
     try:
         calib = measure(model, repeats=args.repeats, threads=threads, int4=int4, batch=batch)
     except ValueError as err:  # a folder mtplab refuses (or int4 with a folder): before any measurement
-        print(f"mtplab calibrate: {err}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab calibrate: {err}")
     text = dumps(calib, indent=1)
     key = cache_key(model, threads_used(threads), args.repeats, int4, batch)
     path = cache_path(key)
@@ -222,8 +216,7 @@ def _report(args) -> int:
         path = make_report(args.sweep_dir, notebook="04_when_mtp_pays" if args.study else "report",
                            say=lambda line: print(f"mtplab report: {line}", file=sys.stderr))
     except ValueError as err:
-        print(f"mtplab report: {err}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab report: {err}")
     print(path)
     return 0
 
@@ -233,13 +226,11 @@ def _compare(args) -> int:
     from mtplab.report.compare import make_compare
 
     if problem := output_file_problem("--out", args.out):
-        print(f"mtplab compare: {problem}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab compare: {problem}")
     try:
         path = make_compare(args.a, args.b, args.out)
     except ValueError as err:
-        print(f"mtplab compare: {err}", file=sys.stderr)
-        return 2
+        return failed(f"mtplab compare: {err}")
     print(path)
     return 0
 
@@ -379,14 +370,7 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
         args.own_process = own_process
         return args.func(args)
     except PluginError as err:  # a plugin module named in the environment that does not import: one line, any command
-        print(f"mtplab: {err}", file=sys.stderr)
-        return 2
-
-
-def console() -> int:
-    """The executable's entry point as checkouts before mtplab.cli.entry installed it (a console script not made again
-    since)."""
-    return main(own_process=True)
+        return failed(f"mtplab: {err}")
 
 
 if __name__ == "__main__":

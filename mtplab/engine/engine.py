@@ -187,13 +187,12 @@ class Engine:
             hot = self._prepared_runs[(slot, M, in_place, label)] = self._make_forward(slot, M, in_place, label)
         return hot
 
-    def _run_prepared(self, hot: PreparedForward, own: bool = True) -> dict:
+    def _run_prepared(self, hot: PreparedForward) -> dict:
         """One run of a prepared forward whose token ids are written, at the current length: its length feeds, the
-        slot's replayer (it decides as Executor.run does), the carries, and forward()'s bookkeeping. own: the
-        outputs in a dict of their own, as Executor.run returns them; else a replay's is the slot's (read it, never
-        change it)."""
+        slot's replayer (it decides as Executor.run does), the carries, and forward()'s bookkeeping; the outputs in a
+        dict of their own, as Executor.run returns them."""
         length_feeds(hot.io, checked_length(self.desc, self.state, hot.M), hot.M, self.desc.capacity, hot.feeds)
-        out = dict(hot.run()) if own else hot.run()
+        out = dict(hot.run())
         for committed, present in hot.carries:
             committed[...] = present
         return self._after_forward(hot.key, out)

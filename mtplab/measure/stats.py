@@ -11,9 +11,14 @@ RESAMPLES = 2000
 STABLE_HALF_WIDTH = 0.05  # a result is stable when its CI half-width is at most 5% of its median
 
 
+def finite(samples) -> np.ndarray:
+    """The samples that are numbers and finite (None, NaN and infinities left out)."""
+    return np.asarray([s for s in samples if s is not None and math.isfinite(s)], dtype=float)
+
+
 def median(samples) -> float:
     """The median of the finite samples; NaN when there are none."""
-    x = np.asarray([s for s in samples if s is not None and math.isfinite(s)], dtype=float)
+    x = finite(samples)
     return float(np.median(x)) if x.size else float("nan")
 
 
@@ -22,10 +27,8 @@ def bootstrap_ci(samples, confidence: float = CONFIDENCE, resamples: int = RESAM
 
     Deterministic for a seed, so a result file re-made from the same samples says the same.
     """
-    x = np.asarray([s for s in samples if s is not None and math.isfinite(s)], dtype=float)
-    if x.size == 0:
-        return [float("nan"), float("nan")]
-    if x.size == 1:  # one sample says nothing about the spread
+    x = finite(samples)
+    if x.size < 2:  # one sample says nothing about the spread
         return [float("nan"), float("nan")]
     rng = np.random.default_rng(seed)
     medians = np.median(x[rng.integers(0, x.size, (resamples, x.size))], axis=1)

@@ -347,21 +347,20 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
     )
 
 
-def check_graph(io: GraphIO, where: str, extra_inputs: tuple[str, ...] = (), capacity: int | None = None) -> None:
+def check_graph(io: GraphIO, where: str, capacity: int | None = None) -> None:
     """ValueError naming every input or output the description expects that the graph lacks or shapes otherwise."""
     inputs, outputs = graph_io_table(io.path)
-    problems = graph_problems(io, inputs, outputs, extra_inputs, capacity)
+    problems = graph_problems(io, inputs, outputs, capacity)
     if problems:
         raise ValueError(f"{where} ({io.path.name}): " + "; ".join(problems)
                          + f" (the graph's inputs: {sorted(inputs)}; outputs: {sorted(outputs)})")
 
 
-def graph_problems(io: GraphIO, inputs: dict, outputs: dict, extra_inputs: tuple[str, ...] = (),
-                   capacity: int | None = None) -> list[str]:
+def graph_problems(io: GraphIO, inputs: dict, outputs: dict, capacity: int | None = None) -> list[str]:
     """What check_graph finds, on a graph's io tables (onnx_read.io_table's): missing inputs and outputs, states and
     KV caches whose fixed dimensions are not the ones mtplab allocates (a KV's length: `capacity`, where given),
     inputs mtplab would not feed."""
-    want_in = {io.input_ids: None, **dict.fromkeys(extra_inputs)}
+    want_in = {io.input_ids: None}
     want_in.update(length_feeds(io, 0, 1, 1))
     if io.hidden_input:
         want_in[io.hidden_input] = None

@@ -115,8 +115,9 @@ def content_key(source: Path, model: onnx.ModelProto) -> str:
     return key.hexdigest()[:16]
 
 
-def write_copy(model: onnx.ModelProto, source: Path, folder: Path) -> None:
-    """Save `model` (a changed copy of `source`'s graph) with its data files into `folder`, whole or not at all."""
+def write_copy(model: onnx.ModelProto, source: Path, folder: Path, then=None) -> None:
+    """Save `model` (a changed copy of `source`'s graph) with its data files into `folder`, whole or not at all;
+    then(tmp), when given, adds to the folder before it takes its name (its failure leaves no folder)."""
     import os
 
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
@@ -125,6 +126,8 @@ def write_copy(model: onnx.ModelProto, source: Path, folder: Path) -> None:
     try:
         onnx.save(model, str(tmp / source.name))
         copy_data_files(model, source.parent, tmp)
+        if then is not None:
+            then(tmp)
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)

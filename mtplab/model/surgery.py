@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +28,7 @@ from mtplab.base.threads import session_options
 from mtplab.model.config import MAX_TRANSITION_CAPACITY
 from mtplab.model.description import ModelDescription, SelectOutput
 from mtplab.model.graph import TransitionLayout
-from mtplab.model.onnx_read import attributes, consumer, copy_data_files
+from mtplab.model.onnx_read import attributes, consumer, write_copy
 
 SURGERY_VERSION = 3
 LINEAR_ROLES = ("query", "key", "value", "past_state", "decay", "beta")
@@ -178,16 +176,6 @@ def _capture_transitions(desc: ModelDescription, copy: onnx.ModelProto, exposed)
 
 def _write_copy(desc: ModelDescription, model: onnx.ModelProto, folder: Path) -> None:
     """Write the target copy with the extra outputs, link its weights, and probe the outputs' shapes."""
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        _write_into(desc, model, folder, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_into(desc: ModelDescription, model: onnx.ModelProto, folder: Path, tmp: Path) -> None:
     source = desc.target.path
     exposed = _exposed(desc, model)
     copy = onnx.ModelProto()
@@ -195,13 +183,12 @@ def _write_into(desc: ModelDescription, model: onnx.ModelProto, folder: Path, tm
     if _captures(desc):
         _capture_transitions(desc, copy, exposed)
     _expose(copy, exposed)
-    onnx.save(copy, str(tmp / source.name))
-    copy_data_files(model, source.parent, tmp)
-    shapes = _probe(desc, tmp / source.name, exposed)
-    (tmp / "select_outputs.json").write_text(json.dumps(shapes, indent=1))
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+
+    def probed(tmp: Path) -> None:
+        shapes = _probe(desc, tmp / source.name, exposed)
+        (tmp / "select_outputs.json").write_text(json.dumps(shapes, indent=1))
+
+    write_copy(copy, source, folder, then=probed)
 
 
 def _probe(desc: ModelDescription, path: Path, exposed) -> dict:

@@ -29,9 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from mtplab.runtime.plans import CaptureDeclined, backend_calls
+from mtplab.runtime.plans import CaptureDeclined, backend_calls, bind_all
 from mtplab.runtime.signature import Binding
 
 # Run config entries of every run on this backend: a run returns once its work is queued.
@@ -111,14 +109,7 @@ class CudaGraphBackend:
         self.calls = backend_calls()
 
     def _binding(self, session, binds: list[Binding]):
-        from mtplab.runtime.arena import address
-
-        io = session.io_binding()
-        for b in binds:
-            bind = io.bind_output if b.output else io.bind_input
-            where = "cpu" if isinstance(b.array, np.ndarray) else self.device_type  # host inputs stay host
-            bind(b.name, where, 0, b.array.dtype, list(b.array.shape), address(b.array))
-        return io
+        return bind_all(session, binds, self.device_type)  # host inputs stay host
 
     def _options(self, gid: int):
         ro = self.run_options()

@@ -7,6 +7,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from mtplab.runtime.arena import address
 from mtplab.runtime.signature import Binding
 
@@ -23,6 +25,16 @@ class PlanBackend(Protocol):
     def replay(self, session: Any, plan: Any) -> None: ...
     def bare(self, session: Any, plan: Any) -> None: ...  # a replay nothing counts (a timing floor's)
     def drop(self, plan: Any) -> None: ...
+
+
+def bind_all(session, binds: list[Binding], device: str = "cpu"):
+    """An IOBinding with every binding bound by its raw address: host arrays on the host, the others on `device`."""
+    io = session.io_binding()
+    for b in binds:
+        bind = io.bind_output if b.output else io.bind_input
+        where = "cpu" if isinstance(b.array, np.ndarray) else device
+        bind(b.name, where, 0, b.array.dtype, list(b.array.shape), address(b.array))
+    return io
 
 
 def backend_calls() -> dict[str, int]:
@@ -75,11 +87,7 @@ class CpuPlanBackend:
 
     @staticmethod
     def _binding(session, binds: list[Binding]):
-        io = session.io_binding()
-        for b in binds:
-            bind = io.bind_output if b.output else io.bind_input
-            bind(b.name, "cpu", 0, b.array.dtype, list(b.array.shape), address(b.array))
-        return io
+        return bind_all(session, binds)
 
     def eager(self, session, binds: list[Binding], quiet: bool = False) -> None:
         """An eager run; quiet: onnxruntime logs nothing of its failure (the exception still says it)."""

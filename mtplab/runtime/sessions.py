@@ -18,17 +18,13 @@ from mtplab.model.onnx_read import failing_op
 from mtplab.runtime.arena import address
 
 
-def _triple(b) -> tuple[str, Any, bool]:
-    return (b.name, b.array, b.output) if hasattr(b, "output") else (b[0], b[1], b[2])
-
-
 def in_place_pairs(model: onnx.ModelProto, binds) -> list[tuple[str | None, int, int, str, str]]:
     """(op, input index, output index, input, output) of every bound output that shares an input's buffer.
 
     binds: the executor's Bindings or (name, array, is_output) triples. op is None when no single node
     takes that input and produces that output.
     """
-    triples = [_triple(b) for b in binds]
+    triples = [tuple(b[:3]) for b in binds]
     inputs = {address(a): name for name, a, out in triples if not out}
     pairs = []
     for out_name, a, out in triples:

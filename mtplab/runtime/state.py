@@ -172,10 +172,6 @@ class TargetState:
                 pairs += [(self.array(s), self.present[s.past]) for s in carried]
         return pairs
 
-    def layer_carries(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """What carry() copies layer by layer, (committed, present) pairs: the very arrays each forward binds."""
-        return [(self.array(s), self.present[s.past]) for s in self.desc.target.states if not s.in_place]
-
     def recurrent_arrays(self) -> list[np.ndarray]:
         return [self.array(s) for s in self.desc.target.states]
 

@@ -18,7 +18,6 @@ from mtplab.model.config import PRESETS
 SPEC_DIR = Path(__file__).parent / "grids"
 DIMENSIONS = config.dimensions()  # every RunConfig field a spec may vary
 SPEC_KEYS = ("name", "defaults", "grids", "repeats", "resources", "allow_mismatch")
-TOP_KEYS = (*SPEC_KEYS, *DIMENSIONS)
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 

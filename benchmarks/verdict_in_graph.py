@@ -1,0 +1,146 @@
+"""The greedy verdict on the host against the same verdict inside the graph, side by side on a real target graph.
+
+The verify a speculative step runs returns logits [1, k+1, V]; greedy-match then takes their argmax and the longest
+run of drafts equal to it (mtplab.engine.acceptance: NumPy on the CPU, CuPy kernels on a GPU). The alternative moves
+both into the graph: an ArgMax, and a compare that counts the leading matches (Slice, Equal, Not, Cast, CumSum,
+Equal, Cast, ReduceSum), so the host reads k+1 tokens and one count. Both sides here run the target's verify at
+M = k+1 through an IOBinding bound to preallocated host buffers, the decode's feeds and state from a prefilled prompt;
+"host" is the original graph's run followed by GREEDY_MATCH.accept, "graph" the appended graph's run alone (its
+tokens and count read from its bound outputs). The two must give the same tokens and count. Rounds alternate which
+side runs first; the ratio graph / host of each round's median is taken per round. Prints microseconds per verify
+and the ratio's median with its 95% bootstrap interval; `uptime` before and after.
+
+    python benchmarks/verdict_in_graph.py [--models tiny small] [--k 3] [--calls 2000] [--rounds 15] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from mtplab.base.threads import session_options
+from mtplab.engine.acceptance import GREEDY_MATCH
+from mtplab.engine.models import model_for
+from mtplab.experiment.config import RunConfig
+from mtplab.measure import stats
+from mtplab.model.stepper import Stepper, own_feeds
+
+
+def with_verdict(model: onnx.ModelProto, ids: str, logits: str) -> onnx.ModelProto:
+    """A copy of the target whose graph also outputs `verdict_tokens` [B, M] (the argmax) and `verdict_count` [B]
+    (the leading drafts ids[:, 1:] equal to the argmax before them)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+
+    def const(name, v):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [v]))
+
+    m.graph.node.extend([
+        const("vg_zero", 0), const("vg_one", 1), const("vg_end", 1 << 62), const("vg_last", -1),
+        helper.make_node("ArgMax", [logits], ["verdict_tokens"], axis=-1, keepdims=0),
+        helper.make_node("Slice", [ids, "vg_one", "vg_end", "vg_one"], ["vg_drafts"]),
+        helper.make_node("Slice", ["verdict_tokens", "vg_zero", "vg_last", "vg_one"], ["vg_targets"]),
+        helper.make_node("Equal", ["vg_drafts", "vg_targets"], ["vg_eq"]),
+        helper.make_node("Not", ["vg_eq"], ["vg_ne"]),
+        helper.make_node("Cast", ["vg_ne"], ["vg_ne_i"], to=TensorProto.INT64),
+        helper.make_node("CumSum", ["vg_ne_i", "vg_one"], ["vg_misses"]),
+        helper.make_node("Equal", ["vg_misses", "vg_zero"], ["vg_kept"]),
+        helper.make_node("Cast", ["vg_kept"], ["vg_kept_i"], to=TensorProto.INT64),
+        helper.make_node("ReduceSum", ["vg_kept_i", "vg_one"], ["verdict_count"], keepdims=0),
+    ])
+    m.graph.output.extend([helper.make_tensor_value_info("verdict_tokens", TensorProto.INT64, ["B", "M"]),
+                           helper.make_tensor_value_info("verdict_count", TensorProto.INT64, ["B"])])
+    return m
+
+
+class BoundVerify:
+    """One verify at M tokens on a session, inputs and outputs bound once to host buffers."""
+
+    def __init__(self, session, feeds: dict, outputs: list[str]):
+        self.session, self.binding = session, session.io_binding()
+        for name, a in feeds.items():
+            self.binding.bind_cpu_input(name, a)
+        self.out = dict(zip(outputs, session.run(outputs, feeds)))
+        for name, a in self.out.items():
+            self.binding.bind_output(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+
+    def run(self) -> None:
+        self.session._sess.run_with_iobinding(self.binding._iobinding, None)
+
+
+def setup(model: str, k: int, threads: int):
+    """(host side, graph side, the verify's ids) on `model` at M = k+1, after a prefill of a seeded prompt."""
+    import onnxruntime as ort
+
+    desc = model_for(RunConfig(model=model)).description
+    stepper = Stepper(desc, threads=threads)
+    rng = np.random.default_rng(0)
+    stepper.forward(rng.integers(1, desc.vocab_size, 16))
+    first = int(stepper.forward(rng.integers(1, desc.vocab_size, 1))["logits"][-1].argmax())
+    ids = np.array([[first] + rng.integers(1, desc.vocab_size, k).tolist()], dtype=np.int64)
+    io = stepper.io
+    total = stepper.length + k + 1 if stepper.growing else desc.capacity
+    feeds = {io.input_ids: ids, **own_feeds(stepper.declared, stepper.length, k + 1, total)}
+    for kv in io.kv:
+        feeds[kv.past_key], feeds[kv.past_value] = stepper.kv[kv.layer]
+    feeds.update({s.past: stepper.states[s.past] for s in io.states})
+    feeds = {n: np.ascontiguousarray(a) for n, a in feeds.items() if n in stepper.inputs}
+    outputs = [io.logits, io.hidden] + [n for kv in io.kv for n in (kv.present_key, kv.present_value)]
+    outputs += [s.present for s in io.states]
+    original = onnx.load(str(stepper.original))
+    appended = with_verdict(original, io.input_ids, io.logits)
+    so = session_options(threads)
+    host = BoundVerify(ort.InferenceSession(original.SerializeToString(), so, providers=["CPUExecutionProvider"]),
+                       feeds, outputs)
+    graph = BoundVerify(ort.InferenceSession(appended.SerializeToString(), so, providers=["CPUExecutionProvider"]),
+                        feeds, outputs + ["verdict_tokens", "verdict_count"])
+    return host, graph, ids, io.logits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=2000, help="verifies per side per round")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print(f"verify at M = k+1 = {args.k + 1}, {args.calls} calls per side per round, {args.rounds} rounds alternating, "
+          f"{args.threads} thread(s); microseconds per verify, median over rounds")
+    print(f"{'model':>8} {'host: run + accept':>19} {'graph: run':>11} {'graph / host [95% CI]':>27}  same verdict")
+    for model in args.models:
+        host, graph, ids, logits = setup(model, args.k, args.threads)
+        drafts = ids[:, 1:]
+
+        def host_side(host=host, drafts=drafts, logits=host.out[logits]):
+            host.run()
+            return GREEDY_MATCH.accept(np, drafts, logits)
+
+        host_side()
+        graph.run()
+        count, tokens = host_side()
+        same = bool(np.array_equal(tokens, graph.out["verdict_tokens"])) and int(count[0]) == int(
+            graph.out["verdict_count"][0])
+        sides = {"host": host_side, "graph": graph.run}
+        us = {s: [] for s in sides}
+        for r in range(args.rounds):
+            for s in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+                f, t0 = sides[s], time.perf_counter()
+                for _ in range(args.calls):
+                    f()
+                us[s].append((time.perf_counter() - t0) / args.calls * 1e6)
+        ratio = np.array(us["graph"]) / np.array(us["host"])
+        lo, hi = stats.bootstrap_ci(ratio)
+        print(f"{model:>8} {stats.median(us['host']):19.1f} {stats.median(us['graph']):11.1f} "
+              f"{stats.median(ratio):12.3f} [{lo:.3f}, {hi:.3f}]  {'yes' if same else 'NO'}")
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+
+
+if __name__ == "__main__":
+    main()
