@@ -279,18 +279,18 @@ def test_a_timed_speculative_run_returning_the_reference_without_forwards_is_a_m
 
 
 def test_an_oracle_drafter_skipping_the_head_after_the_first_generation_is_a_mismatch(tiny, monkeypatch):
-    from mtplab.engine import speculative
+    from mtplab.engine import step_drafts
 
-    real, calls = speculative.prefill_head, []
+    real, calls = step_drafts.prefill_head, []
 
     def prefill(engine, tokens, hidden):  # from the second generation on, the oracle's head never drafts
         calls.append(1)
         if len(calls) > 1:
-            monkeypatch.setattr(speculative, "draft_head", lambda engine, first, hidden, position, k, *rest: np.zeros(
+            monkeypatch.setattr(step_drafts, "draft_head", lambda engine, first, hidden, position, k, *rest: np.zeros(
                 (engine.batch, k), dtype=np.int64))
         return real(engine, tokens, hidden)
 
-    monkeypatch.setattr(speculative, "prefill_head", prefill)
+    monkeypatch.setattr(step_drafts, "prefill_head", prefill)
     _mismatch(_point(tiny), "forwards differ from the checked run's", "'mtp/M=1': (0,")
 
 
@@ -361,10 +361,10 @@ def test_an_mtp_head_drafting_worse_than_calibrated_is_flagged_and_a_clean_one_i
 
 
 def test_a_head_drafting_from_a_lost_hidden_state_fails_the_head_check(tiny, monkeypatch):
-    from mtplab.engine import speculative
+    from mtplab.engine import step_drafts
 
-    real = speculative.draft_head
-    monkeypatch.setattr(speculative, "draft_head", lambda engine, first, hidden, position, k, *rest: real(
+    real = step_drafts.draft_head
+    monkeypatch.setattr(step_drafts, "draft_head", lambda engine, first, hidden, position, k, *rest: real(
         engine, first, hidden * 0, position, k, *rest))  # the head loses its hidden-state input: its KV row is wrong
     planted = _point(tiny, drafter="mtp", alpha=0.8, tokens=24, rounds=1)
     assert not planted.lossless
@@ -400,12 +400,12 @@ def test_an_executor_that_runs_eager_but_counts_a_replay_is_caught_by_the_backen
 
 @pytest.mark.parametrize("bug", ["no head", "k-1 drafts", "fused for decode-verify"])
 def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, monkeypatch, bug):
-    from mtplab.engine import speculative
+    from mtplab.engine import speculative, step_drafts
 
     if bug == "no head":  # drafts without running the head, and its KV never committed
-        monkeypatch.setattr(speculative, "draft_head", lambda engine, first, hidden, position, k, *rest: np.zeros(
+        monkeypatch.setattr(step_drafts, "draft_head", lambda engine, first, hidden, position, k, *rest: np.zeros(
             (engine.batch, k), dtype=np.int64))
-        monkeypatch.setattr(speculative, "commit_head", lambda *a: (None, None))
+        monkeypatch.setattr(step_drafts, "commit_head", lambda *a: (None, None))
     elif bug == "k-1 drafts":
         real = OracleDrafter.draft
         monkeypatch.setattr(OracleDrafter, "draft", lambda self, first, hidden, position, k: real(

@@ -10,7 +10,7 @@ from conftest import synthetic_calibration
 
 from mtplab.check.lossless import checked_pass
 from mtplab.check.verdict import verdict
-from mtplab.engine import batch_commits, speculative
+from mtplab.engine import batch_commits, speculative, step_drafts
 from mtplab.engine.engine import Engine
 from mtplab.engine.fit import batch_problem
 from mtplab.engine.greedy import decode_rows
@@ -306,7 +306,7 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
         monkeypatch.setattr(point, "decode_rows", lambda e, p, n, margins=False, **kw: (
             real(e, p, n, margins=False), real(e, p, n, margins=False))[1])
     elif plant in ("free drafts", "timed head skipped"):
-        real_draft = speculative.draft_head
+        real_draft = step_drafts.draft_head
         checked = []
 
         def draft_head(engine, first, hidden, position, k, *rest):
@@ -316,7 +316,7 @@ def test_a_batch_points_timed_rounds_and_published_numbers_are_audited(tiny, mon
 
         real_checked = lossless.checked_pass
         monkeypatch.setattr(lossless, "checked_pass", lambda *a: (real_checked(*a), checked.append("done"))[0])
-        monkeypatch.setattr(speculative, "draft_head", draft_head)
+        monkeypatch.setattr(step_drafts, "draft_head", draft_head)
     elif plant == "row 1 done early":  # the timed runs say row 1 had its tokens sooner than the step it had them at
         real_spec = speculative.generate
 

@@ -326,9 +326,9 @@ def test_a_relative_drift_of_1e_5_per_commit_is_caught_within_two_commits(tiny, 
 def test_a_head_kv_left_with_its_own_drafts_is_caught(tiny, monkeypatch, schedule, plant):
     """The head's KV rows after a verify must be the emitted tokens with the target's hidden states: rows left as
     drafting wrote them (a draft's token, the head's own hidden state, a rejected draft) fail the check."""
-    from mtplab.engine import speculative
+    from mtplab.engine import step_drafts
 
-    real = speculative.commit_head
+    real = step_drafts.commit_head
 
     def planted(engine, targets, counts, hidden, start):
         before = [a.copy() for a in engine.mtp_state.kv]
@@ -341,7 +341,7 @@ def test_a_head_kv_left_with_its_own_drafts_is_caught(tiny, monkeypatch, schedul
                     live[b, :, s + c] = kept[b, :, s + c]
         return out
 
-    monkeypatch.setattr(speculative, "commit_head", planted)
+    monkeypatch.setattr(step_drafts, "commit_head", planted)
     run = RunConfig(model="tiny", k=3, drafter="mtp", schedule=schedule, tokens=32, rounds=1)
     r = run_point(run, tiny)
     assert not r.lossless and "the MTP head's KV differs from a teacher-forced head's" in r.verdict, r.verdict
@@ -351,9 +351,9 @@ def test_a_head_whose_last_draft_is_always_wrong_is_caught_at_that_position(tiny
     """Planted: the head's last draft of every step replaced by another token. The head check judges each draft
     against a teacher-forced head chained on the same rows: a kept or rejected draft where that head drafts otherwise
     fails the point, naming the draft position."""
-    from mtplab.engine import speculative
+    from mtplab.engine import step_drafts
 
-    real = speculative.draft_head
+    real = step_drafts.draft_head
 
     def last_wrong(engine, first, hidden, position, k, *rest):
         drafts = real(engine, first, hidden, position, k, *rest)
@@ -361,6 +361,6 @@ def test_a_head_whose_last_draft_is_always_wrong_is_caught_at_that_position(tiny
             drafts[:, -1] = (drafts[:, -1] + 1) % engine.desc.vocab_size
         return drafts
 
-    monkeypatch.setattr(speculative, "draft_head", last_wrong)
+    monkeypatch.setattr(step_drafts, "draft_head", last_wrong)
     r = run_point(RunConfig(model="tiny", k=3, drafter="mtp", tokens=32, rounds=1), tiny)
     assert not r.lossless and "the MTP head's draft 3 at step" in r.verdict, r.verdict

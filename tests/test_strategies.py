@@ -89,7 +89,7 @@ def test_each_row_of_a_drafter_of_your_own_is_held_to_its_batch_of_one_run(tiny,
     run's. Planted: every row's drafter is told row 0's positions; its tokens stay greedy's, its drafts do not."""
     from mtplab.check.lossless import checked_pass
     from mtplab.check.verdict import verdict
-    from mtplab.engine import speculative
+    from mtplab.engine import step_drafts
     from mtplab.engine.engine import Engine
     from mtplab.model.prompts import run_prompts
 
@@ -100,8 +100,8 @@ def test_each_row_of_a_drafter_of_your_own_is_held_to_its_batch_of_one_run(tiny,
 
     monkeypatch.setattr(toys.CopyReferenceKind, "build", lambda self, engine, reference: Garbling(reference, engine.xp))
     if plant:
-        real = speculative.RowDrafters.draft
-        monkeypatch.setattr(speculative.RowDrafters, "draft", lambda self, first, hidden, position, lengths, rows: real(
+        real = step_drafts.RowDrafters.draft
+        monkeypatch.setattr(step_drafts.RowDrafters, "draft", lambda self, first, hidden, position, lengths, rows: real(
             self, first, hidden, np.full_like(position, position[0]), lengths, rows))
     run = RunConfig(model="tiny", k=3, drafter="copy-reference", tokens=24, batch=2)
     engine = Engine(run, tiny)

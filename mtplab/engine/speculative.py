@@ -12,21 +12,17 @@ put back after each step. The batch shape, and so each slot's plan, never change
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.batch_commits import RowKeeper
-from mtplab.engine.batch_head import commit_head, draft_from_rows, draft_head, prefill_head
-from mtplab.engine.drafters import OracleDrafter, row_alphas
 from mtplab.engine.greedy import start_rows
 from mtplab.engine.k_policies import StepCosts
-from mtplab.engine.mixture import distractor_token, mixture_drafts, row_target_rows
 from mtplab.engine.schedules import Phases
+from mtplab.engine.step_drafts import StepDrafts
 from mtplab.engine.strategies import DRAFTERS, K_POLICIES, SCHEDULES
 from mtplab.model.description import beyond_capacity
 from mtplab.runtime.executor import Slot
@@ -94,44 +90,6 @@ def _judged(engine, drafts, logits, lengths: np.ndarray | None) -> tuple:
     return counts, targets
 
 
-def host_drafts(lengths: np.ndarray, rows: list[int], draft: Callable) -> np.ndarray:
-    """The drafts [B, K] of rows drafted one at a time on the host, draft(b, K_b) each: a row that drafts fewer than
-    its K (its reference ends, its drafter stops) has its length lowered to them; K is the longest row's."""
-    drafts = np.zeros((len(lengths), int(lengths.max(initial=0))), dtype=np.int64)
-    for b in rows:
-        made = np.asarray(draft(b, int(lengths[b])), dtype=np.int64)[: lengths[b]]
-        lengths[b] = made.shape[0]
-        drafts[b, : lengths[b]] = made
-    return drafts[:, : int(lengths.max(initial=0))]
-
-
-class RowDrafters:
-    """A drafter of the user's own drafts one sequence: one per row, each told only its own row (prefill, draft,
-    and commit where it has one)."""
-
-    def __init__(self, engine, kind, references, prompts: list[list[int]], first: np.ndarray, hidden, stop):
-        self.engine = engine
-        self.rows = [kind.build(engine, references[b] if references else None) for b in range(engine.batch)]
-        for b, d in enumerate(self.rows):
-            if stop is not None:
-                d.stop = stop
-            d.prefill(prompts[b][1:] + [int(first[b])], hidden[b])
-
-    def draft(self, first, hidden, position, lengths: np.ndarray, rows: list[int]) -> np.ndarray:
-        """Each decoding row's drafts [B, K] (host_drafts: a row may draft fewer than asked)."""
-        read = self.engine.device.read
-        return host_drafts(lengths, rows, lambda b, K: read(self.rows[b].draft(int(first[b]), hidden[b],
-                                                                               int(position[b]), K)))
-
-    def commit(self, hidden, ids: np.ndarray, targets: np.ndarray, counts: np.ndarray, start, rows: list[int]) -> None:
-        """What each decoding row's verify kept: its accepted drafts and bonus at start + 1.., the verify's hidden
-        rows from start."""
-        for b in rows:
-            if (commit := getattr(self.rows[b], "commit", None)) is not None:
-                c = int(counts[b])
-                commit(hidden[b], ids[b, 1 : c + 1].tolist() + [int(targets[b, c])], int(start[b]))
-
-
 def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | None = None,
              on_commit: Callable | None = None) -> SpeculativeRun:
     """Speculative decoding of every row (prompts [B, P]) until it has n tokens; per-row tokens and accepted counts.
@@ -143,9 +101,6 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     run, B, xp, read = engine.spec, engine.batch, engine.xp, engine.device.read
     prompts = np.asarray(prompts, dtype=np.int64)
     check_inputs(engine, prompts, n, references)
-    kind = DRAFTERS.get(run.drafter)
-    oracle = run.drafter == "oracle"
-    mixture = oracle and engine.acceptance.samples  # at T > 0 the oracle drafts from the target's own rows
     decode_first = SCHEDULES.get(run.schedule).decodes > 0
     skip = 0 if decode_first else 1  # fused: the verify's first token was emitted by the step before
     readvance = engine.commit_strategy.verify_in_place
@@ -153,24 +108,10 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     out = start_rows(engine, prompts)
     first = read(engine.acceptance.row_tokens(xp, out["logits"][:, -1]))
     emitted = [[int(t)] for t in first]
-    P, row_prompts = prompts.shape[1], [[int(t) for t in row] for row in prompts]
-    head = not kind.per_row and kind.uses_head(run)
-    if head:
-        ready = prefill_head(engine, np.concatenate([prompts[:, 1:], first[:, None]], 1), out["hidden"])
-    alphas = row_alphas(run.alpha, B)
-    oracles = [OracleDrafter(references[b], alpha, run.seed + b, engine.desc.vocab_size)
-               for b, alpha in enumerate(alphas)] if oracle and not mixture else []
-    for o in oracles:
-        o.prefill([0] * P, None)
-    mixtures = [(row_target_rows(engine, b), distractor_token(run.seed + b, engine.desc.vocab_size))
-                for b in range(B)] if mixture else []
-    for b, (rows_b, _) in enumerate(mixtures):
-        rows_b.start(row_prompts[b])
-    head_choice = GREEDY_MATCH.draft_rows if mixture else None  # the mixture's head runs for its cost, drawing nothing
     engine.last_hidden[...] = out["hidden"][:, -1]
     choosers = [k_chooser(engine) for _ in range(B)]  # each row's draft-length policy, on its own acceptance
     stop = choosers[0].stop  # a policy's stop reads the drafts' logits alone: the same for every row
-    own = RowDrafters(engine, kind, references, row_prompts, first, out["hidden"], stop) if kind.per_row else None
+    drafting = StepDrafts(engine, prompts, first, out["hidden"], references, emitted, stop, decode_first)
     frozen_rows = RowKeeper(engine, "batch-frozen") if B > 1 else None
     frozen_len = np.zeros(B, dtype=np.int64)
     active = [len(e) < n for e in emitted]  # the rows still decoding
@@ -181,13 +122,6 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     phases, steps, all_rows = Phases(), 0, np.arange(B)
     pending, position, verify_start = (np.empty(B, dtype=np.int64) for _ in range(3))
     lengths, verify_ids = np.empty(B, dtype=np.int64), {}  # each step's K per row; the verify's ids, by M
-    def oracle_draft(b: int, K: int, first) -> list[int]:
-        """Row b's K oracle drafts after its token `first[b]` (at the row's position + 1)."""
-        committed = int(position[b]) + 1
-        if not mixture:
-            return oracles[b].draft(None, None, committed - 1, K)
-        context = row_prompts[b] + emitted[b][: committed - P] + [int(first[b])]
-        return mixture_drafts(engine.acceptance, mixtures[b][0], alphas[b], mixtures[b][1], context, committed, K, b)
 
     engine.setup_done()
     t0 = time.perf_counter()
@@ -208,19 +142,12 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         # each row's K this step (its policy's), 0 for a row riding along: it drafts nothing and is not judged
         rows = [b for b in range(B) if active[b]]
         chosen = [c.next_k() if active[b] else 0 for b, c in enumerate(choosers)]
-        lengths[:], width, drafts = chosen, max(chosen), None
+        lengths[:], width = chosen, max(chosen)
         # every row drafts `width` (no row's policy chose fewer, none may stop early): nothing to tell the drafts apart
         uniform = stop is None and min(chosen) == width
-        if head:
-            told = None if uniform else lengths
-            drafts = draft_head(engine, first, hidden, position, width, told, stop, head_choice) if (
-                decode_first) else draft_from_rows(engine, ready, position, width, told, stop, head_choice)
-        if oracle:  # each row its own K drafts (its generator stays where a batch-1 run of the row is)
-            drafts = host_drafts(lengths, rows, functools.partial(oracle_draft, first=first))
-        if own is not None:
-            drafts = own.draft(first, hidden, position, lengths, rows)
+        drafts = drafting.draft(first, hidden, position, lengths, rows, uniform)
         width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
-        if uniform and (oracle or own is not None):  # a row may have drafted fewer (its reference ended)
+        if uniform and drafting.on_host:  # a row may have drafted fewer (its reference ended)
             uniform = bool((lengths == width).all())
         stamps.append(time.perf_counter())  # the drafts'
         M = run.verified(width) + 1  # padded: each row's last draft repeated
@@ -244,10 +171,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         if not decode_first:  # before the commit: a re-advance may reuse the verify's output buffers
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's
-        if head:  # before the commit, for the same reason; draft work (Phases)
-            ready = commit_head(engine, targets, counts, ver["hidden"], verify_start)
-        if own is not None:
-            own.commit(ver["hidden"], ids, targets, counts, verify_start, rows)
+        drafting.commit(ver["hidden"], ids, targets, counts, verify_start, rows)  # before the commit; draft work
         stamps.append(time.perf_counter())  # the head's commit's
         engine.commit(ver, counts + 1, rows, ids, verify_start)
         engine.end_step()
