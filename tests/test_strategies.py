@@ -121,6 +121,12 @@ def test_a_commit_of_your_own_is_refused_at_batch_above_one_before_any_work(toys
         RunConfig(model="tiny", commit="readvance-eager", batch=2)
 
 
+def test_an_acceptance_rule_that_judges_one_sequence_is_refused_at_batch_above_one_before_any_work(toys):
+    with pytest.raises(ConfigError, match=r"acceptance='first-only' judges one sequence \(its accept takes no rows\): "
+                                          r"batch=2 needs accept\(xp, drafts, logits, rows=None\)"):
+        RunConfig(model="tiny", acceptance="first-only", batch=2)
+
+
 def test_a_toy_commit_that_breaks_its_promise_is_caught(tiny, toys, monkeypatch):
     monkeypatch.setattr(toys.ReadvanceEager, "forwards", lambda self, accepted: {})
     r = run_point(RunConfig(**TOY), tiny, calibration=synthetic_calibration(1e-4))

@@ -4,6 +4,7 @@ memory a batch's state takes. (A run's KV capacity, its tokens and prompt: mtpla
 from __future__ import annotations
 
 import glob
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from mtplab.base.memory import meminfo_gib
 from mtplab.engine.batch_commits import BATCH_COMMITS
 from mtplab.engine.spec import EngineSpec
-from mtplab.engine.strategies import COMMITS
+from mtplab.engine.strategies import ACCEPTANCE, COMMITS
 from mtplab.model.batch_form import batch_form_problem
 from mtplab.model.config import k_problem
 from mtplab.runtime.device import backend_problem
@@ -30,6 +31,16 @@ def batch_commit_problem(commit: str, batch: int) -> str | None:
         return None
     return (f"commit={commit!r} commits one sequence (it has no row-by-row form): batch={batch} runs commit in "
             f"{sorted(BATCH_COMMITS)}")
+
+
+def batch_acceptance_problem(acceptance: str, batch: int) -> str | None:
+    """Why an acceptance rule cannot judge `batch` rows, or None: a batch whose rows draft different K judges each
+    group of rows apart, telling the rule which rows they are (accept's `rows`); a rule whose accept takes no rows
+    judges one sequence."""
+    if batch == 1 or "rows" in inspect.signature(ACCEPTANCE.get(acceptance).accept).parameters:
+        return None
+    return (f"acceptance={acceptance!r} judges one sequence (its accept takes no rows): batch={batch} needs "
+            "accept(xp, drafts, logits, rows=None), which judges the rows of a [B, k] batch")
 
 
 def batch_problem(batch: int, desc) -> str | None:
@@ -97,6 +108,7 @@ def spec_problems(spec: EngineSpec, desc, strategies: bool = True, also: tuple =
         COMMITS.get(spec.commit).refusal(desc) if strategies else None,
         COMMITS.get(spec.commit).backend_refusal(spec.backend) if strategies else None,
         batch_commit_problem(spec.commit, spec.batch) if strategies else None,
+        batch_acceptance_problem(spec.acceptance, spec.batch) if strategies else None,
         *also,
         batch_problem(spec.batch, desc),
         memory_problem(spec, desc),

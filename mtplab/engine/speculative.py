@@ -111,7 +111,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     engine.last_hidden[...] = out["hidden"][:, -1]
     choosers = [k_chooser(engine) for _ in range(B)]  # each row's draft-length policy, on its own acceptance
     stop = choosers[0].stop  # a policy's stop reads the drafts' logits alone: the same for every row
-    drafting = StepDrafts(engine, prompts, first, out["hidden"], references, emitted, stop, decode_first)
+    drafting = StepDrafts(engine, prompts, first, out["hidden"], references, stop, decode_first)
     frozen_rows = RowKeeper(engine, "batch-frozen") if B > 1 else None
     frozen_len = np.zeros(B, dtype=np.int64)
     active = [len(e) < n for e in emitted]  # the rows still decoding
@@ -145,7 +145,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         lengths[:], width = chosen, max(chosen)
         # every row drafts `width` (no row's policy chose fewer, none may stop early): nothing to tell the drafts apart
         uniform = stop is None and min(chosen) == width
-        drafts = drafting.draft(first, hidden, position, lengths, rows, uniform)
+        drafts = drafting.draft(first, hidden, position, lengths, rows, uniform, emitted)
         width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
         if uniform and drafting.on_host:  # a row may have drafted fewer (its reference ended)
             uniform = bool((lengths == width).all())
@@ -172,7 +172,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
             engine.last_hidden[...] = ver["hidden"][all_rows, counts]
         stamps.append(time.perf_counter())  # the verify's
         drafting.commit(ver["hidden"], ids, targets, counts, verify_start, rows)  # before the commit; draft work
-        stamps.append(time.perf_counter())  # the head's commit's
+        stamps.append(time.perf_counter())  # the drafter's commit's
         engine.commit(ver, counts + 1, rows, ids, verify_start)
         engine.end_step()
         steps += 1

@@ -59,57 +59,59 @@ class StepDrafts:
     decode_first: each step decodes its pending token first and drafts from it; else fused, from the last commit.
 
     The head runs where the run's drafter uses it (the oracle's default config runs it for its cost, its drafts
-    replaced by the oracle's); `emitted` is every row's tokens so far, read by the sampled oracle's mixture."""
+    replaced by the oracle's)."""
 
-    def __init__(self, engine, prompts: np.ndarray, first: np.ndarray, hidden, references, emitted: list[list[int]],
-                 stop: Callable | None, decode_first: bool):
+    def __init__(self, engine, prompts: np.ndarray, first: np.ndarray, hidden, references, stop: Callable | None,
+                 decode_first: bool):
         run, B = engine.spec, engine.batch
         kind = DRAFTERS.get(run.drafter)
-        self.engine, self.stop, self.emitted, self.P = engine, stop, emitted, prompts.shape[1]
-        self.decode_first = decode_first  # the step decodes first (its drafts from that decode), else fused
+        self.engine, self.stop, self.decode_first, self.P = engine, stop, decode_first, prompts.shape[1]
         self.row_prompts = [[int(t) for t in row] for row in prompts]
-        self.head = not kind.per_row and kind.uses_head(run)
-        self.ready = (prefill_head(engine, np.concatenate([prompts[:, 1:], first[:, None]], 1), hidden)
-                      if self.head else None)
-        oracle = run.drafter == "oracle"
-        self.mixture = oracle and engine.acceptance.samples  # at T > 0 the oracle drafts from the target's own rows
+        self.runs_head = not kind.per_row and kind.uses_head(run)
+        # the head's logits and hidden state at each row's last committed entry: a fused step's first draft
+        self.head_last = (prefill_head(engine, np.concatenate([prompts[:, 1:], first[:, None]], 1), hidden)
+                          if self.runs_head else None)
+        self.from_oracle = run.drafter == "oracle"
+        # at T > 0 the oracle drafts from a mixture of the target's own rows; its head runs for its cost, drawing nothing
+        self.sampled_oracle = self.from_oracle and engine.acceptance.samples
+        self.head_choice = GREEDY_MATCH.draft_rows if self.sampled_oracle else None
         self.alphas = row_alphas(run.alpha, B)
         self.oracles = [OracleDrafter(references[b], alpha, run.seed + b, engine.desc.vocab_size)
-                        for b, alpha in enumerate(self.alphas)] if oracle and not self.mixture else []
+                        for b, alpha in enumerate(self.alphas)] if self.from_oracle and not self.sampled_oracle else []
         for o in self.oracles:
             o.prefill([0] * self.P, None)
         self.mixtures = [(row_target_rows(engine, b), distractor_token(run.seed + b, engine.desc.vocab_size))
-                         for b in range(B)] if self.mixture else []
+                         for b in range(B)] if self.sampled_oracle else []
         for b, (rows_b, _) in enumerate(self.mixtures):
             rows_b.start(self.row_prompts[b])
-        self.oracle = oracle
-        # the mixture's head runs for its cost, drawing nothing
-        self.head_choice = GREEDY_MATCH.draft_rows if self.mixture else None
-        self.own = RowDrafters(engine, kind, references, self.row_prompts, first, hidden, stop) if kind.per_row else None
-        self.on_host = oracle or self.own is not None  # rows drafted one at a time: a row may draft fewer
+        self.user_drafters = (RowDrafters(engine, kind, references, self.row_prompts, first, hidden, stop)
+                              if kind.per_row else None)
+        self.on_host = self.from_oracle or self.user_drafters is not None  # one row at a time: a row may draft fewer
 
-    def draft(self, first, hidden, position: np.ndarray, lengths: np.ndarray, rows: list[int],
-              uniform: bool) -> np.ndarray:
-        """Every row's drafts [B, K] (K the longest row's) from its token `first[b]` and hidden state at its
-        position; lengths: each row's K (0 for a row that has its tokens), lowered in place where a row drafts fewer;
-        uniform: every row drafts all of them (nothing to tell the rows apart)."""
+    def draft(self, first, hidden, position: np.ndarray, lengths: np.ndarray, rows: list[int], uniform: bool,
+              emitted: list[list[int]]) -> np.ndarray:
+        """Every row's drafts [B, K] (K the longest row's). Row b drafts after its token first[b] at its position,
+        from hidden[b] (the hidden state there: the decode's, or fused, the last commit's); lengths: each row's K
+        (0 for a row that has its tokens), lowered in place where a row drafts fewer; rows: the rows still decoding;
+        uniform: every row drafts all K (nothing to tell the rows apart); emitted: every row's tokens so far (the
+        sampled oracle's context)."""
         width, drafts, told = int(lengths.max(initial=0)), None, None if uniform else lengths
-        if self.head:
+        if self.runs_head:
             drafts = draft_head(self.engine, first, hidden, position, width, told, self.stop, self.head_choice) if (
-                self.decode_first) else draft_from_rows(self.engine, self.ready, position, width, told, self.stop,
-                                                        self.head_choice)
-        if self.oracle:  # each row its own K drafts (its generator stays where a batch-1 run of the row is)
-            drafts = host_drafts(lengths, rows, lambda b, K: self._oracle(b, K, first, position))
-        if self.own is not None:
-            drafts = self.own.draft(first, hidden, position, lengths, rows)
+                self.decode_first) else draft_from_rows(self.engine, self.head_last, position, width, told,
+                                                        self.stop, self.head_choice)
+        if self.from_oracle:  # each row its own K drafts (its generator stays where a batch-1 run of the row is)
+            drafts = host_drafts(lengths, rows, lambda b, K: self._oracle(b, K, first, position, emitted[b]))
+        if self.user_drafters is not None:
+            drafts = self.user_drafters.draft(first, hidden, position, lengths, rows)
         return drafts
 
-    def _oracle(self, b: int, K: int, first, position: np.ndarray) -> list[int]:
-        """Row b's K oracle drafts after its token `first[b]` (at the row's position + 1)."""
+    def _oracle(self, b: int, K: int, first, position: np.ndarray, emitted: list[int]) -> list[int]:
+        """Row b's K oracle drafts after its token `first[b]` (at the row's position + 1); emitted: the row's tokens."""
         committed = int(position[b]) + 1
-        if not self.mixture:
+        if not self.sampled_oracle:
             return self.oracles[b].draft(None, None, committed - 1, K)
-        context = self.row_prompts[b] + self.emitted[b][: committed - self.P] + [int(first[b])]
+        context = self.row_prompts[b] + emitted[: committed - self.P] + [int(first[b])]
         rows_b, distractor = self.mixtures[b]
         return mixture_drafts(self.engine.acceptance, rows_b, self.alphas[b], distractor, context, committed, K, b)
 
@@ -117,7 +119,7 @@ class StepDrafts:
                rows: list[int]) -> None:
         """What each row's verify kept, told to the drafter before the target's commit (a re-advance may reuse the
         verify's output buffers): the head's KV rows from start, a user drafter's commit."""
-        if self.head:
-            self.ready = commit_head(self.engine, targets, counts, ver_hidden, start)
-        if self.own is not None:
-            self.own.commit(ver_hidden, ids, targets, counts, start, rows)
+        if self.runs_head:
+            self.head_last = commit_head(self.engine, targets, counts, ver_hidden, start)
+        if self.user_drafters is not None:
+            self.user_drafters.commit(ver_hidden, ids, targets, counts, start, rows)

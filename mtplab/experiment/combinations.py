@@ -4,7 +4,7 @@ default is one a user gave; every problem names the fields and what is allowed).
 
 from __future__ import annotations
 
-from mtplab.engine.fit import batch_commit_problem
+from mtplab.engine.fit import batch_acceptance_problem, batch_commit_problem
 from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.strategies import ACCEPTANCE, DRAFTERS, K_POLICIES
 from mtplab.experiment.params import AUTO_ROUNDS, INT64_MAX
@@ -76,8 +76,10 @@ def batch_problems(cfg: dict, default: dict) -> list[str]:
                        f"{cfg[name] + cfg['batch'] - 1} passes 2**63 - 1 (give {name} <= {INT64_MAX - cfg['batch'] + 1})")
     if cfg["batch"] == 1:
         return out
-    if why := batch_commit_problem(cfg["commit"], cfg["batch"]):
-        out.append(why)
+    for why in (batch_commit_problem(cfg["commit"], cfg["batch"]),
+                batch_acceptance_problem(cfg["acceptance"], cfg["batch"])):
+        if why:
+            out.append(why)
     if cfg["engine"] != "mtplab":
         out.append(f"batch={cfg['batch']} with engine={cfg['engine']!r}: onnxruntime-genai's MtpGenerator refuses any "
                    "batch size but 1; run batch > 1 with engine='mtplab'")
