@@ -30,7 +30,7 @@ from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.models import model_for
 from mtplab.experiment.config import RunConfig
 from mtplab.measure import stats
-from mtplab.model.stepper import Stepper, own_feeds
+from mtplab.model.stepper import Stepper
 
 
 def with_verdict(model: onnx.ModelProto, ids: str, logits: str) -> onnx.ModelProto:
@@ -107,14 +107,8 @@ def setup(model: str, k: int, threads: int):
     first = int(stepper.forward(rng.integers(1, desc.vocab_size, 1))["logits"][-1].argmax())
     ids = np.array([[first] + rng.integers(1, desc.vocab_size, k).tolist()], dtype=np.int64)
     io = stepper.io
-    total = stepper.length + k + 1 if stepper.growing else desc.capacity
-    feeds = {io.input_ids: ids, **own_feeds(stepper.declared, stepper.length, k + 1, total)}
-    for kv in io.kv:
-        feeds[kv.past_key], feeds[kv.past_value] = stepper.kv[kv.layer]
-    feeds.update({s.past: stepper.states[s.past] for s in io.states})
-    feeds = {n: np.ascontiguousarray(a) for n, a in feeds.items() if n in stepper.inputs}
-    outputs = [io.logits, io.hidden] + [n for kv in io.kv for n in (kv.present_key, kv.present_value)]
-    outputs += [s.present for s in io.states]
+    feeds = {n: np.ascontiguousarray(a) for n, a in stepper.feeds(ids).items()}
+    outputs = stepper.output_names()
     original = onnx.load(str(stepper.original))
     appended = with_verdict(original, io.input_ids, io.logits)
     so = session_options(threads)

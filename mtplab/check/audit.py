@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from mtplab.base.threads import thread_pool, threads_used
 from mtplab.check.expected import forwards_diff, greedy_forwards
 from mtplab.check.trace import Trace, off_plan, runs, slot_states
-from mtplab.check.verdict import STATE_RTOL, StateRule, batch_rule, state_rule, states_difference
+from mtplab.check.verdict import STATE_RTOL, StateRule, batch_rule, first_difference, state_rule, states_difference
 from mtplab.runtime.executor import Slot
 
 # The forwards a slot may spend setting its plan up again at the start of a run (a warm-up and a capture): the
@@ -152,12 +152,12 @@ class Audit:
             self._problem(r, side, text)
         for b, (ks, want) in enumerate(zip(trace.ks or [], checked.ks or [])):
             if ks != want:
-                first = next((i for i, (x, y) in enumerate(zip(ks, want)) if x != y), min(len(ks), len(want)))
+                first = first_difference(ks, want)
                 self._problem(r, side, f"{self._row(b)}draft lengths differ from the checked run's from step "
                                        f"{first + 1} (a draft-length policy must choose alike for the same tokens)")
         for b, (got, want) in enumerate(zip(trace.accepted, checked.accepted)):
             if got != want:
-                first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+                first = first_difference(got, want)
                 self._problem(r, side, f"{self._row(b)}accepted counts differ from the checked run's from step "
                                        f"{first + 1} ({len(got)} steps, checked {len(want)})")
         for b, t in enumerate(spec.finished):  # a row's tokens/s is timed to the end of the step it had its n tokens at
@@ -223,7 +223,7 @@ class Audit:
             if len(tokens) < n:
                 self._problem(r, side, f"{where}made {len(tokens)} tokens, asked for {n}")
             elif tokens[:n] != reference[:n]:
-                first = next(i for i, (x, y) in enumerate(zip(tokens, reference)) if x != y)
+                first = first_difference(tokens[:n], reference[:n])
                 self._problem(r, side, f"{where}token {first} is {tokens[first]}, the reference has {reference[first]}")
 
     def _budget_spent(self, got: dict) -> str | None:

@@ -9,6 +9,7 @@ import hashlib
 import numpy as np
 
 from mtplab.check.trace import Trace
+from mtplab.check.verdict import first_difference
 from mtplab.engine.drafters import OracleDrafter, row_alphas
 from mtplab.engine.strategies import COMMITS, DRAFTERS, K_POLICIES, SCHEDULES
 
@@ -102,7 +103,7 @@ def chosen_problems(engine, accepted: list[int], ks: list[int]) -> list[str]:
         chooser.observe(k, a)
     if want == ks:
         return []
-    first = next(i for i, (a, b) in enumerate(zip(ks, want)) if a != b)
+    first = first_difference(ks, want)
     return [f"it drafted {ks[first]} at step {first + 1}, where k_policy={policy.name!r} chooses {want[first]} for its "
             f"accepted counts ({sum(a != b for a, b in zip(ks, want))} of {len(ks)} steps differ)"]
 

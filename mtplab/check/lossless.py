@@ -142,12 +142,17 @@ def padded_twin(engine, prompts: np.ndarray, n: int, references: list[list[int]]
     twin = Engine(engine.spec.replace(verify_plans="per-length"), engine.art, engine.device)
     twin.k_costs = engine.k_costs
     out = speculative.generate(twin, prompts, n, references)
-    found = [(b, first_difference(out.tokens[b], spec.tokens[b]),
-              first_difference(list(zip(out.accepted[b], out.ks[b])), list(zip(spec.accepted[b], spec.ks[b]))))
-             for b in range(len(spec.tokens))]
+    found = [(b, *apart(out, b, spec, b)) for b in range(len(spec.tokens))]
     row, first, step = next(((b, f, s) for b, f, s in found if f is not None or s is not None), (None, None, None))
     return {"identical": row is None, "first_divergence": first, "first_step": step,
             "row": row if len(found) > 1 else None, "exact": engine.desc.precision == "fp32"}
+
+
+def apart(one: speculative.SpeculativeRun, a: int, other: speculative.SpeculativeRun, b: int) -> tuple:
+    """Where row a of one run parts from row b of another: (the first token that differs, the first step whose
+    accepted count or K differs), each None where they agree."""
+    return (first_difference(one.tokens[a], other.tokens[b]),
+            first_difference(list(zip(one.accepted[a], one.ks[a])), list(zip(other.accepted[b], other.ks[b]))))
 
 
 def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: speculative.SpeculativeRun,
@@ -166,9 +171,7 @@ def batch_one_runs(engine, row_prompts: list[list[int]], n: int, spec: speculati
                      engine.art, engine.device)
         one.k_costs = engine.k_costs  # the batch's prices: a row's policy chooses as in the batch
         by_itself = speculative.generate(one, as_rows(prompt), n, [references[b]] if references else None)
-        first = first_difference(by_itself.tokens[0], spec.tokens[b])
-        step = first_difference(list(zip(by_itself.accepted[0], by_itself.ks[0])),
-                                list(zip(spec.accepted[b], spec.ks[b])))
+        first, step = apart(by_itself, 0, spec, b)
         out.append({"identical": first is None and step is None, "first_divergence": first, "first_step": step,
                     "seed": run.seed + b, "sample_seed": run.sample_seed + b,
                     "exact": engine.desc.precision == "fp32", "padded": run.verify_plans == "padded"})

@@ -145,7 +145,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
         lengths[:], width = chosen, max(chosen)
         # every row drafts `width` (no row's policy chose fewer, none may stop early): nothing to tell the drafts apart
         uniform = stop is None and min(chosen) == width
-        drafts = drafting.draft(first, hidden, position, lengths, rows, uniform, emitted)
+        drafts = drafting.draft(first, hidden, position, lengths, width, rows, uniform, emitted)
         width = drafts.shape[1]  # the longest row's drafts, after its policy's stop
         if uniform and drafting.on_host:  # a row may have drafted fewer (its reference ended)
             uniform = bool((lengths == width).all())

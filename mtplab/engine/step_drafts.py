@@ -88,14 +88,14 @@ class StepDrafts:
                               if kind.per_row else None)
         self.on_host = self.from_oracle or self.user_drafters is not None  # one row at a time: a row may draft fewer
 
-    def draft(self, first, hidden, position: np.ndarray, lengths: np.ndarray, rows: list[int], uniform: bool,
-              emitted: list[list[int]]) -> np.ndarray:
-        """Every row's drafts [B, K] (K the longest row's). Row b drafts after its token first[b] at its position,
-        from hidden[b] (the hidden state there: the decode's, or fused, the last commit's); lengths: each row's K
-        (0 for a row that has its tokens), lowered in place where a row drafts fewer; rows: the rows still decoding;
-        uniform: every row drafts all K (nothing to tell the rows apart); emitted: every row's tokens so far (the
-        sampled oracle's context)."""
-        width, drafts, told = int(lengths.max(initial=0)), None, None if uniform else lengths
+    def draft(self, first, hidden, position: np.ndarray, lengths: np.ndarray, width: int, rows: list[int],
+              uniform: bool, emitted: list[list[int]]) -> np.ndarray:
+        """Every row's drafts [B, K] (K the longest row's, at most width). Row b drafts after its token first[b] at
+        its position, from hidden[b] (the hidden state there: the decode's, or fused, the last commit's); lengths:
+        each row's K (0 for a row that has its tokens; width, the largest), lowered in place where a row drafts
+        fewer; rows: the rows still decoding; uniform: every row drafts all K (nothing to tell the rows apart);
+        emitted: every row's tokens so far (the sampled oracle's context)."""
+        drafts, told = None, None if uniform else lengths
         if self.runs_head:
             drafts = draft_head(self.engine, first, hidden, position, width, told, self.stop, self.head_choice) if (
                 self.decode_first) else draft_from_rows(self.engine, self.head_last, position, width, told,

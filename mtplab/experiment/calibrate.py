@@ -201,12 +201,6 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
         engine.state.lengths[...] = L0
         return engine.forward(Slot.VERIFY, ids[:, :1])
 
-    def eager(M: int) -> dict:  # the same forward outside the slot's plan: what a fallback runs
-        engine.state.lengths[...] = L0
-        if M == 1:
-            return engine.forward(Slot.PRIMARY, ids[:, :1], eager=True)
-        return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False, eager=True)
-
     def commit(on: _OnPrompt, strategy: str, n: int, reps: int) -> float:
         """Mean seconds of one commit of n tokens in every row (the verify it commits from is untimed, run once)."""
         e = on.engine
@@ -242,7 +236,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
             for _ in range(FORWARD_SAMPLES):
                 add("copy/1", lambda: block_time(copy_forward, reps, sync))
         for M in range(1, top + 1):
-            add(f"eager/{M}", lambda M=M: block_time(lambda: eager(M), reps, sync))
+            add(f"eager/{M}", lambda M=M: block_time(lambda: forward(M, eager=True), reps, sync))  # a fallback's
         head()
         add("head", lambda: block_time(head, reps, sync))
         for k in range(1, top):
@@ -293,7 +287,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
 
 class _OnPrompt(NamedTuple):
     """What measure() and recheck_now() time: the calibration's engine, started on its prompts (one per row); the
-    prompts [B, P]; forward(M), the target's forward of M copies of each row's first prompt token at the prompts' end
+    prompts [B, P]; forward(M, eager=False), the target's forward of M copies of each row's first prompt token at the prompts' end
     (M=1 on Primary as greedy decodes, M >= 2 on Verify as select's verify); greedy_token(), greedy's own loop in
     seconds per [B, 1] decode (a replayed M=1 forward plus its per-token host work), the engine back on the prompts
     after it; the largest M; the ids forward(M) feeds ([B, top]: each row's first prompt token) and the lengths it
@@ -301,7 +295,7 @@ class _OnPrompt(NamedTuple):
 
     engine: Any
     prompts: np.ndarray
-    forward: Callable[[int], dict]
+    forward: Callable[..., dict]
     greedy_token: Callable[[], float]
     top: int
     ids: np.ndarray
@@ -320,11 +314,11 @@ def _on_prompt(run: RunConfig, art) -> _OnPrompt:
     start_rows(engine, prompts)
     L0, ids = engine.state.lengths.copy(), np.tile(prompts[:, :1], (1, top))
 
-    def forward(M: int) -> dict:
+    def forward(M: int, eager: bool = False) -> dict:  # eager: outside the slot's plan, as a fallback runs
         engine.state.lengths[...] = L0
         if M == 1:
-            return engine.forward(Slot.PRIMARY, ids[:, :1])
-        return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False)
+            return engine.forward(Slot.PRIMARY, ids[:, :1], eager=eager)
+        return engine.forward(Slot.VERIFY, ids[:, :M], in_place=False, eager=eager)
 
     def greedy_token() -> float:
         g = decode_rows(engine, prompts, greedy_n + 1, margins=False)

@@ -63,6 +63,21 @@ class Stepper:
 
         advance=False computes the outputs but keeps every state and the length as they were.
         """
+        io = self.io
+        feeds = self.feeds(tokens)
+        M = feeds[io.input_ids].shape[1]
+        names = self.output_names()
+        out = dict(zip(names, self.session.run(names, feeds)))
+        if advance:
+            for kv in io.kv:
+                self.kv[kv.layer] = (out[kv.present_key], out[kv.present_value])
+            for s in io.states:
+                self.states[s.past] = out[s.present]
+            self.length += M
+        return {"logits": out[io.logits][0].astype(np.float32), "hidden": out[io.hidden][0].astype(np.float32)}
+
+    def feeds(self, tokens) -> dict[str, np.ndarray]:
+        """The graph's feeds for `tokens` at the current length: ids, lengths and positions, KV and states."""
         io, desc = self.io, self.desc
         ids = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
         M = ids.shape[1]
@@ -74,18 +89,14 @@ class Stepper:
             feeds[kv.past_key], feeds[kv.past_value] = self.kv[kv.layer]
         for s in io.states:
             feeds[s.past] = self.states[s.past]
-        feeds = {n: a for n, a in feeds.items() if n in self.inputs}
+        return {n: a for n, a in feeds.items() if n in self.inputs}
+
+    def output_names(self) -> list[str]:
+        """What a forward reads: logits, hidden states, each KV's and state's present."""
+        io = self.io
         names = [io.logits, io.hidden]
         names += [name for kv in io.kv for name in (kv.present_key, kv.present_value)]
-        names += [s.present for s in io.states]
-        out = dict(zip(names, self.session.run(names, feeds)))
-        if advance:
-            for kv in io.kv:
-                self.kv[kv.layer] = (out[kv.present_key], out[kv.present_value])
-            for s in io.states:
-                self.states[s.past] = out[s.present]
-            self.length += M
-        return {"logits": out[io.logits][0].astype(np.float32), "hidden": out[io.hidden][0].astype(np.float32)}
+        return names + [s.present for s in io.states]
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Copies of the conv and recurrent states and of every attention layer's KV rows [0, length):
