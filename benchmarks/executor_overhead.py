@@ -27,7 +27,7 @@ Per token, on one Engine (tiny, k, default policy and commit), interleaved round
   included).
 Greedy's host path by layer, on the same Engine, interleaved rounds of n tokens, each layer adding to the one
 before, every one relative to the first (the captured plan replayed n times, nothing else): + the loop's own
-work (the token and length feeds rewritten in place, the state's carry, the argmax; nothing stages the feeds
+work (the token and length feeds rewritten in place, the state's carry, the graph's token read; nothing stages the feeds
 yet, so the plan still runs one token at one length), + the replay check (ReplayCheck.stage: the feeds staged
 into the plan's buffers, every binding checked; from here the plan runs the real tokens and lengths), the
 executor's replayer (the check, the replay and the slot's counters), Engine.greedy (the timed loop): where greedy's
@@ -56,10 +56,11 @@ from mtplab.experiment.config import RunConfig
 from mtplab.measure.stats import summarize
 from mtplab.model import build_model, preset
 from mtplab.model.description import length_feeds
+from mtplab.model.greedy_outputs import TOKENS
 from mtplab.model.prompts import prompt_tokens
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
-from mtplab.runtime.sessions import make_session
+from mtplab.runtime.sessions import graph_session
 from mtplab.runtime.state import TargetState, target_io
 
 HOW = ("session.run", "eager IOBinding", "executor replay", "raw replay")
@@ -69,7 +70,7 @@ GREEDY_GOAL, HOST_SHARE_GOAL = 1.2, 0.20
 def per_run(art, k: int, runs: int, threads: int) -> dict[tuple[str, str], float]:
     """Median microseconds per run, per (slot, how)."""
     cfg = art.config
-    session = make_session(art.target, threads=threads)
+    session = graph_session(art.description.target, threads=threads)
     state = TargetState.allocate(art.description, Arena("main"))
     arena = Arena("shared")
     ex = Executor(
@@ -249,7 +250,7 @@ def per_token(art, k: int, alpha: float, rounds: int, n: int, threads: int, sche
             "ratio_ci": engine["ratio_ci"], **spec("spec"), **unclocked_share}
 
 
-LAYERS = ("plan replay", "+ feeds, carry, argmax", "+ replay check", "Executor.replayer", "Engine.greedy",
+LAYERS = ("plan replay", "+ feeds, carry, token", "+ replay check", "Executor.replayer", "Engine.greedy",
           "Engine.forward's path")
 
 
@@ -276,7 +277,7 @@ def greedy_layers(art, rounds: int, n: int, threads: int) -> dict[str, dict]:
                 plan.run()
             elif layer == "Engine.forward's path":
                 out = eng.forward(Slot.PRIMARY, ids)
-                ids[0, 0] = out[io.logits][0, 0].argmax()
+                ids[0, 0] = out[TOKENS][0, 0]
             else:
                 length_feeds(io, state.length, 1, desc.capacity, feeds)
                 if layer == "Executor.replayer":
@@ -288,7 +289,7 @@ def greedy_layers(art, rounds: int, n: int, threads: int) -> dict[str, dict]:
                     out = check.result
                 for committed, present in carries:
                     committed[...] = present
-                ids[0, 0] = out[io.logits][0, 0].argmax()
+                ids[0, 0] = out[TOKENS][0, 0]
             state.length += 1
         return (time.perf_counter() - t0) / (n - 1)
 

@@ -43,6 +43,7 @@ from mtplab.engine.models import model_for
 from mtplab.experiment.config import RunConfig
 from mtplab.measure.stats import summarize
 from mtplab.model.description import length_feeds
+from mtplab.model.greedy_outputs import ACCEPTED, TOKENS
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.plans import CpuPlanBackend, direct_runner
 from mtplab.runtime.sessions import make_session
@@ -115,10 +116,11 @@ class CApiSession:
 
 
 def _named_io(desc, state: TargetState, tokens: np.ndarray) -> tuple[dict, dict]:
-    """A forward's inputs and outputs by name, as target_io binds them (its other outputs into new arrays)."""
+    """A forward's inputs and outputs by name, as target_io binds them (its other outputs into new arrays), less the
+    greedy choice mtplab appends to a graph it runs: the graph here is the file as it is."""
     feeds, outputs, bound = target_io(desc, state, tokens)
     inputs = dict(feeds) | {name: a for name, a, out in bound if not out}
-    results = {name: np.zeros(shape, dtype) for name, (shape, dtype) in outputs.items()}
+    results = {name: np.zeros(shape, dtype) for name, (shape, dtype) in outputs.items() if name not in (TOKENS, ACCEPTED)}
     return inputs, results | {name: a for name, a, out in bound if out}
 
 

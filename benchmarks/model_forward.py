@@ -17,7 +17,7 @@ import numpy as np
 from mtplab.model import build_model, preset_config
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import Executor, Slot, SlotMemory
-from mtplab.runtime.sessions import make_session
+from mtplab.runtime.sessions import graph_session
 from mtplab.runtime.state import TargetState, target_io
 
 MS = (1, 2, 4, 8)
@@ -28,7 +28,7 @@ def measure(name: str, repeats: int, int4: bool = False) -> dict[int, float]:
     cfg = art.config
     main = Arena("main")
     state = TargetState.allocate(art.description, main)
-    session = make_session(art.target)
+    session = graph_session(art.description.target)
     execs = {M: Executor({Slot.PRIMARY: session}, {Slot.PRIMARY: SlotMemory(Arena(f"M{M}"))}) for M in MS}
     times: dict[int, list[float]] = {M: [] for M in MS}
     for rep in range(repeats + 3):

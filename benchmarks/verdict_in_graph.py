@@ -1,16 +1,17 @@
-"""The greedy verdict on the host against the same verdict inside the graph, side by side on a real target graph.
+"""The greedy verdict inside the graph (what the engine runs) against the same verdict on the host, side by side on
+a real target graph.
 
-The verify a speculative step runs returns logits [1, k+1, V]; greedy-match then takes their argmax and the longest
-run of drafts equal to it (mtplab.engine.acceptance: NumPy on the CPU, CuPy kernels on a GPU). The alternative moves
-both into the graph: an ArgMax, and a compare that counts the leading matches (Slice, Equal, Not, Cast, CumSum,
-Equal, Cast, ReduceSum), so the host reads k+1 tokens and one count. Both sides here run the target's verify at
-M = k+1 through an IOBinding bound to preallocated host buffers, the decode's feeds and state from a prefilled prompt;
-"host" is the original graph's run followed by GREEDY_MATCH.accept, "graph" the appended graph's run alone (its
-tokens and count read from its bound outputs). Before timing, both sides judge three sets of drafts (random ones,
-the target's own argmax fed back until it holds, and those with their last draft changed) and must give the same
-tokens and counts. Rounds alternate which side runs first; each round times a block of calls per side and the ratio
-graph / host of their mean times is taken per round. Prints microseconds per verify and the ratio's median with its
-95% bootstrap interval; `uptime` before and after.
+Every graph the engine runs outputs its own greedy choice (mtplab.model.greedy_outputs: an ArgMax, and the count of
+leading drafts equal to it), so a greedy step reads k + 1 tokens and a count, not logits. The alternative it
+replaced: the verify's logits [1, k+1, V] read by the host, which takes their argmax and the longest run of drafts
+equal to it in NumPy. Both sides here run the target's verify at M = k+1 through an IOBinding bound to preallocated
+host buffers, the decode's feeds and state from a prefilled prompt; "host" is the original graph's run followed by
+NumPy's argmax and leading run, "graph" the appended graph's run alone (its tokens and count read from its bound
+outputs). Before timing, both sides judge three sets of drafts (random ones, the target's own argmax fed back until
+it holds, and those with their last draft changed) and must give the same tokens and counts. Rounds alternate which
+side runs first; each round times a block of calls per side and the ratio graph / host of their mean times is taken
+per round. Prints microseconds per verify and the ratio's median with its 95% bootstrap interval; `uptime` before
+and after.
 
     python benchmarks/verdict_in_graph.py [--models tiny small] [--k 3] [--calls 2000] [--rounds 15] [--threads 1]
 """
@@ -23,41 +24,20 @@ import time
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
 
 from mtplab.base.threads import session_options
-from mtplab.engine.acceptance import GREEDY_MATCH
 from mtplab.engine.models import model_for
 from mtplab.experiment.config import RunConfig
 from mtplab.measure import stats
+from mtplab.model.greedy_outputs import ACCEPTED, TOKENS, append_greedy_outputs
 from mtplab.model.stepper import Stepper
 
 
-def with_verdict(model: onnx.ModelProto, ids: str, logits: str) -> onnx.ModelProto:
-    """A copy of the target whose graph also outputs `verdict_tokens` [B, M] (the argmax) and `verdict_count` [B]
-    (the leading drafts ids[:, 1:] equal to the argmax before them)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-
-    def const(name, v):
-        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [v]))
-
-    m.graph.node.extend([
-        const("vg_zero", 0), const("vg_one", 1), const("vg_end", 1 << 62), const("vg_last", -1),
-        helper.make_node("ArgMax", [logits], ["verdict_tokens"], axis=-1, keepdims=0),
-        helper.make_node("Slice", [ids, "vg_one", "vg_end", "vg_one"], ["vg_drafts"]),
-        helper.make_node("Slice", ["verdict_tokens", "vg_zero", "vg_last", "vg_one"], ["vg_targets"]),
-        helper.make_node("Equal", ["vg_drafts", "vg_targets"], ["vg_eq"]),
-        helper.make_node("Not", ["vg_eq"], ["vg_ne"]),
-        helper.make_node("Cast", ["vg_ne"], ["vg_ne_i"], to=TensorProto.INT64),
-        helper.make_node("CumSum", ["vg_ne_i", "vg_one"], ["vg_misses"]),
-        helper.make_node("Equal", ["vg_misses", "vg_zero"], ["vg_kept"]),
-        helper.make_node("Cast", ["vg_kept"], ["vg_kept_i"], to=TensorProto.INT64),
-        helper.make_node("ReduceSum", ["vg_kept_i", "vg_one"], ["verdict_count"], keepdims=0),
-    ])
-    m.graph.output.extend([helper.make_tensor_value_info("verdict_tokens", TensorProto.INT64, ["B", "M"]),
-                           helper.make_tensor_value_info("verdict_count", TensorProto.INT64, ["B"])])
-    return m
+def host_verdict(drafts: np.ndarray, logits: np.ndarray) -> tuple[int, np.ndarray]:
+    """(kept drafts, targets) of one row on the host: NumPy's argmax, then the leading drafts equal to it."""
+    targets = logits[0].argmax(-1)
+    missed = drafts[0] != targets[:-1]
+    return int(missed.argmax()) if missed.any() else len(missed), targets
 
 
 class BoundVerify:
@@ -89,10 +69,10 @@ def same_verdicts(host: BoundVerify, graph: BoundVerify, ids_name: str, logits: 
     cases[2][0, -1] = (cases[2][0, -1] + 1) % host.out[logits].shape[-1]
     counts = []
     for case in cases:
-        count, tokens = GREEDY_MATCH.accept(np, case[:, 1:], host.run_on(ids_name, case, [logits])[0])
-        g_tokens, g_count = graph.run_on(ids_name, case, ["verdict_tokens", "verdict_count"])
-        assert np.array_equal(tokens, g_tokens) and int(count[0]) == int(g_count[0]), (case, count, g_count)
-        counts.append(int(count[0]))
+        count, tokens = host_verdict(case[:, 1:], host.run_on(ids_name, case, [logits])[0])
+        g_tokens, g_count = graph.run_on(ids_name, case, [TOKENS, ACCEPTED])
+        assert np.array_equal(tokens, g_tokens[0]) and count == int(g_count[0]), (case, count, g_count)
+        counts.append(count)
     return counts
 
 
@@ -110,12 +90,14 @@ def setup(model: str, k: int, threads: int):
     feeds = {n: np.ascontiguousarray(a) for n, a in stepper.feeds(ids).items()}
     outputs = stepper.output_names()
     original = onnx.load(str(stepper.original))
-    appended = with_verdict(original, io.input_ids, io.logits)
+    appended = onnx.ModelProto()
+    appended.CopyFrom(original)
+    append_greedy_outputs(appended, io.input_ids, io.logits)
     so = session_options(threads)
     host = BoundVerify(ort.InferenceSession(original.SerializeToString(), so, providers=["CPUExecutionProvider"]),
                        feeds, outputs)
     graph = BoundVerify(ort.InferenceSession(appended.SerializeToString(), so, providers=["CPUExecutionProvider"]),
-                        feeds, outputs + ["verdict_tokens", "verdict_count"])
+                        feeds, outputs + [TOKENS, ACCEPTED])
     return host, graph, ids, io.input_ids, io.logits
 
 
@@ -139,7 +121,7 @@ def main() -> None:
 
         def host_side(host=host, drafts=drafts, logits=host.out[logits]):
             host.run()
-            return GREEDY_MATCH.accept(np, drafts, logits)
+            return host_verdict(drafts, logits)
 
         sides = {"host": host_side, "graph": graph.run}
         us = {s: [] for s in sides}

@@ -20,7 +20,7 @@ from mtplab.model import build_model, preset  # noqa: E402
 from mtplab.runtime.arena import Arena  # noqa: E402 - after the cache is set
 from mtplab.runtime.executor import Executor, Slot  # noqa: E402
 from mtplab.runtime.plans import CpuPlanBackend  # noqa: E402
-from mtplab.runtime.sessions import make_session  # noqa: E402
+from mtplab.runtime.sessions import graph_session  # noqa: E402
 from mtplab.runtime.slot_memory import SlotMemory  # noqa: E402
 from mtplab.runtime.state import TargetState, target_io  # noqa: E402
 
@@ -55,7 +55,7 @@ class Runner:
 
     def __init__(self, art):
         self.cfg = art.config
-        self.session = make_session(art.target)
+        self.session = graph_session(art.description.target)
         self.state = TargetState.allocate(art.description, Arena("test"))
 
     def forward(self, tokens, in_place: bool = True) -> dict:
@@ -113,18 +113,17 @@ def overaccepting_notebooks(tmp_path):
         tmp_path / "overaccepting-notebooks",
         [
             "import mtplab.engine.acceptance as planted\n",
-            "true_count = planted.accepted_count\n",
-            "planted.accepted_count = lambda xp, d, t: xp.minimum(true_count(xp, d, t) + 1, d.shape[-1])\n",
+            "planted.GreedyMatch.accept = lambda self, xp, d, lg, g, n, rows=None: (xp.minimum(n + 1, d.shape[-1]), g)\n",
         ],
     )
 
 
 def plant_over_accept(monkeypatch) -> None:
-    """Plant: every verify keeps one draft more than matched (greedy-match's acceptance.accepted_count)."""
+    """Plant: every verify keeps one draft more than matched (greedy-match's verdict, GreedyMatch.accept)."""
     from mtplab.engine import acceptance
 
-    real = acceptance.accepted_count
-    monkeypatch.setattr(acceptance, "accepted_count", lambda xp, d, t: xp.minimum(real(xp, d, t) + 1, d.shape[-1]))
+    monkeypatch.setattr(acceptance.GreedyMatch, "accept",
+                        lambda self, xp, d, lg, g, n, rows=None: (xp.minimum(n + 1, d.shape[-1]), g))
 
 
 def synthetic_calibration(t1: float = 1e-3) -> dict:

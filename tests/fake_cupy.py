@@ -191,6 +191,10 @@ def where(cond, x, y):
     return _wrap(np.where(_unwrap(cond), _unwrap(x), _unwrap(y)))
 
 
+def minimum(a, b):
+    return _wrap(np.minimum(_unwrap(a), _unwrap(b)))
+
+
 def cumprod(a, axis=None):
     return ndarray(np.cumprod(_unwrap(a), axis=axis))
 

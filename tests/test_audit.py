@@ -427,16 +427,16 @@ def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, mon
 @pytest.mark.parametrize("bug", ["policy", "threads", "retain"])
 def test_an_engine_built_otherwise_than_its_config_is_caught(tiny, monkeypatch, bug):
     from mtplab.engine import engine as engine_mod
-    from mtplab.runtime import device as device_mod
     from mtplab.runtime import executor as executor_mod
+    from mtplab.runtime import sessions as sessions_mod
     from mtplab.runtime.policy import policy
 
     if bug == "policy":
         monkeypatch.setattr(engine_mod, "policy", lambda name: policy("shared-max"))
     elif bug == "threads":
-        real_session = device_mod.make_session
-        monkeypatch.setattr(device_mod, "make_session", lambda path, shared=None, threads=0, provider=None: real_session(
-            path, shared, threads=0, provider=provider))
+        real_session = sessions_mod.make_session
+        monkeypatch.setattr(sessions_mod, "make_session", lambda path, shared, threads, provider, greedy: real_session(
+            path, shared, 0, provider, greedy))
     else:
         real_init = executor_mod.Executor.__init__
         monkeypatch.setattr(executor_mod.Executor, "__init__", lambda self, *a, **kw: real_init(

@@ -95,11 +95,11 @@ def test_the_heads_steps_are_counted_when_a_step_raises(tiny):
     eng, hidden = _head_ready(tiny)
     picks = []
 
-    def choose(xp, rows, drawing=None):  # the acceptance rule's draft_rows, failing on the third step
+    def choose(xp, rows, greedy, drawing=None):  # the acceptance rule's draft_rows, failing on the third step
         picks.append(1)
         if len(picks) == 3:
             raise RuntimeError("planted")
-        return rows.argmax(-1)
+        return greedy
 
     with pytest.raises(RuntimeError, match="planted"):
         draft_head(eng, np.array([3]), hidden, np.array([6]), 4, choose=choose)
@@ -110,7 +110,7 @@ def test_a_draft_rule_given_after_the_plan_is_captured_is_the_one_the_drafts_fol
     eng, hidden = _head_ready(tiny)
     first, at = np.array([3]), np.array([7])
     argmax = [draft_head(eng, first, hidden, at, 4).tolist() for _ in range(2)][1]  # the second from the captured plan
-    assert draft_head(eng, first, hidden, at, 4, choose=lambda xp, rows, drawing=None: rows.argmin(-1)).tolist() != argmax
+    assert draft_head(eng, first, hidden, at, 4, choose=lambda xp, rows, greedy, drawing=None: rows.argmin(-1)).tolist() != argmax
 
 
 PYCODE = Path(__file__).parents[1] / "models" / "pycode"

@@ -178,8 +178,8 @@ def test_an_accept_patched_onto_the_rule_later_is_the_one_the_verify_runs(tiny, 
     prompt = prompt_tokens(tiny.config.vocab_size, 8, 0)
     spec = Engine(RunConfig(model="tiny", k=3), tiny).speculative(prompt, 24)
     assert set(spec["accepted"]) != {0}
-    monkeypatch.setattr(GreedyMatch, "accept", lambda self, xp, drafts, logits, rows=None: (
-        np.zeros(drafts.shape[:-1], np.int64), logits.argmax(-1)))
+    monkeypatch.setattr(GreedyMatch, "accept", lambda self, xp, drafts, logits, greedy, kept, rows=None: (
+        np.zeros(drafts.shape[:-1], np.int64), greedy))
     patched = Engine(RunConfig(model="tiny", k=3), tiny).speculative(prompt, 24)
     assert set(patched["accepted"]) == {0} and patched["tokens"][:24] == spec["tokens"][:24]
 

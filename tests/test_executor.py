@@ -15,7 +15,7 @@ from mtplab.model.description import length_feeds
 from mtplab.runtime.arena import Arena
 from mtplab.runtime.executor import COUNTER_KEYS, Executor, Slot, Status
 from mtplab.runtime.policy import policy
-from mtplab.runtime.sessions import make_session
+from mtplab.runtime.sessions import graph_session
 from mtplab.runtime.slot_memory import SlotMemory
 from mtplab.runtime.state import TargetState, target_io
 
@@ -23,7 +23,7 @@ from mtplab.runtime.state import TargetState, target_io
 @pytest.fixture
 def setup(tiny):
     cfg = tiny.config
-    session = make_session(tiny.target)
+    session = graph_session(tiny.description.target)
     state = TargetState.allocate(tiny.description, Arena("main"))
     arena = Arena("shared")
     ex = Executor(
@@ -419,7 +419,7 @@ def test_a_replayer_runs_as_run_does_and_names_its_slot(tiny, setup):
 def test_plans_replay_through_the_c_entry_unless_the_session_s_own_call_was_replaced(tiny):
     from mtplab.runtime.plans import direct_runner
 
-    session = make_session(tiny.target)
+    session = graph_session(tiny.description.target)
     io = session.io_binding()
     assert direct_runner(session, io).func == session._sess.run_with_iobinding  # the wrapper's checks skipped
     calls = []

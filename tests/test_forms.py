@@ -25,7 +25,7 @@ from mtplab.model.graph import build_target
 from mtplab.model.reference import ReferenceModel, ReferenceMTP
 from mtplab.model.weights import target_weights
 from mtplab.runtime.arena import Arena
-from mtplab.runtime.sessions import make_session
+from mtplab.runtime.sessions import graph_session, make_session
 from mtplab.runtime.state import TargetState, target_io
 
 NEWEST = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2]) >= (1, 32)
@@ -133,7 +133,7 @@ def test_the_head_of_every_accepted_form_matches_the_reference_at_m1_and_after_a
     art = models(form, dtype)
     cfg = art.config
     ref = ReferenceMTP(cfg, weights_from_onnx(art.mtp))  # the head is fitted at build: read what it holds
-    session = make_session(art.mtp)
+    session = graph_session(art.description.mtp)
     names = {i.name for i in session.get_inputs()}
     kv = [np.zeros((1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim), art_dtype(dtype)) for _ in range(2)]
     rng, past = np.random.default_rng(3), 0
@@ -195,7 +195,7 @@ def test_every_accepted_form_matches_the_numpy_reference_at_m1_and_m4(models, fo
     """Prefill, then M=1 decodes and M=4 verifies after a past (GroupQueryAttention's subsequent-prompt path)."""
     art = models(form, dtype)
     cfg, ref = art.config, _reference(art.config)
-    session, state, rs = make_session(art.target), TargetState.allocate(art.description, Arena("t")), None
+    session, state, rs = graph_session(art.description.target), TargetState.allocate(art.description, Arena("t")), None
     rs = ref.new_state()
     rng = np.random.default_rng(2)
     for M in (8, 1, 4, 1, 4, 4, 1):

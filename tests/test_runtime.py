@@ -67,11 +67,11 @@ def test_the_cpu_linear_attention_kernel_on_one_buffer_computes_bitwise_what_it_
     from mtplab.model.builder import open_builder
     from mtplab.model.prompts import prompt_tokens
     from mtplab.runtime.executor import Executor, Slot
-    from mtplab.runtime.sessions import make_session
+    from mtplab.runtime.sessions import graph_session
     from mtplab.runtime.slot_memory import SlotMemory
 
     art = open_builder(Path(__file__).parent / "data" / "builder-tiny")
-    session = make_session(art.description.target.path)
+    session = graph_session(art.description.target)
     model = onnx.load(str(art.description.target.path))
     states = [TargetState.allocate(d, Arena(name)) for d, name in
               ((art.description, "own"), (art.description.on_provider("CPUExecutionProvider"), "aliased"))]
@@ -103,7 +103,7 @@ def test_every_binding_the_engine_makes_is_in_place_only_where_the_kernel_allows
     models = {}
     ops = set()
     for session, binds in backend.seen:
-        path = session._model_path
+        path = session.graph_path
         model = models.setdefault(path, onnx.load(path))
         for provider in ("CUDAExecutionProvider", "CPUExecutionProvider"):
             check_in_place(model, binds, provider)
@@ -127,7 +127,7 @@ def test_a_builder_graphs_state_is_in_place_only_where_its_ops_kernel_allows(fol
     assert eng.speculative(prompt, 12)["tokens"][:12] == eng.greedy(prompt, 12).tokens
     seen, aliased = set(), []
     for session, binds in backend.seen:
-        model = onnx.load(session._model_path)
+        model = onnx.load(str(session.graph_path))
         check_in_place(model, binds, "CPUExecutionProvider")
         pairs = {op for op, *_ in in_place_pairs(model, binds)}
         seen |= pairs

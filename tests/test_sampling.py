@@ -158,7 +158,7 @@ def _by_position(setting: str, plant=None) -> tuple[np.ndarray, np.ndarray]:
     counts = np.zeros((k + 1, VERIFY_V), dtype=np.int64)
     for _ in range(VERIFIES):
         drafts = np.array([rule.draft_token(np, draft[i]) for i in range(k)], dtype=np.int64)
-        n, targets = rule.accept(np, drafts, target)
+        n, targets = rule.accept(np, drafts, target, target.argmax(-1), None)  # the graph's choice, unread here
         counts[np.arange(n + 1), [*drafts[:n], targets[n]]] += 1
     return counts, _reference_probs(target, temperature, top_k, top_p)
 

@@ -123,7 +123,7 @@ def test_a_commit_of_your_own_is_refused_at_batch_above_one_before_any_work(toys
 
 def test_an_acceptance_rule_that_judges_one_sequence_is_refused_at_batch_above_one_before_any_work(toys):
     with pytest.raises(ConfigError, match=r"acceptance='first-only' judges one sequence \(its accept takes no rows\): "
-                                          r"batch=2 needs accept\(xp, drafts, logits, rows=None\)"):
+                                          r"batch=2 needs accept\(xp, drafts, logits, greedy, kept, rows=None\)"):
         RunConfig(model="tiny", acceptance="first-only", batch=2)
 
 

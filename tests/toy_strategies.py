@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mtplab.engine.acceptance import GREEDY_MATCH, AcceptanceRule
+from mtplab.engine.acceptance import AcceptanceRule
 from mtplab.engine.commits import CommitStrategy
 from mtplab.engine.drafters import DrafterKind
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS
@@ -63,14 +63,14 @@ class FirstOnly(AcceptanceRule):
     name = "first-only"
     summary = "greedy match, keeping at most the first draft"
 
-    def token(self, xp, row):
-        return GREEDY_MATCH.token(xp, row)
+    def row_tokens(self, xp, rows, greedy):
+        return greedy
 
-    draft_token = token
+    def draft_rows(self, xp, rows, greedy, drawing=None):
+        return greedy
 
-    def accept(self, xp, drafts, logits):
-        n, targets = GREEDY_MATCH.accept(xp, drafts, logits)
-        return xp.minimum(n, 1), targets
+    def accept(self, xp, drafts, logits, greedy, kept):  # one sequence: refused at batch > 1
+        return xp.minimum(kept, 1), greedy
 
 
 TOYS = (COMMITS.register(ReadvanceEager()), DRAFTERS.register(CopyReferenceKind()), ACCEPTANCE.register(FirstOnly()))

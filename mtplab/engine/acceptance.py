@@ -40,72 +40,57 @@ class AcceptanceRule:
         return None
 
     def token(self, xp, row):
-        """The target's token from one logits row [V]: the prefill's, each greedy decode's."""
+        """The target's token from one logits row [V] (a rule that chooses row by row; greedy-match chooses in the
+        graph)."""
         raise NotImplementedError
 
     def draft_token(self, xp, row):
-        """A drafter's token from its own logits row [V]."""
+        """A drafter's token from its own logits row [V] (as token())."""
         raise NotImplementedError
 
-    def row_tokens(self, xp, rows):
+    def row_tokens(self, xp, rows, greedy):
         """The target's tokens [B] from a batch's logits rows [B, V], row b as a batch-1 run of it chooses (token()
-        row by row, unless a rule does better)."""
+        row by row, unless a rule does better); greedy [B]: the graph's argmax of each row (greedy_outputs)."""
         return xp.stack([xp.asarray(self.token(xp, row)) for row in rows])
 
-    def draft_rows(self, xp, rows, drawing=None):
-        """A drafter's tokens [B] from a batch's logits rows [B, V], row b as draft_token chooses for a batch-1 run;
-        drawing: the rows that draft (default all), the others' tokens are placeholders that consume nothing."""
+    def draft_rows(self, xp, rows, greedy, drawing=None):
+        """A drafter's tokens [B] from a batch's logits rows [B, V] (greedy: the head graph's argmax of each), row b
+        as draft_token chooses for a batch-1 run; drawing: the rows that draft (default all), the others take their
+        argmax as a placeholder that consumes nothing."""
         drawn = range(len(rows)) if drawing is None else set(int(b) for b in drawing)
-        return xp.stack([xp.asarray(self.draft_token(xp, row) if b in drawn else row.argmax())
+        return xp.stack([xp.asarray(self.draft_token(xp, row) if b in drawn else greedy[b])
                          for b, row in enumerate(rows)])
 
-    def accept(self, xp, drafts, logits, rows=None):
+    def accept(self, xp, drafts, logits, greedy, kept, rows=None):
         """(accepted count: a 0-d device array, an int on the host; the target's tokens t0..tk [k+1]) for drafts [k]
-        and the verify's logits [k+1, V]; the bonus token is tokens[count]. With a batch axis first (drafts [B, k],
-        logits [B, k+1, V]): counts [B], tokens [B, k+1]; rows: which of the batch's rows they are (default all)."""
+        and the verify's logits [k+1, V]; the bonus token is tokens[count]. greedy [k+1], kept: the graph's argmax
+        and how many leading drafts equal it (greedy_outputs). With a batch axis first (drafts [B, k], logits
+        [B, k+1, V], greedy [B, k+1], kept [B]): counts [B], tokens [B, k+1]; rows: which of the batch's rows they
+        are (default all)."""
         raise NotImplementedError
 
 
 class GreedyMatch(AcceptanceRule):
+    """Greedy decoding: the graph's own choice (its ArgMax, and its count of the drafts equal to it), taken as it is:
+    the host computes nothing."""
+
     name = "greedy-match"
     summary = "keep the longest prefix of drafts equal to the target's argmax, then the target's argmax (lossless)"
     keeps_longest_match = True
 
-    def token(self, xp, row):
-        return row.argmax() if xp is np else xp.argmax(row)  # numpy: the method, without np.argmax's dispatch
+    def token(self, xp, row):  # a logits row from outside mtplab's graphs (a drafter of the user's own)
+        return row.argmax() if xp is np else xp.argmax(row)
 
     draft_token = token
 
-    def row_tokens(self, xp, rows):
-        return rows.argmax(-1) if xp is np else xp.argmax(rows, axis=-1)
+    def row_tokens(self, xp, rows, greedy):
+        return greedy
 
-    def draft_rows(self, xp, rows, drawing=None):
-        return self.row_tokens(xp, rows)
+    def draft_rows(self, xp, rows, greedy, drawing=None):
+        return greedy
 
-    def accept(self, xp, drafts, logits, rows=None):
-        targets = logits.argmax(-1) if xp is np else xp.argmax(logits, axis=-1)
-        return accepted_count(xp, drafts, targets), targets
-
-
-def accepted_count(xp, drafts, targets):
-    """Longest prefix where drafts[i] equals targets[i] (leading_run's form); with a batch axis first (drafts
-    [B, k], targets [B, k+1]), each row's."""
-    return leading_run(xp, drafts == targets[..., : drafts.shape[-1]])
-
-
-def leading_run(xp, kept):
-    """How many of a boolean row's first entries are all true: the drafts kept (per row of a [B, k] array). On the
-    device a 0-d array (nothing waits); on the host an int ([B] ints for rows)."""
-    if xp is np:
-        if kept.ndim > 1:
-            if not kept.shape[-1]:  # no drafts (a reference-reading drafter past the reference's end)
-                return np.zeros(kept.shape[:-1], dtype=np.int64)
-            return np.where(kept.all(-1), kept.shape[-1], kept.argmin(-1))
-        if not kept.size:
-            return 0
-        first = int(kept.argmin())  # the first false entry, in two calls
-        return kept.size if kept[first] else first
-    return xp.cumprod(kept.astype(np.int32), axis=-1).sum(-1)
+    def accept(self, xp, drafts, logits, greedy, kept, rows=None):
+        return kept, greedy
 
 
 def top2_margins_xp(xp, rows):

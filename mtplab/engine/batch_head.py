@@ -9,17 +9,18 @@ from typing import NamedTuple
 import numpy as np
 
 from mtplab.model.description import length_feeds
+from mtplab.model.greedy_outputs import TOKENS
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.executor import Slot
 from mtplab.runtime.sessions import refused_run
 from mtplab.runtime.state import mtp_io
 
 
-def prefill_head(engine, tokens: np.ndarray, hidden) -> tuple[np.ndarray, np.ndarray]:
+def prefill_head(engine, tokens: np.ndarray, hidden) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fill the head's KV cache for the prompts (tokens [B, P]: each prompt's tokens after its first, then its
     prefill's token; hidden: the prefill's [B, P, H]): entry j pairs token j+1 with the target's hidden j. Eager and
-    untimed, counted as "mtp/M=P". Returns each row's logits and hidden state at its last entry: a first draft from
-    the prompt's end, as a head commit's last kept row is."""
+    untimed, counted as "mtp/M=P". Returns each row's logits, hidden state and greedy token at its last entry: a first
+    draft from the prompt's end, as a head commit's last kept row is."""
     feeds, outputs, bound = mtp_io(engine.desc, engine.mtp_state, tokens, hidden, np.zeros(engine.batch, np.int64))
     try:
         out = engine.mtp.run_eager(Slot.PRIMARY, feeds, outputs, bound)
@@ -28,7 +29,7 @@ def prefill_head(engine, tokens: np.ndarray, hidden) -> tuple[np.ndarray, np.nda
     key = f"mtp/M={tokens.shape[1]}"
     engine.forwards[key] = engine.forwards.get(key, 0) + 1
     io = engine.desc.mtp
-    return out[io.logits][:, -1].copy(), out[io.hidden][:, -1].copy()
+    return out[io.logits][:, -1].copy(), out[io.hidden][:, -1].copy(), out[TOKENS][:, -1].copy()
 
 
 def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarray, k: int,
@@ -61,9 +62,8 @@ def draft_head(engine, first: np.ndarray, hidden: np.ndarray, position: np.ndarr
             done += 1
             logits = out[logits_name][:, 0]
             drawing = None if uniform else np.flatnonzero(lengths > i)
-            token = choose(xp, logits, drawing)
-            h = out[hidden_name][:, 0]
-            drafts[:, i] = token
+            drafts[:, i] = choose(xp, logits, out[TOKENS][:, 0], drawing)
+            token, h = drafts[:, i], out[hidden_name][:, 0]
             if not uniform and (ended := _stopped(lengths, drawing, logits, i + 1, stop)):
                 return drafts[:, :ended]
     finally:  # counted once, and kept true when a step raises
@@ -113,17 +113,17 @@ def _stopped(lengths: np.ndarray, drawing: np.ndarray, logits, made: int, stop: 
     return made if lengths.max(initial=0) <= made else 0
 
 
-def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.ndarray, k: int,
+def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray, np.ndarray], position: np.ndarray, k: int,
                     lengths: np.ndarray | None = None, stop: Callable | None = None, choose: Callable | None = None
                     ) -> np.ndarray:
     """The drafts [B, k] of a step whose first head step the last head commit ran (the fused schedule): `ready`
-    holds each row's logits and hidden state there; the first draft from the logits, the rest chained (lengths and
-    stop and choose as draft_head's)."""
-    logits, hidden = ready
+    holds each row's logits, hidden state and greedy token there; the first draft from them, the rest chained
+    (lengths and stop and choose as draft_head's)."""
+    logits, hidden, greedy = ready
     choose = choose or engine.acceptance.draft_rows
     drafts = engine.xp.empty((engine.batch, k), dtype=np.int64)
     drawing = None if lengths is None else np.flatnonzero(lengths > 0)
-    drafts[:, 0] = choose(engine.xp, logits, drawing)
+    drafts[:, 0] = choose(engine.xp, logits, greedy, drawing)
     if lengths is not None and _stopped(lengths, drawing, logits, 1, stop):
         return drafts[:, :1]
     if k > 1:
@@ -139,8 +139,8 @@ def draft_from_rows(engine, ready: tuple[np.ndarray, np.ndarray], position: np.n
 def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden, start: np.ndarray):
     """The head's KV rows start.. for what each row's verify kept, one [B, M] forward on the head's Verify slot:
     row b's kept tokens are its targets up to counts[b] (the accepted drafts, then the bonus), padded with the
-    bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden) at its
-    last kept row: the next step's first head step where it starts there (fused). targets, counts: on the host."""
+    bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden, greedy
+    token) at its last kept row: the next step's first head step where it starts there (fused). targets, counts: on the host."""
     io, B, M = engine.desc.mtp, engine.batch, hidden.shape[1]  # M: the verify's (a padded one's k_max + 1)
     rows = np.arange(B)
     bonus = targets[rows, counts]
@@ -157,4 +157,4 @@ def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden, start: 
         out = engine.mtp.run(Slot.VERIFY, *mtp_io(engine.desc, engine.mtp_state, kept, hidden, start))
     key = f"mtp-commit/M={M}"
     engine.forwards[key] = engine.forwards.get(key, 0) + 1
-    return out[io.logits][rows, counts].copy(), out[io.hidden][rows, counts].copy()
+    return out[io.logits][rows, counts].copy(), out[io.hidden][rows, counts].copy(), out[TOKENS][rows, counts].copy()

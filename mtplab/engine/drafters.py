@@ -33,7 +33,7 @@ class Drafter(Protocol):
     def commit(self, hidden, tokens: list[int], start: int) -> None: ...
 
 
-def head_executor(desc: ModelDescription, dev, state: MtpState, run, path, arenas: dict) -> tuple[Executor, tuple]:
+def head_executor(desc: ModelDescription, dev, state: MtpState, run, arenas: dict) -> tuple[Executor, tuple]:
     """The MTP head's executor on its own session: Slot.PRIMARY a draft step (M=1, label "mtp"), Slot.VERIFY its
     commit (M=k+1: its KV rows for the verified tokens, label "mtp-commit"), each on an arena of its own presized
     (added to `arenas`); and the draft step's I/O at position 0 (for its warm-up)."""
@@ -47,7 +47,7 @@ def head_executor(desc: ModelDescription, dev, state: MtpState, run, path, arena
         arena = arenas[label] = dev.arena(label)
         presize(arena, feeds, outputs, skip=dev.host_inputs)
         memory[slot] = SlotMemory(arena, host_inputs=dev.host_inputs)
-    session = dev.session(path)
+    session = dev.session(desc.mtp)
     executor = Executor({Slot.PRIMARY: session, Slot.VERIFY: session}, memory,
                         labels={Slot.PRIMARY: "mtp", Slot.VERIFY: "mtp-commit"}, backend=dev.backend,
                         max_recaptures=run.max_recaptures, validate=run.validate,

@@ -27,6 +27,7 @@ from mtplab.engine.spec import EngineSpec
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS
 from mtplab.model.batch_form import batch_form
 from mtplab.model.description import length_feeds
+from mtplab.model.greedy_outputs import ACCEPTED, TOKENS
 from mtplab.runtime.device import Device, device_for
 from mtplab.runtime.executor import Executor, Slot
 from mtplab.runtime.policy import policy, slot_memory
@@ -62,8 +63,8 @@ class Engine:
         # (it runs no [B, M > 1] forward after a past, mtplab.model.batch_form), a form's decode_target at every batch.
         own = desc.own_graph() if pol.sibling_session and (B == 1 or desc.decode_target is not None) else None
         self.primary_desc = own or desc
-        primary_session = dev.session(self.primary_desc.target.path, own_weights(shared, own))
-        verify_session = dev.session(desc.target.path, shared) if pol.sibling_session else primary_session
+        primary_session = dev.session(self.primary_desc.target, own_weights(shared, own))
+        verify_session = dev.session(desc.target, shared) if pol.sibling_session else primary_session
         self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
         # Largest I/O a slot binds: M=k+1, both recurrent modes, on the slot's graph.
         big = np.zeros((B, run.k + 1), dtype=np.int64)
@@ -71,7 +72,7 @@ class Engine:
             return [target_io(d, self.state, big, in_place) for in_place in (True, False)]
 
         memory, arenas = slot_memory(pol, dev, self.main, largest(desc), dev.host_inputs,
-                                     frozenset({desc.target.logits, desc.target.hidden}), own and largest(own))
+                                     frozenset({desc.target.logits, desc.target.hidden, TOKENS, ACCEPTED}), own and largest(own))
         self.arenas = {"main": self.main, **arenas}
         self.target = Executor(
             {Slot.PRIMARY: primary_session, Slot.VERIFY: verify_session},
@@ -83,7 +84,7 @@ class Engine:
             plan_per_shape=run.plan_per_shape,
         )
         self.mtp_state = MtpState.allocate(desc, self.main, batch=B)
-        self.mtp, draft_io = head_executor(desc, dev, self.mtp_state, run, desc.mtp.path, self.arenas)
+        self.mtp, draft_io = head_executor(desc, dev, self.mtp_state, run, self.arenas)
         self.forwards: dict[str, int] = {}
         self.drafter_memory: dict = {}  # what a drafter keeps between this engine's runs (the mixture's target rows)
         self._keys: dict[tuple, str] = {}  # forward counter names by (slot, label, M)

@@ -34,13 +34,18 @@ def batch_commit_problem(commit: str, batch: int) -> str | None:
 
 
 def batch_acceptance_problem(acceptance: str, batch: int) -> str | None:
-    """Why an acceptance rule cannot judge `batch` rows, or None: a batch whose rows draft different K judges each
-    group of rows apart, telling the rule which rows they are (accept's `rows`); a rule whose accept takes no rows
-    judges one sequence."""
-    if batch == 1 or "rows" in inspect.signature(ACCEPTANCE.get(acceptance).accept).parameters:
+    """Why an acceptance rule cannot judge `batch` rows, or None: its accept must take the graph's greedy choice
+    (greedy, kept: mtplab.model.greedy_outputs); a batch whose rows draft different K judges each group of rows
+    apart, telling the rule which rows they are (accept's `rows`); a rule whose accept takes no rows judges one
+    sequence."""
+    params = inspect.signature(ACCEPTANCE.get(acceptance).accept).parameters
+    if len(params) < 5:
+        return (f"acceptance={acceptance!r}: its accept takes ({', '.join(params)}); mtplab passes the graph's greedy "
+                "choice too: accept(xp, drafts, logits, greedy, kept, rows=None)")
+    if batch == 1 or len(params) > 5 or "rows" in params:
         return None
     return (f"acceptance={acceptance!r} judges one sequence (its accept takes no rows): batch={batch} needs "
-            "accept(xp, drafts, logits, rows=None), which judges the rows of a [B, k] batch")
+            "accept(xp, drafts, logits, greedy, kept, rows=None), which judges the rows of a [B, k] batch")
 
 
 def batch_problem(batch: int, desc) -> str | None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from mtplab.engine.acceptance import top2_margins_xp
 from mtplab.model.description import beyond_capacity, length_feeds
+from mtplab.model.greedy_outputs import TOKENS
 from mtplab.runtime.arena import to_numpy
 from mtplab.runtime.executor import Slot
 
@@ -70,7 +71,7 @@ def decode_rows(engine, prompts: np.ndarray, n: int, eager: bool = False, keep_l
     xp = engine.xp
     out = start_rows(engine, prompts)
     row = out["logits"][:, -1]
-    tokens, rows = [engine.acceptance.row_tokens(xp, row)], [row.copy()][:keep_logits]
+    tokens, rows = [engine.acceptance.row_tokens(xp, row, out[TOKENS][:, -1].copy())], [row.copy()][:keep_logits]
     gaps = [top2_margins_xp(xp, row)] if margins else []
     decoder = engine._decoder(eager) if n > 1 else None
     t0 = time.perf_counter()
@@ -129,7 +130,7 @@ def _decode_loop(engine, decoder, tokens: list, rows: list, gaps: list, n: int, 
             row = out[logits][:, 0]
             if len(rows) < keep_logits:
                 rows.append(row.copy())
-            tokens.append(choose(xp, row))
+            tokens.append(choose(xp, row, out[TOKENS][:, 0].copy()))  # the next decode rewrites the graph's
             if margins:
                 gaps.append(top2_margins_xp(xp, row))
     finally:  # counted once, and kept true when a decode raises

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtplab.base.arrays import to_numpy
-from mtplab.engine.acceptance import AcceptanceRule, leading_run
+from mtplab.engine.acceptance import AcceptanceRule
 from mtplab.engine.strategies import ACCEPTANCE
 
 KEPT_DRAFT_ROWS = 64  # the drafter's distributions kept for the next verify (a run's k is at most this)
@@ -144,17 +144,17 @@ class SampledRun(AcceptanceRule):
     def token(self, xp, row):
         return draw(xp, self.sampling.probs(xp, row), self.rng.random())
 
-    def row_tokens(self, xp, rows):
+    def row_tokens(self, xp, rows, greedy):
         p = self.sampling.probs(xp, rows)
         return xp.stack([draw(xp, p[b], self.rngs[b].random()) for b in range(p.shape[0])])
 
     def draft_token(self, xp, row):
         return self.draft_from(xp, self.draft_sampling.probs(xp, row))
 
-    def draft_rows(self, xp, rows, drawing=None):
+    def draft_rows(self, xp, rows, greedy, drawing=None):
         q = self.draft_sampling.probs(xp, rows)
         drawn = range(q.shape[0]) if drawing is None else drawing
-        out = rows.argmax(-1) if drawing is not None else xp.empty(q.shape[0], dtype=np.int64)
+        out = greedy.copy() if drawing is not None else xp.empty(q.shape[0], dtype=np.int64)
         for b in drawn:
             out[b] = self.draft_from(xp, q[b], int(b))
         return out
@@ -181,7 +181,7 @@ class SampledRun(AcceptanceRule):
         self.expected = None
         return {"judged": [int(j) for j in judged], "expected": [float(s / j) if j else None for s, j in zip(total, judged)]}
 
-    def accept(self, xp, drafts, logits, rows=None):
+    def accept(self, xp, drafts, logits, greedy, kept, rows=None):
         if drafts.ndim == 1:
             return self._accept(xp, drafts, logits, 0)
         rows = range(drafts.shape[0]) if rows is None else rows
@@ -210,6 +210,17 @@ class SampledRun(AcceptanceRule):
         targets = xp.concatenate([drafts, drafts[:1]])
         targets[n] = draw(xp, source, u[k])
         return n, targets
+
+
+def leading_run(xp, accepted):
+    """How many of a boolean row's first entries are all true: the drafts kept. On the device a 0-d array (nothing
+    waits); on the host an int."""
+    if xp is np:
+        if not accepted.size:
+            return 0
+        first = int(accepted.argmin())  # the first false entry, in two calls
+        return accepted.size if accepted[first] else first
+    return xp.cumprod(accepted.astype(np.int32), axis=-1).sum(-1)
 
 
 REJECTION_SAMPLING = ACCEPTANCE.register(RejectionSampling())

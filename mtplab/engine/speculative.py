@@ -25,6 +25,7 @@ from mtplab.engine.schedules import Phases
 from mtplab.engine.step_drafts import StepDrafts
 from mtplab.engine.strategies import DRAFTERS, K_POLICIES, SCHEDULES
 from mtplab.model.description import beyond_capacity
+from mtplab.model.greedy_outputs import ACCEPTED, TOKENS
 from mtplab.runtime.executor import Slot
 
 
@@ -72,21 +73,24 @@ def check_inputs(engine, prompts: np.ndarray, n: int, references) -> None:
         raise beyond_capacity(prompts.shape[1] + n + engine.k, engine.desc.capacity)
 
 
-def _judged(engine, drafts, logits, lengths: np.ndarray | None) -> tuple:
+def _judged(engine, drafts, ver: dict, lengths: np.ndarray | None) -> tuple:
     """The acceptance rule's verdict on each row's own drafts (lengths: row b's K_b, 0 for a row that has its tokens):
-    (each row's accepted count, its targets [B, K+1]). A row is judged on its first K_b drafts only (its bonus the
-    target at K_b); a riding row keeps nothing (its state is put back), so it is not judged: a sampled row's
-    generator stops where a batch-1 run of it ends, and the expected acceptance counts decoding rows only. Both on
-    the engine's device (nothing here waits for it)."""
-    K, xp = drafts.shape[1], engine.xp
+    (each row's accepted count, its targets [B, K+1]), from the verify's outputs `ver` (its logits, and the graph's
+    greedy choice: a row judged on k drafts keeps at most k of the graph's count). A row is judged on its first K_b
+    drafts only (its bonus the target at K_b); a riding row keeps nothing (its state is put back), so it is not
+    judged: a sampled row's generator stops where a batch-1 run of it ends, and the expected acceptance counts
+    decoding rows only. Both on the engine's device (nothing here waits for it)."""
+    K, xp, rule = drafts.shape[1], engine.xp, engine.acceptance
+    logits, greedy, kept = ver["logits"], ver[TOKENS][:, : K + 1].copy(), ver[ACCEPTED]
     if lengths is None or (lengths == K).all():  # every row judged on all K
-        counts, targets = engine.acceptance.accept(xp, drafts, logits)
+        counts, targets = rule.accept(xp, drafts, logits[:, : K + 1], greedy, xp.minimum(kept, K))
         return xp.asarray(counts), targets
     counts, targets = xp.zeros(engine.batch, dtype=np.int64), xp.zeros((engine.batch, K + 1), dtype=np.int64)
     for k in sorted(set(lengths[lengths > 0].tolist())):  # the rows of each K at once
         rows = np.flatnonzero(lengths == k)
-        kept, chosen = engine.acceptance.accept(xp, drafts[rows, :k], logits[rows, : k + 1], rows)
-        counts[rows], targets[rows, : k + 1] = xp.asarray(kept), chosen
+        n, chosen = rule.accept(xp, drafts[rows, :k], logits[rows, : k + 1], greedy[rows, : k + 1],
+                                xp.minimum(kept[rows], k), rows)
+        counts[rows], targets[rows, : k + 1] = xp.asarray(n), chosen
     return counts, targets
 
 
@@ -106,7 +110,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
     readvance = engine.commit_strategy.verify_in_place
     st = engine.state
     out = start_rows(engine, prompts)
-    first = read(engine.acceptance.row_tokens(xp, out["logits"][:, -1]))
+    first = read(engine.acceptance.row_tokens(xp, out["logits"][:, -1], out[TOKENS][:, -1].copy()))
     emitted = [[int(t)] for t in first]
     engine.last_hidden[...] = out["hidden"][:, -1]
     choosers = [k_chooser(engine) for _ in range(B)]  # each row's draft-length policy, on its own acceptance
@@ -134,7 +138,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
             dec = engine.forward(Slot.PRIMARY, pending[:, None])
             st.lengths += 1
             hidden[...] = dec["hidden"][:, 0]  # the next forward rewrites the slot's outputs
-            first = engine.acceptance.row_tokens(xp, dec["logits"][:, 0])  # on the device
+            first = engine.acceptance.row_tokens(xp, dec["logits"][:, 0], dec[TOKENS][:, 0].copy())  # on the device
         else:  # fused: draft from the pending token and the hidden state of the last committed position
             hidden, first = engine.begin_step(engine.last_hidden), pending
         stamps.append(time.perf_counter())  # the decode's end
@@ -161,8 +165,7 @@ def generate(engine, prompts: np.ndarray, n: int, references: list[list[int]] | 
             engine.save_state()
         verify_start[:] = st.lengths
         ver = engine.forward(Slot.VERIFY, ids, in_place=readvance)
-        counts, targets = _judged(engine, ids[:, 1 : width + 1], ver["logits"][:, : width + 1],
-                                  None if uniform else lengths)
+        counts, targets = _judged(engine, ids[:, 1 : width + 1], ver, None if uniform else lengths)
         if xp is np:  # the step's one host read (host arrays: nothing to copy)
             counts = read(counts)
         else:  # each row's kept drafts, its targets [K+1] and its verify's ids, in one copy

@@ -164,7 +164,8 @@ def drawer(engine) -> Callable[[], object]:
     xp, rows = engine.xp, engine.xp.zeros((engine.batch, engine.desc.vocab_size), dtype=engine.xp.float32)
     if engine.batch == 1:
         return lambda: engine.acceptance.token(xp, rows[0])
-    return lambda: engine.acceptance.row_tokens(xp, rows)
+    placeholders = xp.zeros(engine.batch, dtype=xp.int64)  # the graph's greedy tokens, which sampling does not read
+    return lambda: engine.acceptance.row_tokens(xp, rows, placeholders)
 
 
 def paired_rounds(plan, paired: Callable[[int], dict]) -> list[dict]:

@@ -18,8 +18,8 @@ What the CUDA EP does with graphs (and what this module does about it):
 
 Stream order: one CuPy stream is made current for the process and handed to every session as
 `user_compute_stream`; runs carry `disable_synchronize_execution_providers=1`, so a run returns
-once its work is queued. CuPy's work (staging feeds, snapshots, select's state replay, argmax and
-acceptance) and ORT's runs are therefore ordered by that single stream, in program order; the
+once its work is queued. CuPy's work (staging feeds, snapshots, select's state replay; the greedy choice is the
+graphs' own) and ORT's runs are therefore ordered by that single stream, in program order; the
 host waits when it reads the step's accepted count and tokens (Device.read), and when a run
 captures a graph.
 """

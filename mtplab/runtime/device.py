@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from mtplab.model.description import GraphIO
 from mtplab.runtime.arena import Arena, to_numpy
 from mtplab.runtime.plans import CpuPlanBackend, PlanBackend
-from mtplab.runtime.sessions import make_session, shared_initializers
+from mtplab.runtime.sessions import graph_session, shared_initializers
 
 CUDA_HELP = (
     "backend='cuda' needs onnxruntime-gpu >= 1.30 with the CUDAExecutionProvider, CuPy and a CUDA device: "
@@ -66,8 +67,9 @@ class Device:
             self.syncs += 1
             self.synchronize()
 
-    def session(self, path, shared: dict | None = None):
-        return make_session(path, shared, threads=self.threads, provider=self.provider)
+    def session(self, io: GraphIO, shared: dict | None = None):
+        """A session of a target or head graph on this device, outputting its greedy choice (graph_session)."""
+        return graph_session(io, shared, threads=self.threads, provider=self.provider)
 
     def shared_weights(self, path) -> dict:
         """The model's weights as OrtValues on this device, for sessions that share them."""

@@ -13,7 +13,8 @@ import onnx
 from onnx import numpy_helper
 
 from mtplab.base.threads import session_options
-from mtplab.model.description import IN_PLACE
+from mtplab.model.description import IN_PLACE, GraphIO
+from mtplab.model.greedy_outputs import greedy_model
 from mtplab.model.onnx_read import failing_op
 from mtplab.runtime.arena import address
 
@@ -68,10 +69,13 @@ def make_session(
     shared: dict[str, Any] | None = None,
     threads: int = 0,
     provider: str | tuple[str, dict] = "CPUExecutionProvider",
+    greedy: tuple[str, str] | None = None,
 ):
     """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies.
 
-    provider: a name, or (name, provider options) as onnxruntime takes it.
+    provider: a name, or (name, provider options) as onnxruntime takes it. greedy: the graph's (token ids input,
+    logits output), for a graph that also outputs its greedy choice (mtplab.model.greedy_outputs). The session's
+    `graph_path` is the file it was made from (onnxruntime's own is None for a graph it loads from bytes).
     """
     import onnxruntime as ort
 
@@ -79,8 +83,12 @@ def make_session(
     for name, value in (shared or {}).items():
         so.add_initializer(name, value)
     ep = provider if isinstance(provider, str) else provider[0]
+    source: str | bytes = str(path)
+    if greedy is not None:
+        source = greedy_model(path, *greedy)
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(Path(path).parent))
     try:
-        session = ort.InferenceSession(str(path), so, providers=[provider])
+        session = ort.InferenceSession(source, so, providers=[provider])
     except Exception as err:
         op, text = failing_op(err), str(err)
         if op is None or not ("Kernel not found" in text or "Could not find an implementation" in text):
@@ -93,7 +101,14 @@ def make_session(
         raise ValueError(f"onnxruntime {ort.__version__} made {Path(path).name}'s session on {session.get_providers()}, "
                          f"not on {ep}: {ep} is not available here (its onnxruntime package, or the libraries it loads, "
                          "are missing; `mtplab doctor` says what is installed)")
+    session.graph_path = Path(path)
     return session
+
+
+def graph_session(io: GraphIO, shared: dict[str, Any] | None = None, threads: int = 0,
+                  provider: str | tuple[str, dict] = "CPUExecutionProvider"):
+    """A session of a target or head graph as the engine runs it: outputting its greedy choice (greedy_outputs)."""
+    return make_session(io.path, shared, threads, provider, greedy=(io.input_ids, io.logits))
 
 
 def refused_run(what: str, err: BaseException) -> ValueError:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mtplab.model.description import ModelDescription, StateTensor, beyond_capacity, length_feeds
+from mtplab.model.greedy_outputs import ACCEPTED, TOKENS
 from mtplab.model.per_position import positions
 from mtplab.runtime.arena import Arena, to_numpy
 from mtplab.runtime.signature import OutputSpec
@@ -241,6 +242,7 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
         io.logits: ((B, M, desc.vocab_size), io.logits_type),
         io.hidden: ((B, M, desc.hidden_size), io.hidden_type),
+        **greedy_output_shapes(B, M),
     }
     bound: list[tuple[str, Any, bool]] = []
     for kv in io.kv:
@@ -259,6 +261,11 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
              **length_feeds(io, st.length if st.batch == 1 else st.lengths, M, desc.capacity)}
     # outputs and bound immutable: the executor's replay check may take them by identity
     return OutputSpec(outputs), tuple(bound), feeds
+
+
+def greedy_output_shapes(batch: int, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The greedy choice every graph outputs (mtplab.model.greedy_outputs): its tokens [B, M], its kept drafts [B]."""
+    return {TOKENS: ((batch, M), np.dtype(np.int64)), ACCEPTED: ((batch,), np.dtype(np.int64))}
 
 
 def select_output_shapes(desc: ModelDescription, M: int, batch: int = 1) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -337,7 +344,7 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
     fixed = st.io_cache.get(M)
     if fixed is None or fixed.kv is not st.kv:  # built once per M for these KV buffers
         outputs = {io.logits: ((B, M, desc.vocab_size), io.logits_type),
-                   io.hidden: ((B, M, desc.hidden_size), io.hidden_type)}
+                   io.hidden: ((B, M, desc.hidden_size), io.hidden_type), **greedy_output_shapes(B, M)}
         (kv,) = io.kv
         k, v = st.kv
         bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
