@@ -5,7 +5,7 @@ Appended to the graph as onnxruntime loads it (mtplab.runtime.sessions), never w
 - TOKENS [B, M] int64: ArgMax over the logits' last axis (the first of equal maxima, as NumPy's argmax; fp16 and
   bf16 logits are cast to fp32 first, which changes no order).
 - ACCEPTED [B] int64: the leading run of ids[:, 1:] equal to TOKENS[:, :-1], the drafts a verify of
-  [token, drafts...] keeps under greedy-match: ArgMin over (draft == target as 0/1, then a 0), the first miss.
+  [token, drafts...] keeps under greedy-match: ArgMin over (draft == target as 0/1, padded with a 0), the first miss.
   At M = 1 it is 0. A row whose own drafts are fewer than the verify's keeps min(ACCEPTED, its own).
 """
 
@@ -30,13 +30,13 @@ def append_greedy_outputs(model: onnx.ModelProto, ids: str, logits: str) -> None
         scores = _P + "logits_f32"
         nodes.append(helper.make_node("Cast", [logits], [scores], to=TensorProto.FLOAT))
 
-    def const(name: str, value: float | int, kind: int = TensorProto.INT64) -> str:
+    def const(name: str, values: list[int]) -> str:
         nodes.append(helper.make_node("Constant", [], [_P + name],
-                                      value=helper.make_tensor(_P + name, kind, [1], [value])))
+                                      value=helper.make_tensor(_P + name, TensorProto.INT64, [len(values)], values)))
         return _P + name
 
-    zero, one, last, end, none = const("0", 0), const("1", 1), const("-1", -1), const("end", 1 << 62), \
-        const("0f", 0.0, TensorProto.FLOAT)
+    zero, one, last, end = const("0", [0]), const("1", [1]), const("-1", [-1]), const("end", [1 << 62])
+    after = const("pads", [0, 0, 0, 1])  # one more entry at the end of the last axis
 
     def n(op: str, inputs: list[str], out: str, **attrs) -> str:
         nodes.append(helper.make_node(op, inputs, [out], **attrs))
@@ -46,9 +46,8 @@ def append_greedy_outputs(model: onnx.ModelProto, ids: str, logits: str) -> None
     drafts = n("Slice", [ids, one, end, last], _P + "drafts")  # ids[:, 1:]
     before = n("Slice", [tokens, zero, last, last], _P + "before")  # tokens[:, :-1]
     kept = n("Cast", [n("Equal", [drafts, before], _P + "equal")], _P + "kept", to=TensorProto.FLOAT)
-    first = n("Cast", [n("Slice", [tokens, zero, one, last], _P + "first")], _P + "first_f", to=TensorProto.FLOAT)
-    stop = n("Mul", [first, none], _P + "stop")  # a 0 after the last draft: all kept reads as M - 1
-    n("ArgMin", [n("Concat", [kept, stop], _P + "padded", axis=-1)], ACCEPTED, axis=-1, keepdims=0)
+    padded = n("Pad", [kept, after], _P + "padded", mode="constant")  # a 0 after the last draft: all kept reads M - 1
+    n("ArgMin", [padded], ACCEPTED, axis=-1, keepdims=0)
     model.graph.node.extend(nodes)
     model.graph.output.extend([helper.make_tensor_value_info(TOKENS, TensorProto.INT64, ["batch", "tokens"]),
                                helper.make_tensor_value_info(ACCEPTED, TensorProto.INT64, ["batch"])])
