@@ -405,7 +405,7 @@ def test_a_checked_run_that_does_not_do_what_its_config_says_is_caught(tiny, mon
     if bug == "no head":  # drafts without running the head, and its KV never committed
         monkeypatch.setattr(step_drafts, "draft_head", lambda engine, first, hidden, position, k, *rest: np.zeros(
             (engine.batch, k), dtype=np.int64))
-        monkeypatch.setattr(step_drafts, "commit_head", lambda *a: (None, None))
+        monkeypatch.setattr(step_drafts, "commit_head", lambda *a: (None, None, None))
     elif bug == "k-1 drafts":
         real = OracleDrafter.draft
         monkeypatch.setattr(OracleDrafter, "draft", lambda self, first, hidden, position, k: real(

@@ -10,14 +10,14 @@ from onnx import TensorProto, helper
 from mtplab.model.greedy_outputs import ACCEPTED, TOKENS, append_greedy_outputs
 
 
-def _session(elem: int = TensorProto.FLOAT) -> ort.InferenceSession:
+def _session(elem: int = TensorProto.FLOAT, counts: bool = True) -> ort.InferenceSession:
     graph = helper.make_graph(
         [helper.make_node("Identity", ["scores"], ["logits"])], "g",
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["B", "M"]),
          helper.make_tensor_value_info("scores", elem, ["B", "M", "V"])],
         [helper.make_tensor_value_info("logits", elem, ["B", "M", "V"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    append_greedy_outputs(model, "input_ids", "logits")
+    append_greedy_outputs(model, "input_ids", "logits", counts)
     onnx.checker.check_model(model)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
@@ -49,3 +49,22 @@ def test_a_decode_of_one_token_keeps_no_drafts():
     tokens, counts = _session().run([TOKENS, ACCEPTED], {"input_ids": np.array([[5], [6]]),
                                                          "scores": np.eye(3, dtype=np.float32)[[[2], [0]]]})
     assert tokens.tolist() == [[2], [0]] and counts.tolist() == [0, 0]
+
+
+def test_a_head_graph_outputs_its_tokens_and_counts_nothing():
+    session = _session(counts=False)
+    assert [o.name for o in session.get_outputs()] == ["logits", TOKENS]
+    (tokens,) = session.run([TOKENS], {"input_ids": np.array([[1, 2]]), "scores": np.eye(3, dtype=np.float32)[[[2, 1]]]})
+    assert tokens.tolist() == [[2, 1]]
+
+
+def test_a_graph_older_than_the_appended_ops_is_refused_with_its_opset():
+    graph = helper.make_graph([helper.make_node("Identity", ["scores"], ["logits"])], "old",
+                              [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["B", "M"]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["B", "M", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "M", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    with pytest.raises(ValueError, match=r"old imports ONNX opset 9; mtplab appends its greedy choice with ops of "
+                                         r"opset 13 or later"):
+        append_greedy_outputs(model, "input_ids", "logits")
+    assert len(model.graph.node) == 1  # nothing appended

@@ -127,6 +127,29 @@ def test_an_acceptance_rule_that_judges_one_sequence_is_refused_at_batch_above_o
         RunConfig(model="tiny", acceptance="first-only", batch=2)
 
 
+def test_an_acceptance_rule_written_before_the_graphs_chose_greedily_is_refused_naming_the_new_forms():
+    from mtplab.engine.acceptance import AcceptanceRule
+    from mtplab.engine.strategies import ACCEPTANCE
+
+    class OldForm(AcceptanceRule):
+        name = "old-form"
+
+        def row_tokens(self, xp, rows):
+            return rows.argmax(-1)
+
+        def accept(self, xp, drafts, logits, rows=None):
+            raise AssertionError("never called: refused before any work")
+
+    ACCEPTANCE.register(OldForm())
+    try:
+        with pytest.raises(ConfigError, match=r"acceptance='old-form': accept\(xp, drafts, logits, rows\), "
+                                              r"row_tokens\(xp, rows\) take no greedy choice; mtplab passes the graph's: "
+                                              r"accept\(xp, drafts, logits, greedy, kept, rows=None\)"):
+            RunConfig(model="tiny", acceptance="old-form")
+    finally:
+        ACCEPTANCE.unregister("old-form")
+
+
 def test_a_toy_commit_that_breaks_its_promise_is_caught(tiny, toys, monkeypatch):
     monkeypatch.setattr(toys.ReadvanceEager, "forwards", lambda self, accepted: {})
     r = run_point(RunConfig(**TOY), tiny, calibration=synthetic_calibration(1e-4))

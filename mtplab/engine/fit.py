@@ -33,19 +33,28 @@ def batch_commit_problem(commit: str, batch: int) -> str | None:
             f"{sorted(BATCH_COMMITS)}")
 
 
-def batch_acceptance_problem(acceptance: str, batch: int) -> str | None:
-    """Why an acceptance rule cannot judge `batch` rows, or None: its accept must take the graph's greedy choice
-    (greedy, kept: mtplab.model.greedy_outputs); a batch whose rows draft different K judges each group of rows
-    apart, telling the rule which rows they are (accept's `rows`); a rule whose accept takes no rows judges one
-    sequence."""
-    params = inspect.signature(ACCEPTANCE.get(acceptance).accept).parameters
-    if len(params) < 5:
-        return (f"acceptance={acceptance!r}: its accept takes ({', '.join(params)}); mtplab passes the graph's greedy "
-                "choice too: accept(xp, drafts, logits, greedy, kept, rows=None)")
+def acceptance_problem(acceptance: str, batch: int) -> str | None:
+    """Why an acceptance rule cannot judge `batch` rows, or None: its methods must take the graph's greedy choice
+    (mtplab.model.greedy_outputs: accept's greedy and kept, row_tokens' and draft_rows' greedy); a batch whose rows
+    draft different K judges each group of rows apart, telling the rule which rows they are (accept's `rows`); a
+    rule whose accept takes no rows judges one sequence."""
+    rule = ACCEPTANCE.get(acceptance)
+    old = [f"{name}({', '.join(params)})" for name, params, least in (
+        ("accept", _params(rule.accept), 5), ("row_tokens", _params(rule.row_tokens), 3),
+        ("draft_rows", _params(rule.draft_rows), 3)) if len(params) < least or params[least - 1] in ("drawing", "rows")]
+    if old:
+        return (f"acceptance={acceptance!r}: {', '.join(old)} take no greedy choice; mtplab passes the graph's: "
+                "accept(xp, drafts, logits, greedy, kept, rows=None), row_tokens(xp, rows, greedy), "
+                "draft_rows(xp, rows, greedy, drawing=None)")
+    params = _params(rule.accept)
     if batch == 1 or len(params) > 5 or "rows" in params:
         return None
     return (f"acceptance={acceptance!r} judges one sequence (its accept takes no rows): batch={batch} needs "
             "accept(xp, drafts, logits, greedy, kept, rows=None), which judges the rows of a [B, k] batch")
+
+
+def _params(method) -> list[str]:
+    return list(inspect.signature(method).parameters)
 
 
 def batch_problem(batch: int, desc) -> str | None:
@@ -113,7 +122,7 @@ def spec_problems(spec: EngineSpec, desc, strategies: bool = True, also: tuple =
         COMMITS.get(spec.commit).refusal(desc) if strategies else None,
         COMMITS.get(spec.commit).backend_refusal(spec.backend) if strategies else None,
         batch_commit_problem(spec.commit, spec.batch) if strategies else None,
-        batch_acceptance_problem(spec.acceptance, spec.batch) if strategies else None,
+        acceptance_problem(spec.acceptance, spec.batch) if strategies else None,
         *also,
         batch_problem(spec.batch, desc),
         memory_problem(spec, desc),

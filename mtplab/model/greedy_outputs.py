@@ -5,8 +5,9 @@ Appended to the graph as onnxruntime loads it (mtplab.runtime.sessions), never w
 - TOKENS [B, M] int64: ArgMax over the logits' last axis (the first of equal maxima, as NumPy's argmax; fp16 and
   bf16 logits are cast to fp32 first, which changes no order).
 - ACCEPTED [B] int64: the leading run of ids[:, 1:] equal to TOKENS[:, :-1], the drafts a verify of
-  [token, drafts...] keeps under greedy-match: ArgMin over (draft == target as 0/1, padded with a 0), the first miss.
-  At M = 1 it is 0. A row whose own drafts are fewer than the verify's keeps min(ACCEPTED, its own).
+  [token, drafts...] keeps under greedy-match: the drafts with no miss at or before them (a CumSum of the misses,
+  then a sum of its zeros). At M = 1 it is 0. A row whose own drafts are fewer than the verify's keeps
+  min(ACCEPTED, its own).
 """
 
 from __future__ import annotations
@@ -19,43 +20,54 @@ from onnx import TensorProto, helper
 TOKENS = "mtplab.greedy_tokens"
 ACCEPTED = "mtplab.accepted"
 _P = "mtplab.greedy."  # the appended nodes' own names
+MIN_OPSET = 13
 
 
-def append_greedy_outputs(model: onnx.ModelProto, ids: str, logits: str) -> None:
-    """Append TOKENS and ACCEPTED to `model`'s graph (in place), computed from its `ids` input and `logits` output."""
+def append_greedy_outputs(model: onnx.ModelProto, ids: str, logits: str, counts: bool = True) -> None:
+    """Append TOKENS and ACCEPTED (counts=False: TOKENS alone, for a graph no verify runs, the MTP head's) to `model`'s
+    graph (in place), computed from its `ids` input and `logits` output;
+    ValueError for a graph whose opset is older than the ops appended (ReduceSum and Slice taking axes as inputs)."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        raise ValueError(f"{model.graph.name or 'the graph'} imports ONNX opset {opset}; mtplab appends its greedy choice "
+                         f"with ops of opset {MIN_OPSET} or later (export the model at opset {MIN_OPSET} or later)")
     elem = next((o.type.tensor_type.elem_type for o in model.graph.output if o.name == logits), TensorProto.FLOAT)
     scores = logits
     nodes = []
-    if elem != TensorProto.FLOAT:
+    if elem in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
         scores = _P + "logits_f32"
         nodes.append(helper.make_node("Cast", [logits], [scores], to=TensorProto.FLOAT))
 
-    def const(name: str, values: list[int]) -> str:
+    def const(name: str, value: int) -> str:
         nodes.append(helper.make_node("Constant", [], [_P + name],
-                                      value=helper.make_tensor(_P + name, TensorProto.INT64, [len(values)], values)))
+                                      value=helper.make_tensor(_P + name, TensorProto.INT64, [1], [value])))
         return _P + name
 
-    zero, one, last, end = const("0", [0]), const("1", [1]), const("-1", [-1]), const("end", [1 << 62])
-    after = const("pads", [0, 0, 0, 1])  # one more entry at the end of the last axis
+    zero, one, last, end = const("0", 0), const("1", 1), const("-1", -1), const("end", 1 << 62)
 
     def n(op: str, inputs: list[str], out: str, **attrs) -> str:
         nodes.append(helper.make_node(op, inputs, [out], **attrs))
         return out
 
     tokens = n("ArgMax", [scores], TOKENS, axis=-1, keepdims=0)
+    model.graph.output.append(helper.make_tensor_value_info(TOKENS, TensorProto.INT64, [None, None]))
+    if not counts:
+        model.graph.node.extend(nodes)
+        return
     drafts = n("Slice", [ids, one, end, last], _P + "drafts")  # ids[:, 1:]
     before = n("Slice", [tokens, zero, last, last], _P + "before")  # tokens[:, :-1]
-    kept = n("Cast", [n("Equal", [drafts, before], _P + "equal")], _P + "kept", to=TensorProto.FLOAT)
-    padded = n("Pad", [kept, after], _P + "padded", mode="constant")  # a 0 after the last draft: all kept reads M - 1
-    n("ArgMin", [padded], ACCEPTED, axis=-1, keepdims=0)
+    missed = n("Cast", [n("Not", [n("Equal", [drafts, before], _P + "equal")], _P + "differ")], _P + "missed",
+               to=TensorProto.INT64)
+    # a draft is kept while no miss came before or at it: no tie for a kernel to break
+    clean = n("Equal", [n("CumSum", [missed, last], _P + "misses"), zero], _P + "clean")
+    n("ReduceSum", [n("Cast", [clean], _P + "kept", to=TensorProto.INT64), last], ACCEPTED, keepdims=0)
     model.graph.node.extend(nodes)
-    model.graph.output.extend([helper.make_tensor_value_info(TOKENS, TensorProto.INT64, ["batch", "tokens"]),
-                               helper.make_tensor_value_info(ACCEPTED, TensorProto.INT64, ["batch"])])
+    model.graph.output.append(helper.make_tensor_value_info(ACCEPTED, TensorProto.INT64, [None]))
 
 
-def greedy_model(path: str | Path, ids: str, logits: str) -> bytes:
+def greedy_model(path: str | Path, ids: str, logits: str, counts: bool = True) -> bytes:
     """The graph at `path` with the greedy outputs appended, serialized for onnxruntime (its external data stays in
     its folder: the session reads it from there)."""
     model = onnx.load(str(path), load_external_data=False)
-    append_greedy_outputs(model, ids, logits)
+    append_greedy_outputs(model, ids, logits, counts)
     return model.SerializeToString()

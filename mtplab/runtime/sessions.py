@@ -69,12 +69,12 @@ def make_session(
     shared: dict[str, Any] | None = None,
     threads: int = 0,
     provider: str | tuple[str, dict] = "CPUExecutionProvider",
-    greedy: tuple[str, str] | None = None,
+    greedy: tuple[str, str, bool] | None = None,
 ):
     """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies.
 
     provider: a name, or (name, provider options) as onnxruntime takes it. greedy: the graph's (token ids input,
-    logits output), for a graph that also outputs its greedy choice (mtplab.model.greedy_outputs). The session's
+    logits output, whether it counts kept drafts), for a graph that also outputs its greedy choice (mtplab.model.greedy_outputs). The session's
     `graph_path` is the file it was made from (onnxruntime's own is None for a graph it loads from bytes).
     """
     import onnxruntime as ort
@@ -106,9 +106,10 @@ def make_session(
 
 
 def graph_session(io: GraphIO, shared: dict[str, Any] | None = None, threads: int = 0,
-                  provider: str | tuple[str, dict] = "CPUExecutionProvider"):
-    """A session of a target or head graph as the engine runs it: outputting its greedy choice (greedy_outputs)."""
-    return make_session(io.path, shared, threads, provider, greedy=(io.input_ids, io.logits))
+                  provider: str | tuple[str, dict] = "CPUExecutionProvider", counts: bool = True):
+    """A session of a target or head graph as the engine runs it: outputting its greedy choice (greedy_outputs;
+    counts=False: its tokens alone, for the MTP head, whose drafts no verify of its own judges)."""
+    return make_session(io.path, shared, threads, provider, greedy=(io.input_ids, io.logits, counts))
 
 
 def refused_run(what: str, err: BaseException) -> ValueError:

@@ -263,9 +263,11 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
     return OutputSpec(outputs), tuple(bound), feeds
 
 
-def greedy_output_shapes(batch: int, M: int) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """The greedy choice every graph outputs (mtplab.model.greedy_outputs): its tokens [B, M], its kept drafts [B]."""
-    return {TOKENS: ((batch, M), np.dtype(np.int64)), ACCEPTED: ((batch,), np.dtype(np.int64))}
+def greedy_output_shapes(batch: int, M: int, counts: bool = True) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The greedy choice every graph outputs (mtplab.model.greedy_outputs): its tokens [B, M], its kept drafts [B]
+    (counts=False: the tokens alone, the MTP head's)."""
+    tokens = {TOKENS: ((batch, M), np.dtype(np.int64))}
+    return tokens | {ACCEPTED: ((batch,), np.dtype(np.int64))} if counts else tokens
 
 
 def select_output_shapes(desc: ModelDescription, M: int, batch: int = 1) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -344,7 +346,7 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
     fixed = st.io_cache.get(M)
     if fixed is None or fixed.kv is not st.kv:  # built once per M for these KV buffers
         outputs = {io.logits: ((B, M, desc.vocab_size), io.logits_type),
-                   io.hidden: ((B, M, desc.hidden_size), io.hidden_type), **greedy_output_shapes(B, M)}
+                   io.hidden: ((B, M, desc.hidden_size), io.hidden_type), **greedy_output_shapes(B, M, counts=False)}
         (kv,) = io.kv
         k, v = st.kv
         bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
