@@ -133,7 +133,7 @@ def test_the_head_of_every_accepted_form_matches_the_reference_at_m1_and_after_a
     art = models(form, dtype)
     cfg = art.config
     ref = ReferenceMTP(cfg, weights_from_onnx(art.mtp))  # the head is fitted at build: read what it holds
-    session = graph_session(art.description.mtp, counts=False)
+    session = graph_session(art.description.mtp)
     names = {i.name for i in session.get_inputs()}
     kv = [np.zeros((1, cfg.attn_kv_heads, cfg.max_seq_len, cfg.attn_head_dim), art_dtype(dtype)) for _ in range(2)]
     rng, past = np.random.default_rng(3), 0

@@ -52,7 +52,7 @@ def test_a_decode_of_one_token_keeps_no_drafts():
 
 
 def test_a_head_graph_outputs_its_tokens_and_counts_nothing():
-    session = _session(counts=False)
+    session = _session(counts=False)  # as a head graph (GraphIO.counts=False) is made
     assert [o.name for o in session.get_outputs()] == ["logits", TOKENS]
     (tokens,) = session.run([TOKENS], {"input_ids": np.array([[1, 2]]), "scores": np.eye(3, dtype=np.float32)[[[2, 1]]]})
     assert tokens.tolist() == [[2, 1]]

@@ -47,7 +47,7 @@ def head_executor(desc: ModelDescription, dev, state: MtpState, run, arenas: dic
         arena = arenas[label] = dev.arena(label)
         presize(arena, feeds, outputs, skip=dev.host_inputs)
         memory[slot] = SlotMemory(arena, host_inputs=dev.host_inputs)
-    session = dev.session(desc.mtp, counts=False)
+    session = dev.session(desc.mtp)
     executor = Executor({Slot.PRIMARY: session, Slot.VERIFY: session}, memory,
                         labels={Slot.PRIMARY: "mtp", Slot.VERIFY: "mtp-commit"}, backend=dev.backend,
                         max_recaptures=run.max_recaptures, validate=run.validate,

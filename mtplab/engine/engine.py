@@ -9,6 +9,7 @@ KV rollback is contents-only: the logical length shrinks, buffers stay.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -63,6 +64,9 @@ class Engine:
         # (it runs no [B, M > 1] forward after a past, mtplab.model.batch_form), a form's decode_target at every batch.
         own = desc.own_graph() if pol.sibling_session and (B == 1 or desc.decode_target is not None) else None
         self.primary_desc = own or desc
+        if pol.sibling_session:  # Primary's session of its own verifies nothing: its greedy tokens, no count
+            self.primary_desc = dataclasses.replace(
+                self.primary_desc, target=dataclasses.replace(self.primary_desc.target, counts=False))
         primary_session = dev.session(self.primary_desc.target, own_weights(shared, own))
         verify_session = dev.session(desc.target, shared) if pol.sibling_session else primary_session
         self._shared_weights = shared  # the sessions use these OrtValues in place: keep them alive
@@ -72,7 +76,8 @@ class Engine:
             return [target_io(d, self.state, big, in_place) for in_place in (True, False)]
 
         memory, arenas = slot_memory(pol, dev, self.main, largest(desc), dev.host_inputs,
-                                     frozenset({desc.target.logits, desc.target.hidden, TOKENS, ACCEPTED}), own and largest(own))
+                                     frozenset({desc.target.logits, desc.target.hidden, TOKENS, ACCEPTED}),
+                                     largest(self.primary_desc) if pol.sibling_session else None)
         self.arenas = {"main": self.main, **arenas}
         self.target = Executor(
             {Slot.PRIMARY: primary_session, Slot.VERIFY: verify_session},
@@ -145,7 +150,7 @@ class Engine:
         """The Primary slot runs mtplab's copy of the graph (one session for both slots): a builder graph's with
         select's outputs, or a commit's own (per-position's), not the graph before it."""
         copied = self.desc.original_target is not None or self.desc.decode_target is not None
-        return copied and self.primary_desc is self.desc
+        return copied and self.primary_desc.target.path == self.desc.target.path
 
     # -- forwards ------------------------------------------------------------------------------
     def forward(self, slot: Slot, tokens, in_place: bool = True, eager: bool = False, label: str | None = None) -> dict:

@@ -231,7 +231,7 @@ def measure(model: str, repeats: int = REPEATS, reps: int = 3, acceptance_tokens
     add = paired.add
     for _ in range(repeats):
         target_fallbacks += time_targets(engine, forward, add, top, reps)
-        if engine.primary_desc is not engine.desc:  # Primary runs the user's graph, Verify mtplab's copy
+        if engine.primary_desc.target.path != engine.desc.target.path:  # Primary runs the user's graph, Verify the copy
             copy_forward()  # the Verify plan's size changes: untimed
             for _ in range(FORWARD_SAMPLES):
                 add("copy/1", lambda: block_time(copy_forward, reps, sync))

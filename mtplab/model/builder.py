@@ -10,6 +10,7 @@ cache (mtplab.model.surgery).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -229,8 +230,8 @@ def open_builder(folder: str | Path, capacity: int = DEFAULT_CAPACITY) -> Builde
                        "model.decoder.head_size")
     m_in, m_out = graph_io_table(mtp_path)
     own = "head_size" in mtp_cfg  # the head's own, else the decoder's
-    head = _graph_io(folder, mtp_path, mtp_model, mtp_cfg, m_in, m_out, mtp_cfg.get("head_size", dec.get("head_size")),
-                     "model.mtp.head_size" if own else "model.decoder.head_size")
+    head = dataclasses.replace(_graph_io(folder, mtp_path, mtp_model, mtp_cfg, m_in, m_out, mtp_cfg.get(
+        "head_size", dec.get("head_size")), "model.mtp.head_size" if own else "model.decoder.head_size"), counts=False)
     if not head.kv:
         raise _fail(folder, f"{mtp_path.name}: genai_config.json's mtp past_key_names "
                             f"{mtp_cfg.get('inputs', {}).get('past_key_names')!r} matches no input of {mtp_path.name} "

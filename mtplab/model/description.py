@@ -153,6 +153,9 @@ class GraphIO:
     select_outputs: dict[int, dict[str, SelectOutput]] = field(default_factory=dict)
     # per-position's outputs, per recurrent layer: the state after each verified token (mtplab.model.per_position)
     position_states: dict[int, str] = field(default_factory=dict)
+    # its session outputs the count of kept drafts beside its greedy tokens (mtplab.model.greedy_outputs): a graph
+    # that verifies; the MTP head's and a Primary slot's own session output their tokens alone
+    counts: bool = True
 
     @property
     def logits_type(self) -> np.dtype:
@@ -338,7 +341,7 @@ def describe_builtin(cfg: ModelConfig, target: Path, mtp: Path) -> ModelDescript
     head_kv = (KvLayer(0, "past_key.0", "past_value.0", "present_key.0", "present_value.0",
                        cfg.attn_kv_heads, cfg.attn_head_dim, T),)
     mtp_io = GraphIO(Path(mtp), "input_ids", "logits", "mtp_hidden", "seqlens", hidden_input="hidden_states",
-                     kv=head_kv, query_seqlens=form.query_seqlens, dtype=T)
+                     kv=head_kv, query_seqlens=form.query_seqlens, dtype=T, counts=False)
     kinds = tuple("attention" if i in cfg.attention_layer_ids else "linear-attention" for i in range(cfg.num_layers))
     return ModelDescription(
         "built-in", cfg.name, str(Path(target).parent), cfg.vocab_size, cfg.hidden_size, cfg.max_seq_len,

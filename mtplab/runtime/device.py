@@ -67,9 +67,9 @@ class Device:
             self.syncs += 1
             self.synchronize()
 
-    def session(self, io: GraphIO, shared: dict | None = None, counts: bool = True):
+    def session(self, io: GraphIO, shared: dict | None = None):
         """A session of a target or head graph on this device, outputting its greedy choice (graph_session)."""
-        return graph_session(io, shared, threads=self.threads, provider=self.provider, counts=counts)
+        return graph_session(io, shared, threads=self.threads, provider=self.provider)
 
     def shared_weights(self, path) -> dict:
         """The model's weights as OrtValues on this device, for sessions that share them."""

@@ -106,10 +106,10 @@ def make_session(
 
 
 def graph_session(io: GraphIO, shared: dict[str, Any] | None = None, threads: int = 0,
-                  provider: str | tuple[str, dict] = "CPUExecutionProvider", counts: bool = True):
-    """A session of a target or head graph as the engine runs it: outputting its greedy choice (greedy_outputs;
-    counts=False: its tokens alone, for the MTP head, whose drafts no verify of its own judges)."""
-    return make_session(io.path, shared, threads, provider, greedy=(io.input_ids, io.logits, counts))
+                  provider: str | tuple[str, dict] = "CPUExecutionProvider"):
+    """A session of a target or head graph as the engine runs it: outputting its greedy choice (greedy_outputs; the
+    kept drafts' count too where io.counts)."""
+    return make_session(io.path, shared, threads, provider, greedy=(io.input_ids, io.logits, io.counts))
 
 
 def refused_run(what: str, err: BaseException) -> ValueError:

@@ -232,7 +232,7 @@ def fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place
     """target_io's (feeds, outputs, bound) for M tokens in a mode, made once while the state's buffers stay: outputs,
     bindings and the feeds' arrays depend only on these. Whoever runs them rewrites the token ids and the length
     feeds in place first (target_io does)."""
-    outputs, bound, feeds = st.fixed((desc.target.path, M, recurrent_in_place), _fixed_io, desc, st, M,
+    outputs, bound, feeds = st.fixed((desc.target.path, desc.target.counts, M, recurrent_in_place), _fixed_io, desc, st, M,
                                      recurrent_in_place)
     return feeds, outputs, bound
 
@@ -242,7 +242,7 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
     outputs: dict[str, tuple[tuple[int, ...], Any]] = {
         io.logits: ((B, M, desc.vocab_size), io.logits_type),
         io.hidden: ((B, M, desc.hidden_size), io.hidden_type),
-        **greedy_output_shapes(B, M),
+        **greedy_output_shapes(B, M, io.counts),
     }
     bound: list[tuple[str, Any, bool]] = []
     for kv in io.kv:
@@ -263,9 +263,9 @@ def _fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_plac
     return OutputSpec(outputs), tuple(bound), feeds
 
 
-def greedy_output_shapes(batch: int, M: int, counts: bool = True) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """The greedy choice every graph outputs (mtplab.model.greedy_outputs): its tokens [B, M], its kept drafts [B]
-    (counts=False: the tokens alone, the MTP head's)."""
+def greedy_output_shapes(batch: int, M: int, counts: bool) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The greedy choice every graph outputs (mtplab.model.greedy_outputs): its tokens [B, M], and where it counts
+    (GraphIO.counts) its kept drafts [B]."""
     tokens = {TOKENS: ((batch, M), np.dtype(np.int64))}
     return tokens | {ACCEPTED: ((batch,), np.dtype(np.int64))} if counts else tokens
 
@@ -346,7 +346,7 @@ def mtp_io(desc: ModelDescription, st: MtpState, tokens: Any, hidden: np.ndarray
     fixed = st.io_cache.get(M)
     if fixed is None or fixed.kv is not st.kv:  # built once per M for these KV buffers
         outputs = {io.logits: ((B, M, desc.vocab_size), io.logits_type),
-                   io.hidden: ((B, M, desc.hidden_size), io.hidden_type), **greedy_output_shapes(B, M, counts=False)}
+                   io.hidden: ((B, M, desc.hidden_size), io.hidden_type), **greedy_output_shapes(B, M, io.counts)}
         (kv,) = io.kv
         k, v = st.kv
         bound = ((kv.past_key, k, False), (kv.present_key, k, True), (kv.past_value, v, False),
