@@ -153,9 +153,7 @@ class GraphIO:
     select_outputs: dict[int, dict[str, SelectOutput]] = field(default_factory=dict)
     # per-position's outputs, per recurrent layer: the state after each verified token (mtplab.model.per_position)
     position_states: dict[int, str] = field(default_factory=dict)
-    # its session outputs the count of kept drafts beside its greedy tokens (mtplab.model.greedy_outputs): a graph
-    # that verifies; the MTP head's and a Primary slot's own session output their tokens alone
-    counts: bool = True
+    counts: bool = True  # its session outputs the kept drafts' count beside its greedy tokens (greedy_outputs)
 
     @property
     def logits_type(self) -> np.dtype:
