@@ -120,7 +120,8 @@ def _named_io(desc, state: TargetState, tokens: np.ndarray) -> tuple[dict, dict]
     greedy choice mtplab appends to a graph it runs: the graph here is the file as it is."""
     feeds, outputs, bound = target_io(desc, state, tokens)
     inputs = dict(feeds) | {name: a for name, a, out in bound if not out}
-    results = {name: np.zeros(shape, dtype) for name, (shape, dtype) in outputs.items() if name not in (TOKENS, ACCEPTED)}
+    results = {name: np.zeros(shape, dtype) for name, (shape, dtype) in outputs.items()
+               if name not in (TOKENS, ACCEPTED)}
     return inputs, results | {name: a for name, a, out in bound if out}
 
 

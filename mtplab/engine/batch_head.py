@@ -140,7 +140,8 @@ def commit_head(engine, targets: np.ndarray, counts: np.ndarray, hidden, start: 
     """The head's KV rows start.. for what each row's verify kept, one [B, M] forward on the head's Verify slot:
     row b's kept tokens are its targets up to counts[b] (the accepted drafts, then the bonus), padded with the
     bonus (rows past the kept ones lie beyond the committed length). Returns each row's (logits, hidden, greedy
-    token) at its last kept row: the next step's first head step where it starts there (fused). targets, counts: on the host."""
+    token) at its last kept row: the next step's first head step where it starts there (fused). targets, counts: on
+    the host."""
     io, B, M = engine.desc.mtp, engine.batch, hidden.shape[1]  # M: the verify's (a padded one's k_max + 1)
     rows = np.arange(B)
     bonus = targets[rows, counts]

@@ -39,22 +39,20 @@ def acceptance_problem(acceptance: str, batch: int) -> str | None:
     draft different K judges each group of rows apart, telling the rule which rows they are (accept's `rows`); a
     rule whose accept takes no rows judges one sequence."""
     rule = ACCEPTANCE.get(acceptance)
-    old = [f"{name}({', '.join(params)})" for name, params, least in (
-        ("accept", _params(rule.accept), 5), ("row_tokens", _params(rule.row_tokens), 3),
-        ("draft_rows", _params(rule.draft_rows), 3)) if len(params) < least or params[least - 1] in ("drawing", "rows")]
+    old = []
+    for method, greedy_at in ((rule.accept, 4), (rule.row_tokens, 2), (rule.draft_rows, 2)):
+        params = list(inspect.signature(method).parameters)  # a bound method's: self left out
+        if len(params) <= greedy_at or params[greedy_at] in ("drawing", "rows"):  # the old form's
+            old.append(f"{method.__name__}({', '.join(params)})")
     if old:
         return (f"acceptance={acceptance!r}: {', '.join(old)} take no greedy choice; mtplab passes the graph's: "
                 "accept(xp, drafts, logits, greedy, kept, rows=None), row_tokens(xp, rows, greedy), "
                 "draft_rows(xp, rows, greedy, drawing=None)")
-    params = _params(rule.accept)
+    params = list(inspect.signature(rule.accept).parameters)
     if batch == 1 or len(params) > 5 or "rows" in params:
         return None
     return (f"acceptance={acceptance!r} judges one sequence (its accept takes no rows): batch={batch} needs "
             "accept(xp, drafts, logits, greedy, kept, rows=None), which judges the rows of a [B, k] batch")
-
-
-def _params(method) -> list[str]:
-    return list(inspect.signature(method).parameters)
 
 
 def batch_problem(batch: int, desc) -> str | None:

@@ -4,7 +4,7 @@ default is one a user gave; every problem names the fields and what is allowed).
 
 from __future__ import annotations
 
-from mtplab.engine.fit import acceptance_problem, batch_commit_problem
+from mtplab.engine.fit import batch_commit_problem
 from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.strategies import ACCEPTANCE, DRAFTERS, K_POLICIES
 from mtplab.experiment.params import AUTO_ROUNDS, INT64_MAX
@@ -65,7 +65,7 @@ def k_policy_problems(cfg: dict, default: dict) -> list[str]:
 
 def batch_problems(cfg: dict, default: dict) -> list[str]:
     """What a batch > 1 cannot be combined with (this version: mtplab's engine on the CPU); an alpha per row needs one
-    value for each of the batch's rows; an acceptance rule must take the graph's greedy choice (at any batch)."""
+    value for each of the batch's rows."""
     alpha, out = cfg["alpha"], []
     if isinstance(alpha, (list, tuple)) and (len(alpha) != cfg["batch"] or cfg["batch"] == 1):
         out.append(f"alpha={tuple(alpha)!r} sets each row's own acceptance: give one value per row of a batch, "
@@ -74,8 +74,6 @@ def batch_problems(cfg: dict, default: dict) -> list[str]:
         if isinstance(cfg[name], int) and cfg[name] + cfg["batch"] - 1 > INT64_MAX:
             out.append(f"{name}={cfg[name]} with batch={cfg['batch']}: row b runs at {name} + b, and the last row's "
                        f"{cfg[name] + cfg['batch'] - 1} passes 2**63 - 1 (give {name} <= {INT64_MAX - cfg['batch'] + 1})")
-    if why := acceptance_problem(cfg["acceptance"], cfg["batch"]):  # an old-form rule at any batch
-        out.append(why)
     if cfg["batch"] == 1:
         return out
     if why := batch_commit_problem(cfg["commit"], cfg["batch"]):

@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtplab.engine.fit import acceptance_problem
 from mtplab.engine.sampling import FIELDS as SAMPLING_FIELDS
 from mtplab.engine.spec import EngineSpec, spec_fields
 from mtplab.engine.strategies import ACCEPTANCE, COMMITS, DRAFTERS, K_POLICIES, SCHEDULES
@@ -319,6 +320,8 @@ def run_problems(values: dict) -> list[str]:
     problems += sampling_problems(cfg, defaults())
     problems += rounds_problems(cfg, defaults())
     problems += batch_problems(cfg, defaults())
+    if why := acceptance_problem(cfg["acceptance"], cfg["batch"]):  # its form, and at batch > 1 its rows
+        problems.append(why)
     problems += k_policy_problems(cfg, defaults())
     problems += backend_refused
     commit = COMMITS.get(cfg["commit"])

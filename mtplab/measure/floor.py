@@ -1,9 +1,9 @@
 """Each timed side held against its floor: the same plans it replayed, replayed bare right after it (no engine,
 no check, no counter around them), priced at the side's own replay counts.
 
-A side's host time is its seconds minus its floor. The greedy baseline does little besides its forwards (its graph's
-token read and a few feeds per token), so its host time per token must stay within GREEDY_BAND: a slower greedy would make
-every speedup look better than it is. A speculative step's host work (drafting, acceptance, commit) is what the
+A side's host time is its seconds minus its floor. The greedy baseline does little besides its forwards (its
+graph's token read and a few feeds per token), so its host time per token must stay within GREEDY_BAND: a slower
+greedy would make every speedup look better than it is. A speculative step's host work (drafting, acceptance, commit) is what the
 experiment measures, so its band is wide: it flags gross waste only. A point with a side beyond its band is
 suspect: its numbers are kept, its speedup is not a finding, `mtplab run` exits non-zero. (A side that took less
 than its forwards is the clock audit's: mtplab.check.audit.clock_problems.)

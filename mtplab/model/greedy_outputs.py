@@ -29,40 +29,34 @@ def append_greedy_outputs(model: onnx.ModelProto, ids: str, logits: str, counts:
     ValueError for a graph whose opset is older than the ops appended (ReduceSum and Slice taking axes as inputs)."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < MIN_OPSET:
-        raise ValueError(f"{model.graph.name or 'the graph'} imports ONNX opset {opset}; mtplab appends its greedy choice "
-                         f"with ops of opset {MIN_OPSET} or later (export the model at opset {MIN_OPSET} or later)")
+        raise ValueError(f"{model.graph.name or 'the graph'} imports ONNX opset {opset}; mtplab appends its greedy "
+                         f"choice with ops of opset {MIN_OPSET} or later (export the model at opset {MIN_OPSET} or later)")
     elem = next((o.type.tensor_type.elem_type for o in model.graph.output if o.name == logits), TensorProto.FLOAT)
-    scores = logits
-    nodes = []
-    if elem in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
-        scores = _P + "logits_f32"
-        nodes.append(helper.make_node("Cast", [logits], [scores], to=TensorProto.FLOAT))
-
-    def const(name: str, value: int) -> str:
-        nodes.append(helper.make_node("Constant", [], [_P + name],
-                                      value=helper.make_tensor(_P + name, TensorProto.INT64, [1], [value])))
-        return _P + name
-
-    zero, one, last, end = const("0", 0), const("1", 1), const("-1", -1), const("end", 1 << 62)
+    nodes: list[onnx.NodeProto] = []
 
     def n(op: str, inputs: list[str], out: str, **attrs) -> str:
         nodes.append(helper.make_node(op, inputs, [out], **attrs))
         return out
 
+    def const(name: str, value: int) -> str:
+        return n("Constant", [], _P + name, value=helper.make_tensor(_P + name, TensorProto.INT64, [1], [value]))
+
+    scores = n("Cast", [logits], _P + "logits_f32", to=TensorProto.FLOAT) if elem in (
+        TensorProto.FLOAT16, TensorProto.BFLOAT16) else logits
     tokens = n("ArgMax", [scores], TOKENS, axis=-1, keepdims=0)
-    model.graph.output.append(helper.make_tensor_value_info(TOKENS, TensorProto.INT64, [None, None]))
-    if not counts:
-        model.graph.node.extend(nodes)
-        return
-    drafts = n("Slice", [ids, one, end, last], _P + "drafts")  # ids[:, 1:]
-    before = n("Slice", [tokens, zero, last, last], _P + "before")  # tokens[:, :-1]
-    missed = n("Cast", [n("Not", [n("Equal", [drafts, before], _P + "equal")], _P + "differ")], _P + "missed",
-               to=TensorProto.INT64)
-    # a draft is kept while no miss came before or at it: no tie for a kernel to break
-    clean = n("Equal", [n("CumSum", [missed, last], _P + "misses"), zero], _P + "clean")
-    n("ReduceSum", [n("Cast", [clean], _P + "kept", to=TensorProto.INT64), last], ACCEPTED, keepdims=0)
+    outputs = [helper.make_tensor_value_info(TOKENS, TensorProto.INT64, [None, None])]
+    if counts:
+        zero, one, last, end = const("0", 0), const("1", 1), const("-1", -1), const("end", 1 << 62)
+        drafts = n("Slice", [ids, one, end, last], _P + "drafts")  # ids[:, 1:]
+        before = n("Slice", [tokens, zero, last, last], _P + "before")  # tokens[:, :-1]
+        differ = n("Not", [n("Equal", [drafts, before], _P + "equal")], _P + "differ")
+        missed = n("Cast", [differ], _P + "missed", to=TensorProto.INT64)
+        # a draft is kept while no miss came before or at it: no tie for a kernel to break
+        clean = n("Equal", [n("CumSum", [missed, last], _P + "misses"), zero], _P + "clean")
+        n("ReduceSum", [n("Cast", [clean], _P + "kept", to=TensorProto.INT64), last], ACCEPTED, keepdims=0)
+        outputs.append(helper.make_tensor_value_info(ACCEPTED, TensorProto.INT64, [None]))
     model.graph.node.extend(nodes)
-    model.graph.output.append(helper.make_tensor_value_info(ACCEPTED, TensorProto.INT64, [None]))
+    model.graph.output.extend(outputs)
 
 
 def greedy_model(path: str | Path, ids: str, logits: str, counts: bool = True) -> bytes:

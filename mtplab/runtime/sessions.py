@@ -74,8 +74,9 @@ def make_session(
     """An InferenceSession; with `shared`, weights come from those OrtValues instead of new copies.
 
     provider: a name, or (name, provider options) as onnxruntime takes it. greedy: the graph's (token ids input,
-    logits output, whether it counts kept drafts), for a graph that also outputs its greedy choice (mtplab.model.greedy_outputs). The session's
-    `graph_path` is the file it was made from (onnxruntime's own is None for a graph it loads from bytes).
+    logits output, whether it counts kept drafts), for a graph that also outputs its greedy choice
+    (mtplab.model.greedy_outputs). The session's `graph_path` is the file it was made from (onnxruntime's own is None
+    for a graph it loads from bytes).
     """
     import onnxruntime as ort
 

@@ -232,8 +232,8 @@ def fixed_io(desc: ModelDescription, st: TargetState, M: int, recurrent_in_place
     """target_io's (feeds, outputs, bound) for M tokens in a mode, made once while the state's buffers stay: outputs,
     bindings and the feeds' arrays depend only on these. Whoever runs them rewrites the token ids and the length
     feeds in place first (target_io does)."""
-    outputs, bound, feeds = st.fixed((desc.target.path, desc.target.counts, M, recurrent_in_place), _fixed_io, desc, st, M,
-                                     recurrent_in_place)
+    key = (desc.target.path, desc.target.counts, M, recurrent_in_place)
+    outputs, bound, feeds = st.fixed(key, _fixed_io, desc, st, M, recurrent_in_place)
     return feeds, outputs, bound
 
 
